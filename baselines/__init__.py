@@ -1,0 +1,1 @@
+"""Baseline planners, one module each, all behind :class:`nest.planner.Planner`."""

@@ -1,0 +1,116 @@
+"""``megatron``: the published rules of thumb for Megatron-LM, scored by the shared evaluator.
+
+Rules and their sources:
+1. Tensor parallelism inside a node, as wide as the model allows: "use tensor model parallelism up
+   to degree g (GPUs per server)" — Narayanan et al., SC21, §3.3 Takeaway #1. ``tp`` must divide
+   the node's fan-out, the heads, the KV heads and the FFN size (Megatron-LM's checks).
+2. Pipeline parallelism across nodes, only as much as needed to fit: "then pipeline parallelism to
+   scale up to larger models across servers" (same takeaway); the smallest ``pp`` that divides the
+   layers (Megatron's uniform split: ``num_layers % pp == 0``) and fits memory.
+3. Data parallelism for the rest of the devices (SC21 §3.3 Takeaway #2); ``dp`` must divide the
+   global batch.
+4. Megatron's rank order ``tp, cp, (ep,) dp, pp`` (innermost first); embedding with the first stage,
+   head with the last.
+5. Activation recomputation only if needed: none, then selective (Korthikanti et al. 2022 recommend
+   it over full), then full.
+6. The largest microbatch that fits (SC21 §3.4: larger microbatches raise arithmetic intensity,
+   at a bubble cost the rules ignore).
+7. MoE: the largest expert degree dividing both the experts and ``dp`` (Megatron-Core carves expert
+   ranks out of data-parallel ranks).
+Sequence parallelism whenever ``tp > 1`` and the distributed optimizer (ZeRO-1) by default,
+as Megatron-LM's large-model recipes use.
+"""
+
+import time
+from math import gcd
+
+from nest.axes import Recompute, Schedule, parse_rank_order
+from nest.layers import Shard
+from nest.plan import Plan, make_structured_plan, uniform_partition
+from nest.planner import finish, infeasible_memory
+from nest.problem import Problem
+
+RECOMPUTE_ORDER = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class MegatronPlanner:
+    def __init__(
+        self,
+        *,
+        name: str = "megatron",
+        zero_stage: int = 1,
+        max_tp: int | None = None,
+        rank_order: str = "tp,cp,dp,pp",
+    ) -> None:
+        self.name = name
+        self.zero_stage = zero_stage
+        self.max_tp = max_tp
+        self.rank_order = rank_order
+
+    def tensor_degree(self, problem: Problem) -> int:
+        node = problem.cluster.levels[0].fanout
+        limit = min(node, self.max_tp or node, problem.cluster.num_devices)
+        for tp in sorted(_divisors(node), reverse=True):
+            if tp <= limit and problem.model.shard_problem(Shard(tp=tp)) is None:
+                return tp
+        return 1
+
+    def candidates(self, problem: Problem):
+        """Plans in the order the rules prefer them."""
+        model, training = problem.model, problem.training
+        n = problem.cluster.num_devices
+        blocks = model.spec.layers
+        tp = self.tensor_degree(problem)
+        order = parse_rank_order(self.rank_order)
+        for pp in _divisors(n // tp):
+            if blocks % pp or pp > blocks:
+                continue
+            dp = n // (tp * pp)
+            if training.global_batch % dp:
+                continue
+            ep = gcd(model.spec.num_experts, dp) if model.spec.is_moe else 1
+            counts = uniform_partition(blocks, pp)
+            counts[0] += 1
+            counts[-1] += 1
+            for mode in RECOMPUTE_ORDER:
+                for mbs in sorted(training.microbatch_sizes, reverse=True):
+                    if training.global_batch % (mbs * dp):
+                        continue
+                    yield make_structured_plan(
+                        tp=tp,
+                        cp=1,
+                        ep=ep,
+                        dp=dp,
+                        pp=pp,
+                        layer_counts=counts,
+                        recompute=[mode] * pp,
+                        microbatch_size=mbs,
+                        num_microbatches=training.global_batch // (mbs * dp),
+                        zero_stage=self.zero_stage,
+                        schedule=Schedule.ONE_F_ONE_B,
+                        virtual_stages=1,
+                        sequence_parallel=training.sequence_parallel,
+                        rank_order=order,
+                    )
+
+    def solve(self, problem: Problem) -> Plan:
+        started = time.perf_counter()
+        best_peak = None
+        tried = 0
+        for plan in self.candidates(problem):
+            tried += 1
+            scored, report = finish(
+                self.name, problem, plan, started_s=started, n_evaluations=tried
+            )
+            if report.feasible:
+                return scored.with_record(search={"configurations_considered": tried})
+            best_peak = (
+                report.peak_memory_bytes
+                if best_peak is None
+                else min(best_peak, report.peak_memory_bytes)
+            )
+        raise infeasible_memory(problem, self.name, best_peak)

@@ -1,0 +1,75 @@
+"""Names of parallelism axes and of the discrete choices a plan makes.
+
+Vocabulary: an *axis* is a parallelism (mesh) axis, a *dim* a tensor dimension, a *level* a level of
+the network hierarchy. Degrees are ``tp``, ``cp``, ``ep``, ``dp``, ``pp`` at run time; a degree of 1
+means that axis is disabled.
+"""
+
+from enum import StrEnum
+
+
+class Axis(StrEnum):
+    TP = "tp"  # tensor (intra-layer) parallelism
+    CP = "cp"  # context (sequence-dimension) parallelism of attention
+    DP = "dp"  # data parallelism (replicas)
+    PP = "pp"  # pipeline parallelism (stages)
+
+
+# Axes that a rank order permutes. Expert parallelism is not a separate placement axis: following
+# Megatron-Core, expert ranks are carved out of the (cp x dp) ranks of the MoE layers.
+PLACEMENT_AXES: tuple[Axis, ...] = (Axis.TP, Axis.CP, Axis.DP, Axis.PP)
+MEGATRON_RANK_ORDER: tuple[Axis, ...] = (Axis.TP, Axis.CP, Axis.DP, Axis.PP)
+NEST_ARTIFACT_RANK_ORDER: tuple[Axis, ...] = (Axis.TP, Axis.CP, Axis.PP, Axis.DP)
+
+
+class Recompute(StrEnum):
+    """Activation recomputation of a stage (Korthikanti et al. 2022)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"  # recompute the attention core (softmax, dropout, attention over V)
+    FULL = "full"  # keep only each layer's input; recompute its forward in the backward pass
+
+
+class Schedule(StrEnum):
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"  # interleaved 1F1B with v virtual stages per device (SC21 §2.2.2)
+    GPIPE = "gpipe"
+
+
+class Optimizer(StrEnum):
+    ADAM = "adam"  # mixed precision: fp32 master weights, m and v (12 bytes/param)
+    SGD = "sgd"  # no optimizer state, as the NEST artifact's scripts use
+
+
+class LayerKind(StrEnum):
+    EMBEDDING = "embedding"
+    BLOCK = "block"
+    HEAD = "head"
+
+
+def parse_rank_order(value: str | list | tuple) -> tuple[Axis, ...]:
+    """Parse ``"tp,cp,dp,pp"`` / ``"tp-cp-dp-pp"`` / a list into a full permutation of the axes.
+
+    Axes left out are appended in Megatron order after the given ones, so ``"tp,pp,dp"`` (the
+    artifact's order) is ``tp, pp, dp, cp`` ... with cp=1 the position of an absent axis is moot.
+    """
+    from nest.errors import UserError
+
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.replace("-", ",").split(",") if p.strip()]
+    else:
+        parts = [str(p).strip() for p in value]
+    valid = {a.value for a in PLACEMENT_AXES}
+    out: list[Axis] = []
+    for p in parts:
+        if p == "ep":
+            continue  # expert ranks live inside cp x dp; accepted for Megatron-style strings
+        if p not in valid:
+            raise UserError(
+                f"rank_order entry {p!r} is not an axis; use a permutation of {sorted(valid)}"
+            )
+        if Axis(p) in out:
+            raise UserError(f"rank_order {value!r} names {p!r} twice; name each axis once")
+        out.append(Axis(p))
+    out += [a for a in MEGATRON_RANK_ORDER if a not in out]
+    return tuple(out)

@@ -1,0 +1,86 @@
+"""The Hydra entry point: ``python run.py solver=<name> cluster=<name> model=<name> [k=v ...]``.
+
+A run builds the problem, instantiates the planner from ``cfg.solver``, scores the plan with the
+shared evaluator, prints the summary and writes ``plan.json``, ``report.json`` and ``summary.txt``
+into the Hydra run directory. User mistakes (``UserError``) and infeasible problems
+(``Infeasible``) print one line, never a traceback.
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from nest.config import build_problem, register_schemas
+from nest.cost import evaluate
+from nest.errors import Infeasible, UserError
+from nest.serialize import plan_to_dict, report_to_dict
+from nest.summary import format_summary
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+register_schemas()
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def run(cfg: DictConfig, out_dir: Path, *, echo=print) -> dict:
+    """Plan one case; returns the ``report.json`` content (also written to ``out_dir``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    solver_name = str(cfg.solver.get("name", "?"))
+    base = {
+        "solver": solver_name,
+        "model": str(cfg.model.get("name", "?")),
+        "cluster": str(cfg.cluster.get("name", "?")),
+    }
+    started = time.perf_counter()
+    try:
+        problem = build_problem(cfg)
+        planner = instantiate(cfg.solver, _convert_="all")
+        plan = planner.solve(problem)
+    except UserError as exc:
+        result = {**base, "status": "error", "feasible": False, "error": str(exc)}
+        _write_json(out_dir / "report.json", result)
+        echo(f"error: {exc}")
+        return result
+    except Infeasible as exc:
+        result = {
+            **base,
+            "status": "infeasible",
+            "feasible": False,
+            "error": exc.reason,
+            "min_memory_bytes": exc.min_memory_bytes,
+            "solve_time_s": time.perf_counter() - started,
+        }
+        _write_json(out_dir / "report.json", result)
+        echo(f"infeasible: {exc.reason}")
+        return result
+    report = evaluate(problem, plan)
+    result = {**base, **report_to_dict(plan, report)}
+    _write_json(out_dir / "plan.json", plan_to_dict(plan))
+    _write_json(out_dir / "report.json", result)
+    summary = format_summary(problem, plan, report)
+    (out_dir / "summary.txt").write_text(summary + "\n")
+    if cfg.get("print_summary", True):
+        echo(summary)
+        echo(f"\nwrote plan.json, report.json, summary.txt to {out_dir}")
+    return result
+
+
+@hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    hydra_cfg = HydraConfig.get()
+    result = run(cfg, Path(hydra_cfg.runtime.output_dir))
+    if hydra_cfg.mode != RunMode.MULTIRUN and result["status"] in ("error", "infeasible"):
+        sys.exit(2 if result["status"] == "error" else 1)
+
+
+__all__ = ["main", "run"]

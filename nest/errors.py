@@ -1,0 +1,23 @@
+"""The two kinds of error a user can cause.
+
+``UserError`` is bad input (a value that cannot be right: a fan-out that does not multiply to the
+device count, a degree that does not divide). ``Infeasible`` is a well-formed problem or plan that
+cannot run (memory over capacity, no plan fits). Both carry a one-line message that names the value
+and the fix; the entry point prints it without a traceback. Anything else is a bug.
+"""
+
+
+class UserError(ValueError):
+    """Bad input: the message names the offending value and how to fix it."""
+
+
+class Infeasible(Exception):
+    """No plan (or not this plan) can run; ``reason`` says what is missing and what would help.
+
+    ``min_memory_bytes`` is, when known, the smallest per-device memory any plan would need.
+    """
+
+    def __init__(self, reason: str, *, min_memory_bytes: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.min_memory_bytes = min_memory_bytes

@@ -1,0 +1,234 @@
+"""A plan: degrees, stages, per-stage choices and explicit device ids.
+
+The evaluator needs nothing but the problem and the plan: every stage lists the device of each
+(data-parallel replica, context rank, tensor rank). Structured planners build that placement from a
+*rank order* of the axes (innermost first) with :func:`place`; exact planners may return any
+placement.
+
+Interleaved schedules: ``stages`` holds ``pp * virtual_stages`` model chunks in chain order; chunk
+``k`` runs on pipeline rank ``k % pp`` (Megatron's interleaved assignment), so chunks of one rank
+share its devices.
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from nest.axes import Axis, Recompute, Schedule
+from nest.errors import UserError
+
+Devices = tuple[tuple[tuple[int, ...], ...], ...]  # [dp replica][cp rank][tp rank] -> device id
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StagePlan:
+    """One pipeline stage (or model chunk, for interleaved schedules)."""
+
+    first_layer: int
+    last_layer: int
+    """Inclusive range of chain indices (0 = embedding, L+1 = head)."""
+    recompute: Recompute
+    devices: Devices
+
+    def __post_init__(self) -> None:
+        if self.first_layer > self.last_layer:
+            raise UserError(
+                f"stage layers [{self.first_layer}, {self.last_layer}] are empty; every stage needs "
+                "at least one layer"
+            )
+
+    @property
+    def layers(self) -> range:
+        return range(self.first_layer, self.last_layer + 1)
+
+    @property
+    def device_ids(self) -> tuple[int, ...]:
+        return tuple(d for replica in self.devices for ranks in replica for d in ranks)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """A complete parallelisation and placement of one training iteration."""
+
+    tp: int
+    """Tensor degree (1 = off)."""
+    cp: int
+    """Context degree (1 = off)."""
+    ep: int
+    """Expert degree, carved out of the cp x dp ranks of MoE blocks (1 = off)."""
+    dp: int
+    """Data-parallel replicas."""
+    pp: int
+    """Pipeline stages (devices along the pipeline)."""
+    microbatch_size: int
+    num_microbatches: int
+    """Microbatches per replica per iteration, ``m``."""
+    zero_stage: int
+    """0: plain DP; 1: optimizer state sharded (distributed optimizer); 2: + gradients; 3: + weights."""
+    schedule: Schedule
+    virtual_stages: int = 1
+    """Model chunks per device (interleaved schedule); 1 otherwise."""
+    sequence_parallel: bool = False
+    rank_order: tuple[Axis, ...] | None = None
+    """Innermost-first axis order the placement was built from; None for explicit placements."""
+    stages: tuple[StagePlan, ...]
+    # -- the solver's record (not part of what the evaluator reads)
+    solver: str = ""
+    status: str = "feasible"
+    """optimal / feasible / infeasible / timeout."""
+    solve_time_s: float = 0.0
+    objective_s: float | None = None
+    """The planner's objective: always ``evaluate(problem, plan).iteration_time_s``."""
+    bound_s: float | None = None
+    n_evaluations: int = 0
+    search: Mapping = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "tp",
+            "cp",
+            "ep",
+            "dp",
+            "pp",
+            "microbatch_size",
+            "num_microbatches",
+            "virtual_stages",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int | np.integer) or value < 1:
+                raise UserError(f"plan {name}={value!r} must be a positive integer")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise UserError(f"plan zero_stage={self.zero_stage!r}; use 0, 1, 2 or 3")
+        if len(self.stages) != self.pp * self.virtual_stages:
+            raise UserError(
+                f"plan has {len(self.stages)} stages but pp({self.pp}) x virtual_stages"
+                f"({self.virtual_stages}) = {self.pp * self.virtual_stages}"
+            )
+        if self.schedule is not Schedule.INTERLEAVED and self.virtual_stages != 1:
+            raise UserError(
+                f"virtual_stages={self.virtual_stages} needs schedule=interleaved "
+                f"(got {self.schedule})"
+            )
+        for i, stage in enumerate(self.stages):
+            shape = _shape(stage.devices)
+            if shape != (self.dp, self.cp, self.tp):
+                raise UserError(
+                    f"stage {i} devices have shape {shape}; expected (dp, cp, tp) = "
+                    f"({self.dp}, {self.cp}, {self.tp})"
+                )
+
+    @property
+    def devices_used(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def pp_rank_chunks(self) -> tuple[tuple[int, ...], ...]:
+        """For each pipeline rank, the indices of its chunks in ``stages``."""
+        return tuple(tuple(range(r, len(self.stages), self.pp)) for r in range(self.pp))
+
+    def with_record(self, **record) -> "Plan":
+        return replace(self, **record)
+
+    def degrees(self) -> dict:
+        return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp, "pp": self.pp}
+
+
+def _shape(devices: Devices) -> tuple[int, int, int]:
+    try:
+        arr = np.asarray(devices, dtype=np.int64)
+    except ValueError as exc:  # ragged
+        raise UserError(f"stage devices are ragged: {exc}") from None
+    if arr.ndim != 3:
+        raise UserError(f"stage devices must be nested [dp][cp][tp], got {arr.ndim} levels")
+    return tuple(int(x) for x in arr.shape)  # type: ignore[return-value]
+
+
+def place(
+    *, tp: int, cp: int, dp: int, pp: int, rank_order: Sequence[Axis], offset: int = 0
+) -> np.ndarray:
+    """Device ids of a structured layout: array ``[pp][dp][cp][tp]``.
+
+    The axes are laid out as mixed-radix digits of the device id in ``rank_order``, innermost
+    first: with Megatron's order ``tp, cp, dp, pp`` the ``tp`` ranks of a group are consecutive
+    ids (inside one node), then ``cp``, ``dp``, and pipeline stages are outermost. Devices
+    ``offset .. offset + tp*cp*dp*pp - 1`` are used.
+    """
+    degrees = {Axis.TP: tp, Axis.CP: cp, Axis.DP: dp, Axis.PP: pp}
+    if sorted(rank_order) != sorted(degrees):
+        raise UserError(f"rank_order {list(rank_order)} must be a permutation of tp, cp, dp, pp")
+    stride, strides = 1, {}
+    for axis in rank_order:
+        strides[axis] = stride
+        stride *= degrees[axis]
+    p = np.arange(pp)[:, None, None, None] * strides[Axis.PP]
+    d = np.arange(dp)[None, :, None, None] * strides[Axis.DP]
+    c = np.arange(cp)[None, None, :, None] * strides[Axis.CP]
+    t = np.arange(tp)[None, None, None, :] * strides[Axis.TP]
+    return offset + p + d + c + t
+
+
+def uniform_partition(num_layers: int, parts: int) -> list[int]:
+    """Split ``num_layers`` into ``parts`` contiguous counts differing by at most one."""
+    if not 1 <= parts <= num_layers:
+        raise UserError(f"cannot split {num_layers} layers into {parts} stages")
+    base, extra = divmod(num_layers, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def make_structured_plan(
+    *,
+    tp: int,
+    cp: int,
+    ep: int,
+    dp: int,
+    pp: int,
+    layer_counts: Sequence[int],
+    recompute: Sequence[Recompute],
+    microbatch_size: int,
+    num_microbatches: int,
+    zero_stage: int,
+    schedule: Schedule,
+    virtual_stages: int,
+    sequence_parallel: bool,
+    rank_order: Sequence[Axis],
+    offset: int = 0,
+) -> Plan:
+    """Build a plan from degrees, chunk layer counts (chain order) and a rank order."""
+    n_chunks = pp * virtual_stages
+    if len(layer_counts) != n_chunks or len(recompute) != n_chunks:
+        raise UserError(
+            f"need {n_chunks} layer counts and recompute modes (pp x virtual_stages), got "
+            f"{len(layer_counts)} and {len(recompute)}"
+        )
+    grid = place(tp=tp, cp=cp, dp=dp, pp=pp, rank_order=rank_order, offset=offset)
+    stages, first = [], 0
+    for k, count in enumerate(layer_counts):
+        if count < 1:
+            raise UserError(f"layer partition {list(layer_counts)} has an empty stage {k}")
+        stages.append(
+            StagePlan(
+                first_layer=first,
+                last_layer=first + count - 1,
+                recompute=Recompute(recompute[k]),
+                devices=tuple(
+                    tuple(tuple(int(x) for x in row) for row in rep) for rep in grid[k % pp]
+                ),
+            )
+        )
+        first += count
+    return Plan(
+        tp=tp,
+        cp=cp,
+        ep=ep,
+        dp=dp,
+        pp=pp,
+        microbatch_size=microbatch_size,
+        num_microbatches=num_microbatches,
+        zero_stage=zero_stage,
+        schedule=Schedule(schedule),
+        virtual_stages=virtual_stages,
+        sequence_parallel=sequence_parallel and tp > 1,
+        rank_order=tuple(rank_order),
+        stages=tuple(stages),
+    )

@@ -1,0 +1,88 @@
+"""The planner interface, and the one way a planner reports its result.
+
+A planner is built from its Hydra config (keyword hyper-parameters only, stored verbatim) and has
+``solve(problem) -> Plan`` or raises :class:`nest.errors.Infeasible`. Whatever a planner optimises
+internally, the objective it reports is ``evaluate(problem, plan).iteration_time_s``: :func:`finish`
+sets it, so no planner keeps a private scoring path.
+"""
+
+import time
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+from nest.cost import evaluate
+from nest.errors import Infeasible
+from nest.plan import Plan
+from nest.problem import Problem
+from nest.report import Report
+from nest.units import GiB
+
+
+@runtime_checkable
+class Planner(Protocol):
+    name: str
+
+    def solve(self, problem: Problem) -> Plan: ...
+
+
+def finish(
+    planner_name: str,
+    problem: Problem,
+    plan: Plan,
+    *,
+    started_s: float,
+    status: str | None = None,
+    n_evaluations: int = 0,
+    bound_s: float | None = None,
+    search: Mapping | None = None,
+) -> tuple[Plan, Report]:
+    """Score ``plan`` with the shared evaluator and attach the solver's record to it."""
+    report = evaluate(problem, plan)
+    if status is None:
+        status = "feasible" if report.feasible else "infeasible"
+    plan = plan.with_record(
+        solver=planner_name,
+        status=status,
+        solve_time_s=time.perf_counter() - started_s,
+        objective_s=report.iteration_time_s,
+        bound_s=bound_s,
+        n_evaluations=n_evaluations,
+        search=dict(search or {}),
+    )
+    return plan, report
+
+
+def model_state_lower_bound_bytes(problem: Problem) -> float:
+    """Per-device memory no plan can go below: model states spread perfectly over every device.
+
+    ``params * (weight + gradient + optimizer bytes) / devices + reserve``; activations come on top.
+    """
+    m = problem.model
+    per_param = (
+        m.spec.dtype_bytes
+        + problem.training.grad_bytes
+        + problem.training.optimizer_state_bytes_per_param
+    )
+    cluster = problem.cluster
+    return m.total_params() * per_param / cluster.num_devices + cluster.device.memory_reserve_bytes
+
+
+def infeasible_memory(
+    problem: Problem, planner_name: str, best_peak_bytes: float | None
+) -> Infeasible:
+    """An :class:`Infeasible` that says what memory was missing and which knobs would help."""
+    cluster = problem.cluster
+    have = cluster.device.hbm_bytes
+    bound = model_state_lower_bound_bytes(problem)
+    need = (
+        f"the smallest plan {planner_name} tried needs {best_peak_bytes / GiB:.1f} GiB per device"
+        if best_peak_bytes is not None
+        else f"{planner_name} found no valid configuration"
+    )
+    return Infeasible(
+        f"{problem.model.name} does not fit on {cluster.name}: {need}, the device has "
+        f"{have / GiB:.1f} GiB (any plan needs at least {bound / GiB:.1f} GiB for model states); "
+        "add devices (cluster.devices), use a larger-memory device, a smaller "
+        "training.microbatch_sizes, or a planner that searches ZeRO-3 / recompute",
+        min_memory_bytes=best_peak_bytes if best_peak_bytes is not None else bound,
+    )

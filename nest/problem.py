@@ -1,0 +1,72 @@
+"""The problem a planner solves: a model, a cluster and the training settings."""
+
+from dataclasses import dataclass
+
+from nest.axes import Optimizer
+from nest.errors import UserError
+from nest.layers import AnalyticModel
+from nest.topology import Cluster
+
+OPTIMIZER_STATE_BYTES_PER_PARAM = {
+    # Adam, mixed precision: fp32 master weights, first and second moments (Rajbhandari et al.,
+    # "ZeRO", SC20, §3.1: K = 12).
+    Optimizer.ADAM: 12,
+    # Plain SGD without momentum keeps no state (the NEST artifact's setting, NEST_NOTES.md §4.5).
+    Optimizer.SGD: 0,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Training:
+    """Training settings of one iteration."""
+
+    global_batch: int
+    """Sequences per iteration (all replicas together)."""
+    microbatch_sizes: tuple[int, ...] = (1,)
+    """Candidate microbatch sizes (sequences) a planner may choose from."""
+    optimizer: Optimizer = Optimizer.ADAM
+    grad_bytes: int = 2
+    """Bytes per gradient element (2: bf16 gradients as in ZeRO's 16 bytes/param; 4: fp32)."""
+    overlap_grad_sync: bool = False
+    """DP gradient synchronisation of a stage may overlap its last backward pass."""
+    sequence_parallel: bool = True
+    """Use sequence parallelism whenever tp > 1 (Korthikanti et al.)."""
+    flash_attention: bool = True
+    """Fused attention that keeps no ``s x s`` scores (Dao et al. 2022); False reproduces the
+    activation inventory of Korthikanti et al. 2022."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.global_batch, int) or self.global_batch < 1:
+            raise UserError(
+                f"training.global_batch={self.global_batch!r} must be a positive integer"
+            )
+        if not self.microbatch_sizes or any(
+            not isinstance(b, int) or b < 1 for b in self.microbatch_sizes
+        ):
+            raise UserError(
+                f"training.microbatch_sizes={list(self.microbatch_sizes)} must be positive integers"
+            )
+        for b in self.microbatch_sizes:
+            if self.global_batch % b:
+                raise UserError(
+                    f"training.global_batch={self.global_batch} is not divisible by microbatch "
+                    f"size {b}; pick microbatch sizes that divide it"
+                )
+        if self.grad_bytes not in (2, 4):
+            raise UserError(f"training.grad_bytes={self.grad_bytes}; use 2 (bf16) or 4 (fp32)")
+
+    @property
+    def optimizer_state_bytes_per_param(self) -> int:
+        return OPTIMIZER_STATE_BYTES_PER_PARAM[self.optimizer]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Problem:
+    model: AnalyticModel
+    cluster: Cluster
+    training: Training
+
+    @property
+    def num_layers(self) -> int:
+        """Length of the layer chain (embedding + blocks + head)."""
+        return len(self.model.chain)

@@ -1,0 +1,117 @@
+"""What the evaluator returns: every term of the iteration time and of each stage's memory."""
+
+from dataclasses import asdict, dataclass, field
+
+from nest.units import GiB
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryReport:
+    """Per-device memory of one pipeline rank, bytes. ``total_bytes`` is the sum of the terms."""
+
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    """Stored activations of the in-flight microbatches."""
+    transient_bytes: float
+    """Peak short-lived buffers (recomputed layer, logits, ZeRO-3 gathered weights)."""
+    reserve_bytes: float
+    total_bytes: float
+    capacity_bytes: float
+    in_flight_microbatches: float
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageReport:
+    """One model chunk (= one pipeline stage unless interleaved); times per microbatch, seconds."""
+
+    index: int
+    pp_rank: int
+    first_layer: int
+    last_layer: int
+    recompute: str
+    compute_fwd_s: float
+    compute_bwd_s: float
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    ep_comm_s: float
+    zero3_comm_s: float
+    p2p_fwd_s: float
+    p2p_bwd_s: float
+    fwd_s: float
+    """Forward time of this chunk per microbatch, communication included."""
+    bwd_s: float
+    """Backward time (recompute included) per microbatch."""
+
+    @property
+    def time_s(self) -> float:
+        return self.fwd_s + self.bwd_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankReport:
+    """One pipeline rank: its chunks' times summed, its DP sync, its memory."""
+
+    pp_rank: int
+    fwd_s: float
+    bwd_s: float
+    dp_sync_s: float
+    """Gradient synchronisation of this rank's parameters over its data-parallel group."""
+    dp_sync_exposed_s: float
+    """The part of ``dp_sync_s`` not hidden behind other ranks' remaining backward passes."""
+    optimizer_s: float
+    memory: MemoryReport
+
+    @property
+    def time_s(self) -> float:
+        return self.fwd_s + self.bwd_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Report:
+    """The shared evaluation of one plan on one problem."""
+
+    feasible: bool
+    violation: str | None
+    """Why the plan does not fit (None when it does)."""
+    iteration_time_s: float
+    pipeline_time_s: float
+    """``sum_i t_i + (m - 1) max_i t_i`` (1F1B / GPipe) or its interleaved form."""
+    bubble_s: float
+    """``pipeline_time_s - m * max_i t_i``: idle time of the slowest rank."""
+    dp_sync_exposed_s: float
+    optimizer_s: float
+    throughput_samples_per_s: float
+    tokens_per_s: float
+    mfu: float
+    """Model FLOPs (no recompute) per second over the devices used, divided by their peak."""
+    model_flops_per_iteration: float
+    devices_used: int
+    devices_idle: int
+    peak_memory_bytes: float
+    stages: tuple[StageReport, ...]
+    ranks: tuple[RankReport, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        for rank_dict, rank in zip(out["ranks"], self.ranks, strict=True):
+            rank_dict["memory"]["fits"] = rank.memory.fits
+        return out
+
+    def memory_summary(self) -> str:
+        worst = max(self.ranks, key=lambda r: r.memory.total_bytes - r.memory.capacity_bytes)
+        m = worst.memory
+        return (
+            f"pipeline rank {worst.pp_rank} needs {m.total_bytes / GiB:.2f} GiB of "
+            f"{m.capacity_bytes / GiB:.2f} GiB (weights {m.weights_bytes / GiB:.2f}, grads "
+            f"{m.grads_bytes / GiB:.2f}, optimizer {m.optimizer_bytes / GiB:.2f}, activations "
+            f"{m.activations_bytes / GiB:.2f}, transient {m.transient_bytes / GiB:.2f}, reserve "
+            f"{m.reserve_bytes / GiB:.2f})"
+        )

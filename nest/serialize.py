@@ -1,0 +1,124 @@
+"""Plans and reports as JSON-ready dictionaries (``plan.json``, ``report.json``)."""
+
+from nest.axes import Axis, Recompute, Schedule
+from nest.plan import Plan, StagePlan
+from nest.report import Report
+
+
+def plan_to_dict(plan: Plan) -> dict:
+    """The whole plan, explicit devices included; :func:`plan_from_dict` reads it back."""
+    return {
+        "tp": plan.tp,
+        "cp": plan.cp,
+        "ep": plan.ep,
+        "dp": plan.dp,
+        "pp": plan.pp,
+        "microbatch_size": plan.microbatch_size,
+        "num_microbatches": plan.num_microbatches,
+        "zero_stage": plan.zero_stage,
+        "schedule": str(plan.schedule),
+        "virtual_stages": plan.virtual_stages,
+        "sequence_parallel": plan.sequence_parallel,
+        "rank_order": [str(a) for a in plan.rank_order] if plan.rank_order else None,
+        "stages": [
+            {
+                "layers": [s.first_layer, s.last_layer],
+                "recompute": str(s.recompute),
+                "devices": [[list(ranks) for ranks in rep] for rep in s.devices],
+            }
+            for s in plan.stages
+        ],
+        "solver": plan.solver,
+        "status": plan.status,
+        "solve_time_s": plan.solve_time_s,
+        "objective_s": plan.objective_s,
+        "bound_s": plan.bound_s,
+        "n_evaluations": plan.n_evaluations,
+        "search": dict(plan.search),
+    }
+
+
+def plan_from_dict(d: dict) -> Plan:
+    return Plan(
+        tp=d["tp"],
+        cp=d["cp"],
+        ep=d["ep"],
+        dp=d["dp"],
+        pp=d["pp"],
+        microbatch_size=d["microbatch_size"],
+        num_microbatches=d["num_microbatches"],
+        zero_stage=d["zero_stage"],
+        schedule=Schedule(d["schedule"]),
+        virtual_stages=d.get("virtual_stages", 1),
+        sequence_parallel=d.get("sequence_parallel", False),
+        rank_order=tuple(Axis(a) for a in d["rank_order"]) if d.get("rank_order") else None,
+        stages=tuple(
+            StagePlan(
+                first_layer=s["layers"][0],
+                last_layer=s["layers"][1],
+                recompute=Recompute(s["recompute"]),
+                devices=tuple(tuple(tuple(r) for r in rep) for rep in s["devices"]),
+            )
+            for s in d["stages"]
+        ),
+        solver=d.get("solver", ""),
+        status=d.get("status", "feasible"),
+        solve_time_s=d.get("solve_time_s", 0.0),
+        objective_s=d.get("objective_s"),
+        bound_s=d.get("bound_s"),
+        n_evaluations=d.get("n_evaluations", 0),
+        search=d.get("search", {}),
+    )
+
+
+def report_to_dict(plan: Plan, report: Report) -> dict:
+    """``report.json``: the headline numbers, the plan summary and every evaluated term.
+
+    The top-level names are stable (later issues extend, never rename them).
+    """
+    rank_memory = {r.pp_rank: r.memory.total_bytes for r in report.ranks}
+    return {
+        "solver": plan.solver,
+        "status": plan.status,
+        "feasible": report.feasible,
+        "violation": report.violation,
+        "iteration_time_s": report.iteration_time_s,
+        "throughput_samples_per_s": report.throughput_samples_per_s,
+        "tokens_per_s": report.tokens_per_s,
+        "mfu": report.mfu,
+        "solve_time_s": plan.solve_time_s,
+        "devices_used": report.devices_used,
+        "devices_idle": report.devices_idle,
+        "peak_memory_bytes": report.peak_memory_bytes,
+        "plan": {
+            "tp": plan.tp,
+            "pp": plan.pp,
+            "dp": plan.dp,
+            "cp": plan.cp,
+            "ep": plan.ep,
+            "microbatch_size": plan.microbatch_size,
+            "num_microbatches": plan.num_microbatches,
+            "zero_stage": plan.zero_stage,
+            "schedule": str(plan.schedule),
+            "virtual_stages": plan.virtual_stages,
+            "sequence_parallel": plan.sequence_parallel,
+            "rank_order": [str(a) for a in plan.rank_order] if plan.rank_order else None,
+            "stages": [
+                {
+                    "layers": [s.first_layer, s.last_layer],
+                    "recompute": str(plan.stages[s.index].recompute),
+                    "pp_rank": s.pp_rank,
+                    "memory_bytes": rank_memory[s.pp_rank],
+                    "time_s": s.time_s,
+                }
+                for s in report.stages
+            ],
+        },
+        "search": {
+            "n_evaluations": plan.n_evaluations,
+            "objective_s": plan.objective_s,
+            "bound_s": plan.bound_s,
+            **dict(plan.search),
+        },
+        "breakdown": report.to_dict(),
+    }

@@ -1,0 +1,74 @@
+"""The readable summary a run prints: degrees, placement, per-stage table, throughput, memory."""
+
+import numpy as np
+
+from nest.plan import Plan
+from nest.problem import Problem
+from nest.report import Report
+from nest.units import GiB
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}"
+
+
+def _placement(problem: Problem, plan: Plan) -> list[str]:
+    cluster = problem.cluster
+    lines = []
+    for r in range(plan.pp):
+        ids = np.asarray(plan.stages[r].devices).ravel()
+        lo, hi = int(ids.min()), int(ids.max())
+        span = cluster.num_levels - 1
+        for level in range(cluster.num_levels):
+            size = cluster.block_size(level)
+            if lo // size == hi // size and len(set((ids // size).tolist())) == 1:
+                span = level
+                break
+        contiguous = hi - lo + 1 == ids.size
+        where = f"devices {lo}-{hi}" if contiguous else f"{ids.size} devices in {lo}-{hi}"
+        lines.append(f"  rank {r}: {where}, within one {cluster.levels[span].name} block")
+    return lines
+
+
+def format_summary(problem: Problem, plan: Plan, report: Report) -> str:
+    cluster, model = problem.cluster, problem.model
+    out = [
+        f"{plan.solver or 'plan'}: {model.name} on {cluster.describe()}",
+        f"status {plan.status}; solved in {plan.solve_time_s:.3f} s",
+        (
+            f"degrees tp={plan.tp} cp={plan.cp} ep={plan.ep} dp={plan.dp} pp={plan.pp}"
+            f" | microbatch {plan.microbatch_size} x {plan.num_microbatches} | ZeRO-{plan.zero_stage}"
+            f" | {plan.schedule}"
+            + (f" v={plan.virtual_stages}" if plan.virtual_stages > 1 else "")
+            + (" | sequence parallel" if plan.sequence_parallel else "")
+        ),
+        "rank order (innermost first): "
+        + (",".join(str(a) for a in plan.rank_order) if plan.rank_order else "explicit"),
+        f"devices used {report.devices_used}, idle {report.devices_idle}",
+        "placement:",
+        *_placement(problem, plan),
+        "",
+        f"{'stage':>5} {'layers':>9} {'recomp':>9} {'fwd ms':>8} {'bwd ms':>8} {'comm ms':>8} "
+        f"{'p2p ms':>7} {'mem GiB':>8} {'of GiB':>7}",
+    ]
+    for s in report.stages:
+        mem = report.ranks[s.pp_rank].memory
+        comm = s.tp_comm_s + s.cp_comm_s + s.ep_comm_s + s.zero3_comm_s
+        out.append(
+            f"{s.index:>5} {f'{s.first_layer}-{s.last_layer}':>9} {s.recompute:>9} "
+            f"{_ms(s.fwd_s):>8} {_ms(s.bwd_s):>8} {_ms(comm):>8} "
+            f"{_ms(s.p2p_fwd_s + s.p2p_bwd_s):>7} {mem.total_bytes / GiB:>8.2f} "
+            f"{mem.capacity_bytes / GiB:>7.2f}"
+        )
+    out += [
+        "",
+        f"iteration {report.iteration_time_s:.4f} s = pipeline {report.pipeline_time_s:.4f} s "
+        f"(bubble {report.bubble_s:.4f}) + exposed DP sync {report.dp_sync_exposed_s:.4f} s + "
+        f"optimizer {report.optimizer_s:.4f} s",
+        f"throughput {report.throughput_samples_per_s:.2f} samples/s, "
+        f"{report.tokens_per_s:,.0f} tokens/s, MFU {100 * report.mfu:.1f} %",
+        f"peak memory {report.peak_memory_bytes / GiB:.2f} GiB of "
+        f"{cluster.device.hbm_bytes / GiB:.2f} GiB"
+        + ("" if report.feasible else f"  ** {report.violation}"),
+    ]
+    return "\n".join(out)

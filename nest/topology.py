@@ -1,0 +1,168 @@
+"""A hierarchical cluster: levels, device ids as mixed-radix coordinates, and how groups split.
+
+A cluster is a tree of levels, innermost first: level 0 groups ``fanout[0]`` devices (e.g. the 8
+GPUs of a node on NVLink), level 1 groups ``fanout[1]`` level-0 blocks (nodes under a leaf switch),
+and so on. Device ``d`` has coordinate ``(d mod f0, (d // f0) mod f1, ...)``: the devices of one
+level-``l`` block are the contiguous ids ``[k * P(l+1), (k+1) * P(l+1))`` with
+``P(l) = f0 * ... * f(l-1)``.
+
+Bandwidth semantics. ``bw_bytes_per_s`` of a level is the per-device, per-direction bandwidth of
+the links at that level, divided by its oversubscription ratio. Traffic between two devices whose
+lowest common level is ``l`` traverses links of every level ``<= l`` (device -> node switch ->
+leaf -> ...), so its rate is the bottleneck ``min_{j <= l} bw_j`` (:meth:`Cluster.path_bw_bytes_per_s`).
+This is also the NEST artifact's rule (NEST_NOTES.md §2: a level-``l`` transfer runs at
+``min(bw0..bwl)``) and makes "a group placed lower in the tree is never slower" hold for any presets.
+Concurrent transfers of different groups do not contend: one NIC per device, rail-optimised
+networks (DESIGN.md §5).
+"""
+
+from dataclasses import dataclass
+from math import prod
+
+import numpy as np
+
+from nest.errors import UserError
+from nest.hardware import Device
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Level:
+    """One level of the network hierarchy."""
+
+    name: str
+    fanout: int
+    """Number of level-(l-1) blocks (devices for level 0) in one block of this level."""
+    bw_bytes_per_s: float
+    """Per-device bandwidth per direction on this level's links, bytes/s."""
+    latency_s: float
+    """Latency of one message crossing this level, seconds (the alpha of alpha-beta)."""
+    oversubscription: float = 1.0
+    """Ratio of offered to provisioned bandwidth (>= 1); bandwidth is divided by it."""
+
+    def __post_init__(self) -> None:
+        if self.fanout < 1:
+            raise UserError(f"level {self.name}: fanout={self.fanout} must be >= 1")
+        if not self.bw_bytes_per_s > 0:
+            raise UserError(f"level {self.name}: bandwidth={self.bw_bytes_per_s} must be > 0")
+        if self.latency_s < 0:
+            raise UserError(f"level {self.name}: latency={self.latency_s} must be >= 0")
+        if self.oversubscription < 1:
+            raise UserError(
+                f"level {self.name}: oversubscription={self.oversubscription} must be >= 1"
+            )
+
+    @property
+    def effective_bw_bytes_per_s(self) -> float:
+        return self.bw_bytes_per_s / self.oversubscription
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """Devices of one kind on a hierarchy of 1 to 5 (or more) levels."""
+
+    name: str
+    device: Device
+    levels: tuple[Level, ...]
+
+    def __post_init__(self) -> None:
+        if not self.levels:
+            raise UserError(f"cluster {self.name}: needs at least one level")
+
+    @property
+    def num_devices(self) -> int:
+        return prod(level.fanout for level in self.levels)
+
+    @property
+    def num_levels(self) -> int:
+        return len(self.levels)
+
+    def block_size(self, level: int) -> int:
+        """Devices in one block of ``level`` (``P(level+1)``); level -1 is a single device."""
+        return prod(lv.fanout for lv in self.levels[: level + 1])
+
+    def coords(self, device: int) -> tuple[int, ...]:
+        """Mixed-radix coordinate of a device id, innermost level first."""
+        self.check_device(device)
+        out = []
+        for level in self.levels:
+            out.append(device % level.fanout)
+            device //= level.fanout
+        return tuple(out)
+
+    def check_device(self, device: int) -> None:
+        if not 0 <= device < self.num_devices:
+            raise UserError(
+                f"device id {device} is outside cluster {self.name} (0..{self.num_devices - 1})"
+            )
+
+    def common_level(self, a: int, b: int) -> int:
+        """Lowest level whose block contains both devices; -1 when ``a == b``."""
+        if a == b:
+            return -1
+        for level in range(self.num_levels):
+            size = self.block_size(level)
+            if a // size == b // size:
+                return level
+        raise AssertionError("devices of one cluster always share the top level")
+
+    def common_levels(self, a, b) -> np.ndarray:
+        """Vectorised :meth:`common_level` over two equal-shaped arrays of device ids."""
+        a = np.asarray(a, dtype=np.int64)
+        b = np.asarray(b, dtype=np.int64)
+        out = np.full(a.shape, -1, dtype=np.int64)
+        for level in reversed(range(self.num_levels)):
+            size = self.block_size(level - 1) if level > 0 else 1
+            out = np.where((a // size) != (b // size), np.maximum(out, level), out)
+        return out
+
+    def path_bw_bytes_per_s(self, level: int) -> float:
+        """Per-device bandwidth of traffic whose lowest common level is ``level`` (bottleneck)."""
+        return min(lv.effective_bw_bytes_per_s for lv in self.levels[: level + 1])
+
+    def group_factors(self, devices) -> tuple[int, ...]:
+        """How a group of devices splits across the levels.
+
+        Returns ``k`` with one entry per level: ``k[l]`` is the largest number of distinct
+        level-(l-1) blocks (devices, for l = 0) that the group touches inside one level-``l``
+        block. For a regular group (the same count in every block) ``prod(k) == len(group)``;
+        e.g. 16 devices spread as 2 per node over 8 nodes give ``(2, 8)``.
+        """
+        ids = np.asarray(devices, dtype=np.int64).ravel()
+        factors = []
+        for level in range(self.num_levels):
+            outer = ids // self.block_size(level)
+            inner = ids // self.block_size(level - 1) if level > 0 else ids
+            pairs = np.unique(np.stack([outer, inner]), axis=1)
+            _, counts = np.unique(pairs[0], return_counts=True)
+            factors.append(int(counts.max()))
+        return tuple(factors)
+
+    def distinct_group_factors(self, groups) -> set[tuple[int, ...]]:
+        """:meth:`group_factors` of every row of a 2-D array of groups, as a set (vectorised)."""
+        ids = np.sort(np.asarray(groups, dtype=np.int64), axis=1)
+        n_groups, size = ids.shape
+        if size == 1:
+            return {(1,) * self.num_levels}
+        per_level = []
+        row = np.repeat(np.arange(n_groups), size)
+        for level in range(self.num_levels):
+            outer = ids // self.block_size(level)
+            inner = ids // self.block_size(level - 1) if level > 0 else ids
+            starts = np.ones_like(inner, dtype=bool)
+            starts[:, 1:] = inner[:, 1:] != inner[:, :-1]
+            # sorted ids keep each outer block contiguous: count inner starts per (row, outer)
+            key = row * (int(outer.max()) + 1) + outer.ravel()
+            uniq, inverse = np.unique(key, return_inverse=True)
+            counts = np.bincount(inverse, weights=starts.ravel())
+            best = np.zeros(n_groups)
+            np.maximum.at(best, uniq // (int(outer.max()) + 1), counts)
+            per_level.append(best.astype(np.int64))
+        return {tuple(int(x) for x in col) for col in np.stack(per_level, axis=1)}
+
+    def describe(self) -> str:
+        parts = [
+            f"{lv.name} x{lv.fanout} @ {lv.bw_bytes_per_s / 1e9:g} GB/s"
+            + (f"/{lv.oversubscription:g}" if lv.oversubscription != 1 else "")
+            for lv in self.levels
+        ]
+        return f"{self.name}: {self.num_devices} x {self.device.name}; " + ", ".join(parts)
