@@ -47,12 +47,12 @@ def gb_to_bytes(gb: float) -> float:
 
 def us_to_s(us: float) -> float:
     """Microseconds to seconds."""
-    return float(us) * US
+    return float(us) / 1e6
 
 
 def ms_to_s(ms: float) -> float:
     """Milliseconds to seconds (the NEST artifact's profiles are in milliseconds)."""
-    return float(ms) * MS
+    return float(ms) / 1e3
 
 
 def tflops_to_flops_per_s(tflops: float) -> float:

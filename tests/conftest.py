@@ -1,0 +1,63 @@
+"""Shared builders for small problems."""
+
+import pytest
+
+from nest.axes import Optimizer
+from nest.hardware import Device
+from nest.layers import AnalyticModel
+from nest.model import ModelSpec
+from nest.problem import Problem, Training
+from nest.topology import Cluster, Level
+from nest.units import GB, GiB, TFLOP, US
+
+
+def make_device(**over) -> Device:
+    kw = dict(
+        name="dev",
+        peak_flops_per_s=100 * TFLOP,
+        hbm_bytes=16 * GiB,
+        hbm_bw_bytes_per_s=1000 * GB,
+        matmul_efficiency=1.0,
+    )
+    kw.update(over)
+    return Device(**kw)
+
+
+def make_cluster(fanouts=(4, 2), bws_gbps=(400, 50), lat_us=(1, 5), device=None, **over) -> Cluster:
+    levels = tuple(
+        Level(name=f"l{i}", fanout=f, bw_bytes_per_s=b * GB, latency_s=a * US)
+        for i, (f, b, a) in enumerate(zip(fanouts, bws_gbps, lat_us, strict=True))
+    )
+    return Cluster(name="test", device=device or make_device(**over), levels=levels)
+
+
+def make_spec(**over) -> ModelSpec:
+    kw = dict(
+        name="t",
+        hidden=128,
+        layers=4,
+        heads=8,
+        ffn_hidden=512,
+        vocab=1000,
+        seq_len=64,
+        activation="gelu",
+        dropout=True,
+    )
+    kw.update(over)
+    return ModelSpec(**kw)
+
+
+def make_problem(spec=None, cluster=None, *, flash=False, **train) -> Problem:
+    kw = dict(global_batch=16, microbatch_sizes=(1, 2), optimizer=Optimizer.ADAM)
+    kw.update(train)
+    training = Training(flash_attention=flash, **kw)
+    return Problem(
+        model=AnalyticModel(spec or make_spec(), flash_attention=flash),
+        cluster=cluster or make_cluster(),
+        training=training,
+    )
+
+
+@pytest.fixture
+def problem() -> Problem:
+    return make_problem()

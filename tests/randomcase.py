@@ -1,0 +1,86 @@
+"""Random small problems and valid structured plans, drawn from a seed."""
+
+import random
+
+from baselines.fixed import FixedPlanner
+from nest.axes import Optimizer, Recompute
+from nest.model import ModelSpec
+
+from .conftest import make_cluster, make_device, make_problem
+
+
+def _divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def random_problem(rng: random.Random, *, hbm_gib: float | None = None):
+    n_levels = rng.randint(1, 3)
+    fanouts = tuple(rng.choice([1, 2, 2, 4]) for _ in range(n_levels))
+    if fanouts[0] == 1:
+        fanouts = (2,) + fanouts[1:]
+    bws = tuple(sorted((rng.uniform(5, 900) for _ in fanouts), reverse=True))
+    lats = tuple(sorted(rng.uniform(0, 20) for _ in fanouts))
+    moe = rng.random() < 0.3
+    spec = ModelSpec(
+        name="rand",
+        hidden=rng.choice([64, 128, 256]),
+        layers=rng.randint(1, 6),
+        heads=rng.choice([4, 8]),
+        ffn_hidden=rng.choice([256, 512]),
+        vocab=rng.choice([500, 1000, 4096]),
+        seq_len=rng.choice([32, 64, 128]),
+        activation=rng.choice(["gelu", "swiglu"]),
+        dropout=rng.random() < 0.5,
+        tied_embeddings=rng.random() < 0.5,
+        num_experts=4 if moe else 1,
+        top_k=2 if moe else 1,
+    )
+    device = make_device(
+        hbm_bytes=(hbm_gib if hbm_gib is not None else rng.choice([0.05, 0.5, 4])) * 2**30,
+        peak_flops_per_s=rng.uniform(10, 1000) * 1e12,
+        matmul_efficiency=rng.uniform(0.3, 1.0),
+    )
+    cluster = make_cluster(fanouts=fanouts, bws_gbps=bws, lat_us=lats, device=device)
+    problem = make_problem(
+        spec,
+        cluster,
+        flash=rng.random() < 0.5,
+        global_batch=rng.choice([4, 8, 16]),
+        microbatch_sizes=(1, 2),
+        optimizer=rng.choice([Optimizer.ADAM, Optimizer.SGD]),
+        overlap_grad_sync=rng.random() < 0.5,
+        grad_bytes=rng.choice([2, 4]),
+    )
+    return problem
+
+
+def random_planner(rng: random.Random, problem) -> FixedPlanner:
+    spec = problem.model.spec
+    n = problem.cluster.num_devices
+    tp = rng.choice([t for t in _divisors(n) if spec.heads % t == 0 and spec.ffn_hidden % t == 0])
+    rest = n // tp
+    pp = rng.choice([p for p in _divisors(rest) if p <= spec.layers + 2])
+    rest //= pp
+    cp = rng.choice([c for c in _divisors(rest) if spec.seq_len % (2 * c) == 0])
+    rest //= cp
+    gb = problem.training.global_batch
+    dp = rng.choice([d for d in _divisors(rest) if gb % d == 0])
+    mbs = rng.choice([b for b in problem.training.microbatch_sizes if gb % (b * dp) == 0])
+    ep = rng.choice([e for e in _divisors(dp * cp) if spec.num_experts % e == 0]) if spec.is_moe else 1
+    modes = [rng.choice(list(Recompute)).value for _ in range(pp)]
+    cuts = sorted(rng.sample(range(1, spec.layers + 2), pp - 1))
+    bounds = [0, *cuts, spec.layers + 2]
+    partition = [bounds[i + 1] - bounds[i] for i in range(pp)]
+    order = ["tp", "cp", "dp", "pp"]
+    rng.shuffle(order)
+    return FixedPlanner(
+        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, microbatch_size=mbs, recompute=modes,
+        zero_stage=rng.randint(0, 3), layer_partition=partition, rank_order=",".join(order),
+    )
+
+
+def random_case(seed: int, **kw):
+    rng = random.Random(seed)
+    problem = random_problem(rng, **kw)
+    planner = random_planner(rng, problem)
+    return problem, planner
