@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from nest.axes import Recompute, Schedule, parse_rank_order
 from nest.errors import UserError
+from nest.layers import Shard
 from nest.plan import Plan, make_structured_plan, uniform_partition
 from nest.planner import finish
 from nest.problem import Problem
@@ -95,16 +96,35 @@ class FixedPlanner:
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise UserError(f"solver.{key}={value!r} must be a positive integer")
+        if self.dp is not None and (not isinstance(self.dp, int) or self.dp < 1):
+            raise UserError(
+                f"solver.dp={self.dp!r} must be a positive integer (or null for the remaining devices)"
+            )
+        if self.microbatch_size is not None and (
+            not isinstance(self.microbatch_size, int) or self.microbatch_size < 1
+        ):
+            raise UserError(
+                f"solver.microbatch_size={self.microbatch_size!r} must be a positive integer (or "
+                "null for the first of training.microbatch_sizes)"
+            )
         n = problem.cluster.num_devices
         width = self.tp * self.cp * self.pp
-        dp = self.dp if self.dp is not None else n // width
-        if dp < 1:
+        if width > n:
             raise UserError(
-                f"tp*cp*pp = {width} exceeds the cluster's {n} devices; lower a degree or raise "
-                "cluster.devices"
+                f"tp*cp*pp = {self.tp}*{self.cp}*{self.pp} = {width} exceeds the cluster's {n} "
+                "devices; lower a degree or raise cluster.devices"
+            )
+        reason = problem.model.shard_problem(Shard(tp=self.tp, cp=self.cp, ep=self.ep))
+        if reason:
+            raise UserError(f"solver: {reason}")
+        dp = self.dp if self.dp is not None else n // width
+        if (dp * self.cp) % self.ep:
+            raise UserError(
+                f"solver.ep={self.ep} must divide dp*cp = {dp}*{self.cp}; expert ranks are carved "
+                "out of the data x context ranks"
             )
         training = problem.training
-        mbs = self.microbatch_size or training.microbatch_sizes[0]
+        mbs = training.microbatch_sizes[0] if self.microbatch_size is None else self.microbatch_size
         if training.global_batch % (mbs * dp):
             raise UserError(
                 f"training.global_batch={training.global_batch} is not divisible by "

@@ -7,8 +7,8 @@ Rules and their sources:
 2. Pipeline parallelism across nodes, only as much as needed to fit: "then pipeline parallelism to
    scale up to larger models across servers" (same takeaway); the smallest ``pp`` that divides the
    layers (Megatron's uniform split: ``num_layers % pp == 0``) and fits memory.
-3. Data parallelism for the rest of the devices (SC21 §3.3 Takeaway #2); ``dp`` must divide the
-   global batch.
+3. Data parallelism for the rest of the devices (SC21 §3.3 Takeaway #2): the largest ``dp`` that
+   fits the remaining devices and divides the global batch; any devices left over stay idle.
 4. Megatron's rank order ``tp, cp, (ep,) dp, pp`` (innermost first); embedding with the first stage,
    head with the last.
 5. Activation recomputation only if needed: none, then selective (Korthikanti et al. 2022 recommend
@@ -25,6 +25,7 @@ import time
 from math import gcd
 
 from nest.axes import Recompute, Schedule, parse_rank_order
+from nest.errors import UserError
 from nest.layers import Shard
 from nest.plan import Plan, make_structured_plan, uniform_partition
 from nest.planner import finish, infeasible_memory
@@ -69,9 +70,8 @@ class MegatronPlanner:
         for pp in _divisors(n // tp):
             if blocks % pp or pp > blocks:
                 continue
-            dp = n // (tp * pp)
-            if training.global_batch % dp:
-                continue
+            # DP for the rest: the most replicas that fit and divide the batch (others stay idle)
+            dp = max(d for d in _divisors(training.global_batch) if d <= n // (tp * pp))
             ep = gcd(model.spec.num_experts, dp) if model.spec.is_moe else 1
             counts = uniform_partition(blocks, pp)
             counts[0] += 1
@@ -99,6 +99,12 @@ class MegatronPlanner:
 
     def solve(self, problem: Problem) -> Plan:
         started = time.perf_counter()
+        if self.max_tp is not None and (not isinstance(self.max_tp, int) or self.max_tp < 1):
+            raise UserError(
+                f"solver.max_tp={self.max_tp!r} must be a positive integer (or null for the node size)"
+            )
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise UserError(f"solver.zero_stage={self.zero_stage!r}; use 0, 1, 2 or 3")
         best_peak = None
         tried = 0
         for plan in self.candidates(problem):
@@ -112,5 +118,12 @@ class MegatronPlanner:
                 report.peak_memory_bytes
                 if best_peak is None
                 else min(best_peak, report.peak_memory_bytes)
+            )
+        if tried == 0:
+            raise UserError(
+                f"no Megatron-rule configuration for training.global_batch="
+                f"{problem.training.global_batch} with training.microbatch_sizes="
+                f"{list(problem.training.microbatch_sizes)} on cluster.devices="
+                f"{problem.cluster.num_devices}; choose a batch divisible by the microbatch sizes"
             )
         raise infeasible_memory(problem, self.name, best_peak)

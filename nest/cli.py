@@ -32,8 +32,18 @@ def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 
-def run(cfg: DictConfig, out_dir: Path, *, echo=print) -> dict:
-    """Plan one case; returns the ``report.json`` content (also written to ``out_dir``)."""
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
+    """Plan one case; returns the ``report.json`` content (also written to ``out_dir``).
+
+    The summary goes to ``echo`` (default: stdout) and error lines to ``echo`` too when one is
+    given (default: stderr).
+    """
+    echo_error = echo or _stderr
+    echo = echo or print
     out_dir.mkdir(parents=True, exist_ok=True)
     solver_name = str(cfg.solver.get("name", "?"))
     base = {
@@ -49,7 +59,7 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=print) -> dict:
     except UserError as exc:
         result = {**base, "status": "error", "feasible": False, "error": str(exc)}
         _write_json(out_dir / "report.json", result)
-        echo(f"error: {exc}")
+        echo_error(f"error: {exc}")
         return result
     except Infeasible as exc:
         result = {
@@ -61,7 +71,7 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=print) -> dict:
             "solve_time_s": time.perf_counter() - started,
         }
         _write_json(out_dir / "report.json", result)
-        echo(f"infeasible: {exc.reason}")
+        echo_error(f"infeasible: {exc.reason}")
         return result
     report = evaluate(problem, plan)
     result = {**base, **report_to_dict(plan, report)}

@@ -111,13 +111,44 @@ def _plain(cfg: Any) -> dict:
     return dict(cfg)
 
 
+def _require(where: str, key: str, value, ok: bool, rule: str) -> None:
+    if not ok:
+        shown = f"{value:g}" if isinstance(value, int | float) else repr(value)
+        raise UserError(f"{where}: {key}={shown} {rule}")
+
+
 def build_device(cfg: Any) -> Device:
     c = _plain(cfg)
+    where = f"device {c.get('name')}"
     if (c.get("hbm_gb") is None) == (c.get("hbm_gib") is None):
         raise UserError(
             f"device {c.get('name')}: give exactly one of hbm_gb or hbm_gib "
             f"(got hbm_gb={c.get('hbm_gb')}, hbm_gib={c.get('hbm_gib')})"
         )
+    for key in ("peak_tflops", "hbm_bw_gbps"):
+        _require(
+            where,
+            key,
+            c.get(key),
+            isinstance(c.get(key), int | float) and c[key] > 0,
+            "must be > 0",
+        )
+    for key in ("hbm_gb", "hbm_gib"):
+        if c.get(key) is not None:
+            _require(where, key, c[key], c[key] > 0, "must be > 0")
+    eff = c.get("matmul_efficiency", 1.0)
+    _require(where, "matmul_efficiency", eff, 0 < eff <= 1, "must be in (0, 1]")
+    reserve = c.get("memory_reserve_gib", 0.0)
+    capacity_gib = (
+        c["hbm_gib"] if c.get("hbm_gib") is not None else (c.get("hbm_gb") or 0) * 1e9 / 2**30
+    )
+    _require(
+        where,
+        "memory_reserve_gib",
+        reserve,
+        0 <= reserve < capacity_gib,
+        f"must be >= 0 and below the HBM ({capacity_gib:g} GiB)",
+    )
     hbm = (
         units.gb_to_bytes(c["hbm_gb"])
         if c.get("hbm_gb") is not None
@@ -167,6 +198,14 @@ def build_cluster(cfg: Any) -> Cluster:
             f"cluster {name}: fan-outs {fanouts} multiply to {inner} but cluster.devices={devices};"
             " make them agree (or set the top level's fanout to null)"
         )
+    for i, lv in enumerate(levels_cfg):
+        where = f"cluster.levels[{i}] ({lv.get('name')})"
+        bw = lv.get("bw_gbps")
+        _require(where, "bw_gbps", bw, isinstance(bw, int | float) and bw > 0, "must be > 0")
+        lat = lv.get("latency_us", 0.0)
+        _require(where, "latency_us", lat, lat >= 0, "must be >= 0")
+        over = lv.get("oversubscription", 1.0)
+        _require(where, "oversubscription", over, over >= 1, "must be >= 1")
     levels = tuple(
         Level(
             name=lv.get("name", f"level{i}"),

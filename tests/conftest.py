@@ -23,7 +23,11 @@ def make_device(**over) -> Device:
     return Device(**kw)
 
 
-def make_cluster(fanouts=(4, 2), bws_gbps=(400, 50), lat_us=(1, 5), device=None, **over) -> Cluster:
+def make_cluster(fanouts=(4, 2), bws_gbps=None, lat_us=None, device=None, **over) -> Cluster:
+    """Defaults: bandwidth falling and latency rising up the levels."""
+    n = len(fanouts)
+    bws_gbps = bws_gbps or (400, 50, 25, 12.5, 6.25)[:n]
+    lat_us = lat_us or (1, 5, 9, 13, 17)[:n]
     levels = tuple(
         Level(name=f"l{i}", fanout=f, bw_bytes_per_s=b * GB, latency_s=a * US)
         for i, (f, b, a) in enumerate(zip(fanouts, bws_gbps, lat_us, strict=True))

@@ -66,7 +66,11 @@ def random_planner(rng: random.Random, problem) -> FixedPlanner:
     gb = problem.training.global_batch
     dp = rng.choice([d for d in _divisors(rest) if gb % d == 0])
     mbs = rng.choice([b for b in problem.training.microbatch_sizes if gb % (b * dp) == 0])
-    ep = rng.choice([e for e in _divisors(dp * cp) if spec.num_experts % e == 0]) if spec.is_moe else 1
+    ep = (
+        rng.choice([e for e in _divisors(dp * cp) if spec.num_experts % e == 0])
+        if spec.is_moe
+        else 1
+    )
     modes = [rng.choice(list(Recompute)).value for _ in range(pp)]
     cuts = sorted(rng.sample(range(1, spec.layers + 2), pp - 1))
     bounds = [0, *cuts, spec.layers + 2]
@@ -74,8 +78,16 @@ def random_planner(rng: random.Random, problem) -> FixedPlanner:
     order = ["tp", "cp", "dp", "pp"]
     rng.shuffle(order)
     return FixedPlanner(
-        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, microbatch_size=mbs, recompute=modes,
-        zero_stage=rng.randint(0, 3), layer_partition=partition, rank_order=",".join(order),
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        ep=ep,
+        microbatch_size=mbs,
+        recompute=modes,
+        zero_stage=rng.randint(0, 3),
+        layer_partition=partition,
+        rank_order=",".join(order),
     )
 
 

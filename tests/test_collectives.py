@@ -96,7 +96,9 @@ def test_moving_a_group_to_a_faster_level_is_never_slower(data):
     if cluster.num_levels < 2:
         return
     level = data.draw(st.integers(0, cluster.num_levels - 2))
-    k = data.draw(st.integers(1, min(cluster.levels[level].fanout, cluster.levels[level + 1].fanout)))
+    k = data.draw(
+        st.integers(1, min(cluster.levels[level].fanout, cluster.levels[level + 1].fanout))
+    )
     low = [1] * cluster.num_levels
     high = [1] * cluster.num_levels
     low[level], high[level + 1] = k, k

@@ -22,7 +22,9 @@ SEEDS = st.integers(0, 10**9)
 
 def _scaled(problem, *, bw=1.0, hbm=1.0):
     c = problem.cluster
-    levels = tuple(dataclasses.replace(lv, bw_bytes_per_s=lv.bw_bytes_per_s * bw) for lv in c.levels)
+    levels = tuple(
+        dataclasses.replace(lv, bw_bytes_per_s=lv.bw_bytes_per_s * bw) for lv in c.levels
+    )
     device = dataclasses.replace(c.device, hbm_bytes=c.device.hbm_bytes * hbm)
     cluster = Cluster(name=c.name, device=device, levels=levels)
     return dataclasses.replace(problem, cluster=cluster)
@@ -35,8 +37,9 @@ def test_worked_example_by_hand():
     spec = make_spec(layers=2)
     cluster = make_cluster(fanouts=(2, 2), bws_gbps=(100, 10), lat_us=(1, 10))
     problem = make_problem(spec, cluster, global_batch=8)
-    plan = FixedPlanner(tp=1, pp=2, dp=2, microbatch_size=2, layer_partition=[2, 2],
-                        rank_order="tp,cp,pp,dp").solve(problem)
+    plan = FixedPlanner(
+        tp=1, pp=2, dp=2, microbatch_size=2, layer_partition=[2, 2], rank_order="tp,cp,pp,dp"
+    ).solve(problem)
     # tp,cp,pp,dp: stage 0 on devices {0 (replica 0), 2 (replica 1)}, stage 1 on {1, 3}
     assert plan.stages[0].device_ids == (0, 2) and plan.stages[1].device_ids == (1, 3)
     r = evaluate(problem, plan)
@@ -54,12 +57,17 @@ def test_worked_example_by_hand():
     pipe = t0 + t1 + (m - 1) * max(t0, t1)
     assert r.pipeline_time_s == pytest.approx(pipe, rel=1e-12)
     # DP sync: all-reduce of bf16 gradients over the pair {0, 2} (level 1), ZeRO-0
-    grads = [2 * (cost[0].dense_params + cost[1].dense_params),
-             2 * (cost[2].dense_params + cost[3].dense_params)]
+    grads = [
+        2 * (cost[0].dense_params + cost[1].dense_params),
+        2 * (cost[2].dense_params + cost[3].dense_params),
+    ]
     sync = [all_reduce_time_s(g, (1, 2), cluster) for g in grads]
     exposed = max(sync[0], max(0.0, sync[1] - b0))
     assert r.dp_sync_exposed_s == pytest.approx(exposed, rel=1e-12)
-    params = [cost[0].dense_params + cost[1].dense_params, cost[2].dense_params + cost[3].dense_params]
+    params = [
+        cost[0].dense_params + cost[1].dense_params,
+        cost[2].dense_params + cost[3].dense_params,
+    ]
     opt = max(p * (24 + 2 + 2) / dev.hbm_bw_bytes_per_s for p in params)
     assert r.optimizer_s == pytest.approx(opt, rel=1e-12)
     assert r.iteration_time_s == pytest.approx(pipe + exposed + opt, rel=1e-12)
@@ -78,8 +86,9 @@ def test_worked_example_by_hand():
 def test_equal_stages_give_the_textbook_pipeline_time():
     """With equal stages, 1F1B takes ``(m + p - 1) t`` (Narayanan et al. SC21 §2.2.1)."""
     spec = make_spec(layers=4, vocab=128)  # tiny embedding/head so stages are near equal
-    problem = make_problem(spec, make_cluster(fanouts=(4,), bws_gbps=(1e6,), lat_us=(0,)),
-                           global_batch=8)
+    problem = make_problem(
+        spec, make_cluster(fanouts=(4,), bws_gbps=(1e6,), lat_us=(0,)), global_batch=8
+    )
     plan = FixedPlanner(tp=1, pp=2, dp=1, microbatch_size=1, layer_partition=[3, 3]).solve(problem)
     r = evaluate(problem, plan)
     ts = [rk.time_s for rk in r.ranks]
@@ -89,16 +98,25 @@ def test_equal_stages_give_the_textbook_pipeline_time():
 
 def test_interleaving_divides_the_bubble():
     spec = make_spec(layers=6, vocab=128)
-    problem = make_problem(spec, make_cluster(fanouts=(2,), bws_gbps=(1e6,), lat_us=(0,)),
-                           global_batch=8)
+    problem = make_problem(
+        spec, make_cluster(fanouts=(2,), bws_gbps=(1e6,), lat_us=(0,)), global_batch=8
+    )
     base = evaluate(problem, FixedPlanner(pp=2, dp=1, microbatch_size=1).solve(problem))
     inter = evaluate(
         problem,
-        FixedPlanner(pp=2, dp=1, microbatch_size=1, schedule="interleaved", virtual_stages=2,
-                     layer_partition=[2, 2, 1, 1]).solve(problem),
+        FixedPlanner(
+            pp=2,
+            dp=1,
+            microbatch_size=1,
+            schedule="interleaved",
+            virtual_stages=2,
+            layer_partition=[2, 2, 1, 1],
+        ).solve(problem),
     )
     assert inter.bubble_s < base.bubble_s
-    assert inter.ranks[0].memory.in_flight_microbatches > base.ranks[0].memory.in_flight_microbatches
+    assert (
+        inter.ranks[0].memory.in_flight_microbatches > base.ranks[0].memory.in_flight_microbatches
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -108,8 +126,14 @@ def test_memory_terms_add_up(seed):
     r = evaluate(problem, planner.solve(problem))
     for rank in r.ranks:
         m = rank.memory
-        terms = (m.weights_bytes, m.grads_bytes, m.optimizer_bytes, m.activations_bytes,
-                 m.transient_bytes, m.reserve_bytes)
+        terms = (
+            m.weights_bytes,
+            m.grads_bytes,
+            m.optimizer_bytes,
+            m.activations_bytes,
+            m.transient_bytes,
+            m.reserve_bytes,
+        )
         assert all(t >= 0 for t in terms)
         assert m.total_bytes == pytest.approx(sum(terms), rel=1e-12)
     assert r.peak_memory_bytes == max(rk.memory.total_bytes for rk in r.ranks)
@@ -166,8 +190,12 @@ def test_zero_stages_trade_memory_monotonically(seed):
     for stage in range(4):
         planner.zero_stage = stage
         r = evaluate(problem, planner.solve(problem))
-        peaks.append([rk.memory.weights_bytes + rk.memory.grads_bytes + rk.memory.optimizer_bytes
-                      for rk in r.ranks])
+        peaks.append(
+            [
+                rk.memory.weights_bytes + rk.memory.grads_bytes + rk.memory.optimizer_bytes
+                for rk in r.ranks
+            ]
+        )
     for lower, higher in zip(peaks, peaks[1:], strict=False):
         assert all(h <= lo * (1 + 1e-12) for lo, h in zip(lower, higher, strict=True))
 
@@ -183,8 +211,7 @@ def test_zero_paper_worked_example():
     expected = [120e9, 31.4e9, 16.6e9, 1.88e9]
     for stage, want in enumerate(expected):
         plan = FixedPlanner(dp=64, microbatch_size=1, zero_stage=stage).solve(problem)
-        mem = rank_memory(problem, plan, [], [], dense_params=7.5e9, expert_params=0.0,
-                          in_flight=1)
+        mem = rank_memory(problem, plan, [], [], dense_params=7.5e9, expert_params=0.0, in_flight=1)
         states = mem.weights_bytes + mem.grads_bytes + mem.optimizer_bytes
         assert states == pytest.approx(want, rel=0.01)
 

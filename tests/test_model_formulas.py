@@ -69,8 +69,15 @@ def test_embedding_and_head_are_separate_layers():
 def gpt3_sc21() -> ModelSpec:
     """GPT-3 175B as in SC21 (Narayanan et al.): V = 51200 (padded), s = 2048."""
     return ModelSpec(
-        name="gpt3_sc21", hidden=12288, layers=96, heads=96, ffn_hidden=4 * 12288,
-        vocab=51200, seq_len=2048, dropout=True, tied_embeddings=True,
+        name="gpt3_sc21",
+        hidden=12288,
+        layers=96,
+        heads=96,
+        ffn_hidden=4 * 12288,
+        vocab=51200,
+        seq_len=2048,
+        dropout=True,
+        tied_embeddings=True,
     )
 
 
@@ -111,7 +118,9 @@ def test_gpt3_training_days_sc21():
 
 def gpt_block_act(t: int, sp: bool, mode: Recompute, b: int = 1) -> float:
     model = AnalyticModel(gpt3_sc21(), flash_attention=False)
-    return model.layer_cost(model.chain[1], Shard(tp=t, sp=sp, mbs=b), make_device()).act_bytes[mode]
+    return model.layer_cost(model.chain[1], Shard(tp=t, sp=sp, mbs=b), make_device()).act_bytes[
+        mode
+    ]
 
 
 @pytest.mark.parametrize("t", [1, 2, 8])
@@ -154,7 +163,9 @@ def test_flash_attention_drops_the_score_matrix():
     model = AnalyticModel(spec, flash_attention=True)
     cost = model.layer_cost(model.chain[1], Shard(tp=8, sp=True), make_device())
     lse = 4 * spec.heads * spec.seq_len / 8
-    assert cost.act_bytes[Recompute.NONE] == pytest.approx(cost.act_bytes[Recompute.SELECTIVE] + lse)
+    assert cost.act_bytes[Recompute.NONE] == pytest.approx(
+        cost.act_bytes[Recompute.SELECTIVE] + lse
+    )
 
 
 def test_gqa_and_swiglu_change_the_inventory_as_derived():

@@ -24,8 +24,13 @@ def test_time_and_flops():
 
 def test_presets_convert_at_the_edge():
     dev = build_device(
-        {"name": "d", "peak_tflops": 312, "hbm_gb": 80, "hbm_bw_gbps": 2039,
-         "memory_reserve_gib": 1}
+        {
+            "name": "d",
+            "peak_tflops": 312,
+            "hbm_gb": 80,
+            "hbm_bw_gbps": 2039,
+            "memory_reserve_gib": 1,
+        }
     )
     assert dev.peak_flops_per_s == 312e12
     assert dev.hbm_bytes == 80e9

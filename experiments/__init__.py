@@ -1,0 +1,1 @@
+"""Experiments: sweeps that reproduce the paper's results, aggregation and benchmarks."""

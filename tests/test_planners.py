@@ -1,0 +1,113 @@
+"""Conformance suite over every planner in conf/solver/, plus the megatron rules' behaviour."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from baselines.megatron import MegatronPlanner
+from nest.cli import CONF_DIR
+from nest.cost import check_plan, evaluate
+from nest.errors import Infeasible
+from nest.serialize import plan_to_dict
+
+from .conftest import make_cluster, make_device, make_problem, make_spec
+
+SOLVERS = sorted(p.stem for p in (Path(CONF_DIR) / "solver").glob("*.yaml"))
+
+
+def planner_from_config(name: str):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"solver={name}"])
+    return instantiate(cfg.solver, _convert_="all")
+
+
+def small_problems():
+    yield make_problem(make_spec(layers=4), make_cluster(fanouts=(4, 2)), global_batch=16)
+    yield make_problem(
+        make_spec(layers=6, heads=4),
+        make_cluster(fanouts=(2, 2, 2), bws_gbps=(400, 100, 25), lat_us=(1, 5, 9)),
+        global_batch=8,
+    )
+    moe = make_spec(layers=3, num_experts=4, top_k=2, activation="swiglu")
+    yield make_problem(moe, make_cluster(fanouts=(2, 4)), global_batch=16)
+
+
+@pytest.mark.parametrize("name", SOLVERS)
+def test_planner_conformance(name):
+    for problem in small_problems():
+        planner = planner_from_config(name)
+        assert planner.name == name
+        plan = planner.solve(problem)
+        check_plan(problem, plan)  # contiguous stages covering the chain, devices exist, no reuse
+        covered = [i for s in plan.stages for i in s.layers]
+        assert covered == list(range(problem.num_layers))  # every layer placed exactly once
+        report = evaluate(problem, plan)
+        assert plan.objective_s == report.iteration_time_s  # reported == shared evaluator
+        assert plan.solver == name
+        assert plan.status in ("optimal", "feasible", "infeasible", "timeout")
+        if plan.status in ("optimal", "feasible"):
+            assert report.feasible
+        again = planner_from_config(name).solve(problem)
+        a, b = plan_to_dict(plan), plan_to_dict(again)
+        a.pop("solve_time_s"), b.pop("solve_time_s")
+        assert a == b  # deterministic
+
+
+def test_megatron_keeps_tp_inside_the_node_and_as_wide_as_allowed():
+    problem = make_problem(
+        make_spec(layers=4, heads=8), make_cluster(fanouts=(4, 4)), global_batch=16
+    )
+    plan = MegatronPlanner().solve(problem)
+    assert plan.tp == 4
+    for stage in plan.stages:
+        for replica in stage.devices:
+            for ranks in replica:
+                assert problem.cluster.group_factors(ranks) == (4, 1)
+    # heads limit the width: 2 heads allow tp <= 2 even on 4-device nodes
+    narrow = make_problem(
+        make_spec(layers=4, heads=2, hidden=128), make_cluster(fanouts=(4, 4)), global_batch=16
+    )
+    assert MegatronPlanner().solve(narrow).tp == 2
+
+
+def test_megatron_takes_the_smallest_pipeline_that_fits():
+    """Shrink HBM until pp=1 no longer fits: the rules move to the next pp, never beyond."""
+    spec = make_spec(layers=8, hidden=256, ffn_hidden=1024, vocab=4096, seq_len=128)
+    roomy = make_problem(spec, make_cluster(fanouts=(2, 4)), global_batch=16)
+    planner = MegatronPlanner()
+    assert planner.solve(roomy).pp == 1
+    for hbm_mib in (64, 32, 16, 12):
+        tight = make_problem(
+            spec,
+            make_cluster(fanouts=(2, 4), device=make_device(hbm_bytes=hbm_mib * 2**20)),
+            global_batch=16,
+        )
+        try:
+            plan = planner.solve(tight)
+        except Infeasible:
+            continue
+        smaller = [c for c in planner.candidates(tight) if c.pp < plan.pp]
+        assert all(not evaluate(tight, c).feasible for c in smaller)
+        same = [c for c in planner.candidates(tight) if c.pp == plan.pp]
+        # full recompute only if needed: no lighter mode at this pp fits with any microbatch
+        order = ["none", "selective", "full"]
+        lighter = [
+            c
+            for c in same
+            if order.index(c.stages[0].recompute) < order.index(plan.stages[0].recompute)
+        ]
+        assert all(not evaluate(tight, c).feasible for c in lighter)
+
+
+def test_megatron_reports_the_memory_it_would_need():
+    spec = make_spec(layers=2, hidden=1024, ffn_hidden=4096, heads=8)
+    problem = make_problem(
+        spec, make_cluster(fanouts=(2,), device=make_device(hbm_bytes=2**20)), global_batch=4
+    )
+    with pytest.raises(Infeasible) as info:
+        MegatronPlanner().solve(problem)
+    err = info.value
+    assert err.min_memory_bytes > problem.cluster.device.hbm_bytes
+    assert "GiB" in err.reason and "\n" not in err.reason
