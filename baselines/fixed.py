@@ -43,7 +43,8 @@ def chunk_layer_counts(
         counts = [int(c) for c in partition]
         if len(counts) != n_chunks:
             raise UserError(
-                f"solver.layer_partition has {len(counts)} entries; pp x virtual_stages = {n_chunks}"
+                f"solver.layer_partition has {len(counts)} entries; pp x virtual_stages = "
+                f"{n_chunks}"
             )
         if sum(counts) == num_blocks + 2:
             return counts
@@ -98,7 +99,8 @@ class FixedPlanner:
                 raise UserError(f"solver.{key}={value!r} must be a positive integer")
         if self.dp is not None and (not isinstance(self.dp, int) or self.dp < 1):
             raise UserError(
-                f"solver.dp={self.dp!r} must be a positive integer (or null for the remaining devices)"
+                f"solver.dp={self.dp!r} must be a positive integer (or null for the remaining "
+                "devices)"
             )
         if self.microbatch_size is not None and (
             not isinstance(self.microbatch_size, int) or self.microbatch_size < 1
@@ -145,7 +147,8 @@ class FixedPlanner:
             modes = modes * n_chunks
         if len(modes) != n_chunks:
             raise UserError(
-                f"solver.recompute has {len(modes)} entries; give one, or one per chunk ({n_chunks})"
+                f"solver.recompute has {len(modes)} entries; give one, or one per chunk "
+                f"({n_chunks})"
             )
         try:
             recompute = [Recompute(m) for m in modes]

@@ -101,7 +101,8 @@ class MegatronPlanner:
         started = time.perf_counter()
         if self.max_tp is not None and (not isinstance(self.max_tp, int) or self.max_tp < 1):
             raise UserError(
-                f"solver.max_tp={self.max_tp!r} must be a positive integer (or null for the node size)"
+                f"solver.max_tp={self.max_tp!r} must be a positive integer (or null for the node "
+                "size)"
             )
         if self.zero_stage not in (0, 1, 2, 3):
             raise UserError(f"solver.zero_stage={self.zero_stage!r}; use 0, 1, 2 or 3")

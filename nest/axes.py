@@ -50,8 +50,9 @@ class LayerKind(StrEnum):
 def parse_rank_order(value: str | list | tuple) -> tuple[Axis, ...]:
     """Parse ``"tp,cp,dp,pp"`` / ``"tp-cp-dp-pp"`` / a list into a full permutation of the axes.
 
-    Axes left out are appended in Megatron order after the given ones, so ``"tp,pp,dp"`` (the
-    artifact's order) is ``tp, pp, dp, cp`` ... with cp=1 the position of an absent axis is moot.
+    Axes left out are appended after the given ones in Megatron order, so the artifact's
+    ``"tp,pp,dp"`` becomes ``tp, pp, dp, cp``; an axis of degree 1 may sit anywhere. ``ep`` is
+    accepted and skipped (expert ranks live inside the cp x dp ranks).
     """
     from nest.errors import UserError
 

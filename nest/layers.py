@@ -53,7 +53,7 @@ class Shard:
 
 @dataclass(frozen=True, slots=True)
 class Collective:
-    """A collective a layer issues; ``n_bytes`` is the full buffer (see :mod:`nest.cost.collectives`)."""
+    """A collective a layer issues; ``n_bytes`` is its full buffer (see nest.cost.collectives)."""
 
     op: str
     """``all_reduce``, ``all_gather``, ``reduce_scatter`` or ``all_to_all``."""

@@ -34,8 +34,8 @@ class StagePlan:
     def __post_init__(self) -> None:
         if self.first_layer > self.last_layer:
             raise UserError(
-                f"stage layers [{self.first_layer}, {self.last_layer}] are empty; every stage needs "
-                "at least one layer"
+                f"stage layers [{self.first_layer}, {self.last_layer}] are empty; every stage "
+                "needs at least one layer"
             )
 
     @property
@@ -65,7 +65,8 @@ class Plan:
     num_microbatches: int
     """Microbatches per replica per iteration, ``m``."""
     zero_stage: int
-    """0: plain DP; 1: optimizer state sharded (distributed optimizer); 2: + gradients; 3: + weights."""
+    """0: plain DP; 1: optimizer state sharded (distributed optimizer); 2: + gradients;
+    3: + weights."""
     schedule: Schedule
     virtual_stages: int = 1
     """Model chunks per device (interleaved schedule); 1 otherwise."""

@@ -9,9 +9,10 @@ level-``l`` block are the contiguous ids ``[k * P(l+1), (k+1) * P(l+1))`` with
 Bandwidth semantics. ``bw_bytes_per_s`` of a level is the per-device, per-direction bandwidth of
 the links at that level, divided by its oversubscription ratio. Traffic between two devices whose
 lowest common level is ``l`` traverses links of every level ``<= l`` (device -> node switch ->
-leaf -> ...), so its rate is the bottleneck ``min_{j <= l} bw_j`` (:meth:`Cluster.path_bw_bytes_per_s`).
-This is also the NEST artifact's rule (NEST_NOTES.md §2: a level-``l`` transfer runs at
-``min(bw0..bwl)``) and makes "a group placed lower in the tree is never slower" hold for any presets.
+leaf -> ...), so its rate is the bottleneck ``min_{j <= l} bw_j``
+(:meth:`Cluster.path_bw_bytes_per_s`). This is also the NEST artifact's rule (NEST_NOTES.md §2:
+a level-``l`` transfer runs at ``min(bw0..bwl)``) and makes "a group placed lower in the tree is
+never slower" hold for any presets.
 Concurrent transfers of different groups do not contend: one NIC per device, rail-optimised
 networks (DESIGN.md §5).
 """

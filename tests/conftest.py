@@ -8,7 +8,7 @@ from nest.layers import AnalyticModel
 from nest.model import ModelSpec
 from nest.problem import Problem, Training
 from nest.topology import Cluster, Level
-from nest.units import GB, GiB, TFLOP, US
+from nest.units import GB, TFLOP, US, GiB
 
 
 def make_device(**over) -> Device:

@@ -87,7 +87,7 @@ def test_gpt3_flops_per_iteration_sc21():
     without it ``72 B s l h^2 (1 + s/(6h) + V/(12 l h))``. B = 1536 as in §5.1."""
     spec = gpt3_sc21()
     model = AnalyticModel(spec)
-    B, s, l, h, V = 1536, spec.seq_len, spec.layers, spec.hidden, spec.vocab
+    B, s, l, h, V = 1536, spec.seq_len, spec.layers, spec.hidden, spec.vocab  # noqa: E741
     dev = make_device()
     shard = Shard(tp=1, cp=1, mbs=1)
     block = model.layer_cost(model.chain[1], shard, dev).fwd_flops

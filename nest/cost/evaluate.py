@@ -106,8 +106,8 @@ def check_plan(problem: Problem, plan: Plan) -> None:
             raise UserError("schedule=interleaved needs pp >= 2 and virtual_stages >= 2")
         if plan.num_microbatches % plan.pp:
             raise UserError(
-                f"interleaved schedule needs num_microbatches({plan.num_microbatches}) divisible by "
-                f"pp({plan.pp}) (Megatron-LM's requirement)"
+                f"interleaved schedule needs num_microbatches({plan.num_microbatches}) divisible "
+                f"by pp({plan.pp}) (Megatron-LM's requirement)"
             )
 
 
