@@ -5,7 +5,8 @@ Preset files carry human units with the unit in the key (``peak_tflops``, ``hbm_
 :mod:`nest.units`. The schemas reject unknown keys and wrong types when Hydra composes the config.
 """
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass, field, make_dataclass
 from math import prod
 from typing import Any
 
@@ -60,28 +61,15 @@ class ClusterConfig:
     levels: list[LevelConfig] = field(default_factory=list)
 
 
-@dataclass
-class ModelConfig:
-    name: str = MISSING
-    hidden: int = MISSING
-    layers: int = MISSING
-    heads: int = MISSING
-    ffn_hidden: int = MISSING
-    vocab: int = MISSING
-    seq_len: int = MISSING
-    kv_heads: int | None = None
-    activation: str = "gelu"
-    norm: str = "layernorm"
-    bias: bool = True
-    position: str = "learned"
-    max_position: int | None = None
-    tied_embeddings: bool = False
-    dropout: bool = False
-    num_experts: int = 1
-    top_k: int = 1
-    moe_layer_freq: int = 1
-    encoder: bool = False
-    dtype_bytes: int = 2
+# The model schema is the ModelSpec's own fields (same names, types and defaults), so the two
+# cannot drift apart.
+ModelConfig = make_dataclass(
+    "ModelConfig",
+    [
+        (f.name, f.type, field(default=MISSING if f.default is dataclasses.MISSING else f.default))
+        for f in dataclasses.fields(ModelSpec)
+    ],
+)
 
 
 @dataclass

@@ -5,8 +5,8 @@ from nest.plan import Plan, StagePlan
 from nest.report import Report
 
 
-def plan_to_dict(plan: Plan) -> dict:
-    """The whole plan, explicit devices included; :func:`plan_from_dict` reads it back."""
+def _choices(plan: Plan) -> dict:
+    """The plan's degrees and discrete choices (shared by plan.json and report.json)."""
     return {
         "tp": plan.tp,
         "cp": plan.cp,
@@ -20,6 +20,13 @@ def plan_to_dict(plan: Plan) -> dict:
         "virtual_stages": plan.virtual_stages,
         "sequence_parallel": plan.sequence_parallel,
         "rank_order": [str(a) for a in plan.rank_order] if plan.rank_order else None,
+    }
+
+
+def plan_to_dict(plan: Plan) -> dict:
+    """The whole plan, explicit devices included; :func:`plan_from_dict` reads it back."""
+    return {
+        **_choices(plan),
         "stages": [
             {
                 "layers": [s.first_layer, s.last_layer],
@@ -91,18 +98,7 @@ def report_to_dict(plan: Plan, report: Report) -> dict:
         "devices_idle": report.devices_idle,
         "peak_memory_bytes": report.peak_memory_bytes,
         "plan": {
-            "tp": plan.tp,
-            "pp": plan.pp,
-            "dp": plan.dp,
-            "cp": plan.cp,
-            "ep": plan.ep,
-            "microbatch_size": plan.microbatch_size,
-            "num_microbatches": plan.num_microbatches,
-            "zero_stage": plan.zero_stage,
-            "schedule": str(plan.schedule),
-            "virtual_stages": plan.virtual_stages,
-            "sequence_parallel": plan.sequence_parallel,
-            "rank_order": [str(a) for a in plan.rank_order] if plan.rank_order else None,
+            **_choices(plan),
             "stages": [
                 {
                     "layers": [s.first_layer, s.last_layer],
