@@ -116,7 +116,13 @@ class FixedPlanner:
                 f"tp*cp*pp = {self.tp}*{self.cp}*{self.pp} = {width} exceeds the cluster's {n} "
                 "devices; lower a degree or raise cluster.devices"
             )
-        reason = problem.model.shard_problem(Shard(tp=self.tp, cp=self.cp, ep=self.ep))
+        training = problem.training
+        sp = (
+            training.sequence_parallel if self.sequence_parallel is None else self.sequence_parallel
+        )
+        reason = problem.model.shard_problem(
+            Shard(tp=self.tp, cp=self.cp, ep=self.ep, sp=bool(sp) and self.tp > 1)
+        )
         if reason:
             raise UserError(f"solver: {reason}")
         dp = self.dp if self.dp is not None else n // width
@@ -125,7 +131,6 @@ class FixedPlanner:
                 f"solver.ep={self.ep} must divide dp*cp = {dp}*{self.cp}; expert ranks are carved "
                 "out of the data x context ranks"
             )
-        training = problem.training
         mbs = training.microbatch_sizes[0] if self.microbatch_size is None else self.microbatch_size
         if training.global_batch % (mbs * dp):
             raise UserError(

@@ -25,6 +25,8 @@ Sources:
   follow from the same inventory; the tests check that it reduces to the published formulas.
 - Tied embeddings on separate stages: Megatron keeps a copy of the word embedding on the last
   stage; it is counted as ``tied_copy_params``.
+- Pipeline boundary: each device sends its (sequence-parallel shard of the) output; without
+  sequence parallelism every tensor rank sends the full ``s/c x b x h`` tensor (Megatron-Core).
 - Vocabulary padding: Megatron pads ``V`` to a multiple of ``128 * t``
   (``--make-vocab-size-divisible-by 128``).
 """
@@ -131,6 +133,11 @@ class AnalyticModel:
             )
         if shard.ep > 1 and not m.is_moe:
             return f"ep={shard.ep} but {m.name} has no experts; use ep=1"
+        if m.is_moe and shard.tp > 1 and not shard.sp:
+            return (
+                f"{m.name} is a mixture of experts: tp={shard.tp} needs sequence parallelism "
+                "(Megatron-Core asserts it); set training.sequence_parallel=true or tp=1"
+            )
         if m.num_experts % shard.ep:
             return f"ep={shard.ep} must divide num_experts={m.num_experts} of {m.name}"
         return None
@@ -263,12 +270,15 @@ class AnalyticModel:
             act = ((hsb if m.dropout else 0.0) + (p * hsb if m.encoder else 0.0)) / sp_div
             if t > 1:
                 tp_fwd.append(Collective("reduce_scatter" if sp else "all_reduce", "tp", x_bytes))
+                if sp:  # the backward of a reduce-scatter is an all-gather
+                    tp_bwd.append(Collective("all_gather", "tp", x_bytes))
             return LayerCost(
                 dense_params=sharded / t + replicated,
                 fwd_flops=flops,
                 act_bytes={mode: act for mode in Recompute},
-                boundary_bytes=p * hsb / t,
+                boundary_bytes=p * hsb / sp_div,
                 fwd_collectives=tuple(tp_fwd),
+                bwd_collectives=tuple(tp_bwd),
             )
 
         if ref.kind is LayerKind.HEAD:
@@ -312,8 +322,8 @@ class AnalyticModel:
             inside += p * ffn_elems
         # Attention core: softmax output (+ dropout mask and output), a x s_loc x s per sequence.
         # FlashAttention stores only the fp32 log-sum-exp per query and head, and recomputes the
-        # scores in its backward pass (Dao et al. 2022): the core is always "selectively
-        # recomputed" (time charged under every mode) and stores 4 a s b bytes.
+        # scores in its backward pass (Dao et al. 2022): it stores 4 a s b bytes and its backward
+        # recompute is charged under every mode.
         core_elems = m.heads * s_loc * s * b
         core = (p + (1 + p if m.dropout else 0)) * core_elems
         if self.flash_attention:
@@ -345,11 +355,13 @@ class AnalyticModel:
             ]
         ep_coll: list[Collective] = []
         if ref.moe and ep > 1:
-            a2a_bytes = p * (s_loc * b / t) * m.top_k * h
+            a2a_bytes = p * (s_loc * b / sp_div) * m.top_k * h  # tokens this device holds
             ep_coll = [Collective("all_to_all", "ep", a2a_bytes)] * 2  # dispatch and combine
         fwd_coll = tuple(tp_fwd + cp_fwd + ep_coll)
         core_s = 4.0 * b * s * s * h / (t * c) / device.achieved_flops_per_s
-        none_s = core_s if self.flash_attention else 0.0
+        # FlashAttention's backward recomputes S = QK^T (half of the core's forward FLOPs), which
+        # is why its backward costs 2.5x its forward rather than 2x (Dao 2023, FlashAttention-2).
+        none_s = 0.5 * core_s if self.flash_attention else 0.0
         return LayerCost(
             dense_params=sharded / t + replicated,
             expert_params=(exp_sharded / t + exp_replicated) / ep if ref.moe else 0.0,
@@ -362,12 +374,12 @@ class AnalyticModel:
                 Recompute.FULL: fwd_s + none_s,
             },
             act_bytes=act,
-            boundary_bytes=p * hsb / t,
+            boundary_bytes=p * hsb / sp_div,
             fwd_collectives=fwd_coll,
             bwd_collectives=tuple(tp_bwd + cp_bwd + ep_coll),
             recompute_collectives={
                 Recompute.NONE: (),
-                Recompute.SELECTIVE: tuple(cp_fwd),
+                Recompute.SELECTIVE: (),  # the backward's K/V gather serves the recompute too
                 Recompute.FULL: fwd_coll,
             },
         )

@@ -233,3 +233,72 @@ def test_rank_order_decides_which_groups_use_fast_links():
 def test_device_validation_messages():
     with pytest.raises(ValueError, match="matmul_efficiency"):
         Device(name="d", peak_flops_per_s=1, hbm_bytes=1, hbm_bw_bytes_per_s=1, matmul_efficiency=0)
+
+
+def test_interleaved_sync_is_hidden_only_by_the_chunks_left():
+    """Under interleaving rank r's last backward is its first chunk (chunk r); only chunks
+    r-1..0 run after it, so only their backward hides rank r's DP synchronisation."""
+    spec = make_spec(layers=6, vocab=128)
+    problem = make_problem(spec, make_cluster(fanouts=(2, 4)), global_batch=16)
+    plan = FixedPlanner(
+        pp=2,
+        dp=4,
+        microbatch_size=1,
+        schedule="interleaved",
+        virtual_stages=2,
+        layer_partition=[1, 3, 1, 3],
+    ).solve(problem)
+    r = evaluate(problem, plan)
+    chunk_bwd = [s.bwd_s for s in r.stages]
+    assert r.ranks[1].dp_sync_exposed_s == pytest.approx(
+        max(0.0, r.ranks[1].dp_sync_s - chunk_bwd[0])
+    )
+    assert r.ranks[1].dp_sync_s > chunk_bwd[0] + chunk_bwd[2]  # the case where the rule matters
+
+
+def test_layer_collectives_follow_megatron():
+    """Embedding: forward reduce-scatter (SP) whose backward is an all-gather; pipeline boundary
+    is the SP shard, or the full tensor without SP; selective recompute re-uses the backward's
+    K/V gather under context parallelism."""
+    from nest.layers import AnalyticModel
+
+    from .conftest import make_device
+
+    spec = make_spec(seq_len=64)
+    model = AnalyticModel(spec)
+    dev = make_device()
+    emb = model.layer_cost(model.chain[0], Shard(tp=4, sp=True), dev)
+    assert [c.op for c in emb.fwd_collectives] == ["reduce_scatter"]
+    assert [c.op for c in emb.bwd_collectives] == ["all_gather"]
+    full = 2 * spec.seq_len * spec.hidden
+    assert emb.boundary_bytes == full / 4
+    block = model.layer_cost(model.chain[1], Shard(tp=4, sp=False), dev)
+    assert block.boundary_bytes == full
+    cp = model.layer_cost(model.chain[1], Shard(cp=2), dev)
+    assert cp.recompute_collectives[Recompute.SELECTIVE] == ()
+    assert [c.op for c in cp.bwd_collectives] == ["all_gather", "reduce_scatter"]
+
+
+def test_flash_backward_recomputes_only_the_scores():
+    """FlashAttention-2 (Dao 2023): the backward recomputes S = QK^T, half the attention core's
+    forward FLOPs (the reason its backward is 2.5x its forward)."""
+    from nest.layers import AnalyticModel
+
+    from .conftest import make_device
+
+    spec = make_spec()
+    dev = make_device()
+    model = AnalyticModel(spec, flash_attention=True)
+    cost = model.layer_cost(model.chain[1], Shard(), dev)
+    core_s = 4 * spec.seq_len**2 * spec.hidden / dev.achieved_flops_per_s
+    assert cost.recompute_s[Recompute.NONE] == pytest.approx(core_s / 2)
+    assert cost.recompute_s[Recompute.FULL] == pytest.approx(cost.fwd_s + core_s / 2)
+
+
+def test_moe_with_tensor_parallelism_needs_sequence_parallelism():
+    from nest.errors import UserError
+
+    spec = make_spec(num_experts=4, top_k=2)
+    problem = make_problem(spec, make_cluster(fanouts=(4, 2)), sequence_parallel=False)
+    with pytest.raises(UserError, match="sequence parallelism"):
+        FixedPlanner(tp=2, dp=4, microbatch_size=1).solve(problem)

@@ -292,7 +292,10 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
                 in_flight=in_flight,
             )
         )
-    exposed = exposed_sync_s(sync, rank_bwd, training.overlap_grad_sync)
+    # Rank r's last backward is on chunk r (its first chunk, also under interleaving); after it
+    # only chunks r-1 .. 0 still run, and their backward hides rank r's synchronisation.
+    last_bwd = [stage_reports[r].bwd_s for r in range(plan.pp)]
+    exposed = exposed_sync_s(sync, last_bwd, training.overlap_grad_sync)
     rank_times = [f + b for f, b in zip(rank_fwd, rank_bwd, strict=True)]
     t_pipe = pipeline_time_s(rank_times, m, plan.schedule, v)
     t_exposed = max(exposed)

@@ -14,6 +14,8 @@ the microbatches per replica, ``v`` the model chunks per device.
 - Exposed DP synchronisation: under 1F1B rank ``r`` finishes its last backward ``sum_{j<r} b_j``
   before rank 0 does, and that much of its sync is hidden; with overlap enabled its own last
   backward ``b_r`` also hides it: ``exposed = max_r max(0, sync_r - sum_{j<r} b_j [- b_r])``.
+  Under interleaving ``b_j`` is the backward of chunk ``j`` (rank ``j``'s first chunk), the last
+  work left after rank ``r`` is done.
 """
 
 from collections.abc import Sequence
