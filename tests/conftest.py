@@ -1,6 +1,12 @@
 """Shared builders for small problems."""
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run (CI cannot flake) and keep no database
+# in the working tree.
+settings.register_profile("deterministic", derandomize=True, database=None)
+settings.load_profile("deterministic")
 
 from nest.axes import Optimizer
 from nest.hardware import Device
