@@ -3,11 +3,6 @@
 import pytest
 from hypothesis import settings
 
-# Property tests draw the same examples on every run (CI cannot flake) and keep no database
-# in the working tree.
-settings.register_profile("deterministic", derandomize=True, database=None)
-settings.load_profile("deterministic")
-
 from nest.axes import Optimizer
 from nest.hardware import Device
 from nest.layers import AnalyticModel
@@ -15,6 +10,11 @@ from nest.model import ModelSpec
 from nest.problem import Problem, Training
 from nest.topology import Cluster, Level
 from nest.units import GB, TFLOP, US, GiB
+
+# Property tests draw the same examples on every run (CI cannot flake) and keep no database
+# in the working tree.
+settings.register_profile("deterministic", derandomize=True, database=None)
+settings.load_profile("deterministic")
 
 
 def make_device(**over) -> Device:
