@@ -302,3 +302,17 @@ def test_moe_with_tensor_parallelism_needs_sequence_parallelism():
     problem = make_problem(spec, make_cluster(fanouts=(4, 2)), sequence_parallel=False)
     with pytest.raises(UserError, match="sequence parallelism"):
         FixedPlanner(tp=2, dp=4, microbatch_size=1).solve(problem)
+
+
+def test_malformed_placements_are_rejected_with_the_device_named():
+    from nest.errors import UserError
+
+    problem = make_problem(make_spec(layers=4), make_cluster(fanouts=(4, 2)), global_batch=16)
+    plan = FixedPlanner(pp=2, dp=4, microbatch_size=1).solve(problem)
+    stages = list(plan.stages)
+    stages[1] = dataclasses.replace(stages[1], devices=stages[0].devices)
+    with pytest.raises(UserError, match="device 0 is used twice"):
+        evaluate(problem, dataclasses.replace(plan, stages=tuple(stages)))
+    stages[1] = dataclasses.replace(stages[1], devices=(((99,),),) * 4)
+    with pytest.raises(UserError, match="device id 99 is outside"):
+        evaluate(problem, dataclasses.replace(plan, stages=tuple(stages)))

@@ -25,7 +25,7 @@ import numpy as np
 
 from nest.axes import LayerKind, Schedule
 from nest.cost.collectives import COLLECTIVE_TIME, p2p_time_s
-from nest.cost.memory import rank_memory
+from nest.cost.memory import local_params, rank_memory
 from nest.cost.pipeline import exposed_sync_s, in_flight_microbatches, pipeline_time_s
 from nest.errors import UserError
 from nest.layers import LayerCost, Shard
@@ -77,18 +77,19 @@ def check_plan(problem: Problem, plan: Plan) -> None:
             f"stages cover layers 0..{expected - 1} but the chain has {n_layers} layers "
             f"(embedding, {n_layers - 2} blocks, head)"
         )
-    seen: dict[int, int] = {}
-    for k, stage in enumerate(plan.stages):
-        rank = k % plan.pp
-        if k >= plan.pp and stage.devices != plan.stages[rank].devices:
-            raise UserError(f"chunk {k} must run on pipeline rank {rank}'s devices")
-        if k >= plan.pp:
-            continue
-        for d in stage.device_ids:
-            cluster.check_device(d)
-            if d in seen:
-                raise UserError(f"device {d} is used twice (pipeline ranks {seen[d]} and {rank})")
-            seen[d] = rank
+    for k in range(plan.pp, len(plan.stages)):
+        if plan.stages[k].devices != plan.stages[k % plan.pp].devices:
+            raise UserError(f"chunk {k} must run on pipeline rank {k % plan.pp}'s devices")
+    ids = np.concatenate([np.asarray(plan.stages[r].devices).ravel() for r in range(plan.pp)])
+    bad = ids[(ids < 0) | (ids >= cluster.num_devices)]
+    if bad.size:
+        cluster.check_device(int(bad[0]))  # raises with the id and the valid range
+    values, counts = np.unique(ids, return_counts=True)
+    if (counts > 1).any():
+        d = int(values[counts > 1][0])
+        ranks = [r for r in range(plan.pp) if d in plan.stages[r].device_ids]
+        where = f"pipeline ranks {ranks}" if len(ranks) > 1 else f"pipeline rank {ranks[0]}"
+        raise UserError(f"device {d} is used twice ({where}); every device runs one rank")
     reason = problem.model.shard_problem(shard_of(plan))
     if reason:
         raise UserError(reason)
@@ -138,49 +139,60 @@ def _chunk_sum(problem: Problem, plan: Plan, k: int, shard: Shard) -> ChunkSum:
 
 
 class _Groups:
-    """The communication groups of one pipeline rank, as 2-D arrays of device ids."""
+    """The communication groups of one pipeline rank and how each group kind splits over the
+    levels (computed once per rank, on first use)."""
 
-    def __init__(self, devices: np.ndarray, ep: int) -> None:
+    def __init__(self, devices: np.ndarray, ep: int, cluster) -> None:
         dp, cp, tp = devices.shape
         flat = devices.reshape(dp * cp, tp)  # row j = replica * cp + context rank
         blocks = flat.reshape(dp * cp // ep, ep, tp)
-        self.by_axis = {
+        self.cluster = cluster
+        self.arrays = {
             "tp": flat,
             "cp": devices.transpose(0, 2, 1).reshape(-1, cp),
             "ep": blocks.transpose(0, 2, 1).reshape(-1, ep),
+            "dense_dp": flat.T,  # gradient sync of dense weights: all dp x cp ranks
+            "expert_dp": blocks.transpose(1, 2, 0).reshape(-1, dp * cp // ep),
         }
-        self.dense_dp = flat.T  # gradient sync of dense weights: all dp x cp ranks
-        self.expert_dp = blocks.transpose(1, 2, 0).reshape(-1, dp * cp // ep)
+        self._factors: dict[str, set] = {}
+
+    def factors(self, kind: str) -> set[tuple[int, ...]]:
+        """Distinct level splits of the groups of ``kind`` (empty for single-member groups)."""
+        if kind not in self._factors:
+            arr = self.arrays[kind]
+            self._factors[kind] = (
+                set() if arr.shape[1] <= 1 else self.cluster.distinct_group_factors(arr)
+            )
+        return self._factors[kind]
+
+    def time_s(self, op: str, n_bytes: float, kind: str) -> float:
+        """One collective over every group of ``kind`` at once: its slowest group, seconds."""
+        if n_bytes <= 0:
+            return 0.0
+        return max(
+            (COLLECTIVE_TIME[op](n_bytes, f, self.cluster) for f in self.factors(kind)),
+            default=0.0,
+        )
 
 
-def _collectives_time_s(counter: Counter, groups: _Groups, cluster, factor_cache: dict) -> dict:
+def _collectives_time_s(counter: Counter, groups: _Groups) -> dict:
     """Seconds per axis for a multiset of collectives (slowest group of each axis)."""
     out = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
     by_axis: dict[str, list] = {}
     for coll, count in counter.items():
         by_axis.setdefault(coll.axis, []).append((coll, count))
     for axis, items in by_axis.items():
-        arr = groups.by_axis[axis]
-        if arr.shape[1] <= 1:
-            continue
-        key = (axis, arr.tobytes())
-        factors = factor_cache.get(key)
-        if factors is None:
-            factors = cluster.distinct_group_factors(arr)
-            factor_cache[key] = factors
         out[axis] = max(
-            sum(count * COLLECTIVE_TIME[c.op](c.n_bytes, f, cluster) for c, count in items)
-            for f in factors
+            (
+                sum(
+                    count * COLLECTIVE_TIME[c.op](c.n_bytes, f, groups.cluster)
+                    for c, count in items
+                )
+                for f in groups.factors(axis)
+            ),
+            default=0.0,
         )
     return out
-
-
-def _group_time_s(op: str, n_bytes: float, groups: np.ndarray, cluster) -> float:
-    if n_bytes <= 0 or groups.shape[1] <= 1:
-        return 0.0
-    return max(
-        COLLECTIVE_TIME[op](n_bytes, f, cluster) for f in cluster.distinct_group_factors(groups)
-    )
 
 
 def _p2p_s(n_bytes: float, src: np.ndarray, dst: np.ndarray, cluster) -> float:
@@ -200,26 +212,20 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
     g_bytes = training.grad_bytes
     n_chunks = len(plan.stages)
     arrays = [np.asarray(stage.devices, dtype=np.int64) for stage in plan.stages]
-    groups = [_Groups(arrays[r], plan.ep) for r in range(plan.pp)]
+    groups = [_Groups(arrays[r], plan.ep, cluster) for r in range(plan.pp)]
     sums = [_chunk_sum(problem, plan, k, shard) for k in range(n_chunks)]
-    factor_cache: dict = {}
-    dense_shard, expert_shard = plan.dp * plan.cp, plan.dp * plan.cp // plan.ep
 
     stage_reports = []
     for k, (stage, cs) in enumerate(zip(plan.stages, sums, strict=True)):
         g = groups[k % plan.pp]
-        fwd_comm = _collectives_time_s(cs.fwd_coll, g, cluster, factor_cache)
-        bwd_comm = _collectives_time_s(cs.bwd_coll, g, cluster, factor_cache)
+        fwd_comm = _collectives_time_s(cs.fwd_coll, g)
+        bwd_comm = _collectives_time_s(cs.bwd_coll, g)
         zero3_fwd = zero3_bwd = 0.0
         if plan.zero_stage == 3:
-            gather = _group_time_s("all_gather", p_bytes * cs.dense_params, g.dense_dp, cluster)
-            gather += _group_time_s("all_gather", p_bytes * cs.expert_params, g.expert_dp, cluster)
-            scatter = _group_time_s(
-                "reduce_scatter", g_bytes * cs.dense_params, g.dense_dp, cluster
-            )
-            scatter += _group_time_s(
-                "reduce_scatter", g_bytes * cs.expert_params, g.expert_dp, cluster
-            )
+            gather = g.time_s("all_gather", p_bytes * cs.dense_params, "dense_dp")
+            gather += g.time_s("all_gather", p_bytes * cs.expert_params, "expert_dp")
+            scatter = g.time_s("reduce_scatter", g_bytes * cs.dense_params, "dense_dp")
+            scatter += g.time_s("reduce_scatter", g_bytes * cs.expert_params, "expert_dp")
             zero3_fwd, zero3_bwd = gather, gather + scatter
         out_bytes = cs.layer_costs[-1].boundary_bytes
         p2p_fwd = _p2p_s(out_bytes, arrays[k], arrays[k + 1], cluster) if k + 1 < n_chunks else 0.0
@@ -264,18 +270,17 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
             dense += sums[-1].layer_costs[-1].tied_copy_params
         g = groups[r]
         if plan.zero_stage == 0:
-            s = _group_time_s("all_reduce", g_bytes * dense, g.dense_dp, cluster)
-            s += _group_time_s("all_reduce", g_bytes * expert, g.expert_dp, cluster)
+            s = g.time_s("all_reduce", g_bytes * dense, "dense_dp")
+            s += g.time_s("all_reduce", g_bytes * expert, "expert_dp")
         elif plan.zero_stage in (1, 2):
-            s = _group_time_s("reduce_scatter", g_bytes * dense, g.dense_dp, cluster)
-            s += _group_time_s("all_gather", p_bytes * dense, g.dense_dp, cluster)
-            s += _group_time_s("reduce_scatter", g_bytes * expert, g.expert_dp, cluster)
-            s += _group_time_s("all_gather", p_bytes * expert, g.expert_dp, cluster)
+            s = g.time_s("reduce_scatter", g_bytes * dense, "dense_dp")
+            s += g.time_s("all_gather", p_bytes * dense, "dense_dp")
+            s += g.time_s("reduce_scatter", g_bytes * expert, "expert_dp")
+            s += g.time_s("all_gather", p_bytes * expert, "expert_dp")
         else:
             s = 0.0  # ZeRO-3 reduce-scatters every microbatch (charged in the backward)
         sync.append(s)
-        sharded = plan.zero_stage >= 1
-        local = dense / (dense_shard if sharded else 1) + expert / (expert_shard if sharded else 1)
+        local = local_params(plan, dense, expert, plan.zero_stage >= 1)  # optimizer state shard
         touched = 2 * training.optimizer_state_bytes_per_param + g_bytes + p_bytes
         if training.optimizer_state_bytes_per_param == 0:
             touched = g_bytes + 2 * p_bytes  # SGD: read gradient, read and write weight

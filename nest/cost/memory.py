@@ -19,6 +19,14 @@ from nest.problem import Problem
 from nest.report import MemoryReport
 
 
+def local_params(plan: Plan, dense_params: float, expert_params: float, sharded: bool) -> float:
+    """Parameters a device keeps of some state: all of them, or its shard when ZeRO shards that
+    state (dense over the ``dp x cp`` ranks, experts over the ``dp x cp / ep`` ranks)."""
+    if not sharded:
+        return dense_params + expert_params
+    return dense_params / (plan.dp * plan.cp) + expert_params / (plan.dp * plan.cp // plan.ep)
+
+
 def rank_memory(
     problem: Problem,
     plan: Plan,
@@ -32,18 +40,13 @@ def rank_memory(
     """Memory of one device of a pipeline rank holding ``chunks``."""
     training, device = problem.training, problem.cluster.device
     p = problem.model.spec.dtype_bytes
-    dense_shard = plan.dp * plan.cp
-    expert_shard = plan.dp * plan.cp // plan.ep
 
-    def sharded(n_params_dense: float, n_params_expert: float, on: bool) -> float:
-        if not on:
-            return n_params_dense + n_params_expert
-        return n_params_dense / dense_shard + n_params_expert / expert_shard
-
-    weights = p * sharded(dense_params, expert_params, plan.zero_stage >= 3)
-    grads = training.grad_bytes * sharded(dense_params, expert_params, plan.zero_stage >= 2)
-    optimizer = training.optimizer_state_bytes_per_param * sharded(
-        dense_params, expert_params, plan.zero_stage >= 1
+    weights = p * local_params(plan, dense_params, expert_params, plan.zero_stage >= 3)
+    grads = training.grad_bytes * local_params(
+        plan, dense_params, expert_params, plan.zero_stage >= 2
+    )
+    optimizer = training.optimizer_state_bytes_per_param * local_params(
+        plan, dense_params, expert_params, plan.zero_stage >= 1
     )
     stored = 0.0
     transient = 0.0
@@ -58,10 +61,10 @@ def rank_memory(
             if layer_mode is not Recompute.NONE:
                 peak += cost.act_bytes[Recompute.NONE] - cost.act_bytes[layer_mode]
             if plan.zero_stage >= 3:
-                peak += p * (
-                    cost.dense_params * (1 - 1 / dense_shard)
-                    + cost.expert_params * (1 - 1 / expert_shard)
-                )
+                # the layer's weights gathered beyond this device's own shard
+                full = local_params(plan, cost.dense_params, cost.expert_params, False)
+                own = local_params(plan, cost.dense_params, cost.expert_params, True)
+                peak += p * (full - own)
             transient = max(transient, peak)
     # in_flight counts whole-rank microbatches (interleaved: chunk-microbatches / v)
     activations = stored * in_flight
