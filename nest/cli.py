@@ -21,6 +21,7 @@ from nest.config import build_problem, register_schemas
 from nest.cost import evaluate
 from nest.errors import Infeasible, UserError
 from nest.serialize import plan_to_dict, report_to_dict
+from nest.simulate import plot_timeline, simulate
 from nest.summary import format_summary
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -77,7 +78,26 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
     result = {**base, **report_to_dict(plan, report)}
     _write_json(out_dir / "plan.json", plan_to_dict(plan))
     _write_json(out_dir / "report.json", result)
+    if cfg.get("simulate", False):
+        sim = simulate(problem, plan, report)
+        result["simulation"] = {
+            "makespan_s": sim.makespan_s,
+            "pipeline_s": sim.pipeline_s,
+            "analytic_s": sim.analytic_s,
+            "relative_error": sim.relative_error,
+            "busy_s": list(sim.busy_s),
+            "idle_s": list(sim.idle_s),
+            "peak_in_flight": list(sim.peak_in_flight),
+        }
+        _write_json(out_dir / "report.json", result)
+        plot_timeline(sim, out_dir / "timeline.png")
     summary = format_summary(problem, plan, report)
+    if "simulation" in result:
+        sim_d = result["simulation"]
+        summary += (
+            f"\nsimulated iteration {sim_d['makespan_s']:.4f} s (the analytic formula is "
+            f"{100 * sim_d['relative_error']:+.2f} % off); timeline.png"
+        )
     (out_dir / "summary.txt").write_text(summary + "\n")
     if cfg.get("print_summary", True):
         echo(summary)
