@@ -23,6 +23,10 @@ Sources:
   ``11 sbh + 5 a s^2 b``, MLP ``19 sbh``, norms ``4 sbh``), so that GQA (K, V are ``g d`` wide),
   SwiGLU (``3 F`` stored instead of ``2 F``), no dropout (no masks) and MoE (``top_k`` token copies)
   follow from the same inventory; the tests check that it reduces to the published formulas.
+- Time: matmul FLOPs at the device's achieved rate plus the memory-bound elementwise work (norms,
+  residual adds, activation function, dropout, RoPE, softmax, the loss) at HBM bandwidth, each
+  operator streaming its inputs and outputs once (roofline; Williams et al., CACM 2009). The
+  backward pass takes twice the forward.
 - Tied embeddings on separate stages: Megatron keeps a copy of the word embedding on the last
   stage; it is counted as ``tied_copy_params``.
 - Pipeline boundary: each device sends its (sequence-parallel shard of the) output; without
@@ -79,6 +83,8 @@ class LayerCost:
     bwd_s: float = 0.0
     recompute_s: dict = field(default_factory=dict)
     """Extra backward-pass seconds per recompute mode."""
+    recompute_flops: dict = field(default_factory=dict)
+    """Matmul FLOPs of that recomputation, per recompute mode."""
     act_bytes: dict = field(default_factory=dict)
     """Stored activation bytes per recompute mode."""
     transient_bytes: float = 0.0
@@ -268,6 +274,8 @@ class AnalyticModel:
         if ref.kind is LayerKind.EMBEDDING:
             sharded, replicated = self._embedding_params(vocab)
             act = ((hsb if m.dropout else 0.0) + (p * hsb if m.encoder else 0.0)) / sp_div
+            ew = p * hsb + ((2 * p + 1) * hsb if m.dropout else 0.0)  # lookup write, dropout
+            fwd_s = ew / sp_div / device.hbm_bw_bytes_per_s
             if t > 1:
                 tp_fwd.append(Collective("reduce_scatter" if sp else "all_reduce", "tp", x_bytes))
                 if sp:  # the backward of a reduce-scatter is an all-gather
@@ -275,6 +283,8 @@ class AnalyticModel:
             return LayerCost(
                 dense_params=sharded / t + replicated,
                 fwd_flops=flops,
+                fwd_s=fwd_s,
+                bwd_s=2.0 * fwd_s,
                 act_bytes={mode: act for mode in Recompute},
                 boundary_bytes=p * hsb / sp_div,
                 fwd_collectives=tuple(tp_fwd),
@@ -358,10 +368,28 @@ class AnalyticModel:
             a2a_bytes = p * (s_loc * b / sp_div) * m.top_k * h  # tokens this device holds
             ep_coll = [Collective("all_to_all", "ep", a2a_bytes)] * 2  # dispatch and combine
         fwd_coll = tuple(tp_fwd + cp_fwd + ep_coll)
-        core_s = 4.0 * b * s * s * h / (t * c) / device.achieved_flops_per_s
+        # Memory-bound elementwise work (norms, residual adds, activation function, dropout,
+        # RoPE, softmax) streams its inputs and outputs through HBM once (roofline model,
+        # Williams et al., CACM 2009); the operator list is Korthikanti et al.'s §4.1.
+        ew_outside = 10 * p * hsb + (2 * (2 * p + 1) * hsb if m.dropout else 0.0)
+        ew_inside = p * s_loc * b * m.ffn_hidden * (3 if m.activation == "swiglu" else 2)
+        if ref.moe:
+            ew_inside *= m.top_k
+        if m.position == "rope":
+            ew_inside += 2 * p * s_loc * b * (h + m.kv_dim)
+        ew_core = (
+            0.0
+            if self.flash_attention
+            else (2 * p + ((2 * p + 1) if m.dropout else 0)) * core_elems
+        )
+        hbm = device.hbm_bw_bytes_per_s
+        fwd_s += (ew_outside / sp_div + ew_inside / t) / hbm + ew_core / t / hbm
+        core_flops = 4.0 * b * s * s * h / (t * c)
+        core_s = core_flops / device.achieved_flops_per_s + ew_core / t / hbm
         # FlashAttention's backward recomputes S = QK^T (half of the core's forward FLOPs), which
         # is why its backward costs 2.5x its forward rather than 2x (Dao 2023, FlashAttention-2).
         none_s = 0.5 * core_s if self.flash_attention else 0.0
+        none_flops = 0.5 * core_flops if self.flash_attention else 0.0
         return LayerCost(
             dense_params=sharded / t + replicated,
             expert_params=(exp_sharded / t + exp_replicated) / ep if ref.moe else 0.0,
@@ -372,6 +400,11 @@ class AnalyticModel:
                 Recompute.NONE: none_s,
                 Recompute.SELECTIVE: core_s,
                 Recompute.FULL: fwd_s + none_s,
+            },
+            recompute_flops={
+                Recompute.NONE: none_flops,
+                Recompute.SELECTIVE: core_flops,
+                Recompute.FULL: flops + none_flops,
             },
             act_bytes=act,
             boundary_bytes=p * hsb / sp_div,

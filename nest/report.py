@@ -92,6 +92,10 @@ class Report:
     mfu: float
     """Model FLOPs (no recompute) per second over the devices used, divided by their peak."""
     model_flops_per_iteration: float
+    """Useful FLOPs of an iteration: 3 x forward, no recompute, unpadded vocabulary."""
+    hardware_flops_per_iteration: float
+    """FLOPs the devices execute: forward, backward and every recompute, padded vocabulary
+    (what SC21 Table 1 reports as achieved TFLOP/s)."""
     devices_used: int
     devices_idle: int
     peak_memory_bytes: float

@@ -316,3 +316,20 @@ def test_malformed_placements_are_rejected_with_the_device_named():
     stages[1] = dataclasses.replace(stages[1], devices=(((99,),),) * 4)
     with pytest.raises(UserError, match="device id 99 is outside"):
         evaluate(problem, dataclasses.replace(plan, stages=tuple(stages)))
+
+
+def test_hardware_flops_count_the_recompute_pass():
+    """With full recompute and V padded already, an iteration executes SC21's
+    ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))`` FLOPs (eq. 3), model FLOPs the ``72`` form."""
+    spec = make_spec(layers=4, hidden=256, heads=8, ffn_hidden=1024, vocab=1024, seq_len=128)
+    problem = make_problem(spec, make_cluster(fanouts=(2, 2)), global_batch=8)
+    r = evaluate(
+        problem, FixedPlanner(tp=2, pp=2, recompute="full", microbatch_size=1).solve(problem)
+    )
+    B, s, l, h, V = 8, 128, 4, 256, 1024  # noqa: E741
+    assert r.hardware_flops_per_iteration == pytest.approx(
+        96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h)), rel=1e-9
+    )
+    assert r.model_flops_per_iteration == pytest.approx(
+        72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h)), rel=1e-9
+    )

@@ -97,9 +97,10 @@ def test_gpt3_flops_per_iteration_sc21():
     assert with_recompute == pytest.approx(expected, rel=1e-12)
     no_recompute = 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
     assert model.model_flops_per_sample() * B == pytest.approx(no_recompute, rel=1e-12)
-    # Full recompute costs exactly one more forward of each block.
-    full = model.layer_cost(model.chain[1], shard, dev).recompute_s[Recompute.FULL]
-    assert full == pytest.approx(block / dev.achieved_flops_per_s, rel=1e-12)
+    # Full recompute costs exactly one more forward of each block, in FLOPs and in seconds.
+    cost = model.layer_cost(model.chain[1], shard, dev)
+    assert cost.recompute_flops[Recompute.FULL] == block
+    assert cost.recompute_s[Recompute.FULL] == pytest.approx(cost.fwd_s, rel=1e-12)
 
 
 def test_gpt3_training_days_sc21():
@@ -153,7 +154,8 @@ def test_korthikanti_gpt3_selective_numbers():
     assert saved == pytest.approx(0.70, abs=0.005)
     model = AnalyticModel(spec, flash_attention=False)
     cost = model.layer_cost(model.chain[1], Shard(tp=8, sp=True), make_device())
-    assert cost.recompute_s[Recompute.SELECTIVE] / cost.fwd_s == pytest.approx(0.027, abs=0.0005)
+    ratio = cost.recompute_flops[Recompute.SELECTIVE] / cost.fwd_flops
+    assert ratio == pytest.approx(0.027, abs=0.0005)
 
 
 def test_flash_attention_drops_the_score_matrix():
@@ -211,3 +213,27 @@ def test_tensor_parallel_shards_parameters_and_flops():
     assert eight.fwd_flops == pytest.approx(one.fwd_flops / 8)
     assert one.fwd_collectives == () and one.bwd_collectives == ()
     assert len(eight.fwd_collectives) == 2  # two all-reduces (attention, MLP) without SP
+
+
+def test_elementwise_time_is_the_roofline_of_the_listed_operators():
+    """Forward time of a GPT block (no TP, no FlashAttention): matmul FLOPs at the achieved rate
+    plus HBM traffic of norms and residual adds ``10 p sbh``, two hidden dropouts
+    ``2 (2p+1) sbh``, GeLU ``2 p sbF``, softmax and its dropout ``(2p + 2p + 1) a s^2 b``."""
+    spec = ModelSpec(
+        name="g",
+        hidden=256,
+        layers=2,
+        heads=8,
+        ffn_hidden=1024,
+        vocab=512,
+        seq_len=128,
+        dropout=True,
+    )
+    model = AnalyticModel(spec, flash_attention=False)
+    dev = make_device()
+    cost = model.layer_cost(model.chain[1], Shard(), dev)
+    s, h, F, a, p = 128, 256, 1024, 8, 2
+    traffic = 10 * p * s * h + 2 * (2 * p + 1) * s * h + 2 * p * s * F + (4 * p + 1) * a * s * s
+    expected = cost.fwd_flops / dev.achieved_flops_per_s + traffic / dev.hbm_bw_bytes_per_s
+    assert cost.fwd_s == pytest.approx(expected, rel=1e-12)
+    assert cost.bwd_s == pytest.approx(2 * expected, rel=1e-12)

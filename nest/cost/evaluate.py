@@ -44,6 +44,8 @@ class ChunkSum:
     fwd_s: float
     bwd_s: float
     recompute_s: float
+    hardware_flops: float
+    """FLOPs one device executes for one microbatch: 3 x forward + recompute."""
     fwd_coll: Counter
     bwd_coll: Counter
 
@@ -120,11 +122,14 @@ def _chunk_sum(problem: Problem, plan: Plan, k: int, shard: Shard) -> ChunkSum:
     fwd_coll: Counter = Counter()
     bwd_coll: Counter = Counter()
     recompute_s = 0.0
+    hardware_flops = 0.0
     for ref_index, cost in zip(stage.layers, costs, strict=True):
         fwd_coll.update(cost.fwd_collectives)
         bwd_coll.update(cost.bwd_collectives)
+        hardware_flops += 3.0 * cost.fwd_flops
         if model.chain[ref_index].kind is LayerKind.BLOCK:
             recompute_s += cost.recompute_s.get(mode, 0.0)
+            hardware_flops += cost.recompute_flops.get(mode, 0.0)
             bwd_coll.update(cost.recompute_collectives.get(mode, ()))
     return ChunkSum(
         layer_costs=costs,
@@ -133,6 +138,7 @@ def _chunk_sum(problem: Problem, plan: Plan, k: int, shard: Shard) -> ChunkSum:
         fwd_s=sum(c.fwd_s for c in costs),
         bwd_s=sum(c.bwd_s for c in costs),
         recompute_s=recompute_s,
+        hardware_flops=hardware_flops,
         fwd_coll=fwd_coll,
         bwd_coll=bwd_coll,
     )
@@ -320,6 +326,8 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
     )
     over = [rk for rk in ranks if not rk.memory.fits]
     flops = model.model_flops_per_sample() * training.global_batch
+    # per-device FLOPs of a microbatch, x the devices of a stage, x the microbatches
+    hardware_flops = sum(cs.hardware_flops for cs in sums) * plan.tp * plan.cp * plan.dp * m
     used = plan.devices_used
     report_kwargs = dict(
         iteration_time_s=t_iter,
@@ -331,6 +339,7 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
         tokens_per_s=training.global_batch * model.seq_len / t_iter,
         mfu=flops / (t_iter * used * cluster.device.peak_flops_per_s),
         model_flops_per_iteration=flops,
+        hardware_flops_per_iteration=hardware_flops,
         devices_used=used,
         devices_idle=cluster.num_devices - used,
         peak_memory_bytes=max(rk.memory.total_bytes for rk in ranks),

@@ -1,0 +1,313 @@
+"""Validate the cost model against published measured runs: ``python -m nest.validate FILE.csv``.
+
+Each row of the CSV is one published measurement of a training run with its full configuration
+(the format of ``../shared/validation/visible.csv``; ``experiments/validation/cases.csv`` adds
+cited cases and the settings each source implies, with the reason in ``settings_source``). The row
+is turned into a problem (a GPT- or Llama-style model, two-level cluster of 8-GPU nodes with the
+row's NVLink and per-GPU network bandwidths and the device preset of its GPU) and a fixed plan
+(its tp, pp, dp, cp, microbatch, recompute, sequence parallelism), scored by the shared
+evaluator, and the prediction is compared with the measured number:
+
+- ``achieved_tflops_per_gpu (recompute counted)``, ``pct_of_312TF_peak``, ``aggregate_pflops``
+  of SC21 count the FLOPs the GPUs execute (recompute included): ``hardware_flops``;
+- ``tflops_per_gpu``, ``MFU`` and the Megatron-Core ``aggregate_pflops`` count model FLOPs;
+  ``flops_counted`` says which a row uses.
+
+No per-case factor is fitted: the device presets' ``matmul_efficiency`` is the one calibration
+parameter (see the README for its value and why). Optional columns and their defaults when absent:
+``activation`` gelu, ``norm`` layernorm, ``bias`` true, ``position`` learned, ``tied_embeddings``
+true, ``dropout`` true, ``flash_attention`` true, ``schedule`` 1f1b, ``overlap_grad_sync`` false,
+``zero_stage`` 0, ``grad_bytes`` 2, ``nvlink_gbps`` / ``network_gbps`` from the GPU
+(A100: 300 / 25, H100: 450 / 50), ``flops_counted`` hardware for metrics that say "recompute
+counted" and model otherwise. Blank microbatch means 1, blank recompute none, blank sequence
+parallelism "on when tp > 1".
+"""
+
+import argparse
+import csv
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from baselines.fixed import FixedPlanner
+from nest.config import build_device
+from nest.cost import evaluate
+from nest.errors import UserError
+from nest.layers import AnalyticModel
+from nest.model import ModelSpec
+from nest.problem import Problem, Training
+from nest.topology import Cluster, Level
+from nest.units import US, gbps_to_bytes_per_s
+
+CONF_DEVICE = Path(__file__).resolve().parent.parent / "conf" / "device"
+GPU_DEFAULTS = {  # device preset, NVLink GB/s and network GB/s per GPU per direction
+    "A100": ("a100_80gb", 300.0, 25.0),
+    "H100": ("h100_sxm", 450.0, 50.0),
+}
+NODE_GPUS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    row: dict
+    metric: str
+    measured: float
+    predicted: float | None
+    feasible: bool | None
+    note: str = ""
+
+    @property
+    def error(self) -> float | None:
+        """Relative error ``predicted / measured - 1``."""
+        return None if self.predicted is None else self.predicted / self.measured - 1.0
+
+
+def _flag(value: str, default: bool) -> bool:
+    value = (value or "").strip().lower()
+    if not value:
+        return default
+    if value in ("true", "yes", "1", "on"):
+        return True
+    if value in ("false", "no", "0", "off"):
+        return False
+    raise UserError(f"cannot read {value!r} as yes/no")
+
+
+def _int(value: str, default: int | None = None) -> int:
+    value = (value or "").strip()
+    if not value:
+        if default is None:
+            raise UserError("a required number is blank")
+        return default
+    return int(float(value))
+
+
+def _gpu_defaults(gpu: str) -> tuple[str, float, float]:
+    for key, values in GPU_DEFAULTS.items():
+        if key in gpu:
+            return values
+    raise UserError(f"gpu {gpu!r} is not known; use one containing {sorted(GPU_DEFAULTS)}")
+
+
+def load_device(preset: str):
+    data = yaml.safe_load((CONF_DEVICE / f"{preset}.yaml").read_text())
+    data.pop("defaults", None)
+    return build_device(data)
+
+
+def problem_and_plan(row: dict):
+    """The problem and fixed plan a CSV row describes."""
+    preset, nvlink, network = _gpu_defaults(row["gpu"])
+    heads = _int(row["heads"])
+    seq = _int(row["seq"])
+    spec = ModelSpec(
+        name=f"{row['model_params_b']}B",
+        hidden=_int(row["hidden"]),
+        layers=_int(row["layers"]),
+        heads=heads,
+        kv_heads=_int(row.get("kv_heads"), heads),
+        ffn_hidden=_int(row["ffn"]),
+        vocab=_int(row["vocab"]),
+        seq_len=seq,
+        activation=row.get("activation") or "gelu",
+        norm=row.get("norm") or "layernorm",
+        bias=_flag(row.get("bias"), True),
+        position=row.get("position") or "learned",
+        tied_embeddings=_flag(row.get("tied_embeddings"), True),
+        dropout=_flag(row.get("dropout"), True),
+    )
+    gpus = _int(row["gpus"])
+    if gpus % NODE_GPUS:
+        raise UserError(f"gpus={gpus} is not a multiple of {NODE_GPUS} GPUs per node")
+    cluster = Cluster(
+        name=f"{row['gpu']} x{gpus}",
+        device=load_device(preset),
+        levels=(
+            Level(
+                name="nvlink",
+                fanout=NODE_GPUS,
+                latency_s=2 * US,
+                bw_bytes_per_s=gbps_to_bytes_per_s(float(row.get("nvlink_gbps") or nvlink)),
+            ),
+            Level(
+                name="network",
+                fanout=gpus // NODE_GPUS,
+                latency_s=5 * US,
+                bw_bytes_per_s=gbps_to_bytes_per_s(float(row.get("network_gbps") or network)),
+            ),
+        ),
+    )
+    tp = _int(row["tp"])
+    sp = _flag(row.get("sequence_parallel"), tp > 1)
+    mbs = _int(row.get("microbatch"), 1)
+    flash = _flag(row.get("flash_attention"), True)
+    training = Training(
+        global_batch=_int(row["global_batch_seqs"]),
+        microbatch_sizes=(mbs,),
+        grad_bytes=_int(row.get("grad_bytes"), 2),
+        overlap_grad_sync=_flag(row.get("overlap_grad_sync"), False),
+        sequence_parallel=sp,
+        flash_attention=flash,
+    )
+    problem = Problem(
+        model=AnalyticModel(spec, flash_attention=flash), cluster=cluster, training=training
+    )
+    recompute = (row.get("recompute") or "none").split("(")[0].strip() or "none"
+    planner = FixedPlanner(
+        tp=tp,
+        pp=_int(row["pp"]),
+        dp=_int(row["dp"]),
+        cp=_int(row.get("cp"), 1),
+        microbatch_size=mbs,
+        recompute=recompute,
+        zero_stage=_int(row.get("zero_stage"), 0),
+        schedule=row.get("schedule") or "1f1b",
+        sequence_parallel=sp,
+    )
+    return problem, planner.build(problem)
+
+
+def predict(row: dict) -> Outcome:
+    metric = row["measured_metric"].strip()
+    measured = float(row["measured_value"])
+    try:
+        problem, plan = problem_and_plan(row)
+        report = evaluate(problem, plan)
+    except UserError as exc:
+        return Outcome(row, metric, measured, None, None, f"error: {exc}")
+    counted = (row.get("flops_counted") or "").strip() or (
+        "hardware" if "recompute" in metric or "312TF" in metric else "model"
+    )
+    flops = (
+        report.hardware_flops_per_iteration
+        if counted == "hardware"
+        else report.model_flops_per_iteration
+    )
+    per_s = flops / report.iteration_time_s
+    gpus = report.devices_used
+    peak = problem.cluster.device.peak_flops_per_s
+    if metric.startswith("aggregate_pflops"):
+        value = per_s / 1e15
+    elif metric.startswith("pct_of_312TF_peak"):
+        value = 100 * per_s / gpus / 312e12
+    elif metric.startswith("MFU"):
+        value = 100 * per_s / gpus / peak
+    elif "tflops_per_gpu" in metric:
+        value = per_s / gpus / 1e12
+    else:
+        return Outcome(row, metric, measured, None, None, f"metric {metric!r} not understood")
+    note = "" if report.feasible else "model says out of memory"
+    return Outcome(row, metric, measured, value, report.feasible, note)
+
+
+def summarise(outcomes: list[Outcome]) -> dict:
+    errors = [abs(o.error) for o in outcomes if o.error is not None]
+    by_source: dict[str, list[float]] = {}
+    for o in outcomes:
+        if o.error is not None:
+            by_source.setdefault(o.row["source"], []).append(abs(o.error))
+    return {
+        "cases": len(outcomes),
+        "predicted": len(errors),
+        "median_abs_error": statistics.median(errors) if errors else None,
+        "max_abs_error": max(errors) if errors else None,
+        "out_of_memory": sum(1 for o in outcomes if o.feasible is False),
+        "by_source": {
+            s: {"n": len(v), "median_abs_error": statistics.median(v), "max_abs_error": max(v)}
+            for s, v in sorted(by_source.items())
+        },
+    }
+
+
+def run(path: Path, out_dir: Path | None, echo=print) -> dict:
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        raise UserError(f"{path} has no rows")
+    outcomes = [predict(r) for r in rows]
+    echo(
+        f"{'source':<36} {'params':>7} {'gpus':>6} {'metric':<28} {'measured':>9} "
+        f"{'predicted':>9} {'error':>8}  note"
+    )
+    for o in outcomes:
+        pred = f"{o.predicted:9.2f}" if o.predicted is not None else f"{'-':>9}"
+        err = f"{100 * o.error:+7.1f}%" if o.error is not None else f"{'-':>8}"
+        echo(
+            f"{o.row['source'][:36]:<36} {o.row['model_params_b']:>7} {o.row['gpus']:>6} "
+            f"{o.metric[:28]:<28} {o.measured:9.2f} {pred} {err}  {o.note}"
+        )
+    summary = summarise(outcomes)
+    med, worst = summary["median_abs_error"], summary["max_abs_error"]
+    echo(
+        f"\n{summary['predicted']} of {summary['cases']} cases predicted; median |error| "
+        f"{100 * med:.1f} %, max |error| {100 * worst:.1f} %; {summary['out_of_memory']} "
+        "cases the memory model says would not fit"
+    )
+    for source, s in summary["by_source"].items():
+        echo(
+            f"  {source}: {s['n']} cases, median |error| {100 * s['median_abs_error']:.1f} %, "
+            f"max {100 * s['max_abs_error']:.1f} %"
+        )
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with open(out_dir / "validation.csv", "w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(
+                [
+                    "source",
+                    "case",
+                    "gpus",
+                    "metric",
+                    "measured",
+                    "predicted",
+                    "relative_error",
+                    "fits_memory",
+                    "note",
+                ]
+            )
+            for o in outcomes:
+                writer.writerow(
+                    [
+                        o.row["source"],
+                        o.row["case"],
+                        o.row["gpus"],
+                        o.metric,
+                        o.measured,
+                        o.predicted,
+                        o.error,
+                        o.feasible,
+                        o.note,
+                    ]
+                )
+        echo(f"wrote {out_dir / 'validation.csv'}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m nest.validate",
+        description="Compare the cost model with published measured training runs.",
+    )
+    parser.add_argument("csv", type=Path, help="measured runs (see nest/validate.py)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("outputs/validate"),
+        help="directory for validation.csv (default: outputs/validate)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        if not args.csv.is_file():
+            raise UserError(f"{args.csv} does not exist; give the path of a CSV of measured runs")
+        run(args.csv, args.out)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
