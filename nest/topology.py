@@ -17,7 +17,7 @@ Concurrent transfers of different groups do not contend: one NIC per device, rai
 networks (DESIGN.md §5).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 
 import numpy as np
@@ -64,10 +64,16 @@ class Cluster:
     name: str
     device: Device
     levels: tuple[Level, ...]
+    _path_bw: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.levels:
             raise UserError(f"cluster {self.name}: needs at least one level")
+        bws, lowest = [], float("inf")
+        for level in self.levels:
+            lowest = min(lowest, level.effective_bw_bytes_per_s)
+            bws.append(lowest)
+        object.__setattr__(self, "_path_bw", tuple(bws))
 
     @property
     def num_devices(self) -> int:
@@ -118,7 +124,7 @@ class Cluster:
 
     def path_bw_bytes_per_s(self, level: int) -> float:
         """Per-device bandwidth of traffic whose lowest common level is ``level`` (bottleneck)."""
-        return min(lv.effective_bw_bytes_per_s for lv in self.levels[: level + 1])
+        return self._path_bw[level]
 
     def group_factors(self, devices) -> tuple[int, ...]:
         """How a group of devices splits across the levels.

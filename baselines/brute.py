@@ -1,0 +1,114 @@
+"""``brute``: enumerate the NEST space plan by plan and score each with the shared evaluator.
+
+The oracle for the DP's exactness: every configuration of :mod:`nest.dp.space`, every
+contiguous partition of the chain into ``pp`` stages and every recompute mode per stage (only
+stages holding blocks differ by mode), each turned into a plan and passed to
+:func:`nest.cost.evaluate`. It shares the space definition with ``nest``, never its cost code.
+Only for tiny problems: ``max_plans`` stops it with an error before it runs for hours.
+"""
+
+import time
+from collections.abc import Sequence
+from itertools import combinations, product
+
+from nest.axes import Recompute
+from nest.cost import evaluate
+from nest.dp.planner import plan_from_choices
+from nest.dp.space import SpaceOptions, configurations
+from nest.errors import UserError
+from nest.planner import finish, infeasible_memory
+from nest.problem import Problem
+
+
+def partitions(n_layers: int, parts: int):
+    """Every split of ``0..n_layers-1`` into ``parts`` non-empty contiguous ranges."""
+    for cuts in combinations(range(1, n_layers), parts - 1):
+        bounds = (0, *cuts, n_layers)
+        yield [(bounds[k], bounds[k + 1] - 1) for k in range(parts)]
+
+
+def count_plans(problem: Problem, options: SpaceOptions) -> int:
+    """How many plans :class:`BrutePlanner` would score (without scoring them)."""
+    from math import comb
+
+    modes = len(options.recompute_modes)
+    n = problem.num_layers
+    blocks = [ref.kind.value == "block" for ref in problem.model.chain]
+    total = 0
+    for config in configurations(problem, options):
+        if config.pp == 1:
+            total += modes if any(blocks) else 1
+        else:
+            total += comb(n - 1, config.pp - 1) * modes**config.pp  # an upper bound
+    return total
+
+
+class BrutePlanner:
+    def __init__(
+        self,
+        *,
+        name: str = "brute",
+        tp: Sequence[int] | None = None,
+        cp: Sequence[int] | None = None,
+        ep: Sequence[int] | None = None,
+        pp: Sequence[int] | None = None,
+        zero_stages: Sequence[int] = (0, 1, 2, 3),
+        recompute: Sequence[str] = ("none", "selective", "full"),
+        rank_orders: Sequence[str] | None = None,
+        max_plans: int = 200_000,
+    ) -> None:
+        self.name = name
+        self.tp, self.cp, self.ep, self.pp = tp, cp, ep, pp
+        self.zero_stages = zero_stages
+        self.recompute = recompute
+        self.rank_orders = rank_orders
+        self.max_plans = max_plans
+
+    def solve(self, problem: Problem):
+        started = time.perf_counter()
+        options = SpaceOptions(
+            tp=self.tp,
+            cp=self.cp,
+            ep=self.ep,
+            pp=self.pp,
+            zero_stages=tuple(self.zero_stages),
+            recompute=tuple(self.recompute),
+            rank_orders=self.rank_orders,
+        )
+        modes = options.recompute_modes
+        blocks = {i for i, ref in enumerate(problem.model.chain) if ref.kind.value == "block"}
+        best, best_s, best_peak, scored = None, float("inf"), None, 0
+        for config in configurations(problem, options):
+            for parts in partitions(problem.num_layers, config.pp):
+                choices_per_stage = [
+                    modes if blocks.intersection(range(i, j + 1)) else (Recompute.NONE,)
+                    for i, j in parts
+                ]
+                for combo in product(*choices_per_stage):
+                    scored += 1
+                    if scored > self.max_plans:
+                        raise UserError(
+                            f"solver=brute: more than max_plans={self.max_plans} plans; use "
+                            "solver=nest, a smaller problem, or raise solver.max_plans"
+                        )
+                    choices = [(i, j, mode) for (i, j), mode in zip(parts, combo, strict=True)]
+                    plan = plan_from_choices(problem, config, choices)
+                    report = evaluate(problem, plan)
+                    if not report.feasible:
+                        peak = report.peak_memory_bytes
+                        best_peak = peak if best_peak is None else min(best_peak, peak)
+                        continue
+                    if report.iteration_time_s < best_s:
+                        best_s, best = report.iteration_time_s, plan
+        if best is None:
+            raise infeasible_memory(problem, self.name, best_peak)
+        plan, _ = finish(
+            self.name,
+            problem,
+            best,
+            started_s=started,
+            status="optimal",
+            n_evaluations=scored,
+            search={"plans_scored": scored},
+        )
+        return plan

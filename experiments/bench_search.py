@@ -1,0 +1,113 @@
+"""Benchmark of the NEST search: ``python -m experiments.bench_search [--quick]``.
+
+Times the full-space search on the issue's target cases and on a device-count series, prints a
+table and one machine-readable JSON line per case (``BENCH {...}``), and the ratio to the
+``megatron`` rules' solve time and iteration time in the same run.
+"""
+
+import argparse
+import json
+import resource
+import time
+
+from hydra import compose, initialize_config_dir
+
+from baselines.megatron import MegatronPlanner
+from nest.cli import CONF_DIR, register_schemas
+from nest.config import build_problem
+from nest.dp.planner import NestPlanner
+from nest.errors import Infeasible
+
+TARGETS = [
+    ("gpt3_175b", "tpuv4_fattree", 1024, 4096, [1, 2, 4, 8], 10.0),
+    ("llama3_405b", "dgx_h100_superpod", 16384, 4096, [1, 2, 4, 8], 60.0),
+]
+SERIES = [("gpt3_175b", "tpuv4_fattree", n, 4096, [1, 2, 4, 8], None) for n in (64, 128, 256, 512)]
+QUICK = [
+    ("llama2_7b", "dgx_8x8", 64, 1024, [1, 2, 4], None),
+    ("gpt3_175b", "tpuv4_fattree", 128, 4096, [1, 2, 4, 8], None),
+]
+
+
+def problem_for(model, cluster, devices, batch, mbs):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(
+            config_name="config",
+            overrides=[
+                f"model={model}",
+                f"cluster={cluster}",
+                f"cluster.devices={devices}",
+                f"training.global_batch={batch}",
+                f"training.microbatch_sizes=[{','.join(map(str, mbs))}]",
+            ],
+        )
+    return build_problem(cfg)
+
+
+def run_case(model, cluster, devices, batch, mbs, target_s):
+    problem = problem_for(model, cluster, devices, batch, mbs)
+    start = time.perf_counter()
+    try:
+        plan = NestPlanner().solve(problem)
+        status, value = plan.status, plan.objective_s
+    except Infeasible:
+        plan, status, value = None, "infeasible", None
+    wall = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    start = time.perf_counter()
+    try:
+        meg = MegatronPlanner().solve(problem).objective_s
+    except Infeasible:
+        meg = None
+    meg_wall = time.perf_counter() - start
+    row = {
+        "model": model,
+        "cluster": cluster,
+        "devices": devices,
+        "global_batch": batch,
+        "microbatch_sizes": mbs,
+        "status": status,
+        "iteration_time_s": value,
+        "solve_wall_s": wall,
+        "process_peak_rss_bytes": peak,
+        "target_s": target_s,
+        "megatron_iteration_time_s": meg,
+        "megatron_solve_wall_s": meg_wall,
+        "speedup_vs_megatron": (meg / value) if meg and value else None,
+        "plan": None
+        if plan is None
+        else {
+            "tp": plan.tp,
+            "cp": plan.cp,
+            "ep": plan.ep,
+            "dp": plan.dp,
+            "pp": plan.pp,
+            "mbs": plan.microbatch_size,
+            "zero": plan.zero_stage,
+            "rank_order": ",".join(plan.rank_order),
+        },
+        "search": None if plan is None else dict(plan.search),
+    }
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench_search")
+    parser.add_argument("--quick", action="store_true", help="two small cases only")
+    args = parser.parse_args()
+    register_schemas()
+    cases = QUICK if args.quick else SERIES + TARGETS
+    print(f"{'case':<40} {'wall s':>8} {'target':>7} {'iter s':>9} {'x megatron':>10}  plan")
+    for case in cases:
+        row = run_case(*case)
+        name = f"{row['model']}@{row['cluster']}/{row['devices']}"
+        target = f"{row['target_s']:.0f}" if row["target_s"] else "-"
+        it = f"{row['iteration_time_s']:.3f}" if row["iteration_time_s"] else row["status"]
+        sp = f"{row['speedup_vs_megatron']:.2f}" if row["speedup_vs_megatron"] else "-"
+        p = row["plan"] or {}
+        print(f"{name:<40} {row['solve_wall_s']:>8.2f} {target:>7} {it:>9} {sp:>10}  {p}")
+        print("BENCH " + json.dumps(row, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The NEST planner: an exact dynamic program over structured plans (see :mod:`nest.dp.planner`)."""

@@ -1,0 +1,212 @@
+"""The recurrence: optimal partition and per-stage recompute for one configuration.
+
+Objective (the shared evaluator's, DESIGN.md §5, 1F1B):
+``T = sum_r t_r + (m - 1) max_r t_r + max_r max(0, sync_r - B_r [- b_r]) + max_r opt_r`` with
+``t_r = f_r + b_r`` and ``B_r = sum_{q<r} b_q``. It is not additive over stages, so the DP keeps,
+per state, a Pareto set of labels instead of one value.
+
+State ``(r, i)``: ranks ``0..r-1`` are placed and hold layers ``0..i-1``.
+Label: ``(S, M, B, E, O)`` = (sum of stage times, largest stage time, sum of backward times,
+largest exposed sync, largest optimizer step) of the ranks placed so far.
+Transition: rank ``r`` takes layers ``i..j`` with recompute mode ``c`` if that stage fits in memory
+at position ``r``: ``(S + t, max(M, t), B + b, max(E, max(0, sync - B [- b])), max(O, opt))``
+into state ``(r+1, j+1)``.
+Answer: the label at ``(pp, L)`` minimising ``S + (m-1) M + E + O``.
+
+Why it is exact: every later rank's contribution depends on the past only through the label
+and the state, and for two labels ``a, b`` of one state and any completion ``c``,
+``F(a + c) - F(b + c) <= dS + (m-1) max(0, dM) + max(dE, max(0, -dB)) + max(0, dO)``
+(:func:`worse_by_at_most`: the sum adds ``dS``; a maximum grows by at most the positive part of
+its argument's change; later exposed syncs are non-increasing and 1-Lipschitz in the backward
+prefix ``B``). A label ``b`` for which some kept ``a`` makes this <= 0 can never do better than
+``a`` and is dropped; this contains Pareto dominance and is much stronger when the exposed-sync
+and optimizer terms are small. The kept set therefore always contains an optimal completion.
+The only other pruning is by bound: a label is dropped when
+``S + R + (m-1) max(M, R / k) + E + O`` exceeds the best complete plan found so far, where
+``R`` is the sum over the remaining layers of their cheapest time (forward + backward +
+cheapest recompute + tensor collectives on the fastest tensor group; all other communication
+is non-negative) and ``k`` the ranks left. Every remaining stage takes at least its layers'
+cheapest time, so ``R`` bounds the remaining stage times' sum and ``R / k`` their maximum from
+below, and no completion of a dropped label can beat the incumbent.
+
+Complexity per configuration: ``O(pp * L^2 * modes)`` stage evaluations (each O(1) from prefix
+sums) times the kept-set sizes, which stay small because identical blocks give identical labels.
+"""
+
+from dataclasses import dataclass, field
+
+from nest.axes import Recompute
+from nest.dp.stages import StageModel
+
+
+@dataclass(slots=True)
+class Label:
+    total_s: float
+    max_s: float
+    bwd_sum_s: float
+    exposed_s: float
+    opt_s: float
+    parent: "Label | None" = None
+    choice: tuple[int, int, Recompute] | None = None
+
+    def dominates(self, other: "Label") -> bool:
+        return (
+            self.total_s <= other.total_s
+            and self.max_s <= other.max_s
+            and self.bwd_sum_s >= other.bwd_sum_s
+            and self.exposed_s <= other.exposed_s
+            and self.opt_s <= other.opt_s
+        )
+
+
+@dataclass(slots=True)
+class DPStats:
+    stages_scored: int = 0
+    labels_created: int = 0
+    labels_dominated: int = 0
+    labels_bounded: int = 0
+    memory_rejected: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def worse_by_at_most(a: Label, b: Label, m: int) -> float:
+    """An upper bound on ``F(a + c) - F(b + c)`` over every completion ``c`` of the same state:
+    ``dS + (m-1) max(0, dM) + max(dE, max(0, -dB)) + max(0, dO)`` with ``d = a - b``.
+
+    Each term bounds its part of the objective: the sum adds ``dS``; ``max(x, .)`` grows by at
+    most ``max(0, d)``; later ranks' exposed sync is non-increasing and 1-Lipschitz in the
+    backward prefix ``B``. When it is <= 0, ``a`` is at least as good as ``b`` whatever follows.
+    """
+    return (
+        (a.total_s - b.total_s)
+        + (m - 1) * max(0.0, a.max_s - b.max_s)
+        + max(a.exposed_s - b.exposed_s, max(0.0, b.bwd_sum_s - a.bwd_sum_s))
+        + max(0.0, a.opt_s - b.opt_s)
+    )
+
+
+class Front:
+    """The labels of one state no other label of the state is sure to beat (dominance by
+    :func:`worse_by_at_most` <= 0, which contains Pareto dominance)."""
+
+    __slots__ = ("labels", "m")
+
+    def __init__(self, m: int) -> None:
+        self.labels: list[Label] = []
+        self.m = m
+
+    def insert(self, label: Label, stats: DPStats) -> None:
+        m = self.m
+        for other in self.labels:
+            if worse_by_at_most(other, label, m) <= 0.0:
+                stats.labels_dominated += 1
+                return
+        kept = [other for other in self.labels if worse_by_at_most(label, other, m) > 0.0]
+        stats.labels_dominated += len(self.labels) - len(kept)
+        kept.append(label)
+        self.labels = kept
+
+
+class GreedyFront:
+    """Keeps one label per state, the one with the smallest ``S + (m-1) M + E + O`` so far: a
+    fast heuristic whose result is a real plan, used only to seed the exact search's bound."""
+
+    __slots__ = ("labels", "m")
+
+    def __init__(self, m: int) -> None:
+        self.labels: list[Label] = []
+        self.m = m
+
+    def insert(self, label: Label, stats: DPStats) -> None:
+        def key(lab: Label) -> float:
+            return lab.total_s + (self.m - 1) * lab.max_s + lab.exposed_s + lab.opt_s
+
+        if not self.labels or key(label) < key(self.labels[0]):
+            self.labels = [label]
+
+
+def solve_config(
+    sm: StageModel,
+    modes: tuple[Recompute, ...],
+    incumbent_s: float,
+    stats: DPStats,
+    *,
+    exact: bool = True,
+) -> tuple[float, list[tuple[int, int, Recompute]]] | None:
+    """Best (objective, [(first, last, mode) per rank]) of this configuration, or None when
+    nothing fits or nothing beats ``incumbent_s``."""
+    pp, n, m = sm.config.pp, sm.n_layers, sm.m
+    min_compute = sm.min_compute_s(modes)
+    start = Front(m)
+    start.insert(Label(0.0, 0.0, 0.0, 0.0, 0.0), stats)
+    fronts: dict[int, Front] = {0: start}
+    for r in range(pp):
+        rest = pp - r - 1
+        new_fronts: dict[int, Front] = {}
+        for i, front in sorted(fronts.items()):
+            labels = front.labels
+            last = n - 1 - rest
+            best_label = min(labels, key=lambda lab: lab.total_s + (m - 1) * lab.max_s)
+            for j in range(i, last + 1) if rest else (n - 1,):
+                remaining = min_compute[n] - min_compute[j + 1]
+                # cheap test first: the stage takes at least its layers' cheapest compute
+                t_low = min_compute[j + 1] - min_compute[i]
+                low = (
+                    best_label.total_s
+                    + t_low
+                    + remaining
+                    + (m - 1) * max(best_label.max_s, t_low, remaining / rest if rest else 0.0)
+                )
+                if low > incumbent_s:
+                    stats.labels_bounded += len(labels)
+                    continue
+                for mode in sm.modes_for(i, j, modes):
+                    terms = sm.stage(r, i, j, mode)
+                    stats.stages_scored += 1
+                    if not terms.fits:
+                        stats.memory_rejected += 1
+                        continue
+                    t = terms.fwd_s + terms.bwd_s
+                    for lab in labels:
+                        hidden = lab.bwd_sum_s + (terms.bwd_s if sm.overlap else 0.0)
+                        new = Label(
+                            lab.total_s + t,
+                            max(lab.max_s, t),
+                            lab.bwd_sum_s + terms.bwd_s,
+                            max(lab.exposed_s, max(0.0, terms.sync_s - hidden)),
+                            max(lab.opt_s, terms.optimizer_s),
+                            lab,
+                            (i, j, mode),
+                        )
+                        stats.labels_created += 1
+                        bound = (
+                            new.total_s
+                            + remaining
+                            + (m - 1) * max(new.max_s, remaining / rest if rest else 0.0)
+                            + new.exposed_s
+                            + new.opt_s
+                        )
+                        if bound > incumbent_s:
+                            stats.labels_bounded += 1
+                            continue
+                        if j + 1 not in new_fronts:
+                            new_fronts[j + 1] = Front(m) if exact else GreedyFront(m)
+                        new_fronts[j + 1].insert(new, stats)
+        fronts = new_fronts
+        if not fronts:
+            return None
+    finals = fronts[n].labels if n in fronts else []
+    if not finals:
+        return None
+    best = min(
+        finals, key=lambda lab: lab.total_s + (m - 1) * lab.max_s + lab.exposed_s + lab.opt_s
+    )
+    value = best.total_s + (m - 1) * best.max_s + best.exposed_s + best.opt_s
+    if value > incumbent_s:
+        return None
+    choices = []
+    lab: Label | None = best
+    while lab is not None and lab.choice is not None:
+        choices.append(lab.choice)
+        lab = lab.parent
+    return value, choices[::-1]

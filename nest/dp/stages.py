@@ -1,0 +1,289 @@
+"""Stage costs of one configuration, as interval queries over the layer chain.
+
+For a fixed :class:`~nest.dp.space.SearchConfig`, the shared evaluator's time and memory of a
+pipeline rank depend only on the rank ``r``, its first and last layer ``i..j`` and its recompute
+mode. :class:`StageModel` precomputes per-layer terms and prefix sums so that
+``stage(r, i, j, mode)`` returns the same forward, backward, DP-sync, optimizer and memory numbers
+:func:`nest.cost.evaluate` computes for that stage (up to floating-point summation order; a test
+checks the two against each other on random plans). Every formula is the evaluator's:
+
+- a collective axis costs the slowest of its groups' level splits, summed over the interval's
+  layers per split, then the maximum over splits (``prefix sums per split``);
+- p2p is charged at the slowest level between the rank and its neighbour;
+- ZeRO-3 gathers and scatters the interval's parameters every microbatch;
+- memory is the evaluator's sum with ``transient = max`` over the interval's layers.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from nest.axes import LayerKind, Recompute, Schedule
+from nest.cost.collectives import COLLECTIVE_TIME, p2p_time_s
+from nest.cost.evaluate import _Groups
+from nest.cost.pipeline import in_flight_microbatches
+from nest.dp.space import SearchConfig
+from nest.layers import Shard
+from nest.plan import place
+from nest.problem import Problem
+
+MODES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+
+
+@dataclass(frozen=True, slots=True)
+class StageTerms:
+    fwd_s: float
+    bwd_s: float
+    sync_s: float
+    optimizer_s: float
+    memory_bytes: float
+    fits: bool
+
+
+def _prefix(values) -> np.ndarray:
+    return np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=float))])
+
+
+class StageModel:
+    """Interval costs of one configuration (see the module docstring)."""
+
+    def __init__(self, problem: Problem, config: SearchConfig, shared: dict | None = None) -> None:
+        self.problem, self.config = problem, config
+        cluster, training, model = problem.cluster, problem.training, problem.model
+        c = config
+        self.m = training.global_batch // (c.mbs * c.dp)
+        shard = Shard(
+            tp=c.tp, cp=c.cp, ep=c.ep, sp=training.sequence_parallel and c.tp > 1, mbs=c.mbs
+        )
+        device = cluster.device
+        chain = model.chain
+        self.n_layers = n = len(chain)
+        costs = [model.layer_cost(ref, shard, device) for ref in chain]
+        self.costs = costs
+        is_block = [ref.kind is LayerKind.BLOCK for ref in chain]
+        self.head_index = n - 1
+        self.tied_copy = costs[-1].tied_copy_params
+        self.p_fwd = _prefix([x.fwd_s for x in costs])
+        self.p_bwd = _prefix([x.bwd_s for x in costs])
+        self.p_dense = _prefix([x.dense_params for x in costs])
+        self.p_expert = _prefix([x.expert_params for x in costs])
+        self.p_rec = {
+            mode: _prefix(
+                [
+                    x.recompute_s.get(mode, 0.0) if blk else 0.0
+                    for x, blk in zip(costs, is_block, strict=True)
+                ]
+            )
+            for mode in MODES
+        }
+        self.p_act = {
+            mode: _prefix(
+                [
+                    x.act_bytes[mode if blk else Recompute.NONE]
+                    for x, blk in zip(costs, is_block, strict=True)
+                ]
+            )
+            for mode in MODES
+        }
+        self.boundary = [x.boundary_bytes for x in costs]
+        p = model.spec.dtype_bytes
+        dense_shard, expert_shard = c.dp * c.cp, c.dp * c.cp // c.ep
+        peak = {}
+        for mode in MODES:
+            vals = []
+            for x, blk in zip(costs, is_block, strict=True):
+                lm = mode if blk else Recompute.NONE
+                v = x.transient_bytes
+                if lm is not Recompute.NONE:
+                    v += x.act_bytes[Recompute.NONE] - x.act_bytes[lm]
+                if c.zero >= 3:
+                    full = x.dense_params + x.expert_params
+                    own = x.dense_params / dense_shard + x.expert_params / expert_shard
+                    v += p * (full - own)
+                vals.append(v)
+            # range maximum: table[i][j] = max(vals[i..j])
+            table = np.full((n, n), -np.inf)
+            for i in range(n):
+                table[i, i:] = np.maximum.accumulate(np.asarray(vals[i:]))
+            peak[mode] = table
+        self.peak = peak
+        self.is_block = is_block
+        # placement, groups and their level splits per rank
+        grid = place(tp=c.tp, cp=c.cp, dp=c.dp, pp=c.pp, rank_order=c.order)
+        self.groups = [_Groups(grid[r].astype(np.int64), c.ep, cluster) for r in range(c.pp)]
+        self.p2p_levels = [
+            sorted({int(x) for x in np.unique(cluster.common_levels(grid[r], grid[r + 1]))})
+            for r in range(c.pp - 1)
+        ]
+        self._rank_cache: dict = {}
+        # prefix sums of collective seconds per (shard, axis, split, direction, mode): the same
+        # for every configuration with this shard, so a planner shares one dict among them
+        self._shared = shared if shared is not None else {}
+        self.shard = shard
+        self.in_flight = [
+            in_flight_microbatches(r, c.pp, self.m, Schedule.ONE_F_ONE_B, 1) for r in range(c.pp)
+        ]
+        self.capacity = device.hbm_bytes
+        self.reserve = device.memory_reserve_bytes
+        self.p_bytes = p
+        self.g_bytes = training.grad_bytes
+        self.state_bytes = training.optimizer_state_bytes_per_param
+        self.hbm_bw = device.hbm_bw_bytes_per_s
+        self.overlap = training.overlap_grad_sync
+
+    # ------------------------------------------------------------ collectives per split
+    def _axis_prefix(self, axis: str, factors, direction: str, mode: Recompute) -> np.ndarray:
+        """Prefix sums over the chain of one axis' collective seconds for one level split; they
+        depend on the shard only, so all stage models of a search share them."""
+        key = (self.shard, axis, factors, direction, mode)
+        got = self._shared.get(key)
+        if got is None:
+            cluster = self.problem.cluster
+            per_cost: dict = {}
+            vals = []
+            for x, blk in zip(self.costs, self.is_block, strict=True):
+                v = per_cost.get((id(x), blk))
+                if v is None:
+                    colls = list(x.fwd_collectives if direction == "f" else x.bwd_collectives)
+                    if direction == "b" and blk:
+                        colls += list(x.recompute_collectives.get(mode, ()))
+                    v = sum(
+                        COLLECTIVE_TIME[cl.op](cl.n_bytes, factors, cluster)
+                        for cl in colls
+                        if cl.axis == axis
+                    )
+                    per_cost[(id(x), blk)] = v
+                vals.append(v)
+            got = _prefix(vals)
+            self._shared[key] = got
+        return got
+
+    def _comm_prefixes(self, r: int, direction: str, mode: Recompute) -> list[list[np.ndarray]]:
+        """Per axis with groups, the prefix arrays of each level split of rank ``r``'s groups."""
+        key = (r, direction, mode)
+        got = self._rank_cache.get(key)
+        if got is None:
+            g = self.groups[r]
+            got = [
+                [self._axis_prefix(axis, f, direction, mode) for f in g.factors(axis)]
+                for axis in ("tp", "cp", "ep")
+                if g.factors(axis)
+            ]
+            self._rank_cache[key] = got
+        return got
+
+    def _comm_s(self, r: int, i: int, j: int, direction: str, mode: Recompute) -> float:
+        total = 0.0
+        for splits in self._comm_prefixes(r, direction, mode):
+            total += max(pre[j + 1] - pre[i] for pre in splits)
+        return total
+
+    # ------------------------------------------------------------ the stage
+    def params(self, r: int, i: int, j: int) -> tuple[float, float, float]:
+        """(dense, expert, dense with the tied-embedding copy) parameters of a stage."""
+        dense = self.p_dense[j + 1] - self.p_dense[i]
+        expert = self.p_expert[j + 1] - self.p_expert[i]
+        with_tied = dense + (self.tied_copy if j == self.head_index and r != 0 else 0.0)
+        return dense, expert, with_tied
+
+    def _local(self, dense: float, expert: float, sharded: bool) -> float:
+        c = self.config
+        if not sharded:
+            return dense + expert
+        return dense / (c.dp * c.cp) + expert / (c.dp * c.cp // c.ep)
+
+    def memory_bytes(self, r: int, i: int, j: int, mode: Recompute) -> float:
+        c = self.config
+        _, expert, dense = self.params(r, i, j)
+        weights = self.p_bytes * self._local(dense, expert, c.zero >= 3)
+        grads = self.g_bytes * self._local(dense, expert, c.zero >= 2)
+        optimizer = self.state_bytes * self._local(dense, expert, c.zero >= 1)
+        act = (self.p_act[mode][j + 1] - self.p_act[mode][i]) * self.in_flight[r]
+        return weights + grads + optimizer + act + self.peak[mode][i, j] + self.reserve
+
+    def stage(self, r: int, i: int, j: int, mode: Recompute) -> StageTerms:
+        c, g = self.config, self.groups[r]
+        cluster = self.problem.cluster
+        dense_c, expert, dense = self.params(r, i, j)
+        fwd = (self.p_fwd[j + 1] - self.p_fwd[i]) + self._comm_s(r, i, j, "f", mode)
+        bwd = (
+            (self.p_bwd[j + 1] - self.p_bwd[i])
+            + (self.p_rec[mode][j + 1] - self.p_rec[mode][i])
+            + self._comm_s(r, i, j, "b", mode)
+        )
+        if c.zero == 3:
+            gather = g.time_s("all_gather", self.p_bytes * dense_c, "dense_dp")
+            gather += g.time_s("all_gather", self.p_bytes * expert, "expert_dp")
+            scatter = g.time_s("reduce_scatter", self.g_bytes * dense_c, "dense_dp")
+            scatter += g.time_s("reduce_scatter", self.g_bytes * expert, "expert_dp")
+            fwd += gather
+            bwd += gather + scatter
+        if r + 1 < c.pp:
+            fwd += max(p2p_time_s(self.boundary[j], lv, cluster) for lv in self.p2p_levels[r])
+        if r > 0:
+            bwd += max(
+                p2p_time_s(self.boundary[i - 1], lv, cluster) for lv in self.p2p_levels[r - 1]
+            )
+        if c.zero == 0:
+            sync = g.time_s("all_reduce", self.g_bytes * dense, "dense_dp")
+            sync += g.time_s("all_reduce", self.g_bytes * expert, "expert_dp")
+        elif c.zero in (1, 2):
+            sync = g.time_s("reduce_scatter", self.g_bytes * dense, "dense_dp")
+            sync += g.time_s("all_gather", self.p_bytes * dense, "dense_dp")
+            sync += g.time_s("reduce_scatter", self.g_bytes * expert, "expert_dp")
+            sync += g.time_s("all_gather", self.p_bytes * expert, "expert_dp")
+        else:
+            sync = 0.0
+        touched = 2 * self.state_bytes + self.g_bytes + self.p_bytes
+        if self.state_bytes == 0:
+            touched = self.g_bytes + 2 * self.p_bytes
+        opt = self._local(dense, expert, c.zero >= 1) * touched / self.hbm_bw
+        mem = self.memory_bytes(r, i, j, mode)
+        return StageTerms(fwd, bwd, sync, opt, mem, mem <= self.capacity)
+
+    def modes_for(self, i: int, j: int, allowed) -> tuple[Recompute, ...]:
+        """Recompute modes that differ on this interval (only blocks are recomputed)."""
+        if any(self.is_block[i : j + 1]):
+            return tuple(allowed)
+        return (Recompute.NONE,)
+
+    def min_compute_s(self, allowed) -> np.ndarray:
+        """Prefix sums of :func:`layer_floor_s` over the chain: a lower bound on the time of any
+        stage holding those layers."""
+        tp_splits = tp_group_splits(self.problem.cluster, self.config.tp)
+        return _prefix(
+            [
+                layer_floor_s(x, blk, allowed, tp_splits, self.problem.cluster)
+                for x, blk in zip(self.costs, self.is_block, strict=True)
+            ]
+        )
+
+
+def tp_group_splits(cluster, tp: int) -> set:
+    """Level splits of every aligned block of ``tp`` devices (tp is innermost in every rank
+    order of the space, so each tensor group is one of them)."""
+    if tp <= 1:
+        return set()
+    n = cluster.num_devices - cluster.num_devices % tp
+    return cluster.distinct_group_factors(np.arange(n).reshape(-1, tp))
+
+
+def layer_floor_s(cost, is_block: bool, allowed, tp_splits: set, cluster) -> float:
+    """A layer's least possible share of a stage time: compute, the cheapest allowed recompute,
+    and its tensor-parallel collectives on the fastest tensor group (other communication >= 0)."""
+
+    def tp_s(colls) -> float:
+        if not tp_splits:
+            return 0.0
+        return min(
+            sum(COLLECTIVE_TIME[c.op](c.n_bytes, f, cluster) for c in colls if c.axis == "tp")
+            for f in tp_splits
+        )
+
+    base = cost.fwd_s + cost.bwd_s + tp_s(cost.fwd_collectives) + tp_s(cost.bwd_collectives)
+    if not is_block:
+        return base
+    return base + min(
+        cost.recompute_s.get(md, 0.0) + tp_s(cost.recompute_collectives.get(md, ()))
+        for md in allowed
+    )

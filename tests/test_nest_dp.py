@@ -1,0 +1,174 @@
+"""Exactness of the NEST DP: its stage model equals the evaluator, its optimum brute force's."""
+
+import random
+import time
+
+import pytest
+
+from baselines.brute import BrutePlanner, count_plans
+from nest.axes import Optimizer
+from nest.cost import evaluate
+from nest.dp.planner import NestPlanner
+from nest.dp.space import SearchConfig, SpaceOptions
+from nest.dp.stages import StageModel
+from nest.errors import Infeasible
+from nest.model import ModelSpec
+
+from .conftest import make_cluster, make_device, make_problem
+from .randomcase import random_case
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_stage_model_equals_the_evaluator(seed):
+    """For a plan of the DP's space, every rank's forward, backward, sync, optimizer step and
+    memory from the interval model equal the shared evaluator's (1e-9 relative)."""
+    problem, planner = random_case(seed, hbm_gib=100)
+    plan = planner.solve(problem)
+    report = evaluate(problem, plan)
+    config = SearchConfig(
+        plan.tp,
+        plan.cp,
+        plan.ep,
+        plan.dp,
+        plan.pp,
+        plan.microbatch_size,
+        plan.zero_stage,
+        plan.rank_order,
+    )
+    sm = StageModel(problem, config)
+    for r, stage in enumerate(plan.stages):
+        terms = sm.stage(r, stage.first_layer, stage.last_layer, stage.recompute)
+        rank = report.ranks[r]
+        assert terms.fwd_s == pytest.approx(report.stages[r].fwd_s, rel=1e-9, abs=1e-18)
+        assert terms.bwd_s == pytest.approx(report.stages[r].bwd_s, rel=1e-9, abs=1e-18)
+        assert terms.sync_s == pytest.approx(rank.dp_sync_s, rel=1e-9, abs=1e-18)
+        assert terms.optimizer_s == pytest.approx(rank.optimizer_s, rel=1e-9, abs=1e-18)
+        assert terms.memory_bytes == pytest.approx(rank.memory.total_bytes, rel=1e-9)
+
+
+def tiny_case(seed: int):
+    """A random problem of 3-8 chain layers (1-6 blocks; the model needs one) on 2-16 devices
+    and 1-3 levels, and a random restriction of the space small enough for brute force."""
+    rng = random.Random(seed)
+    for _ in range(100):
+        n_levels = rng.randint(1, 3)
+        fanouts = [rng.choice([1, 2, 2, 4]) for _ in range(n_levels)]
+        fanouts[0] = max(fanouts[0], 2)
+        while __import__("math").prod(fanouts) > 16:
+            fanouts[-1] = 1
+        bws = sorted((rng.uniform(1, 900) for _ in fanouts), reverse=rng.random() < 0.8)
+        lats = [rng.uniform(0, 30) for _ in fanouts]
+        moe = rng.random() < 0.25
+        spec = ModelSpec(
+            name="tiny",
+            hidden=rng.choice([64, 128]),
+            layers=rng.randint(1, 6),
+            heads=rng.choice([2, 4]),
+            ffn_hidden=rng.choice([128, 256]),
+            vocab=rng.choice([256, 1000]),
+            seq_len=rng.choice([32, 64]),
+            activation=rng.choice(["gelu", "swiglu"]),
+            dropout=rng.random() < 0.5,
+            tied_embeddings=rng.random() < 0.5,
+            num_experts=4 if moe else 1,
+            top_k=2 if moe else 1,
+        )
+        device = make_device(
+            hbm_bytes=rng.choice([0.002, 0.01, 0.05, 1.0]) * 2**30,
+            peak_flops_per_s=rng.uniform(1, 200) * 1e12,
+            hbm_bw_bytes_per_s=rng.uniform(100, 3000) * 1e9,
+        )
+        cluster = make_cluster(
+            fanouts=tuple(fanouts), bws_gbps=tuple(bws), lat_us=tuple(lats), device=device
+        )
+        problem = make_problem(
+            spec,
+            cluster,
+            flash=rng.random() < 0.5,
+            global_batch=rng.choice([2, 4, 8, 12]),
+            microbatch_sizes=(1, 2),
+            optimizer=rng.choice([Optimizer.ADAM, Optimizer.SGD]),
+            overlap_grad_sync=rng.random() < 0.5,
+            grad_bytes=rng.choice([2, 4]),
+        )
+        orders = ["tp,cp,dp,pp", "tp,cp,pp,dp", "tp,dp,pp,cp", "tp,pp,dp,cp"]
+        options = dict(
+            zero_stages=sorted(rng.sample([0, 1, 2, 3], rng.randint(1, 2))),
+            recompute=sorted(rng.sample(["none", "selective", "full"], rng.randint(1, 3))),
+            rank_orders=rng.sample(orders, rng.randint(1, 2)),
+        )
+        if count_plans(problem, SpaceOptions(**options)) <= 2500:
+            return problem, options
+    raise AssertionError("no small case drawn")
+
+
+def test_nest_equals_brute_force_on_200_random_problems():
+    """``nest`` and ``brute`` (every plan of the same space through ``evaluate``) agree on the
+    optimal iteration time to 1e-9 and on infeasibility, on 200 random small problems."""
+    agreed = infeasible = 0
+    started = time.perf_counter()
+    for seed in range(200):
+        problem, options = tiny_case(seed)
+        try:
+            oracle = BrutePlanner(**options).solve(problem)
+        except Infeasible:
+            oracle = None
+        try:
+            found = NestPlanner(**options).solve(problem)
+        except Infeasible:
+            found = None
+        if oracle is None or found is None:
+            assert oracle is None and found is None, (seed, oracle, found)
+            infeasible += 1
+            continue
+        assert found.objective_s == evaluate(problem, found).iteration_time_s
+        assert found.objective_s == pytest.approx(oracle.objective_s, rel=1e-9), (
+            seed,
+            found.objective_s,
+            oracle.objective_s,
+            options,
+        )
+        agreed += 1
+    assert agreed >= 120 and infeasible >= 5, (agreed, infeasible)
+    assert time.perf_counter() - started < 600
+
+
+def test_per_stage_recompute_beats_any_uniform_mode():
+    """Stages hold different numbers of in-flight microbatches (1F1B: ``min(p - r, m)``), so
+    under tight memory the optimum mixes recompute modes, and every single mode for all stages
+    is slower or does not fit (here: 6 blocks on 4 stages, 32 MiB per device)."""
+    spec = ModelSpec(
+        name="d",
+        hidden=256,
+        layers=6,
+        heads=4,
+        ffn_hidden=1024,
+        vocab=256,
+        seq_len=256,
+        dropout=True,
+    )
+    problem = make_problem(
+        spec,
+        make_cluster(fanouts=(4,), device=make_device(hbm_bytes=32 * 2**20)),
+        global_batch=8,
+        microbatch_sizes=(1,),
+    )
+    plan = NestPlanner(tp=[1], cp=[1], pp=[4]).solve(problem)
+    assert len({s.recompute for s in plan.stages}) > 1
+    for mode in ("none", "selective", "full"):
+        try:
+            uniform = NestPlanner(tp=[1], cp=[1], pp=[4], recompute=[mode]).solve(problem)
+        except Infeasible:
+            continue
+        assert uniform.objective_s > plan.objective_s
+
+
+def test_empty_space_is_a_clear_error():
+    from nest.errors import UserError
+
+    problem = make_problem(
+        ModelSpec(name="x", hidden=64, layers=2, heads=4, ffn_hidden=128, vocab=256, seq_len=32),
+        make_cluster(fanouts=(8,)),
+    )
+    with pytest.raises(UserError, match="search space is empty"):
+        NestPlanner(tp=[3]).solve(problem)
