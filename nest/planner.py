@@ -68,21 +68,36 @@ def model_state_lower_bound_bytes(problem: Problem) -> float:
 
 
 def infeasible_memory(
-    problem: Problem, planner_name: str, best_peak_bytes: float | None
+    problem: Problem, planner_name: str, best_peak_bytes: float | None, *, exact: bool = False
 ) -> Infeasible:
-    """An :class:`Infeasible` that says what memory was missing and which knobs would help."""
+    """An :class:`Infeasible` that says what memory was missing and which knobs would help.
+
+    ``exact``: ``best_peak_bytes`` is the smallest peak of every plan in the planner's space
+    (ZeRO and recompute included), not just of the plans it tried."""
     cluster = problem.cluster
     have = cluster.device.hbm_bytes
     bound = model_state_lower_bound_bytes(problem)
-    need = (
-        f"the smallest plan {planner_name} tried needs {best_peak_bytes / GiB:.1f} GiB per device"
-        if best_peak_bytes is not None
-        else f"{planner_name} found no valid configuration"
+    if best_peak_bytes is None:
+        need = f"{planner_name} found no valid configuration"
+    elif exact:
+        need = (
+            f"every plan in {planner_name}'s space (ZeRO 0-3, recompute) needs at least "
+            f"{best_peak_bytes / GiB:.1f} GiB per device"
+        )
+    else:
+        need = (
+            f"the smallest plan {planner_name} tried needs {best_peak_bytes / GiB:.1f} GiB per "
+            "device"
+        )
+    knobs = (
+        "add devices (cluster.devices), use a larger-memory device, or a smaller "
+        "training.microbatch_sizes"
     )
+    if not exact:
+        knobs += ", or a planner that searches ZeRO-3 / recompute (solver=nest)"
     return Infeasible(
         f"{problem.model.name} does not fit on {cluster.name}: {need}, the device has "
         f"{have / GiB:.1f} GiB (any plan needs at least {bound / GiB:.1f} GiB for model states); "
-        "add devices (cluster.devices), use a larger-memory device, a smaller "
-        "training.microbatch_sizes, or a planner that searches ZeRO-3 / recompute",
+        + knobs,
         min_memory_bytes=best_peak_bytes if best_peak_bytes is not None else bound,
     )

@@ -104,21 +104,25 @@ def tiny_case(seed: int):
 
 def test_nest_equals_brute_force_on_200_random_problems():
     """``nest`` and ``brute`` (every plan of the same space through ``evaluate``) agree on the
-    optimal iteration time to 1e-9 and on infeasibility, on 200 random small problems."""
+    optimal iteration time to 1e-9 and on infeasibility, on 200 random small problems; when
+    nothing fits, on the smallest peak memory any plan of the space needs."""
     agreed = infeasible = 0
     started = time.perf_counter()
     for seed in range(200):
         problem, options = tiny_case(seed)
         try:
             oracle = BrutePlanner(**options).solve(problem)
-        except Infeasible:
-            oracle = None
+        except Infeasible as exc:
+            oracle, oracle_need = None, exc.min_memory_bytes
         try:
             found = NestPlanner(**options).solve(problem)
-        except Infeasible:
-            found = None
+        except Infeasible as exc:
+            found, found_need = None, exc.min_memory_bytes
         if oracle is None or found is None:
             assert oracle is None and found is None, (seed, oracle, found)
+            # both report the smallest peak memory of any plan of the space
+            assert found_need == pytest.approx(oracle_need, rel=1e-9), seed
+            assert found_need > problem.cluster.device.hbm_bytes
             infeasible += 1
             continue
         assert found.objective_s == evaluate(problem, found).iteration_time_s

@@ -88,6 +88,24 @@ def compute_lower_bound_s(problem: Problem, config: SearchConfig, modes, cache: 
     return work * (1 + (m - 1) / config.pp)
 
 
+def smallest_peak_bytes(sm: StageModel, modes) -> float:
+    """The least per-device peak memory of any plan of this configuration (a min-max DP over
+    the partition and recompute modes, ignoring time): what the device would need."""
+    n, pp = sm.n_layers, sm.config.pp
+    best = {0: 0.0}
+    for r in range(pp):
+        rest = pp - r - 1
+        nxt: dict[int, float] = {}
+        for i, peak in best.items():
+            for j in range(i, n - rest) if rest else (n - 1,):
+                mem = min(sm.memory_bytes(r, i, j, md) for md in sm.modes_for(i, j, modes))
+                value = max(peak, mem)
+                if value < nxt.get(j + 1, float("inf")):
+                    nxt[j + 1] = value
+        best = nxt
+    return best.get(n, float("inf"))
+
+
 class NestPlanner:
     def __init__(
         self,
@@ -192,7 +210,8 @@ class NestPlanner:
             "seed_objective_s": seed_s,
         }
         if best is None:
-            raise infeasible_memory(problem, self.name, None)
+            need = min(smallest_peak_bytes(StageModel(problem, c, shared), modes) for c in configs)
+            raise infeasible_memory(problem, self.name, need, exact=True)
         plan = plan_from_choices(problem, *best)
         plan, _ = finish(
             self.name,
