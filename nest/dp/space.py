@@ -17,12 +17,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import permutations
 
-import numpy as np
-
 from nest.axes import Axis, Recompute
 from nest.errors import UserError
 from nest.layers import Shard
-from nest.plan import place
 from nest.problem import Problem
 
 
@@ -85,12 +82,16 @@ def configurations(problem: Problem, options: SpaceOptions) -> Iterator[SearchCo
     chain = problem.num_layers
     spec = model.spec
     orders = _orders(options)
+    batch_divisors = _divisors(training.global_batch)
     for tp in options.tp or _divisors(n):
         for cp in options.cp or _divisors(n // tp):
             for pp in options.pp or range(1, chain + 1):
                 if pp > chain or tp * cp * pp > n:
                     continue
-                for dp in range(1, n // (tp * cp * pp) + 1):
+                # dp must divide the global batch (m = batch / (mbs * dp) is an integer)
+                for dp in batch_divisors:
+                    if dp > n // (tp * cp * pp):
+                        break
                     eps = options.ep or (_divisors(spec.num_experts) if spec.is_moe else [1])
                     for ep in eps:
                         if (dp * cp) % ep:
@@ -104,10 +105,12 @@ def configurations(problem: Problem, options: SpaceOptions) -> Iterator[SearchCo
 def _inner(problem, options, orders, tp, cp, ep, dp, pp) -> Iterator[SearchConfig]:
     training = problem.training
     zeros = [0] if dp * cp == 1 else list(options.zero_stages)
-    seen: set[bytes] = set()
+    # two orders place every device alike iff the axes of degree > 1 come in the same order
+    degree = {Axis.TP: tp, Axis.CP: cp, Axis.DP: dp, Axis.PP: pp}
+    seen: set[tuple] = set()
     placed_orders = []
     for order in orders:
-        key = place(tp=tp, cp=cp, dp=dp, pp=pp, rank_order=order).astype(np.int64).tobytes()
+        key = tuple(a for a in order if degree[a] > 1)
         if key not in seen:
             seen.add(key)
             placed_orders.append(order)

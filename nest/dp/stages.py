@@ -44,6 +44,47 @@ def _prefix(values) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=float))])
 
 
+def _chain_terms(costs, is_block, p: int, c: SearchConfig):
+    """Prefix sums and the range-maximum tables of the chain's layer terms for one shard; they
+    depend on the shard and the ZeRO-3 sharding only, so searches share them."""
+    p_fwd = _prefix([x.fwd_s for x in costs])
+    p_bwd = _prefix([x.bwd_s for x in costs])
+    p_dense = _prefix([x.dense_params for x in costs])
+    p_expert = _prefix([x.expert_params for x in costs])
+    pairs = list(zip(costs, is_block, strict=True))
+    p_rec = {
+        mode: _prefix([x.recompute_s.get(mode, 0.0) if blk else 0.0 for x, blk in pairs])
+        for mode in MODES
+    }
+    p_act = {
+        mode: _prefix([x.act_bytes[mode if blk else Recompute.NONE] for x, blk in pairs])
+        for mode in MODES
+    }
+    boundary = [x.boundary_bytes for x in costs]
+    n = len(costs)
+    dense_shard, expert_shard = c.dp * c.cp, c.dp * c.cp // c.ep
+    peak = {}
+    for mode in MODES:
+        vals = []
+        for x, blk in pairs:
+            lm = mode if blk else Recompute.NONE
+            v = x.transient_bytes
+            if lm is not Recompute.NONE:
+                v += x.act_bytes[Recompute.NONE] - x.act_bytes[lm]
+            if c.zero >= 3:
+                full = x.dense_params + x.expert_params
+                own = x.dense_params / dense_shard + x.expert_params / expert_shard
+                v += p * (full - own)
+            vals.append(v)
+        # range maximum: table[i][j] = max(vals[i..j])
+        table = np.full((n, n), -np.inf)
+        arr = np.asarray(vals)
+        for i in range(n):
+            table[i, i:] = np.maximum.accumulate(arr[i:])
+        peak[mode] = table
+    return p_fwd, p_bwd, p_dense, p_expert, p_rec, p_act, boundary, peak
+
+
 class StageModel:
     """Interval costs of one configuration (see the module docstring)."""
 
@@ -63,62 +104,35 @@ class StageModel:
         is_block = [ref.kind is LayerKind.BLOCK for ref in chain]
         self.head_index = n - 1
         self.tied_copy = costs[-1].tied_copy_params
-        self.p_fwd = _prefix([x.fwd_s for x in costs])
-        self.p_bwd = _prefix([x.bwd_s for x in costs])
-        self.p_dense = _prefix([x.dense_params for x in costs])
-        self.p_expert = _prefix([x.expert_params for x in costs])
-        self.p_rec = {
-            mode: _prefix(
-                [
-                    x.recompute_s.get(mode, 0.0) if blk else 0.0
-                    for x, blk in zip(costs, is_block, strict=True)
-                ]
-            )
-            for mode in MODES
-        }
-        self.p_act = {
-            mode: _prefix(
-                [
-                    x.act_bytes[mode if blk else Recompute.NONE]
-                    for x, blk in zip(costs, is_block, strict=True)
-                ]
-            )
-            for mode in MODES
-        }
-        self.boundary = [x.boundary_bytes for x in costs]
+        self._shared = shared if shared is not None else {}
+        key = ("chain", shard, c.zero >= 3, c.dp * c.cp, c.ep)
+        terms = self._shared.get(key)
+        if terms is None:
+            terms = _chain_terms(costs, is_block, model.spec.dtype_bytes, c)
+            self._shared[key] = terms
+        (
+            self.p_fwd,
+            self.p_bwd,
+            self.p_dense,
+            self.p_expert,
+            self.p_rec,
+            self.p_act,
+            self.boundary,
+            self.peak,
+        ) = terms
         p = model.spec.dtype_bytes
-        dense_shard, expert_shard = c.dp * c.cp, c.dp * c.cp // c.ep
-        peak = {}
-        for mode in MODES:
-            vals = []
-            for x, blk in zip(costs, is_block, strict=True):
-                lm = mode if blk else Recompute.NONE
-                v = x.transient_bytes
-                if lm is not Recompute.NONE:
-                    v += x.act_bytes[Recompute.NONE] - x.act_bytes[lm]
-                if c.zero >= 3:
-                    full = x.dense_params + x.expert_params
-                    own = x.dense_params / dense_shard + x.expert_params / expert_shard
-                    v += p * (full - own)
-                vals.append(v)
-            # range maximum: table[i][j] = max(vals[i..j])
-            table = np.full((n, n), -np.inf)
-            for i in range(n):
-                table[i, i:] = np.maximum.accumulate(np.asarray(vals[i:]))
-            peak[mode] = table
-        self.peak = peak
         self.is_block = is_block
         # placement, groups and their level splits per rank
         grid = place(tp=c.tp, cp=c.cp, dp=c.dp, pp=c.pp, rank_order=c.order)
-        self.groups = [_Groups(grid[r].astype(np.int64), c.ep, cluster) for r in range(c.pp)]
+        factor_cache = self._shared.setdefault("factors", {})
+        self.groups = [
+            _Groups(grid[r].astype(np.int64), c.ep, cluster, factor_cache) for r in range(c.pp)
+        ]
         self.p2p_levels = [
             sorted({int(x) for x in np.unique(cluster.common_levels(grid[r], grid[r + 1]))})
             for r in range(c.pp - 1)
         ]
         self._rank_cache: dict = {}
-        # prefix sums of collective seconds per (shard, axis, split, direction, mode): the same
-        # for every configuration with this shard, so a planner shares one dict among them
-        self._shared = shared if shared is not None else {}
         self.shard = shard
         self.in_flight = [
             in_flight_microbatches(r, c.pp, self.m, Schedule.ONE_F_ONE_B, 1) for r in range(c.pp)
@@ -250,6 +264,12 @@ class StageModel:
     def min_compute_s(self, allowed) -> np.ndarray:
         """Prefix sums of :func:`layer_floor_s` over the chain: a lower bound on the time of any
         stage holding those layers."""
+        key = ("floor", self.shard, tuple(allowed))
+        if key not in self._shared:
+            self._shared[key] = self._min_compute_s(allowed)
+        return self._shared[key]
+
+    def _min_compute_s(self, allowed) -> np.ndarray:
         tp_splits = tp_group_splits(self.problem.cluster, self.config.tp)
         return _prefix(
             [
