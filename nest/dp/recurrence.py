@@ -160,38 +160,44 @@ def solve_config(
                 if low > incumbent_s:
                     stats.labels_bounded += len(labels)
                     continue
+                per_rank = remaining / rest if rest else 0.0
                 for mode in sm.modes_for(i, j, modes):
-                    terms = sm.stage(r, i, j, mode)
                     stats.stages_scored += 1
-                    if not terms.fits:
+                    if sm.memory_bytes(r, i, j, mode) > sm.capacity:  # cheaper than the times
                         stats.memory_rejected += 1
                         continue
-                    t = terms.fwd_s + terms.bwd_s
+                    terms = sm.stage(r, i, j, mode)
+                    t, b = terms.fwd_s + terms.bwd_s, terms.bwd_s
+                    sync, opt = terms.sync_s, terms.optimizer_s
+                    own = b if sm.overlap else 0.0
+                    front = None
                     for lab in labels:
-                        hidden = lab.bwd_sum_s + (terms.bwd_s if sm.overlap else 0.0)
-                        new = Label(
-                            lab.total_s + t,
-                            max(lab.max_s, t),
-                            lab.bwd_sum_s + terms.bwd_s,
-                            max(lab.exposed_s, max(0.0, terms.sync_s - hidden)),
-                            max(lab.opt_s, terms.optimizer_s),
-                            lab,
-                            (i, j, mode),
-                        )
+                        total = lab.total_s + t
+                        top = lab.max_s if lab.max_s > t else t
+                        exposed = sync - lab.bwd_sum_s - own
+                        exposed = lab.exposed_s if lab.exposed_s > exposed else exposed
+                        exposed = exposed if exposed > 0.0 else 0.0
+                        step = lab.opt_s if lab.opt_s > opt else opt
                         stats.labels_created += 1
                         bound = (
-                            new.total_s
+                            total
                             + remaining
-                            + (m - 1) * max(new.max_s, remaining / rest if rest else 0.0)
-                            + new.exposed_s
-                            + new.opt_s
+                            + (m - 1) * (top if top > per_rank else per_rank)
+                            + exposed
+                            + step
                         )
                         if bound > incumbent_s:
                             stats.labels_bounded += 1
                             continue
-                        if j + 1 not in new_fronts:
-                            new_fronts[j + 1] = Front(m) if exact else GreedyFront(m)
-                        new_fronts[j + 1].insert(new, stats)
+                        if front is None:
+                            front = new_fronts.get(j + 1)
+                            if front is None:
+                                front = Front(m) if exact else GreedyFront(m)
+                                new_fronts[j + 1] = front
+                        front.insert(
+                            Label(total, top, lab.bwd_sum_s + b, exposed, step, lab, (i, j, mode)),
+                            stats,
+                        )
         fronts = new_fronts
         if not fronts:
             return None
