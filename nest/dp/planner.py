@@ -144,11 +144,19 @@ class NestPlanner:
         modes = options.recompute_modes
         configs = list(configurations(problem, options))
         if not configs:
+            given = {
+                k: v
+                for k, v in (("tp", self.tp), ("cp", self.cp), ("ep", self.ep), ("pp", self.pp))
+                if v is not None
+            }
+            restriction = ", ".join(f"solver.{k}={list(v)}" for k, v in given.items())
             raise UserError(
                 f"the search space is empty for {problem.model.name} on "
-                f"{problem.cluster.num_devices} devices: no (tp, cp, ep, dp, pp, microbatch) "
-                "passes the divisibility rules; check solver.tp/cp/ep/pp and "
-                "training.microbatch_sizes"
+                f"{problem.cluster.num_devices} devices"
+                + (f" with {restriction}" if restriction else "")
+                + ": no (tp, cp, ep, dp, pp, microbatch) passes the divisibility rules (tp must "
+                f"divide heads={problem.model.spec.heads} and the FFN size, dp the global batch); "
+                "widen solver.tp/cp/ep/pp or change training.microbatch_sizes"
             )
         enumerated = time.perf_counter()
         cache: dict = {}
