@@ -67,9 +67,9 @@ class MegatronPlanner:
         blocks = model.spec.layers
         tp = self.tensor_degree(problem)
         order = parse_rank_order(self.rank_order)
-        for pp in _divisors(n // tp):
-            if blocks % pp or pp > blocks:
-                continue
+        for pp in _divisors(blocks):  # uniform split: pp divides the layers
+            if pp > n // tp:
+                break
             # DP for the rest: the most replicas that fit and divide the batch (others stay idle)
             dp = max(d for d in _divisors(training.global_batch) if d <= n // (tp * pp))
             ep = gcd(model.spec.num_experts, dp) if model.spec.is_moe else 1

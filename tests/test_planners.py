@@ -124,3 +124,12 @@ def test_megatron_reports_the_memory_it_would_need():
     err = info.value
     assert err.min_memory_bytes > problem.cluster.device.hbm_bytes
     assert "GiB" in err.reason and "\n" not in err.reason
+
+
+def test_megatron_pipeline_degree_need_not_divide_the_devices():
+    """6 blocks on 16 devices of 4 per node: pp=3 divides the layers but not 16 / tp; the rules
+    still consider it (dp takes what the batch allows, the rest stay idle)."""
+    spec = make_spec(layers=6, hidden=256, ffn_hidden=1024, vocab=4096, seq_len=128, heads=4)
+    planner = MegatronPlanner()
+    problem = make_problem(spec, make_cluster(fanouts=(4, 4)), global_batch=16)
+    assert 3 in {c.pp for c in planner.candidates(problem)}
