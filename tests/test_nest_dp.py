@@ -176,3 +176,20 @@ def test_empty_space_is_a_clear_error():
     )
     with pytest.raises(UserError, match="search space is empty"):
         NestPlanner(tp=[3]).solve(problem)
+
+
+def test_front_keeps_exactly_the_labels_worse_by_at_most_admits():
+    """The inlined dominance of Front.insert is worse_by_at_most <= 0 (random labels)."""
+    from nest.dp.recurrence import DPStats, Front, Label, worse_by_at_most
+
+    rng = random.Random(7)
+    for _ in range(200):
+        m = rng.randint(1, 9)
+        front, stats = Front(m), DPStats()
+        kept: list[Label] = []
+        for _ in range(12):
+            lab = Label(*(rng.choice([0.0, 1.0, 2.0, rng.random()]) for _ in range(5)))
+            if not any(worse_by_at_most(o, lab, m) <= 0.0 for o in kept):
+                kept = [o for o in kept if worse_by_at_most(lab, o, m) > 0.0] + [lab]
+            front.insert(lab, stats)
+            assert front.labels == kept

@@ -96,12 +96,35 @@ class Front:
         self.m = m
 
     def insert(self, label: Label, stats: DPStats) -> None:
-        m = self.m
+        # worse_by_at_most inlined (the search's hottest loop); same arithmetic
+        k = self.m - 1
+        s, mx, b, e, o = label.total_s, label.max_s, label.bwd_sum_s, label.exposed_s, label.opt_s
         for other in self.labels:
-            if worse_by_at_most(other, label, m) <= 0.0:
+            d_m = other.max_s - mx
+            d_b = b - other.bwd_sum_s
+            d_e = other.exposed_s - e
+            d_o = other.opt_s - o
+            if (
+                (other.total_s - s)
+                + (k * d_m if d_m > 0.0 else 0.0)
+                + (d_e if d_e > (d_b if d_b > 0.0 else 0.0) else (d_b if d_b > 0.0 else 0.0))
+                + (d_o if d_o > 0.0 else 0.0)
+            ) <= 0.0:
                 stats.labels_dominated += 1
                 return
-        kept = [other for other in self.labels if worse_by_at_most(label, other, m) > 0.0]
+        kept = []
+        for other in self.labels:
+            d_m = mx - other.max_s
+            d_b = other.bwd_sum_s - b
+            d_e = e - other.exposed_s
+            d_o = o - other.opt_s
+            if (
+                (s - other.total_s)
+                + (k * d_m if d_m > 0.0 else 0.0)
+                + (d_e if d_e > (d_b if d_b > 0.0 else 0.0) else (d_b if d_b > 0.0 else 0.0))
+                + (d_o if d_o > 0.0 else 0.0)
+            ) > 0.0:
+                kept.append(other)
         stats.labels_dominated += len(self.labels) - len(kept)
         kept.append(label)
         self.labels = kept
