@@ -8,13 +8,12 @@ Only for tiny problems: ``max_plans`` stops it with an error before it runs for 
 """
 
 import time
-from collections.abc import Sequence
 from itertools import combinations, product
 
 from nest.axes import Recompute
 from nest.cost import evaluate
 from nest.dp.planner import plan_from_choices
-from nest.dp.space import SpaceOptions, configurations
+from nest.dp.space import SpaceOptions, SpacePlanner, configurations
 from nest.errors import UserError
 from nest.planner import finish, infeasible_memory
 from nest.problem import Problem
@@ -43,38 +42,14 @@ def count_plans(problem: Problem, options: SpaceOptions) -> int:
     return total
 
 
-class BrutePlanner:
-    def __init__(
-        self,
-        *,
-        name: str = "brute",
-        tp: Sequence[int] | None = None,
-        cp: Sequence[int] | None = None,
-        ep: Sequence[int] | None = None,
-        pp: Sequence[int] | None = None,
-        zero_stages: Sequence[int] = (0, 1, 2, 3),
-        recompute: Sequence[str] = ("none", "selective", "full"),
-        rank_orders: Sequence[str] | None = None,
-        max_plans: int = 200_000,
-    ) -> None:
-        self.name = name
-        self.tp, self.cp, self.ep, self.pp = tp, cp, ep, pp
-        self.zero_stages = zero_stages
-        self.recompute = recompute
-        self.rank_orders = rank_orders
+class BrutePlanner(SpacePlanner):
+    def __init__(self, *, name: str = "brute", max_plans: int = 200_000, **space) -> None:
+        super().__init__(name=name, **space)
         self.max_plans = max_plans
 
     def solve(self, problem: Problem):
         started = time.perf_counter()
-        options = SpaceOptions(
-            tp=self.tp,
-            cp=self.cp,
-            ep=self.ep,
-            pp=self.pp,
-            zero_stages=tuple(self.zero_stages),
-            recompute=tuple(self.recompute),
-            rank_orders=self.rank_orders,
-        )
+        options = self.options()
         modes = options.recompute_modes
         blocks = {i for i, ref in enumerate(problem.model.chain) if ref.kind.value == "block"}
         best, best_s, best_peak, scored = None, float("inf"), None, 0

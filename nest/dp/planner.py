@@ -21,11 +21,10 @@ reported objective. Exactness is tested against ``solver=brute`` on random small
 """
 
 import time
-from collections.abc import Sequence
 
 from nest.axes import Schedule
 from nest.dp.recurrence import DPStats, solve_config
-from nest.dp.space import SearchConfig, SpaceOptions, configurations
+from nest.dp.space import SearchConfig, SpacePlanner, configurations
 from nest.dp.stages import StageModel, layer_floor_s, tp_group_splits
 from nest.errors import UserError
 from nest.layers import Shard
@@ -106,37 +105,11 @@ def smallest_peak_bytes(sm: StageModel, modes) -> float:
     return best.get(n, float("inf"))
 
 
-class NestPlanner:
-    def __init__(
-        self,
-        *,
-        name: str = "nest",
-        tp: Sequence[int] | None = None,
-        cp: Sequence[int] | None = None,
-        ep: Sequence[int] | None = None,
-        pp: Sequence[int] | None = None,
-        zero_stages: Sequence[int] = (0, 1, 2, 3),
-        recompute: Sequence[str] = ("none", "selective", "full"),
-        rank_orders: Sequence[str] | None = None,
-        seed_configs: int = 200,
-    ) -> None:
-        self.name = name
+class NestPlanner(SpacePlanner):
+    def __init__(self, *, name: str = "nest", seed_configs: int = 200, **space) -> None:
+        super().__init__(name=name, **space)
         self.seed_configs = seed_configs
-        self.tp, self.cp, self.ep, self.pp = tp, cp, ep, pp
-        self.zero_stages = zero_stages
-        self.recompute = recompute
-        self.rank_orders = rank_orders
-
-    def options(self) -> SpaceOptions:
-        return SpaceOptions(
-            tp=self.tp,
-            cp=self.cp,
-            ep=self.ep,
-            pp=self.pp,
-            zero_stages=tuple(self.zero_stages),
-            recompute=tuple(self.recompute),
-            rank_orders=self.rank_orders,
-        )
+        """Configurations the heuristic first pass visits to seed the bound."""
 
     def solve(self, problem: Problem) -> Plan:
         started = time.perf_counter()

@@ -120,3 +120,37 @@ def _inner(problem, options, orders, tp, cp, ep, dp, pp) -> Iterator[SearchConfi
         for zero in zeros:
             for order in placed_orders:
                 yield SearchConfig(tp, cp, ep, dp, pp, mbs, zero, order)
+
+
+class SpacePlanner:
+    """The hyper-parameters that restrict the space, shared by ``nest`` and ``brute`` (each
+    stores them verbatim; ``None`` means every valid value)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        tp: Sequence[int] | None = None,
+        cp: Sequence[int] | None = None,
+        ep: Sequence[int] | None = None,
+        pp: Sequence[int] | None = None,
+        zero_stages: Sequence[int] = (0, 1, 2, 3),
+        recompute: Sequence[str] = ("none", "selective", "full"),
+        rank_orders: Sequence[str] | None = None,
+    ) -> None:
+        self.name = name
+        self.tp, self.cp, self.ep, self.pp = tp, cp, ep, pp
+        self.zero_stages = zero_stages
+        self.recompute = recompute
+        self.rank_orders = rank_orders
+
+    def options(self) -> SpaceOptions:
+        return SpaceOptions(
+            tp=self.tp,
+            cp=self.cp,
+            ep=self.ep,
+            pp=self.pp,
+            zero_stages=tuple(self.zero_stages),
+            recompute=tuple(self.recompute),
+            rank_orders=self.rank_orders,
+        )
