@@ -148,7 +148,7 @@ class _Groups:
     """The communication groups of one pipeline rank and how each group kind splits over the
     levels (computed once per rank, on first use)."""
 
-    def __init__(self, devices: np.ndarray, ep: int, cluster, cache: dict | None = None) -> None:
+    def __init__(self, devices: np.ndarray, ep: int, cluster) -> None:
         dp, cp, tp = devices.shape
         flat = devices.reshape(dp * cp, tp)  # row j = replica * cp + context rank
         blocks = flat.reshape(dp * cp // ep, ep, tp)
@@ -161,20 +161,14 @@ class _Groups:
             "expert_dp": blocks.transpose(1, 2, 0).reshape(-1, dp * cp // ep),
         }
         self._factors: dict[str, set] = {}
-        self._cache = cache  # optional: shared by many placements (the planners' searches)
 
     def factors(self, kind: str) -> set[tuple[int, ...]]:
         """Distinct level splits of the groups of ``kind`` (empty for single-member groups)."""
         if kind not in self._factors:
             arr = self.arrays[kind]
-            key = (arr.shape, arr.tobytes()) if self._cache is not None else None
-            if key is not None and key in self._cache:
-                self._factors[kind] = self._cache[key]
-            else:
-                got = set() if arr.shape[1] <= 1 else self.cluster.distinct_group_factors(arr)
-                self._factors[kind] = got
-                if key is not None:
-                    self._cache[key] = got
+            self._factors[kind] = (
+                set() if arr.shape[1] <= 1 else self.cluster.distinct_group_factors(arr)
+            )
         return self._factors[kind]
 
     def time_s(self, op: str, n_bytes: float, kind: str) -> float:

@@ -123,15 +123,21 @@ class StageModel:
         p = model.spec.dtype_bytes
         self.is_block = is_block
         # placement, groups and their level splits per rank
-        grid = place(tp=c.tp, cp=c.cp, dp=c.dp, pp=c.pp, rank_order=c.order)
-        factor_cache = self._shared.setdefault("factors", {})
-        self.groups = [
-            _Groups(grid[r].astype(np.int64), c.ep, cluster, factor_cache) for r in range(c.pp)
-        ]
-        self.p2p_levels = [
-            sorted({int(x) for x in np.unique(cluster.common_levels(grid[r], grid[r + 1]))})
-            for r in range(c.pp - 1)
-        ]
+        # groups and p2p levels depend on the placement only: shared across microbatch sizes
+        # and ZeRO stages
+        placement = ("placement", c.tp, c.cp, c.dp, c.pp, c.ep, c.order)
+        if placement not in self._shared:
+            grid = place(tp=c.tp, cp=c.cp, dp=c.dp, pp=c.pp, rank_order=c.order)
+            factor_cache = self._shared.setdefault("factors", {})
+            groups = [
+                _Groups(grid[r].astype(np.int64), c.ep, cluster, factor_cache) for r in range(c.pp)
+            ]
+            levels = [
+                sorted({int(x) for x in np.unique(cluster.common_levels(grid[r], grid[r + 1]))})
+                for r in range(c.pp - 1)
+            ]
+            self._shared[placement] = (groups, levels)
+        self.groups, self.p2p_levels = self._shared[placement]
         self._rank_cache: dict = {}
         self.shard = shard
         self.in_flight = [
