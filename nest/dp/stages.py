@@ -128,10 +128,7 @@ class StageModel:
         placement = ("placement", c.tp, c.cp, c.dp, c.pp, c.ep, c.order)
         if placement not in self._shared:
             grid = place(tp=c.tp, cp=c.cp, dp=c.dp, pp=c.pp, rank_order=c.order)
-            factor_cache = self._shared.setdefault("factors", {})
-            groups = [
-                _Groups(grid[r].astype(np.int64), c.ep, cluster, factor_cache) for r in range(c.pp)
-            ]
+            groups = [_Groups(grid[r].astype(np.int64), c.ep, cluster) for r in range(c.pp)]
             levels = [
                 sorted({int(x) for x in np.unique(cluster.common_levels(grid[r], grid[r + 1]))})
                 for r in range(c.pp - 1)
