@@ -20,6 +20,8 @@ from omegaconf import DictConfig
 from nest.config import build_problem, register_schemas
 from nest.cost import evaluate
 from nest.errors import Infeasible, UserError
+from nest.explain import explain_report, format_explain
+from nest.export import export_plan, format_export, targets_of, write_export
 from nest.serialize import plan_to_dict, report_to_dict
 from nest.simulate import plot_timeline, simulate
 from nest.summary import format_summary
@@ -49,12 +51,15 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
     solver_name = str(cfg.solver.get("name", "?"))
     base = {
         "solver": solver_name,
-        "model": str(cfg.model.get("name", "?")),
+        "model": str(
+            cfg.model.get("name") or cfg.model.get("config_path") or cfg.model.get("path") or "?"
+        ),
         "cluster": str(cfg.cluster.get("name", "?")),
     }
     started = time.perf_counter()
     try:
         problem = build_problem(cfg)
+        export_targets = targets_of(cfg.get("export"))
         planner = instantiate(cfg.solver, _convert_="all")
         plan = planner.solve(problem)
     except UserError as exc:
@@ -92,6 +97,7 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
         _write_json(out_dir / "report.json", result)
         plot_timeline(sim, out_dir / "timeline.png")
     summary = format_summary(problem, plan, report)
+    summary += "".join(f"\nnote: {n}" for n in getattr(problem.model, "notes", ()))
     if "simulation" in result:
         sim_d = result["simulation"]
         summary += (
@@ -99,10 +105,38 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
             f"{100 * sim_d['relative_error']:+.2f} % off); timeline.png"
         )
     (out_dir / "summary.txt").write_text(summary + "\n")
+    written = ["plan.json", "report.json", "summary.txt"]
+    extra = _explain_and_export(
+        cfg, problem, plan, report, result, out_dir, export_targets, written
+    )
     if cfg.get("print_summary", True):
         echo(summary)
-        echo(f"\nwrote plan.json, report.json, summary.txt to {out_dir}")
+        for block in extra:
+            echo("\n" + block)
+        echo(f"\nwrote {', '.join(written)} to {out_dir}")
     return result
+
+
+def _explain_and_export(cfg, problem, plan, report, result, out_dir, targets, written) -> list:
+    """``explain=true`` and ``export=...``: write their files, return the text blocks to print."""
+    blocks = []
+    if cfg.get("explain", False):
+        explanation = explain_report(result)
+        text = format_explain(explanation)
+        _write_json(out_dir / "explain.json", explanation)
+        (out_dir / "explain.txt").write_text(text + "\n")
+        written += ["explain.txt", "explain.json"]
+        blocks.append(text)
+    for target in targets:
+        exp = export_plan(problem, plan, target, report)
+        written += write_export(exp, out_dir)
+        result.setdefault("export", {})[target] = {
+            k: v for k, v in exp.to_dict().items() if k != "text"
+        }
+        blocks.append(format_export(exp))
+    if targets:
+        _write_json(out_dir / "report.json", result)
+    return blocks
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")

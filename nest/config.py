@@ -73,6 +73,33 @@ ModelConfig = make_dataclass(
 
 
 @dataclass
+class HfModelConfig:
+    """``model=hf``: a Hugging Face ``config.json`` (read as JSON only; :mod:`nest.hf`)."""
+
+    source: str = "hf"
+    config_path: str | None = None
+    name: str | None = None
+    """Default: the config's ``_name_or_path`` (or its folder's name)."""
+    seq_len: int | None = None
+    """Default: ``max_position_embeddings`` (``n_positions`` for GPT-2)."""
+
+
+@dataclass
+class ProfileModelConfig:
+    """``model=profile``: measured per-layer profiles (:mod:`nest.profile`)."""
+
+    source: str = "profile"
+    path: str | None = None
+    name: str | None = None
+    seq_len: int | None = None
+    tp_collectives: str | None = None
+    """``measured`` (times include TP traffic) or ``modelled``; null: the file's (or measured)."""
+    microbatch_scaling: str = "linear"
+    head_in_blocks: str = "auto"
+    """NEST artifact files only: the LM head copied into every block (auto / true / false)."""
+
+
+@dataclass
 class TrainingConfig:
     global_batch: int = 1024
     """Sequences per iteration."""
@@ -90,6 +117,8 @@ def register_schemas() -> None:
     cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)
     cs.store(group="device", name="device_schema", node=DeviceConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="model", name="hf_model_schema", node=HfModelConfig)
+    cs.store(group="model", name="profile_model_schema", node=ProfileModelConfig)
     cs.store(group="training", name="training_schema", node=TrainingConfig)
 
 
@@ -212,6 +241,31 @@ def build_model_spec(cfg: Any) -> ModelSpec:
     return ModelSpec(**c)
 
 
+def build_model(cfg: Any, training: Training):
+    """The model a problem uses: a preset spec, a Hugging Face config, or a measured profile."""
+    c = _plain(cfg)
+    source = c.pop("source", "spec")
+    if source == "hf":
+        from nest.hf import spec_from_hf_config
+
+        spec = spec_from_hf_config(
+            c.get("config_path"), name=c.get("name"), seq_len=c.get("seq_len")
+        )
+        return AnalyticModel(spec, flash_attention=training.flash_attention)
+    if source == "profile":
+        from nest.profile import load_profile_model
+
+        return load_profile_model(
+            c.get("path"),
+            name=c.get("name"),
+            seq_len=c.get("seq_len"),
+            tp_collectives=c.get("tp_collectives"),
+            head_in_blocks=c.get("head_in_blocks", "auto"),
+            microbatch_scaling=c.get("microbatch_scaling", "linear"),
+        )
+    return AnalyticModel(build_model_spec(c), flash_attention=training.flash_attention)
+
+
 def build_training(cfg: Any) -> Training:
     c = _plain(cfg)
     try:
@@ -238,9 +292,7 @@ def build_problem(cfg: Any) -> Problem:
     """Problem from a composed config with ``cluster``, ``model`` and ``training`` sections."""
     training = build_training(cfg["training"])
     return Problem(
-        model=AnalyticModel(
-            build_model_spec(cfg["model"]), flash_attention=training.flash_attention
-        ),
+        model=build_model(cfg["model"], training),
         cluster=build_cluster(cfg["cluster"]),
         training=training,
     )

@@ -1,0 +1,188 @@
+"""What every export shares: the plan's facts in a target's terms, and the nearest expressible plan.
+
+A target (Megatron-LM, torchtitan) can express only part of the plan space. An exporter lists what
+it cannot express as *issues*, each with the change that makes the plan expressible; the changed
+plan is built with :func:`rebuild` and scored with the shared evaluator, so the warning can say what
+the exported plan costs next to the chosen one.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nest.axes import Axis, LayerKind, Recompute, Schedule
+from nest.cost import evaluate
+from nest.plan import Plan, make_structured_plan, place
+from nest.problem import Problem
+from nest.report import Report
+
+RECOMPUTE_STRENGTH = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Export:
+    """A plan in a target's terms; ``text`` is what the user pastes."""
+
+    target: str
+    checked_against: str
+    """Upstream source and version the flag names were checked against."""
+    filename: str
+    text: str
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    plan_iteration_time_s: float
+    exported_iteration_time_s: float
+    """The evaluated iteration time of the plan ``text`` expresses (the chosen plan's when it is
+    expressible, else the nearest expressible plan's)."""
+    exported_feasible: bool
+    exported_plan: dict = field(default_factory=dict)
+    """Degrees and stages of the exported plan (as in report.json)."""
+
+    def to_dict(self) -> dict:
+        return {
+            "target": self.target,
+            "checked_against": self.checked_against,
+            "file": self.filename,
+            "text": self.text,
+            "warnings": list(self.warnings),
+            "notes": list(self.notes),
+            "plan_iteration_time_s": self.plan_iteration_time_s,
+            "exported_iteration_time_s": self.exported_iteration_time_s,
+            "exported_feasible": self.exported_feasible,
+            "exported_plan": self.exported_plan,
+        }
+
+
+def blocks_per_chunk(problem: Problem, plan: Plan) -> list[int]:
+    chain = problem.model.chain
+    return [sum(chain[i].kind is LayerKind.BLOCK for i in s.layers) for s in plan.stages]
+
+
+def has_kind(problem: Problem, plan: Plan, k: int, kind: LayerKind) -> bool:
+    chain = problem.model.chain
+    return any(chain[i].kind is kind for i in plan.stages[k].layers)
+
+
+def placement_order(plan: Plan, candidates) -> tuple[Axis, ...] | None:
+    """The first candidate rank order whose layout (from the plan's lowest device id) is exactly
+    the plan's placement; ``None`` when no candidate gives it."""
+    actual = np.stack([np.asarray(s.devices) for s in plan.stages[: plan.pp]])
+    offset = int(actual.min())
+    for order in candidates:
+        grid = place(
+            tp=plan.tp, cp=plan.cp, dp=plan.dp, pp=plan.pp, rank_order=order, offset=offset
+        )
+        if np.array_equal(grid, actual):
+            return tuple(order)
+    return None
+
+
+def rebuild(
+    plan: Plan,
+    *,
+    rank_order=None,
+    recompute=None,
+    zero_stage=None,
+    schedule=None,
+    virtual_stages=None,
+    layer_counts=None,
+) -> Plan:
+    """The plan with some choices changed (placement rebuilt from ``rank_order`` at offset 0)."""
+    counts = layer_counts or [s.last_layer - s.first_layer + 1 for s in plan.stages]
+    v = virtual_stages or plan.virtual_stages
+    modes = recompute or [s.recompute for s in plan.stages]
+    if len(modes) != len(counts):
+        modes = [modes[0]] * len(counts)
+    return make_structured_plan(
+        tp=plan.tp,
+        cp=plan.cp,
+        ep=plan.ep,
+        dp=plan.dp,
+        pp=plan.pp,
+        layer_counts=counts,
+        recompute=modes,
+        microbatch_size=plan.microbatch_size,
+        num_microbatches=plan.num_microbatches,
+        zero_stage=plan.zero_stage if zero_stage is None else zero_stage,
+        schedule=schedule or plan.schedule,
+        virtual_stages=v,
+        sequence_parallel=plan.sequence_parallel,
+        rank_order=rank_order or plan.rank_order or (Axis.TP, Axis.CP, Axis.DP, Axis.PP),
+    ).with_record(solver=plan.solver, status=plan.status)
+
+
+def strongest_recompute(plan: Plan) -> Recompute:
+    return max((s.recompute for s in plan.stages), key=RECOMPUTE_STRENGTH.__getitem__)
+
+
+def describe(plan: Plan, counts: list[int]) -> str:
+    modes = sorted({str(s.recompute) for s in plan.stages})
+    return (
+        f"tp={plan.tp} cp={plan.cp} ep={plan.ep} dp={plan.dp} pp={plan.pp}"
+        + (f" v={plan.virtual_stages}" if plan.virtual_stages > 1 else "")
+        + f", blocks per stage {counts}, recompute {'/'.join(modes)}, ZeRO-{plan.zero_stage}, "
+        f"{plan.schedule}, rank order {','.join(str(a) for a in plan.rank_order or ())}"
+    )
+
+
+def plan_summary(problem: Problem, plan: Plan) -> dict:
+    return {
+        **plan.degrees(),
+        "virtual_stages": plan.virtual_stages,
+        "microbatch_size": plan.microbatch_size,
+        "num_microbatches": plan.num_microbatches,
+        "zero_stage": plan.zero_stage,
+        "schedule": str(plan.schedule),
+        "rank_order": [str(a) for a in plan.rank_order] if plan.rank_order else None,
+        "blocks_per_stage": blocks_per_chunk(problem, plan),
+        "recompute": [str(s.recompute) for s in plan.stages],
+    }
+
+
+def finish_export(
+    problem: Problem,
+    plan: Plan,
+    exported: Plan,
+    issues: list[str],
+    *,
+    target: str,
+    checked_against: str,
+    filename: str,
+    text: str,
+    notes: list[str],
+    report: Report | None = None,
+) -> Export:
+    """Score the exported plan and phrase the warning when it differs from the chosen one."""
+    base = report or evaluate(problem, plan)
+    if issues:
+        got = evaluate(problem, exported)
+        ratio = got.iteration_time_s / base.iteration_time_s
+        fit = "" if got.feasible else f"; it does NOT fit: {got.violation}"
+        warnings = [
+            f"{target} cannot express this plan: {'; '.join(issues)}. Exported the nearest "
+            f"expressible plan instead ({describe(exported, blocks_per_chunk(problem, exported))})"
+            f": evaluated iteration {got.iteration_time_s:.4f} s vs {base.iteration_time_s:.4f} s "
+            f"for the chosen plan ({ratio:.3f}x){fit}"
+        ]
+    else:
+        got, warnings = base, []
+    return Export(
+        target=target,
+        checked_against=checked_against,
+        filename=filename,
+        text=text,
+        warnings=tuple(warnings),
+        notes=tuple(notes),
+        plan_iteration_time_s=base.iteration_time_s,
+        exported_iteration_time_s=got.iteration_time_s,
+        exported_feasible=got.feasible,
+        exported_plan=plan_summary(problem, exported),
+    )
+
+
+def global_batch(plan: Plan) -> int:
+    return plan.microbatch_size * plan.num_microbatches * plan.dp
+
+
+def is_gpipe(plan: Plan) -> bool:
+    return plan.schedule is Schedule.GPIPE

@@ -1,0 +1,231 @@
+"""A :class:`~nest.model.ModelSpec` from a Hugging Face ``config.json`` (JSON only, never code).
+
+``model=hf model.config_path=PATH`` reads the file with :func:`json.load` and nothing else: no
+``transformers`` import, no ``trust_remote_code``, no file of the model folder but ``config.json``.
+The family is taken from ``model_type`` (falling back to the first ``architectures`` entry); the
+fields read per family are in :data:`FAMILIES` and :func:`_decoder` / :func:`_gpt2` / :func:`_bert`:
+
+=========  ========================================================================================
+family     fields (Hugging Face name -> ModelSpec field)
+=========  ========================================================================================
+llama,     hidden_size -> hidden, num_hidden_layers -> layers, num_attention_heads -> heads,
+mistral,   num_key_value_heads -> kv_heads (absent: heads), intermediate_size -> ffn_hidden,
+qwen2,     vocab_size -> vocab, tie_word_embeddings -> tied_embeddings (absent: false, the
+mixtral    transformers default of these classes), hidden_act silu -> SwiGLU, RMSNorm, RoPE, no
+           biases; Mixtral: num_local_experts -> num_experts, num_experts_per_tok -> top_k
+gpt2       n_embd, n_layer, n_head, n_inner (null: 4 n_embd), vocab_size, n_positions; GELU,
+           LayerNorm, biases, learned positions, tied embeddings, dropout if resid_pdrop > 0
+bert       hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, vocab_size,
+           max_position_embeddings, type_vocab_size (must be 2); GELU, LayerNorm, biases,
+           learned positions, tied MLM decoder, pooler, dropout if hidden_dropout_prob > 0
+=========  ========================================================================================
+
+Sequence length: ``max_position_embeddings`` (``n_positions`` for GPT-2), the longest context the
+model was built for, unless ``model.seq_len`` overrides it (do so for training runs shorter than the
+model's context, e.g. Mistral's 32768).
+
+Approximations, stated: Qwen2's Q/K/V projections carry biases but its other linears do not; the
+spec's ``bias`` is all-or-nothing, so Qwen2 is read without biases (``(h + 2 g d)`` parameters per
+block, 0.006 % of Qwen2-0.5B). Mistral's sliding-window attention is costed as full attention over
+``seq_len`` (equal when ``seq_len <= sliding_window``).
+"""
+
+import json
+from pathlib import Path
+
+from nest.errors import UserError
+from nest.model import ModelSpec
+
+GATED = {"silu", "swiglu"}
+GELU = {"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu"}
+
+
+def _where(path: Path) -> str:
+    return f"model.config_path={path}"
+
+
+def _get(cfg: dict, key: str, path: Path, default=None, *, required: bool = True):
+    if key in cfg and cfg[key] is not None:
+        return cfg[key]
+    if required and default is None:
+        raise UserError(
+            f"{_where(path)}: the config has no {key!r}; is it a Hugging Face config.json of a "
+            f"{cfg.get('model_type', '?')} model?"
+        )
+    return default
+
+
+def _int(cfg: dict, key: str, path: Path, default: int | None = None) -> int:
+    value = _get(cfg, key, path, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UserError(f"{_where(path)}: {key}={value!r} must be a positive integer")
+    return value
+
+
+def _check_head_dim(cfg: dict, path: Path, hidden: int, heads: int) -> None:
+    head_dim = cfg.get("head_dim")
+    if head_dim is not None and head_dim * heads != hidden:
+        raise UserError(
+            f"{_where(path)}: head_dim={head_dim} x num_attention_heads={heads} != "
+            f"hidden_size={hidden}; decoupled head sizes are not supported (the layer formulas "
+            "assume head_dim = hidden / heads)"
+        )
+
+
+def _decoder(cfg: dict, path: Path, family: str) -> dict:
+    """Llama, Mistral, Qwen2 and Mixtral: pre-norm RMSNorm decoders with SwiGLU and RoPE."""
+    act = str(cfg.get("hidden_act", "silu"))
+    if act not in GATED:
+        raise UserError(
+            f"{_where(path)}: hidden_act={act!r}; the {family} family is read as a gated SiLU MLP "
+            "(SwiGLU), so only silu is supported"
+        )
+    hidden = _int(cfg, "hidden_size", path)
+    heads = _int(cfg, "num_attention_heads", path)
+    _check_head_dim(cfg, path, hidden, heads)
+    out = dict(
+        hidden=hidden,
+        layers=_int(cfg, "num_hidden_layers", path),
+        heads=heads,
+        kv_heads=_int(cfg, "num_key_value_heads", path, heads),
+        ffn_hidden=_int(cfg, "intermediate_size", path),
+        vocab=_int(cfg, "vocab_size", path),
+        seq_len=_int(cfg, "max_position_embeddings", path),
+        activation="swiglu",
+        norm="rmsnorm",
+        bias=False,
+        position="rope",
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        dropout=False,
+    )
+    if family == "mixtral":
+        out["num_experts"] = _int(cfg, "num_local_experts", path)
+        out["top_k"] = _int(cfg, "num_experts_per_tok", path)
+    return out
+
+
+def _gpt2(cfg: dict, path: Path, family: str) -> dict:
+    act = str(cfg.get("activation_function", "gelu_new"))
+    if act not in GELU:
+        raise UserError(f"{_where(path)}: activation_function={act!r}; GPT-2 is read with GELU")
+    hidden = _int(cfg, "n_embd", path)
+    inner = cfg.get("n_inner")
+    return dict(
+        hidden=hidden,
+        layers=_int(cfg, "n_layer", path),
+        heads=_int(cfg, "n_head", path),
+        ffn_hidden=4 * hidden if inner is None else _int(cfg, "n_inner", path),
+        vocab=_int(cfg, "vocab_size", path),
+        seq_len=_int(cfg, "n_positions", path),
+        max_position=_int(cfg, "n_positions", path),
+        activation="gelu",
+        norm="layernorm",
+        bias=True,
+        position="learned",
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        dropout=float(cfg.get("resid_pdrop", 0.1)) > 0,
+    )
+
+
+def _bert(cfg: dict, path: Path, family: str) -> dict:
+    act = str(cfg.get("hidden_act", "gelu"))
+    if act not in GELU:
+        raise UserError(f"{_where(path)}: hidden_act={act!r}; BERT is read with GELU")
+    types = cfg.get("type_vocab_size", 2)
+    if types != 2:
+        raise UserError(
+            f"{_where(path)}: type_vocab_size={types!r}; the BERT layer formulas count 2 token "
+            "types (BERT-base/large)"
+        )
+    hidden = _int(cfg, "hidden_size", path)
+    heads = _int(cfg, "num_attention_heads", path)
+    _check_head_dim(cfg, path, hidden, heads)
+    return dict(
+        hidden=hidden,
+        layers=_int(cfg, "num_hidden_layers", path),
+        heads=heads,
+        ffn_hidden=_int(cfg, "intermediate_size", path),
+        vocab=_int(cfg, "vocab_size", path),
+        seq_len=_int(cfg, "max_position_embeddings", path),
+        max_position=_int(cfg, "max_position_embeddings", path),
+        activation="gelu",
+        norm="layernorm",
+        bias=True,
+        position="learned",
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        dropout=float(cfg.get("hidden_dropout_prob", 0.1)) > 0,
+        encoder=True,
+    )
+
+
+FAMILIES = {
+    "llama": _decoder,
+    "mistral": _decoder,
+    "qwen2": _decoder,
+    "mixtral": _decoder,
+    "gpt2": _gpt2,
+    "bert": _bert,
+}
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "MixtralForCausalLM": "mixtral",
+    "GPT2LMHeadModel": "gpt2",
+    "BertForPreTraining": "bert",
+    "BertForMaskedLM": "bert",
+    "BertModel": "bert",
+}
+
+
+def read_config(path_like) -> tuple[dict, Path]:
+    """The parsed JSON of a ``config.json`` (a folder means its ``config.json``)."""
+    if path_like is None or str(path_like).strip() == "":
+        raise UserError(
+            "model=hf needs model.config_path=PATH/config.json (a Hugging Face config file)"
+        )
+    path = Path(str(path_like)).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise UserError(
+            f"{_where(path)} does not exist (relative paths are taken from the directory you ran "
+            f"from, {Path.cwd()}); give the path of a Hugging Face config.json"
+        )
+    try:
+        with path.open(encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{_where(path)} is not valid JSON: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise UserError(f"{_where(path)}: expected a JSON object, got {type(cfg).__name__}")
+    return cfg, path
+
+
+def family_of(cfg: dict, path: Path) -> str:
+    model_type = cfg.get("model_type")
+    if model_type in FAMILIES:
+        return model_type
+    for arch in cfg.get("architectures") or []:
+        if arch in ARCHITECTURES:
+            return ARCHITECTURES[arch]
+    shown = model_type if model_type is not None else (cfg.get("architectures") or ["?"])[0]
+    raise UserError(
+        f"{_where(path)}: model_type={shown!r} is not supported; supported families: "
+        f"{', '.join(sorted(FAMILIES))}"
+    )
+
+
+def spec_from_hf_config(
+    path_like, *, name: str | None = None, seq_len: int | None = None
+) -> ModelSpec:
+    """The spec of a Hugging Face config file; ``seq_len`` overrides ``max_position_embeddings``."""
+    cfg, path = read_config(path_like)
+    family = family_of(cfg, path)
+    fields = FAMILIES[family](cfg, path, family)
+    if seq_len is not None:
+        if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
+            raise UserError(f"model.seq_len={seq_len!r} must be a positive integer")
+        fields["seq_len"] = seq_len
+    default_name = str(cfg.get("_name_or_path") or path.parent.name or family)
+    return ModelSpec(name=name or default_name, **fields)
