@@ -59,6 +59,7 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
     started = time.perf_counter()
     try:
         problem = build_problem(cfg)
+        base["model"] = problem.model.name
         export_targets = targets_of(cfg.get("export"))
         planner = instantiate(cfg.solver, _convert_="all")
         plan = planner.solve(problem)

@@ -192,6 +192,7 @@ class ProfileModel:
         return LayerCost(
             dense_params=layer.param_bytes / p,
             expert_params=layer.expert_param_bytes / p,
+            tied_copy_params=layer.tied_copy_param_bytes / p,
             fwd_flops=flops,
             fwd_s=fwd_s,
             bwd_s=layer.bwd_s * k,

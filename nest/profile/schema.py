@@ -20,6 +20,8 @@ Layer fields (``*`` required):
 ``recompute_selective_s``  extra backward seconds of selective recomputation (or ``_ms``)
 ``boundary_bytes`` *  bytes of the layer's output each device sends to the next layer's devices
 ``transient_bytes``   short-lived buffer at the layer's peak beyond stored activations (logits)
+``tied_copy_param_bytes``  head only: bytes of the tied word-embedding copy the last stage holds
+                      when it is not the embedding's stage (Megatron keeps such a copy)
 ``fwd_flops``         forward FLOPs one device executes (for MFU; absent: MFU not reported)
 ====================  ==========================================================================
 
@@ -51,6 +53,7 @@ BYTE_STEMS = (
     "act_full",
     "boundary",
     "transient",
+    "tied_copy_param",
 )
 REQUIRED = ("fwd_s", "bwd_s", "param_bytes", "act_none_bytes", "boundary_bytes")
 MEASUREMENT_KEYS = ("tp", "cp", "ep", "microbatch_size")
@@ -74,6 +77,7 @@ class LayerProfile:
     act_full_bytes: float | None = None
     recompute_selective_s: float | None = None
     transient_bytes: float = 0.0
+    tied_copy_param_bytes: float = 0.0
     fwd_flops: float | None = None
 
 
@@ -111,13 +115,10 @@ def _bad(where: str, message: str) -> UserError:
     return UserError(f"{where}: {message}")
 
 
-def _number(where: str, key: str, value, *, integer: bool = False) -> float:
+def _number(where: str, key: str, value) -> float:
     ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if ok and integer:
-        ok = float(value).is_integer()
     if not ok or not math.isfinite(float(value)):
-        kind = "a whole number" if integer else "a finite number"
-        raise _bad(where, f"{key}={value!r} must be {kind}")
+        raise _bad(where, f"{key}={value!r} must be a finite number")
     if value < 0:
         raise _bad(where, f"{key}={value!r} is negative; measured times and sizes are >= 0")
     return float(value)
@@ -141,7 +142,7 @@ def parse_layer(raw: dict, where: str, index: int) -> LayerProfile:
         if stem in TIME_STEMS and unit in TIME_UNITS:
             out[f"{stem}_s"] = _number(where, key, value) * TIME_UNITS[unit]
         elif stem in BYTE_STEMS and unit == "bytes":
-            out[key] = _number(where, key, value, integer=True)
+            out[key] = _number(where, key, value)
         elif stem in TIME_STEMS:
             raise _bad(where, f"field {key!r} has unit {unit!r}; use {stem}_s or {stem}_ms")
         elif stem in BYTE_STEMS:

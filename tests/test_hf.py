@@ -1,0 +1,178 @@
+"""``model=hf``: Hugging Face config.json files read as JSON into the analytic model.
+
+Published sizes (the model cards / papers, as cited in data/README.md):
+- Llama-2 7B: 6,738,415,616 parameters (Hugging Face meta-llama/Llama-2-7b-hf, safetensors 6.74B).
+- Mistral 7B v0.1: 7.24B (Hugging Face mistralai/Mistral-7B-v0.1, safetensors 7.24B).
+- Mixtral 8x7B: 46.7B total, 12.9B active (Mistral AI, "Mixtral of experts", Dec 2023).
+- Qwen2-0.5B: 0.49B, 0.35B non-embedding (Qwen2 technical report, arXiv 2407.10671, Table 1).
+- GPT-2 small: 124M (Hugging Face openai-community/gpt2, "124M parameters").
+- BERT-base: 110M (Devlin et al. 2019, §3).
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import nest.cli
+from nest.errors import UserError
+from nest.hf import FAMILIES, spec_from_hf_config
+from nest.layers import AnalyticModel
+
+from .test_cli import compose, run_case
+
+DATA = Path(nest.cli.CONF_DIR).parent / "data" / "hf"
+
+PUBLISHED = {
+    # file: (published parameters, relative tolerance the published rounding allows)
+    "llama2_7b.json": (6_738_415_616, 1e-9),
+    "mistral_7b.json": (7.24e9, 0.005),
+    "mixtral_8x7b.json": (46.7e9, 0.005),
+    "qwen2_0.5b.json": (0.49e9, 0.01),
+    "gpt2.json": (124e6, 0.005),
+    "bert_base_uncased.json": (110e6, 0.01),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameter_counts_match_the_published_sizes(name):
+    published, tol = PUBLISHED[name]
+    model = AnalyticModel(spec_from_hf_config(DATA / name))
+    assert model.total_params() == pytest.approx(published, rel=tol)
+
+
+def test_every_shipped_config_is_tested():
+    assert {p.name for p in DATA.glob("*.json")} == set(PUBLISHED)
+
+
+def test_qwen2_non_embedding_and_mixtral_active_parameters():
+    """Qwen2-0.5B: 0.35B without embeddings (tied: one V x h table); Mixtral: 12.9B active."""
+    qwen = spec_from_hf_config(DATA / "qwen2_0.5b.json")
+    q = AnalyticModel(qwen)
+    non_embedding = q.total_params() - qwen.vocab * qwen.hidden
+    assert non_embedding == pytest.approx(0.35e9, rel=0.03)
+    mix = spec_from_hf_config(DATA / "mixtral_8x7b.json")
+    m = AnalyticModel(mix)
+    expert_mlp = 3 * mix.hidden * mix.ffn_hidden
+    active = m.total_params() - mix.layers * (mix.num_experts - mix.top_k) * expert_mlp
+    assert active == pytest.approx(12.9e9, rel=0.005)
+
+
+def test_fields_map_to_the_spec():
+    s = spec_from_hf_config(DATA / "mixtral_8x7b.json")
+    assert (s.hidden, s.layers, s.heads, s.kv_heads, s.ffn_hidden, s.vocab) == (
+        4096,
+        32,
+        32,
+        8,
+        14336,
+        32000,
+    )
+    assert (s.num_experts, s.top_k, s.activation, s.norm, s.position) == (
+        8,
+        2,
+        "swiglu",
+        "rmsnorm",
+        "rope",
+    )
+    assert s.seq_len == 32768 and not s.tied_embeddings
+    g = spec_from_hf_config(DATA / "gpt2.json")
+    assert (g.ffn_hidden, g.tied_embeddings, g.position, g.max_position) == (
+        3072,
+        True,
+        "learned",
+        1024,
+    )
+    b = spec_from_hf_config(DATA / "bert_base_uncased.json", seq_len=128)
+    assert b.encoder and b.seq_len == 128 and b.max_position == 512
+    assert spec_from_hf_config(DATA / "qwen2_0.5b.json").tied_embeddings
+
+
+def test_the_hf_llama2_equals_the_llama2_preset(tmp_path):
+    """The preset was written from the same model card: same plan, same iteration time."""
+    _, _, hf, _, _ = run_case(
+        tmp_path / "hf", "model=hf", f"model.config_path={DATA / 'llama2_7b.json'}"
+    )
+    _, _, preset, _, _ = run_case(tmp_path / "preset", "model=llama2_7b")
+    assert hf["status"] == preset["status"] == "feasible"
+    assert hf["plan"] == preset["plan"]
+    assert hf["iteration_time_s"] == preset["iteration_time_s"]
+    assert hf["model"] == "meta-llama/Llama-2-7b-hf"
+
+
+def test_seq_len_override_from_the_command_line(tmp_path):
+    cfg = compose("model=hf", f"model.config_path={DATA / 'mistral_7b.json'}", "model.seq_len=4096")
+    from nest.config import build_problem
+
+    assert build_problem(cfg).model.seq_len == 4096
+
+
+def _write(tmp_path: Path, cfg: dict) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def test_unknown_architecture_is_one_line_listing_the_supported_families(tmp_path):
+    path = _write(tmp_path, {"model_type": "falcon", "architectures": ["FalconForCausalLM"]})
+    with pytest.raises(UserError) as err:
+        spec_from_hf_config(path)
+    msg = str(err.value)
+    assert "\n" not in msg and "'falcon'" in msg
+    for family in FAMILIES:
+        assert family in msg
+    result, lines = run_case_lines(tmp_path, "model=hf", f"model.config_path={tmp_path}")
+    assert result["status"] == "error" and lines == [f"error: {result['error']}"]
+
+
+def run_case_lines(tmp_path, *overrides):
+    lines: list[str] = []
+    result = nest.cli.run(compose(*overrides), tmp_path / "out", echo=lines.append)
+    return result, lines
+
+
+@pytest.mark.parametrize(
+    "cfg, needle",
+    [
+        ({"model_type": "llama", "hidden_size": 64}, "no 'num_attention_heads'"),
+        (
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "intermediate_size": 128,
+                "vocab_size": 100,
+                "max_position_embeddings": 64,
+                "hidden_act": "gelu",
+            },
+            "hidden_act='gelu'",
+        ),
+        ({"model_type": "bert", "hidden_size": -1}, "hidden_size=-1"),
+    ],
+)
+def test_bad_configs_are_one_line_errors(tmp_path, cfg, needle):
+    with pytest.raises(UserError) as err:
+        spec_from_hf_config(_write(tmp_path, cfg))
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_missing_file_and_missing_path(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        spec_from_hf_config(tmp_path / "nope" / "config.json")
+    with pytest.raises(UserError, match="model.config_path"):
+        spec_from_hf_config(None)
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(UserError, match="not valid JSON"):
+        spec_from_hf_config(tmp_path / "bad.json")
+
+
+def test_no_code_from_the_model_folder_runs(tmp_path):
+    """A config that asks for remote code is still read as data: the folder's module never runs."""
+    marker = tmp_path / "ran.txt"
+    (tmp_path / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    cfg = json.loads((DATA / "llama2_7b.json").read_text())
+    cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
+    spec = spec_from_hf_config(_write(tmp_path, cfg))
+    assert spec.hidden == 4096
+    assert not marker.exists()

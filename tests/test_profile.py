@@ -1,0 +1,282 @@
+"""``model=profile``: the schema (round trips, bad input) and the profile model's semantics.
+
+The oracle: a profile written from the analytic model at tp = cp = ep = 1 (where no layer issues a
+collective) must make the shared evaluator return exactly what the analytic model gives, on
+random plans, and the NEST planner the same optimum.
+"""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from baselines.fixed import FixedPlanner
+from nest.axes import LayerKind, Recompute
+from nest.cost import evaluate
+from nest.cost.collectives import COLLECTIVE_TIME
+from nest.dp.planner import NestPlanner
+from nest.errors import UserError
+from nest.layers import Shard
+from nest.problem import Problem
+from nest.profile import ProfileModel, profile_to_dict, read_profile, write_profile
+from nest.profile.convert import profile_of
+from nest.profile.schema import profile_from_dict
+
+from .conftest import make_cluster, make_problem, make_spec
+from .randomcase import random_case
+from .test_cli import compose, run_case
+
+
+def tiny_profile(**kw):
+    """A profile of the analytic tiny model at tp 1 and 2, microbatch 1 and 2."""
+    problem = make_problem(make_spec(layers=3), make_cluster(fanouts=(4, 2)))
+    shards = [Shard(tp=t, sp=t > 1, mbs=b) for t in (1, 2) for b in (1, 2)]
+    return replace(profile_of(problem.model, problem.cluster.device, shards=shards), **kw)
+
+
+def as_problem(profile, base: Problem, **kw) -> Problem:
+    return Problem(model=ProfileModel(profile, **kw), cluster=base.cluster, training=base.training)
+
+
+# ------------------------------------------------------------------------------ files
+@pytest.mark.parametrize("suffix", [".json", ".csv"])
+def test_round_trip(tmp_path, suffix):
+    prof = tiny_profile(name="tiny", seq_len=64)
+    path = tmp_path / f"tiny{suffix}"
+    write_profile(prof, path)
+    assert read_profile(path, name="tiny", seq_len=64) == prof
+
+
+def test_milliseconds_are_converted_and_defaults_apply():
+    d = profile_to_dict(tiny_profile())
+    layer = d["measurements"][0]["layers"][1]
+    layer["fwd_ms"] = 1000 * layer.pop("fwd_s")
+    got = profile_from_dict(d).measurements[0].layers[1]
+    assert got.fwd_s == pytest.approx(d["measurements"][0]["layers"][1]["fwd_ms"] / 1000)
+    bare = {
+        "measurements": [
+            {"layers": [dict(fwd_s=1, bwd_s=2, param_bytes=3, act_none_bytes=4, boundary_bytes=5)]}
+        ]
+    }
+    p = profile_from_dict(bare)
+    m = p.measurements[0]
+    assert (m.tp, m.cp, m.ep, m.microbatch_size, p.tp_collectives) == (1, 1, 1, 1, "measured")
+    assert m.layers[0].kind is LayerKind.BLOCK and m.layers[0].act_full_bytes is None
+
+
+def _bad_layer(**change):
+    layer = dict(
+        kind="block", fwd_s=1.0, bwd_s=2.0, param_bytes=10, act_none_bytes=5, boundary_bytes=2
+    )
+    layer.update(change)
+    return {"measurements": [{"layers": [{k: v for k, v in layer.items() if v is not ...}]}]}
+
+
+@pytest.mark.parametrize(
+    "data, needle",
+    [
+        (_bad_layer(boundary_bytes=...), "missing boundary_bytes"),
+        (_bad_layer(fwd_s=..., fwd_us=3.0), "fwd_us' has unit 'us'; use fwd_s or fwd_ms"),
+        (
+            _bad_layer(param_bytes=..., param_gb=1.0),
+            "param_gb' has unit 'gb'; sizes are param_bytes",
+        ),
+        (_bad_layer(bwd_s=-0.5), "bwd_s=-0.5 is negative"),
+        (_bad_layer(act_none_bytes="x"), "act_none_bytes='x' must be a finite number"),
+        (_bad_layer(speed=3), "unknown field 'speed'"),
+        (_bad_layer(kind="attention"), "kind='attention'"),
+        ({"measurements": [{"tp": 0, "layers": []}]}, "tp=0 must be a positive integer"),
+        ({"measurements": []}, "measurements must be a non-empty list"),
+        ({"format": "other", "measurements": [1]}, "format='other'"),
+        (
+            {
+                "measurements": [
+                    {
+                        "layers": [
+                            {
+                                "kind": "head",
+                                "fwd_s": 1,
+                                "bwd_s": 1,
+                                "param_bytes": 1,
+                                "act_none_bytes": 1,
+                                "boundary_bytes": 1,
+                            }
+                        ]
+                    }
+                ]
+            },
+            "has no block layer",
+        ),
+    ],
+)
+def test_bad_profiles_are_one_line_errors(data, needle):
+    with pytest.raises(UserError) as err:
+        profile_from_dict(data)
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_measurements_must_list_the_same_chain():
+    d = profile_to_dict(tiny_profile())
+    d["measurements"][1]["layers"].pop(2)
+    with pytest.raises(UserError, match="every measurement lists the whole chain"):
+        profile_from_dict(d)
+    d = profile_to_dict(tiny_profile())
+    d["measurements"][1] = dict(d["measurements"][0])
+    with pytest.raises(UserError, match="measured twice"):
+        profile_from_dict(d)
+    d = profile_to_dict(tiny_profile())
+    for m in d["measurements"]:
+        m["layers"][2]["kind"] = "embedding"
+    with pytest.raises(UserError, match="only the first layer may be one"):
+        profile_from_dict(d)
+
+
+def test_bad_files_through_the_cli_are_one_line(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(_bad_layer(fwd_s=-1)))
+    lines: list[str] = []
+    import nest.cli
+
+    result = nest.cli.run(
+        compose("model=profile", f"model.path={bad}"), tmp_path / "out", echo=lines.append
+    )
+    assert result["status"] == "error" and "fwd_s=-1 is negative" in result["error"]
+    assert lines == [f"error: {result['error']}"]
+    result = nest.cli.run(compose("model=profile"), tmp_path / "out2", echo=lines.append)
+    assert "model.path=FILE" in result["error"]
+
+
+# ------------------------------------------------------------------------------ semantics
+def test_profile_of_the_analytic_model_evaluates_identically_on_random_plans():
+    checked = 0
+    for seed in range(300):
+        problem, planner = random_case(seed)
+        if problem.model.spec.is_moe or planner.tp != 1 or planner.cp != 1:
+            continue
+        prof = profile_of(
+            problem.model,
+            problem.cluster.device,
+            shards=[Shard(mbs=b) for b in problem.training.microbatch_sizes],
+        )
+        try:
+            plan = planner.solve(problem)
+        except UserError:
+            continue
+        a, b = evaluate(problem, plan), evaluate(as_problem(prof, problem), plan)
+        assert b.iteration_time_s == pytest.approx(a.iteration_time_s, rel=1e-12)
+        for x, y in zip(a.ranks, b.ranks, strict=True):
+            assert y.memory.total_bytes == pytest.approx(x.memory.total_bytes, rel=1e-12)
+            assert y.dp_sync_s == pytest.approx(x.dp_sync_s, rel=1e-12)
+        assert b.feasible == a.feasible
+        checked += 1
+    assert checked >= 30
+
+
+def test_nest_on_the_profile_finds_the_analytic_optimum():
+    for seed in (0, 3, 5, 9, 11):  # dense models on 4, 2, 4, 4 and 16 devices
+        problem, _ = random_case(seed)
+        assert not problem.model.spec.is_moe
+        prof = profile_of(
+            problem.model,
+            problem.cluster.device,
+            shards=[Shard(mbs=b) for b in problem.training.microbatch_sizes],
+        )
+        planner = NestPlanner(tp=[1], cp=[1])
+        a = planner.solve(problem)
+        b = NestPlanner().solve(as_problem(prof, problem))  # only tp = cp = 1 was measured
+        assert (b.tp, b.cp) == (1, 1)
+        assert b.objective_s == pytest.approx(a.objective_s, rel=1e-9)
+
+
+def test_only_measured_widths_are_valid():
+    problem = make_problem(make_spec(layers=3), make_cluster(fanouts=(4, 2)))
+    model = ProfileModel(tiny_profile())
+    assert model.shard_problem(Shard(tp=2, sp=True)) is None
+    reason = model.shard_problem(Shard(tp=4, sp=True))
+    assert "tp=4" in reason and "(tp=1, cp=1, ep=1), (tp=2, cp=1, ep=1)" in reason
+    plan = NestPlanner().solve(as_problem(tiny_profile(), problem))
+    assert plan.tp in (1, 2)
+    with pytest.raises(UserError, match="no measurement at tp=4"):
+        FixedPlanner(tp=4, pp=1, dp=2).solve(as_problem(tiny_profile(), problem))
+
+
+def test_measured_tp_collectives_are_in_the_times_and_modelled_ones_are_added():
+    problem = make_problem(make_spec(layers=3), make_cluster(fanouts=(4, 2)))
+    plan = FixedPlanner(tp=2, pp=1, dp=4, microbatch_size=1).solve(problem)
+    measured = evaluate(as_problem(tiny_profile(), problem), plan)
+    modelled = evaluate(as_problem(tiny_profile(tp_collectives="modelled"), problem), plan)
+    assert measured.stages[0].tp_comm_s == 0.0
+    cluster = problem.cluster
+    factors = cluster.group_factors(plan.stages[0].devices[0][0])
+    layers = tiny_profile().measurements[2].layers  # tp=2, mbs=1
+    per_block = [
+        4 * COLLECTIVE_TIME["all_reduce"](layer.boundary_bytes, factors, cluster)
+        for layer in layers
+        if layer.kind is LayerKind.BLOCK
+    ]
+    assert modelled.stages[0].tp_comm_s == pytest.approx(sum(per_block), rel=1e-12)
+    tp1 = FixedPlanner(tp=1, pp=1, dp=8, microbatch_size=1).solve(problem)
+    assert (
+        evaluate(as_problem(tiny_profile(tp_collectives="modelled"), problem), tp1)
+        .stages[0]
+        .tp_comm_s
+        == 0.0
+    )
+
+
+def _one_block_profile(**layer):
+    base = dict(fwd_s=1.0, bwd_s=2.0, param_bytes=8, act_none_bytes=100, boundary_bytes=10)
+    base.update(layer)
+    emb = dict(
+        kind="embedding", fwd_s=0.1, bwd_s=0.2, param_bytes=4, act_none_bytes=0, boundary_bytes=7
+    )
+    return ProfileModel(
+        profile_from_dict({"measurements": [{"layers": [emb, {"kind": "block", **base}]}]})
+    )
+
+
+def test_recompute_semantics():
+    model = _one_block_profile()
+    cost = model.layer_cost(model.chain[1], Shard())
+    assert cost.act_bytes[Recompute.FULL] == 7  # the layer's input: the embedding's boundary
+    assert cost.act_bytes[Recompute.SELECTIVE] == 100  # unknown selective = none
+    assert cost.recompute_s == {Recompute.NONE: 0.0, Recompute.SELECTIVE: 0.0, Recompute.FULL: 1.0}
+    model = _one_block_profile(act_selective_bytes=40, recompute_selective_ms=300, act_full_bytes=9)
+    cost = model.layer_cost(model.chain[1], Shard())
+    assert cost.act_bytes[Recompute.SELECTIVE] == 40 and cost.act_bytes[Recompute.FULL] == 9
+    assert cost.recompute_s[Recompute.SELECTIVE] == pytest.approx(0.3)
+
+
+def test_microbatch_scaling():
+    model = _one_block_profile()
+    one = model.layer_cost(model.chain[1], Shard(mbs=1))
+    three = model.layer_cost(model.chain[1], Shard(mbs=3))
+    assert (three.fwd_s, three.bwd_s) == (3 * one.fwd_s, 3 * one.bwd_s)
+    assert three.act_bytes[Recompute.NONE] == 3 * one.act_bytes[Recompute.NONE]
+    assert three.boundary_bytes == 30 and three.dense_params == one.dense_params == 4
+    strict = ProfileModel(model.profile, microbatch_scaling="none")
+    with pytest.raises(UserError, match="measured at microbatch sizes \\[1\\]"):
+        strict.layer_cost(strict.chain[1], Shard(mbs=2))
+    # a measured microbatch size is used as measured
+    prof = tiny_profile()
+    exact = ProfileModel(prof).layer_cost(ProfileModel(prof).chain[1], Shard(mbs=2))
+    assert exact.fwd_s == prof.measurements[1].layers[1].fwd_s
+
+
+def test_csv_profile_runs_from_the_cli(tmp_path):
+    path = tmp_path / "tiny.csv"
+    write_profile(tiny_profile(), path)
+    _, result, report, plan, _ = run_case(
+        tmp_path / "out",
+        "solver=nest",
+        "model=profile",
+        f"model.path={path}",
+        "model.seq_len=64",
+        "cluster=dgx_8x8",
+        "training.global_batch=16",
+    )
+    assert result["status"] == "optimal" and result["model"] == "tiny"
+    assert report["plan"]["tp"] in (1, 2)
+    assert report["tokens_per_s"] == pytest.approx(16 * 64 / report["iteration_time_s"])
+    assert report["mfu"] > 0  # the profile carries fwd_flops
