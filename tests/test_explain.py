@@ -1,0 +1,102 @@
+"""``explain``: the per-rank breakdown adds up to the report's totals (time and memory)."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from baselines.fixed import FixedPlanner
+from nest.cost import evaluate
+from nest.dp.planner import NestPlanner
+from nest.errors import UserError
+from nest.explain import MEMORY_TERMS, ROW_TERMS, TIME_TERMS, explain_report, main
+from nest.serialize import report_to_dict
+
+from .conftest import make_cluster, make_problem, make_spec
+from .randomcase import random_case
+from .test_cli import REPO_ROOT, run_case
+
+
+def check_adds_up(report: dict) -> dict:
+    e = explain_report(report)
+    b = report["breakdown"]
+    t_iter, m = report["iteration_time_s"], report["plan"]["num_microbatches"]
+    assert e["iteration_time_s"] == t_iter
+    slowest = max(e["ranks"], key=lambda r: r["per_iteration_s"]["busy"])
+    assert slowest["per_iteration_s"]["bubble"] == pytest.approx(b["bubble_s"], abs=1e-12 * t_iter)
+    for r in e["ranks"]:
+        it = r["per_iteration_s"]
+        assert math.fsum(it[k] for k in ROW_TERMS) == pytest.approx(t_iter, rel=1e-12)
+        assert math.fsum(it[k] for k in TIME_TERMS) == pytest.approx(it["busy"], rel=1e-12)
+        for k in TIME_TERMS:
+            assert it[k] == pytest.approx(m * r["per_microbatch_s"][k], rel=1e-12)
+        assert min(it.values()) >= -1e-12 * t_iter
+        mem = r["memory_bytes"]
+        assert math.fsum(mem[k] for k in MEMORY_TERMS) == pytest.approx(mem["total"], rel=1e-12)
+        assert mem["activations_per_microbatch"] * mem["in_flight_microbatches"] == pytest.approx(
+            mem["activations"], rel=1e-12
+        )
+    assert max(r["memory_bytes"]["total"] for r in e["ranks"]) == report["peak_memory_bytes"]
+    return e
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(tp=2, pp=4, dp=2, recompute=["full", "selective", "none", "none"], zero_stage=1),
+        dict(tp=1, pp=2, dp=8, schedule="interleaved", virtual_stages=2, zero_stage=3),
+        dict(tp=2, cp=2, pp=1, dp=4, recompute="selective", zero_stage=2),
+    ],
+)
+def test_terms_add_up_on_fixed_plans(kw):
+    problem = make_problem(
+        make_spec(layers=8, heads=8), make_cluster(fanouts=(4, 4)), global_batch=32
+    )
+    plan = FixedPlanner(microbatch_size=1, **kw).solve(problem)
+    e = check_adds_up(report_to_dict(plan, evaluate(problem, plan)))
+    assert len(e["ranks"]) == kw["pp"]
+
+
+def test_terms_add_up_on_random_and_nest_plans():
+    for seed in range(40):
+        problem, planner = random_case(seed)
+        try:
+            plan = planner.solve(problem)
+        except UserError:
+            continue
+        check_adds_up(report_to_dict(plan, evaluate(problem, plan)))
+    problem, _ = random_case(3)
+    plan = NestPlanner().solve(problem)
+    check_adds_up(report_to_dict(plan, evaluate(problem, plan)))
+
+
+def test_from_a_run_directory_and_as_a_run_option(tmp_path, capsys):
+    _, result, report, _, lines = run_case(
+        tmp_path, "explain=true", "solver=fixed", "solver.pp=2", "solver.tp=4"
+    )
+    saved = json.loads((tmp_path / "explain.json").read_text())
+    assert saved == json.loads(json.dumps(check_adds_up(report)))
+    text = (tmp_path / "explain.txt").read_text()
+    assert "bubble" in text and "act/mb" in text and any("dp-sync" in line for line in lines)
+    assert main([str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == saved
+    assert main([str(tmp_path / "nope")]) == 2
+    assert "report.json" in capsys.readouterr().err
+    done = subprocess.run(
+        [sys.executable, "-m", "nest.explain", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        check=True,
+    )
+    assert done.stdout.strip() == text.strip()
+
+
+def test_a_report_without_a_plan_is_a_one_line_error(tmp_path):
+    _, result, report, _, _ = run_case(tmp_path, "cluster.devices=8", "model=llama3_405b")
+    assert report["status"] == "infeasible"
+    with pytest.raises(UserError) as err:
+        explain_report(report)
+    assert "no evaluated plan" in str(err.value) and "\n" not in str(err.value)
