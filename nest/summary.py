@@ -67,7 +67,8 @@ def format_summary(problem: Problem, plan: Plan, report: Report) -> str:
         f"(bubble {report.bubble_s:.4f}) + exposed DP sync {report.dp_sync_exposed_s:.4f} s + "
         f"optimizer {report.optimizer_s:.4f} s",
         f"throughput {report.throughput_samples_per_s:.2f} samples/s, "
-        f"{report.tokens_per_s:,.0f} tokens/s, MFU {100 * report.mfu:.1f} %",
+        + (f"{report.tokens_per_s:,.0f} tokens/s" if model.seq_len else "tokens/s n/a (no seq_len)")
+        + (f", MFU {100 * report.mfu:.1f} %" if report.mfu else ", MFU n/a (no FLOPs)"),
         f"peak memory {report.peak_memory_bytes / GiB:.2f} GiB of "
         f"{cluster.device.hbm_bytes / GiB:.2f} GiB"
         + ("" if report.feasible else f"  ** {report.violation}"),

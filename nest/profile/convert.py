@@ -34,12 +34,14 @@ def _layer(ref, cost, p: int) -> LayerProfile:
 
 
 def profile_of(model, device, *, shards: list[Shard], name: str | None = None) -> Profile:
-    """One measurement per shard, each listing the model's whole chain."""
+    """One measurement per shard, each listing the model's whole chain. The analytic model's
+    times are compute only, so the profile says ``tp_collectives: modelled``."""
     p = model.spec.dtype_bytes
     return Profile(
         name=name or model.name,
         seq_len=model.seq_len,
         dtype_bytes=p,
+        tp_collectives="modelled",
         measurements=tuple(
             Measurement(
                 tp=s.tp,
