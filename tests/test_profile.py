@@ -282,3 +282,26 @@ def test_csv_profile_runs_from_the_cli(tmp_path):
     assert report["plan"]["tp"] in (1, 2)
     assert report["tokens_per_s"] == pytest.approx(16 * 64 / report["iteration_time_s"])
     assert report["mfu"] > 0  # the profile carries fwd_flops
+
+
+def test_a_blocks_only_profile_gets_end_layers_and_runs_every_planner(tmp_path):
+    block = dict(fwd_s=0.01, bwd_s=0.02, param_bytes=2e6, act_none_bytes=4e6, boundary_bytes=1e5)
+    path = tmp_path / "blocks.json"
+    path.write_text(json.dumps({"measurements": [{"layers": [block] * 4}]}))
+    model = ProfileModel(read_profile(path))
+    kinds = [ref.kind for ref in model.chain]
+    assert kinds == [LayerKind.EMBEDDING, *[LayerKind.BLOCK] * 4, LayerKind.HEAD]
+    assert model.spec.layers == 4 and model.total_params() == 4 * 1e6
+    for solver in ("megatron", "nest", "fixed"):
+        extra = ["solver.pp=2", "solver.layer_partition=[3,1]"] if solver == "fixed" else []
+        _, result, report, _, _ = run_case(
+            tmp_path / solver,
+            f"solver={solver}",
+            "model=profile",
+            f"model.path={path}",
+            "export=megatron",
+            *extra,
+        )
+        assert result["status"] in ("optimal", "feasible"), result.get("error")
+        assert report["export"]["megatron"]["exported_plan"]["blocks_per_stage"][0] >= 1
+    assert report["export"]["megatron"]["exported_plan"]["blocks_per_stage"] == [3, 1]

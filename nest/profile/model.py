@@ -32,9 +32,11 @@ answers them from measurements. The semantics:
   unchanged): a pessimistic extrapolation for compute, exact for activation sizes. ``none``: an
   unmeasured microbatch size is an error.
 - **MFU** needs ``fwd_flops`` on every layer; without them the model FLOPs are 0 (MFU not known).
+- **Chain shape**: a profile without an embedding (head) layer gets a zero-cost one, so every
+  chain is embedding, blocks, head as the analytic model's.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import lcm
 
 from nest.axes import LayerKind, Recompute
@@ -62,6 +64,34 @@ class ProfileSpec:
     """Unknown in a profile (tensor widths come from the measurements instead)."""
 
 
+def _end(kind: LayerKind, boundary_bytes: float) -> LayerProfile:
+    return LayerProfile(
+        name=f"{kind} (none in profile)",
+        kind=kind,
+        fwd_s=0.0,
+        bwd_s=0.0,
+        param_bytes=0.0,
+        act_none_bytes=0.0,
+        boundary_bytes=boundary_bytes,
+    )
+
+
+def with_end_layers(profile: Profile) -> Profile:
+    """The profile with zero-cost embedding / head layers where it has none, so that every chain
+    is embedding, blocks, head (the baselines and the exporters count blocks that way). The added
+    embedding sends the first block's input size (its ``boundary_bytes``); the head sends nothing.
+    """
+    measurements = []
+    for m in profile.measurements:
+        layers = list(m.layers)
+        if layers[0].kind is not LayerKind.EMBEDDING:
+            layers.insert(0, _end(LayerKind.EMBEDDING, layers[0].boundary_bytes))
+        if layers[-1].kind is not LayerKind.HEAD:
+            layers.append(_end(LayerKind.HEAD, 0.0))
+        measurements.append(replace(m, layers=tuple(layers)))
+    return replace(profile, measurements=tuple(measurements))
+
+
 class ProfileModel:
     """Per-layer costs from a :class:`~nest.profile.schema.Profile` (see the module docstring)."""
 
@@ -70,6 +100,7 @@ class ProfileModel:
             raise UserError(
                 f"model.microbatch_scaling={microbatch_scaling!r}; use {' or '.join(SCALINGS)}"
             )
+        profile = with_end_layers(profile)
         self.profile = profile
         self.microbatch_scaling = microbatch_scaling
         first = profile.measurements[0]
