@@ -5,7 +5,7 @@ its global batch, SGD, its device count on ``tpuv4_fattree``) and the plan is ch
 conformance suite checks planners (valid, covers the chain once, objective == evaluate, fits) and
 the way ``brute`` would (no plan of the space tried here is better: uniform Megatron-style plans,
 the artifact's own choice, and every one-step neighbour of the returned plan). On instances cut to
-or three blocks, ``nest`` equals ``brute`` exactly.
+two or three blocks, ``nest`` equals ``brute`` exactly.
 """
 
 import json
