@@ -182,6 +182,16 @@ def _degrees(plan: Mapping) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
+IDLE_COLOR = "#d9d9d9"
+
+
+def _stage_palette() -> list:
+    """Distinct colours for up to 18 stages, without the greys (grey means idle)."""
+    tab10 = [c for i, c in enumerate(colormaps["tab10"].colors) if i != 7]
+    tab20 = [c for i, c in enumerate(colormaps["tab20"].colors) if i not in (14, 15)]
+    return tab10 + [c for i, c in enumerate(tab20) if i % 2 == 1]
+
+
 def placement_grid(plan: Mapping, fanouts: Sequence[int]) -> tuple[np.ndarray, np.ndarray, int]:
     """Per device (laid out as rows x cols), its pipeline rank and its DP replica (NaN: idle).
 
@@ -208,13 +218,13 @@ def plot_placement(ax, plan: Mapping, fanouts: Sequence[int], *, color_by: str, 
     stage, replica, level = placement_grid(plan, fanouts)
     grid = stage if color_by == "stage" else replica
     count = int(np.nanmax(grid)) + 1 if np.isfinite(grid).any() else 1
-    if color_by == "stage" and count <= 20:
-        base = colormaps["tab10" if count <= 10 else "tab20"]
-        cmap = ListedColormap(base.colors[:count])
+    palette = _stage_palette()
+    if color_by == "stage" and count <= len(palette):
+        cmap = ListedColormap(palette[:count])
         norm = BoundaryNorm(np.arange(count + 1) - 0.5, count)
     else:
         cmap, norm = colormaps["viridis"], None
-    cmap = cmap.with_extremes(bad="#d9d9d9")
+    cmap = cmap.with_extremes(bad=IDLE_COLOR)
     image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, norm=norm, aspect="auto")
     rows, cols = grid.shape
     xlabel = f"device within its level-{level} block"
@@ -242,7 +252,7 @@ def _placement_colorbar(fig, ax, image, color_by: str, plan: Mapping) -> None:
     label = "pipeline stage" if color_by == "stage" else "data-parallel replica"
     bar = fig.colorbar(image, ax=ax, shrink=0.9)
     bar.set_label(f"{label} (grey: idle)")
-    if color_by == "stage" and count <= 20:
+    if color_by == "stage" and count <= len(_stage_palette()):
         bar.set_ticks(range(count))
 
 

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import hydra
 import matplotlib.image
+import numpy as np
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
 import nest.cli
 from experiments import aggregate as agg
-from experiments.plots import plot_job
+from experiments.plots import placement_grid, plot_job
 from experiments.published import load_published, published_speedups, published_table
 from nest.callbacks import expand_sweep, sweep_progress
 from nest.results import ROW_COLUMNS, make_row, planner_label, run_recorded
@@ -238,6 +239,26 @@ def test_sweep_plots_are_drawn(small_sweep):
         assert f"placement_tiny_{cluster}_64.png" in names
     for name in names:
         _check_png(plots / name)
+
+
+def test_placement_grid_puts_every_device_where_the_plan_does(small_sweep):
+    """The map's cell of device ``i`` (row-major) holds the stage and replica the plan gives
+    ``i``; devices the plan leaves idle are NaN (grey)."""
+    sweep_dir = small_sweep[0]
+    df = pd.read_csv(sweep_dir / "results.csv")
+    assert (df["devices_used"] < df["devices"]).any()  # some plan leaves devices idle
+    for _, row in df[df.feasible].iterrows():
+        plan = json.loads((sweep_dir / str(row["job_dir"]) / "plan.json").read_text())
+        fanouts = [int(f) for f in row["level_fanouts"].split("x")]
+        stage, replica, level = placement_grid(plan, fanouts)
+        assert stage.shape[1] == int(np.prod(fanouts[: level + 1]))
+        stage, replica = stage.ravel(), replica.ravel()
+        assert stage.size == row["devices"]
+        for r, st in enumerate(plan["stages"][: plan["pp"]]):
+            for d, rep in enumerate(st["devices"]):
+                ids = np.asarray(rep).ravel()
+                assert (stage[ids] == r).all() and (replica[ids] == d).all()
+        assert np.isnan(stage).sum() == row["devices"] - row["devices_used"]
 
 
 def test_microbatch_sweep_statuses_and_plots(tmp_path):
