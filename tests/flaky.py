@@ -18,5 +18,4 @@ class FlakyPlanner:
         cluster = problem.cluster
         if cluster.name == self.crash_cluster and cluster.num_devices == self.crash_devices:
             raise RuntimeError(f"forced crash on {cluster.name} with {cluster.num_devices} devices")
-        plan = FixedPlanner(name=self.name).solve(problem)
-        return plan
+        return FixedPlanner(name=self.name).solve(problem)
