@@ -22,6 +22,7 @@ from nest.cost import evaluate
 from nest.errors import Infeasible, UserError
 from nest.explain import explain_report, format_explain
 from nest.export import export_plan, format_export, targets_of, write_export
+from nest.results import run_recorded
 from nest.serialize import plan_to_dict, report_to_dict
 from nest.simulate import plot_timeline, simulate
 from nest.summary import format_summary
@@ -143,8 +144,17 @@ def _explain_and_export(cfg, problem, plan, report, result, out_dir, targets, wr
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
-    result = run(cfg, Path(hydra_cfg.runtime.output_dir))
-    if hydra_cfg.mode != RunMode.MULTIRUN and result["status"] in ("error", "infeasible"):
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    # every job writes row.json (nest/results.py); in a multirun a crash becomes a row, not a stop
+    result = run_recorded(
+        run,
+        cfg,
+        Path(hydra_cfg.runtime.output_dir),
+        overrides=list(hydra_cfg.overrides.task),
+        job=hydra_cfg.job.get("num") if multirun else None,
+        keep_going=multirun,
+    )
+    if not multirun and result["status"] in ("error", "infeasible"):
         sys.exit(2 if result["status"] == "error" else 1)
 
 

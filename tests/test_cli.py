@@ -37,7 +37,7 @@ MODEL_PRESETS = sorted(
 CLUSTER_PRESETS = sorted(p.stem for p in Path(CONF_DIR, "cluster").glob("*.yaml"))
 
 # -- the frozen CLI surface (a freeze test: changing it must be deliberate) ----------------------
-CONFIG_GROUPS = {"solver", "cluster", "model", "training", "device"}
+CONFIG_GROUPS = {"solver", "cluster", "model", "training", "device", "experiment"}
 SOLVERS = {"brute", "fixed", "megatron", "nest"}  # adding a planner means adding its name here
 REQUIRED_MODELS = {
     "bert_large",

@@ -1,0 +1,295 @@
+"""Aggregate a sweep directory into one comparison: ``python -m experiments.aggregate DIR``.
+
+Reads every job's ``row.json`` (:mod:`nest.results`) under ``DIR``; a job directory without one
+(killed, timed out, still running) and a job listed in ``sweep.json`` that never started each
+become a ``missing`` row, so the table always has one row per job. Writes into ``DIR``:
+
+- ``results.csv`` and ``results.parquet`` (every column; parquet needs the optional ``parquet``
+  extra, pyarrow, and is skipped with a note without it), ``results.md`` (readable tables);
+- ``comparison.csv``: per job, ``norm_throughput`` = throughput / the baseline planner's
+  throughput at its smallest feasible scale of the same model and cluster (the NEST paper's
+  normalisation, to "Manual"), and ``speedup_vs_baseline`` at the same scale;
+- ``plots/``: throughput vs devices and vs microbatch size, per-stage memory and placement maps
+  (:mod:`experiments.plots`).
+
+The outputs are a function of the rows only (no clock, sorted by job), so aggregating the same
+directory again rewrites the same files. The multirun callback (:mod:`nest.callbacks`) calls
+:func:`aggregate` at the end of every sweep.
+"""
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from experiments import tables
+from nest.results import ROW_COLUMNS, ROW_FILE, SWEEP_FILE, one_line, planner_label
+
+PLOTS_DIR = "plots"
+DEFAULT_BASELINE = "megatron"
+
+GROUP_KEYS = ("cluster", "model", "global_batch", "variant")
+"""A comparison group: the paper normalises each model (on one cluster) to one reference."""
+CASE_KEYS = (*GROUP_KEYS, "devices", "microbatch")
+"""One point of the comparison: the planners are compared within a case."""
+CASE_OVERRIDES = frozenset(
+    {"model", "cluster", "cluster.devices", "training.microbatch_sizes", "training.global_batch"}
+)
+NON_CASE_ROOTS = frozenset(
+    {"solver", "hydra", "experiment", "print_summary", "plots", "simulate", "explain", "export"}
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Aggregate:
+    """What :func:`aggregate` wrote and what it found."""
+
+    sweep_dir: Path
+    jobs: int
+    status_counts: dict[str, int]
+    baseline: str
+    files: tuple[Path, ...]
+    plots: tuple[Path, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def describe(self) -> str:
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(self.status_counts.items()))
+        lines = [
+            f"aggregated {self.jobs} jobs ({counts}) in {self.sweep_dir}",
+            "tables: " + ", ".join(str(p) for p in self.files),
+        ]
+        if self.plots:
+            lines.append(f"plots: {self.sweep_dir / PLOTS_DIR} ({len(self.plots)} PNG)")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# Rows
+# ------------------------------------------------------------------------------------------------
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def variant(overrides: list[str]) -> str:
+    """The overrides that make a case other than model, cluster, devices, batch and planner."""
+    keep = [
+        o.lstrip("+~")
+        for o in overrides
+        if _key(o) not in CASE_OVERRIDES
+        and _key(o).split(".")[0].split("/")[0] not in NON_CASE_ROOTS
+    ]
+    return " ".join(sorted(keep))
+
+
+def _missing_row(overrides: list[str], job: int | None, why: str) -> dict:
+    given = {_key(o): o.split("=", 1)[1] for o in overrides if "=" in o}
+    solver = given.get("solver", "?")
+    row = dict.fromkeys(ROW_COLUMNS)
+    row.update(
+        job=job,
+        solver=solver,
+        planner=planner_label(solver, overrides),
+        model=given.get("model"),
+        cluster=given.get("cluster"),
+        status="missing",
+        feasible=False,
+        overrides=overrides,
+        error=why,
+    )
+    if given.get("cluster.devices", "").isdigit():
+        row["devices"] = int(given["cluster.devices"])
+    return row
+
+
+def _job_dirs(sweep_dir: Path) -> list[Path]:
+    found = {p.parent for p in sweep_dir.rglob(ROW_FILE)}
+    found |= {p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")}
+    return sorted(found)
+
+
+def load_rows(sweep_dir: Path) -> pd.DataFrame:
+    """One row per job of the sweep, ``missing`` rows included, sorted by job number."""
+    rows = []
+    for job_dir in _job_dirs(sweep_dir):
+        if (job_dir / ROW_FILE).exists():
+            row = json.loads((job_dir / ROW_FILE).read_text())
+        else:
+            overrides = list(OmegaConf.load(job_dir / ".hydra/overrides.yaml"))
+            hydra_yaml = job_dir / ".hydra/hydra.yaml"
+            num = OmegaConf.load(hydra_yaml).hydra.job.get("num") if hydra_yaml.exists() else None
+            row = _missing_row(
+                overrides, num, "no row.json: the job was killed, timed out or is still running"
+            )
+        row["job_dir"] = str(job_dir.relative_to(sweep_dir))
+        rows.append(row)
+    sweep_file = sweep_dir / SWEEP_FILE
+    if sweep_file.exists():
+        seen = {r["job"] for r in rows}
+        listed = json.loads(sweep_file.read_text()).get("jobs") or []
+        for num, overrides in enumerate(listed):
+            if num not in seen:
+                row = _missing_row(overrides, num, "the job never started")
+                rows.append({**row, "job_dir": None})
+    if not rows:
+        raise FileNotFoundError(f"{sweep_dir}: no job directories (row.json or .hydra/) found")
+    df = pd.DataFrame(rows)
+    extra = [c for c in df.columns if c not in ROW_COLUMNS and c != "job_dir"]
+    df = df[[*ROW_COLUMNS, "job_dir", *extra]]
+    df["variant"] = df["overrides"].map(lambda o: variant(list(o or [])))
+    df["overrides"] = df["overrides"].map(lambda o: " ".join(o or []))
+    df["job"] = df["job"].astype("Int64")
+    df["feasible"] = df["feasible"].fillna(False).astype(bool)
+    return df.sort_values(["job", "job_dir"], na_position="last").reset_index(drop=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Comparison
+# ------------------------------------------------------------------------------------------------
+
+
+def planner_order(df: pd.DataFrame, baseline: str) -> list[str]:
+    """The baseline first, then the planners in the order the sweep ran them."""
+    seen = list(dict.fromkeys(df["planner"]))
+    return ([baseline] if baseline in seen else []) + [p for p in seen if p != baseline]
+
+
+def comparison(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """Per job: ``norm_throughput`` (the paper's, see the module doc), ``speedup_vs_baseline``."""
+    comp = df[
+        [
+            "job",
+            "planner",
+            "cluster",
+            "model",
+            "global_batch",
+            "variant",
+            "devices",
+            "microbatch_candidates",
+            "status",
+            "feasible",
+            "throughput_samples_per_s",
+            "iteration_time_s",
+            "mfu",
+            "peak_memory_bytes",
+            "solve_wall_s",
+            "level_fanouts",
+            "job_dir",
+        ]
+    ].copy()
+    comp["microbatch"] = pd.to_numeric(comp["microbatch_candidates"], errors="coerce")
+    comp["devices"] = pd.to_numeric(comp["devices"], errors="coerce")
+    ok = comp["feasible"] & comp["throughput_samples_per_s"].notna()
+    base = comp[ok & (comp["planner"] == baseline)]
+    same = (
+        base.groupby(list(CASE_KEYS), dropna=False)["throughput_samples_per_s"]
+        .first()
+        .rename("baseline_throughput")
+    )
+    ref = (
+        base.sort_values(["devices", "microbatch", "job"])
+        .groupby(list(GROUP_KEYS), dropna=False)[["throughput_samples_per_s", "devices"]]
+        .first()
+        .rename(columns={"throughput_samples_per_s": "ref_throughput", "devices": "ref_devices"})
+    )
+    comp = comp.merge(same, on=list(CASE_KEYS), how="left").merge(
+        ref, on=list(GROUP_KEYS), how="left"
+    )
+    tput = comp["throughput_samples_per_s"].where(ok.to_numpy())
+    comp["speedup_vs_baseline"] = tput / comp["baseline_throughput"]
+    comp["norm_throughput"] = tput / comp["ref_throughput"]
+    return comp.sort_values("job", na_position="last").reset_index(drop=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry points
+# ------------------------------------------------------------------------------------------------
+
+
+def _write_parquet(df: pd.DataFrame, path: Path) -> str | None:
+    """``results.parquet``, or the note saying why not (pandas finds no parquet engine)."""
+    try:
+        df.to_parquet(path, index=False)
+    except ImportError as exc:
+        path.unlink(missing_ok=True)
+        return (
+            f"results.parquet skipped ({one_line(str(exc), 80)}): pip install "
+            "'nest-planner[parquet]' for pyarrow; results.csv has the same rows"
+        )
+    return None
+
+
+def aggregate(
+    sweep_dir: Path, *, baseline: str = DEFAULT_BASELINE, plots: bool = True
+) -> Aggregate:
+    """Build the tables (and plots) of ``sweep_dir`` into it; idempotent."""
+    sweep_dir = Path(sweep_dir)
+    df = load_rows(sweep_dir)
+    comp = comparison(df, baseline)
+    planners = planner_order(df, baseline)
+    notes = []
+    if baseline not in planners:
+        notes.append(
+            f"baseline planner {baseline!r} is not in this sweep ({', '.join(planners)}); "
+            "pass --baseline NAME (or hydra.callbacks.sweep.baseline=NAME) to normalise"
+        )
+    files = [sweep_dir / "results.csv", sweep_dir / "comparison.csv", sweep_dir / "results.md"]
+    df.to_csv(files[0], index=False)
+    comp.to_csv(files[1], index=False)
+    files[2].write_text(tables.results_markdown(df, comp, baseline, planners, sweep_dir.name))
+    note = _write_parquet(df, sweep_dir / "results.parquet")
+    if note:
+        notes.append(note)
+    else:
+        files.append(sweep_dir / "results.parquet")
+    drawn: list[Path] = []
+    if plots:
+        from experiments.sweep_plots import draw_sweep_plots
+
+        drawn = draw_sweep_plots(comp, sweep_dir / PLOTS_DIR, baseline, planners)
+    return Aggregate(
+        sweep_dir=sweep_dir,
+        jobs=len(df),
+        status_counts=df["status"].fillna("?").value_counts().to_dict(),
+        baseline=baseline,
+        files=tuple(files),
+        plots=tuple(drawn),
+        notes=tuple(notes),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.aggregate",
+        description="Build results.csv/.md/.parquet, comparison.csv and plots/ of a sweep dir.",
+    )
+    parser.add_argument("sweep_dir", type=Path, help="a Hydra multirun directory")
+    parser.add_argument(
+        "--baseline",
+        default=DEFAULT_BASELINE,
+        help=f"planner label to normalise to (default {DEFAULT_BASELINE})",
+    )
+    parser.add_argument("--no-plots", action="store_true", help="tables only")
+    args = parser.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        print(
+            f"error: {args.sweep_dir} is not a directory; give a sweep directory", file=sys.stderr
+        )
+        return 2
+    try:
+        result = aggregate(args.sweep_dir, baseline=args.baseline, plots=not args.no_plots)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(result.describe())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

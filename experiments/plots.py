@@ -1,0 +1,304 @@
+"""Comparison plots of a sweep (PNG, headless: ``matplotlib.figure.Figure``, no pyplot state).
+
+- :func:`plot_throughput_lines`: throughput against devices (the shape of the NEST paper's
+  Figure 5) or against the microbatch size (Figure 6), one panel per model, one line per planner;
+  jobs without a feasible plan are drawn as crosses on the x axis.
+- :func:`plot_stage_memory`: per pipeline rank, the memory terms of the shared evaluator stacked
+  (GiB) with the device's HBM as a dashed line.
+- :func:`plot_placement`: the devices laid out on the network hierarchy (one row per block of an
+  upper level), coloured by pipeline stage or by data-parallel replica; idle devices grey.
+- :func:`save_memory_figure`, :func:`save_placement_figure`: one panel per planner, side by side;
+  :func:`plot_job`: ``memory.png`` and ``placement.png`` of one run directory.
+
+Inputs are the JSON files a run writes (``report.json``, ``plan.json``, ``row.json``) and the
+aggregator's comparison frame, so a sweep's plots can be redrawn from its directory alone.
+"""
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.colors import BoundaryNorm, ListedColormap
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from nest.units import GiB
+
+DPI = 110
+MEMORY_TERMS = (
+    ("weights_bytes", "weights"),
+    ("grads_bytes", "gradients"),
+    ("optimizer_bytes", "optimizer state"),
+    ("activations_bytes", "stored activations"),
+    ("transient_bytes", "transient buffers"),
+    ("reserve_bytes", "reserve"),
+)
+MEMORY_COLORS = ("#4c72b0", "#55a868", "#8172b2", "#dd8452", "#c44e52", "#8c8c8c")
+
+
+def planner_colors(planners: Sequence[str]) -> dict[str, str]:
+    """A fixed colour per planner, in the order given (baseline first)."""
+    cycle = colormaps["tab10"].colors
+    return {p: cycle[i % len(cycle)] for i, p in enumerate(planners)}
+
+
+def _grid(n: int, max_cols: int = 3) -> tuple[int, int]:
+    cols = min(n, max_cols)
+    return math.ceil(n / cols), cols
+
+
+# ------------------------------------------------------------------------------------------------
+# Throughput lines (Figures 5 and 6)
+# ------------------------------------------------------------------------------------------------
+
+
+def plot_throughput_lines(
+    comp: pd.DataFrame,
+    path: Path,
+    *,
+    x: str,
+    xlabel: str,
+    ylabel: str,
+    value: str,
+    title: str,
+    planners: Sequence[str],
+    panel_keys: Sequence[str],
+    panel_title=None,
+) -> Path:
+    """One panel per value of ``panel_keys``, one line per planner: ``value`` against ``x``.
+
+    ``panel_title(key)`` names a panel from its ``panel_keys`` values (default: joined).
+
+    Rows whose ``feasible`` is false are drawn as crosses on the x axis (no feasible plan).
+    """
+    panels = list(comp.groupby(list(panel_keys), sort=False, dropna=False))
+    rows, cols = _grid(len(panels))
+    fig = Figure(figsize=(4.6 * cols, 3.5 * rows + 1.0), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    colors = planner_colors(planners)
+    for ax, (key, part) in zip(axes, panels, strict=False):
+        for planner in planners:
+            mine = part[part["planner"] == planner].sort_values(x)
+            ok = mine[mine["feasible"] & mine[value].notna()]
+            ax.plot(ok[x], ok[value], "o-", color=colors[planner], lw=1.6, ms=4.5)
+            bad = mine[~mine["feasible"]]
+            ax.plot(bad[x], np.zeros(len(bad)), "x", color=colors[planner], ms=8, mew=2)
+        xs = sorted(part[x].dropna().unique())
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [f"{v:g}" for v in xs])
+        ax.minorticks_off()
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        key = key if isinstance(key, tuple) else (key,)
+        shown = [str(v) for v in key if not pd.isna(v) and v != ""]
+        ax.set_title(panel_title(key) if panel_title else ", ".join(shown))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    handles = [Line2D([], [], color=colors[p], marker="o", label=p) for p in planners]
+    handles.append(
+        Line2D([], [], color="k", marker="x", ls="", mew=2, label="no feasible plan (OOM/error)")
+    )
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6))
+    fig.suptitle(title)
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-stage memory
+# ------------------------------------------------------------------------------------------------
+
+
+def plot_stage_memory(ax, report: Mapping, *, title: str) -> None:
+    """Stacked memory terms per pipeline rank (GiB) and the HBM capacity as a dashed line."""
+    ranks = report["breakdown"]["ranks"]
+    xs = np.arange(len(ranks))
+    bottom = np.zeros(len(ranks))
+    for (key, label), color in zip(MEMORY_TERMS, MEMORY_COLORS, strict=True):
+        vals = np.array([r["memory"][key] for r in ranks]) / GiB
+        ax.bar(xs, vals, bottom=bottom, color=color, label=label, width=0.8)
+        bottom += vals
+    capacity = ranks[0]["memory"]["capacity_bytes"] / GiB
+    top = max(capacity, bottom.max()) * 1.12
+    if len(ranks) <= 16:  # the totals: inside tall bars, above short ones (readable either way)
+        for x, total in zip(xs, bottom, strict=True):
+            inside = total > 0.15 * top
+            ax.text(
+                x,
+                total - 0.01 * top if inside else total,
+                f"{total:.3g}",
+                ha="center",
+                va="top" if inside else "bottom",
+                fontsize=7,
+                color="white" if inside else "black",
+            )
+    ax.axhline(capacity, color="k", ls="--", lw=1.2)
+    ax.text(xs[0] - 0.4, capacity, f"HBM {capacity:.0f} GiB", ha="left", va="bottom", fontsize=8)
+    ax.set_ylim(0, top)
+    step = max(1, len(ranks) // 16)
+    ax.set_xticks(xs[::step])
+    ax.set_xlabel("pipeline rank (stage)")
+    ax.set_ylabel("memory per device (GiB)")
+    ax.set_title(title, fontsize=10)
+
+
+def _memory_legend(fig) -> None:
+    handles = [
+        Patch(color=c, label=lbl) for (_, lbl), c in zip(MEMORY_TERMS, MEMORY_COLORS, strict=True)
+    ]
+    handles.append(Line2D([], [], color="k", ls="--", label="HBM capacity"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=4)
+
+
+def save_memory_figure(panels: Mapping[str, Mapping], path: Path, *, title: str) -> Path:
+    """One memory panel per label (planner) -> its ``report.json`` content."""
+    rows, cols = _grid(len(panels), 4)
+    fig = Figure(figsize=(4.2 * cols, 3.2 * rows + 1.0), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=True).ravel()
+    for ax, (label, report) in zip(axes, panels.items(), strict=False):
+        plot_stage_memory(ax, report, title=f"{label}: {_degrees(report['plan'])}")
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    _memory_legend(fig)
+    fig.suptitle(title)
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def _degrees(plan: Mapping) -> str:
+    text = " ".join(f"{k}{plan[k]}" for k in ("tp", "cp", "ep", "dp", "pp") if plan.get(k, 1) > 1)
+    return f"{text or 'single device'}, mbs {plan.get('microbatch_size')}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Placement map
+# ------------------------------------------------------------------------------------------------
+
+
+IDLE_COLOR = "#d9d9d9"
+
+
+def _stage_palette() -> list:
+    """Distinct colours for up to 18 stages, without the greys (grey means idle)."""
+    tab10 = [c for i, c in enumerate(colormaps["tab10"].colors) if i != 7]
+    tab20 = [c for i, c in enumerate(colormaps["tab20"].colors) if i not in (14, 15)]
+    return tab10 + [c for i, c in enumerate(tab20) if i % 2 == 1]
+
+
+def placement_grid(plan: Mapping, fanouts: Sequence[int]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per device (laid out as rows x cols), its pipeline rank and its DP replica (NaN: idle).
+
+    Columns are one block of the level whose size is closest to the square root of the device
+    count, so every row is one such block; returns (stage grid, replica grid, levels per row).
+    """
+    n = int(np.prod(fanouts))
+    sizes = list(np.cumprod(fanouts))
+    level = min(range(len(sizes)), key=lambda i: (abs(math.log(sizes[i] / math.sqrt(n))), -i))
+    cols = int(sizes[level])
+    stage = np.full(n, np.nan)
+    replica = np.full(n, np.nan)
+    pp = plan["pp"]
+    for r, st in enumerate(plan["stages"][:pp]):
+        for d, rep in enumerate(st["devices"]):
+            ids = np.asarray(rep, dtype=np.int64).ravel()
+            stage[ids] = r
+            replica[ids] = d
+    return stage.reshape(-1, cols), replica.reshape(-1, cols), level
+
+
+def plot_placement(ax, plan: Mapping, fanouts: Sequence[int], *, color_by: str, title: str):
+    """Devices on the hierarchy coloured by ``stage`` or ``replica``; returns the image."""
+    stage, replica, level = placement_grid(plan, fanouts)
+    grid = stage if color_by == "stage" else replica
+    count = int(np.nanmax(grid)) + 1 if np.isfinite(grid).any() else 1
+    palette = _stage_palette()
+    if color_by == "stage" and count <= len(palette):
+        cmap = ListedColormap(palette[:count])
+        norm = BoundaryNorm(np.arange(count + 1) - 0.5, count)
+    else:
+        cmap, norm = colormaps["viridis"], None
+    cmap = cmap.with_extremes(bad=IDLE_COLOR)
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, norm=norm, aspect="auto")
+    rows, cols = grid.shape
+    xlabel = f"device within its level-{level} block"
+    if fanouts[0] < cols:
+        for c in range(fanouts[0], cols, fanouts[0]):
+            ax.axvline(c - 0.5, color="white", lw=1.0)
+        xlabel += f" (lines: level-0 blocks of {fanouts[0]})"
+    ylabel = f"level-{level} block"
+    upper = fanouts[level + 1] if level + 1 < len(fanouts) else rows
+    for r in range(1, rows):
+        if r % upper == 0:
+            ax.axhline(r - 0.5, color="k", lw=1.6)
+        elif rows <= 64:
+            ax.axhline(r - 0.5, color="white", lw=0.5)
+    if upper < rows:
+        ylabel += f" (black lines: level-{level + 1} blocks of {upper})"
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    return image
+
+
+def _placement_colorbar(fig, ax, image, color_by: str, plan: Mapping) -> None:
+    count = plan["pp"] if color_by == "stage" else plan["dp"]
+    label = "pipeline stage" if color_by == "stage" else "data-parallel replica"
+    bar = fig.colorbar(image, ax=ax, shrink=0.9)
+    bar.set_label(f"{label} (grey: idle)")
+    if color_by == "stage" and count <= len(_stage_palette()):
+        bar.set_ticks(range(count))
+
+
+def save_placement_figure(
+    panels: Mapping[str, Mapping], fanouts: Sequence[int], path: Path, *, title: str
+) -> Path:
+    """Per label (planner) -> ``plan.json`` content: a row with the stage and replica maps."""
+    fig = Figure(figsize=(11, 3.6 * len(panels) + 0.6), layout="constrained")
+    axes = fig.subplots(len(panels), 2, squeeze=False)
+    for (label, plan), row in zip(panels.items(), axes, strict=True):
+        for ax, color_by in zip(row, ("stage", "replica"), strict=True):
+            image = plot_placement(
+                ax, plan, fanouts, color_by=color_by, title=f"{label}: {_degrees(plan)}"
+            )
+            _placement_colorbar(fig, ax, image, color_by, plan)
+    fig.suptitle(title)
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def plot_job(job_dir: Path) -> list[Path]:
+    """``memory.png`` and ``placement.png`` of one run directory (when it holds a plan)."""
+    report_path, plan_path, row_path = (
+        job_dir / f for f in ("report.json", "plan.json", "row.json")
+    )
+    if not (plan_path.exists() and report_path.exists() and row_path.exists()):
+        return []
+    report = json.loads(report_path.read_text())
+    plan = json.loads(plan_path.read_text())
+    row = json.loads(row_path.read_text())
+    fanouts = [int(f) for f in row["level_fanouts"].split("x")]
+    title = f"{row['planner']}: {row['model']} on {row['cluster']} ({row['devices']} devices)"
+    return [
+        save_memory_figure({row["planner"]: report}, job_dir / "memory.png", title=title),
+        save_placement_figure(
+            {row["planner"]: plan}, fanouts, job_dir / "placement.png", title=title
+        ),
+    ]
+
+
+__all__ = [
+    "placement_grid",
+    "plot_job",
+    "plot_placement",
+    "plot_stage_memory",
+    "plot_throughput_lines",
+    "save_memory_figure",
+    "save_placement_figure",
+]

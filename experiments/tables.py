@@ -1,0 +1,153 @@
+"""The readable tables of a sweep (``results.md``): pivots of the comparison and every job."""
+
+from collections.abc import Callable, Sequence
+
+import pandas as pd
+
+from experiments.published import published_table
+from nest.units import GiB
+
+STATUS_CELL = {"infeasible": "OOM", "error": "error", "crashed": "crashed", "missing": "missing"}
+"""What a pivot cell shows for a job without a feasible plan."""
+DEGREES = ("tp", "cp", "ep", "dp", "pp")
+ROW_KEYS = ("cluster", "model", "variant", "global_batch", "devices", "microbatch")
+
+
+def _row_keys(comp: pd.DataFrame) -> list[str]:
+    return [k for k in ROW_KEYS if k == "model" or comp[k].nunique(dropna=True) > 1]
+
+
+def _ordered(comp: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """Sort by the keys: text in the order the sweep ran it, numbers numerically."""
+    order = comp.copy()
+    for k in keys:
+        if k in ("devices", "microbatch", "global_batch"):
+            order[k] = pd.to_numeric(order[k], errors="coerce").astype("Int64")
+        else:
+            order[k] = pd.Categorical(order[k], categories=list(dict.fromkeys(order[k])))
+    return order.sort_values(list(keys), kind="stable")
+
+
+def pivot(
+    comp: pd.DataFrame, value: str, fmt: Callable[[float], str], planners: Sequence[str]
+) -> pd.DataFrame:
+    """Cases down, planners across; a cell is ``fmt(value)`` or the job's status (``OOM``...)."""
+    keys = _row_keys(comp)
+    cells = _ordered(comp, keys)
+    cells["cell"] = [
+        fmt(v) if ok and pd.notna(v) else STATUS_CELL.get(status, str(status))
+        for v, ok, status in zip(cells[value], cells["feasible"], cells["status"], strict=True)
+    ]
+    table = cells.drop_duplicates([*keys, "planner"]).pivot(
+        index=keys, columns="planner", values="cell"
+    )
+    table = table.reindex(columns=list(planners)).fillna("-")
+    table.columns.name = None
+    return table.reset_index()
+
+
+def _all_jobs(df: pd.DataFrame) -> pd.DataFrame:
+    show = pd.DataFrame(
+        {
+            "job": df["job"],
+            "planner": df["planner"],
+            "model": df["model"],
+            "cluster": df["cluster"],
+            "devices": df["devices"],
+            "status": df["status"],
+            "tp cp ep dp pp": [
+                " ".join("-" if pd.isna(r[k]) else str(int(r[k])) for k in DEGREES)
+                for _, r in df.iterrows()
+            ],
+            "mbs": df["microbatch_size"],
+            "ZeRO": df["zero_stage"],
+            "recompute": df["recompute"],
+            "iteration s": df["iteration_time_s"].map(lambda v: f"{v:.4g}" if pd.notna(v) else ""),
+            "samples/s": df["throughput_samples_per_s"].map(
+                lambda v: f"{v:.4g}" if pd.notna(v) else ""
+            ),
+            "MFU %": df["mfu"].map(lambda v: f"{100 * v:.1f}" if pd.notna(v) else ""),
+            "peak GiB": df["peak_memory_bytes"].map(
+                lambda v: f"{v / GiB:.1f}" if pd.notna(v) else ""
+            ),
+            "solve s": df["solve_wall_s"].map(lambda v: f"{v:.2f}" if pd.notna(v) else ""),
+            "error": df["error"].map(
+                lambda e: (e[:120] + "...") if isinstance(e, str) and len(e) > 120 else e
+            ),
+        }
+    )
+    for col in ("devices", "mbs", "ZeRO"):
+        show[col] = pd.to_numeric(show[col], errors="coerce").astype("Int64")
+    return show
+
+
+def _md(table: pd.DataFrame) -> str:
+    """Markdown with every cell as written (no re-parsing of "1.00" into 1)."""
+    text = table.astype(object).where(table.notna(), "").astype(str)
+    return text.to_markdown(index=False, disable_numparse=True)
+
+
+def results_markdown(
+    df: pd.DataFrame, comp: pd.DataFrame, baseline: str, planners: Sequence[str], name: str
+) -> str:
+    """``results.md``: normalised throughput, speed-up, throughput, wall time, every job."""
+    counts = ", ".join(
+        f"{n} {s}" for s, n in sorted(df["status"].fillna("?").value_counts().items())
+    )
+    parts = [
+        f"# Sweep results: {name}",
+        "",
+        f"{len(df)} jobs ({counts}). Baseline planner: `{baseline}`. Built by "
+        "`python -m experiments.aggregate`; every column is in `results.csv`. A cell shows the "
+        "job's status when it has no feasible plan (OOM: nothing fits memory).",
+    ]
+    if comp["norm_throughput"].notna().any():
+        parts += [
+            "",
+            f"## Throughput normalised to `{baseline}` at its smallest feasible scale",
+            "",
+            "Each model's throughput divided by the baseline's at the smallest device count (then "
+            "microbatch size) where the baseline fits: the NEST paper's normalisation (to Manual).",
+            "",
+            _md(pivot(comp, "norm_throughput", lambda v: f"{v:.2f}", planners)),
+            "",
+            f"## Speed-up over `{baseline}` at the same scale",
+            "",
+            _md(pivot(comp, "speedup_vs_baseline", lambda v: f"{v:.2f}x", planners)),
+        ]
+    published = published_table(comp, baseline, planners)
+    if published is not None:
+        parts += [
+            "",
+            "## Next to the NEST paper's published numbers",
+            "",
+            "Speed-ups at the same scale: the paper's over its Manual configurations "
+            "(`experiments/paper/published.csv`), this sweep's over "
+            f"`{baseline}`. OOM: out of memory; `norm.`: Manual is out of memory there, so the "
+            "paper's value normalised to Manual at its smallest feasible case is shown.",
+            "",
+            _md(published),
+        ]
+    parts += [
+        "",
+        "## Throughput (samples/s)",
+        "",
+        _md(pivot(comp, "throughput_samples_per_s", lambda v: f"{v:.4g}", planners)),
+        "",
+        "## Planner wall time (s)",
+        "",
+        _md(
+            pivot(
+                comp.assign(feasible=comp["solve_wall_s"].notna()),
+                "solve_wall_s",
+                lambda v: f"{v:.2f}",
+                planners,
+            )
+        ),
+        "",
+        "## Every job",
+        "",
+        _md(_all_jobs(df)),
+        "",
+    ]
+    return "\n".join(parts)
