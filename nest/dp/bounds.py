@@ -86,6 +86,7 @@ class ShardFloors:
     expert_sum: float
     kinds: tuple[tuple[float, float, float], ...]
     """The distinct (base, dense, expert) rows: the largest layer floor is one of them."""
+    base_max_s: float
 
 
 class Floors:
@@ -215,6 +216,7 @@ class Floors:
             float(sum(dense)),
             float(sum(expert)),
             tuple(sorted(set(zip(base, dense, expert, strict=True)))),
+            float(max(base)),
         )
         self._shards[shard] = got
         return got
@@ -279,7 +281,8 @@ class Floors:
             sync = self._sync_floor_s(dense[0], expert[0], nd, ne, zero)
             return sum(ranks) / v + (m - 1 / v) * max(ranks) + sync + optimizer
         total = sf.base_sum_s + zd * sf.dense_sum + zx * sf.expert_sum + 2 * (pp - 1) * sf.p2p_s
-        top = max(total / pp, max(b + zd * d + zx * x for b, d, x in sf.kinds))
+        largest = sf.base_max_s if zero < 3 else max(b + zd * d + zx * x for b, d, x in sf.kinds)
+        top = max(total / pp, largest)
         if pp == 1:
             sync = self._sync_floor_s(sf.dense_sum, sf.expert_sum, nd, ne, zero)
         else:
@@ -292,13 +295,21 @@ class Floors:
         key = ("interleaved", id(sf), pp, v)
         got = self._min_cache.get(key)
         if got is None:
-            chunks = interleaved_chunks(len(sf.base_s), pp, v)
+            n = len(sf.base_s)
+            prefix = self._min_cache.get(("prefix", id(sf)))
+            if prefix is None:
+                prefix = tuple(
+                    np.concatenate([[0.0], np.cumsum(a)]).tolist()
+                    for a in (sf.base_s, sf.dense, sf.expert)
+                )
+                self._min_cache[("prefix", id(sf))] = prefix
             base, dense, expert = [0.0] * pp, [0.0] * pp, [0.0] * pp
-            for k, (i, j) in enumerate(chunks):
+            n_chunks = pp * v
+            for k, (i, j) in enumerate(interleaved_chunks(n, pp, v)):
                 r = k % pp
-                base[r] += float(sf.base_s[i : j + 1].sum())
-                base[r] += sf.p2p_s * ((k + 1 < len(chunks)) + (k > 0))
-                dense[r] += float(sf.dense[i : j + 1].sum())
-                expert[r] += float(sf.expert[i : j + 1].sum())
+                base[r] += prefix[0][j + 1] - prefix[0][i]
+                base[r] += sf.p2p_s * ((k + 1 < n_chunks) + (k > 0))
+                dense[r] += prefix[1][j + 1] - prefix[1][i]
+                expert[r] += prefix[2][j + 1] - prefix[2][i]
             got = self._min_cache[key] = (base, dense, expert)
         return got

@@ -36,6 +36,7 @@ sums) times the kept-set sizes, which stay small because identical blocks give i
 from dataclasses import dataclass, field
 
 from nest.axes import Recompute
+from nest.dp.rows import stage_row
 from nest.dp.stages import StageModel
 
 
@@ -189,6 +190,7 @@ def solve_config(
             low_m = min(lab.max_s for lab in labels)
             low_eo = min(lab.exposed_s for lab in labels) + min(lab.opt_s for lab in labels)
             fits: dict = {}  # mode -> whether layers i..j fit, for every j (on first use)
+            rows: dict = {}  # mode -> the stage's terms for every j (on first use)
             for j in range(i, last + 1) if rest else (n - 1,):
                 remaining = min_compute[n] - min_compute[j + 1]
                 # the stage takes at least its layers' floors, the later ones theirs
@@ -209,9 +211,11 @@ def solve_config(
                     if not fit[j - i]:  # memory first: cheaper than the times
                         stats.memory_rejected += 1
                         continue
-                    terms = sm.stage(r, i, j, mode)
-                    t, b = terms.fwd_s + terms.bwd_s, terms.bwd_s
-                    sync, opt = terms.sync_s, terms.optimizer_s
+                    row = rows.get(mode)
+                    if row is None:
+                        row = rows[mode] = stage_row(sm, r, i, mode)
+                    t, b = row.time_s[j - i], row.bwd_s[j - i]
+                    sync, opt = row.sync_s[j - i], row.optimizer_s[j - i]
                     own = b if sm.overlap else 0.0
                     front = None
                     for lab in labels:

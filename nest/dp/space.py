@@ -181,13 +181,12 @@ def _orders(options: SpaceOptions) -> list[tuple[Axis, ...]]:
     return [parse_rank_order(o) for o in options.rank_orders]
 
 
-def _schedules(options: SpaceOptions, blocks: int, pp: int, m: int):
+def _schedules(kinds, blocks: int, pp: int, m: int):
+    kinds, vs = kinds
     out = []
-    kinds = options.schedule_kinds
     if Schedule.ONE_F_ONE_B in kinds:
         out.append(ONE_F_ONE_B)
     if Schedule.INTERLEAVED in kinds and pp >= 2 and m % pp == 0:
-        vs = options.virtual_values
         vs = range(2, blocks // pp + 1) if vs is None else vs
         out += [(Schedule.INTERLEAVED, v) for v in vs if blocks % (pp * v) == 0]
     return tuple(out)
@@ -200,6 +199,7 @@ def families(problem: Problem, options: SpaceOptions) -> Iterator[Family]:
     chain = problem.num_layers
     spec = model.spec
     orders = _orders(options)
+    kinds = options.schedule_kinds, options.virtual_values
     batch_divisors = _divisors(training.global_batch)
     for tp in options.tp or _divisors(n):
         for cp in options.cp or _divisors(n // tp):
@@ -217,10 +217,10 @@ def families(problem: Problem, options: SpaceOptions) -> Iterator[Family]:
                         shard = Shard(tp=tp, cp=cp, ep=ep, sp=training.sequence_parallel and tp > 1)
                         if model.shard_problem(shard) is not None:
                             continue
-                        yield from _families(problem, options, orders, tp, cp, ep, dp, pp)
+                        yield from _families(problem, options, orders, kinds, tp, cp, ep, dp, pp)
 
 
-def _families(problem, options, orders, tp, cp, ep, dp, pp) -> Iterator[Family]:
+def _families(problem, options, orders, kinds, tp, cp, ep, dp, pp) -> Iterator[Family]:
     training = problem.training
     zeros = (0,) if dp * cp == 1 else tuple(options.zero_stages)
     # two orders place every device alike iff the axes of degree > 1 come in the same order
@@ -236,7 +236,7 @@ def _families(problem, options, orders, tp, cp, ep, dp, pp) -> Iterator[Family]:
         if training.global_batch % (mbs * dp):
             continue
         m = training.global_batch // (mbs * dp)
-        schedules = _schedules(options, problem.num_layers - 2, pp, m)
+        schedules = _schedules(kinds, problem.num_layers - 2, pp, m)
         if schedules and zeros and placed_orders:
             yield Family(tp, cp, ep, dp, pp, mbs, m, schedules, zeros, tuple(placed_orders))
 

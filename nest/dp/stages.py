@@ -100,12 +100,15 @@ class StageModel:
         device = cluster.device
         chain = model.chain
         self.n_layers = n = len(chain)
-        costs = [model.layer_cost(ref, shard, device) for ref in chain]
+        self._shared = shared if shared is not None else {}
+        costs = self._shared.get(("costs", shard))
+        if costs is None:
+            costs = [model.layer_cost(ref, shard, device) for ref in chain]
+            self._shared[("costs", shard)] = costs
         self.costs = costs
         is_block = [ref.kind is LayerKind.BLOCK for ref in chain]
         self.head_index = n - 1
         self.tied_copy = costs[-1].tied_copy_params
-        self._shared = shared if shared is not None else {}
         key = ("chain", shard, c.zero >= 3, c.dp * c.cp, c.ep)
         terms = self._shared.get(key)
         if terms is None:
