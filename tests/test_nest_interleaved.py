@@ -206,8 +206,9 @@ def test_stage_rows_equal_stage_terms(seed):
 
 def test_floors_are_below_every_plan():
     """The pruning bounds (nest.dp.bounds) on random plans of random spaces, 1F1B and
-    interleaved: every stage or chunk takes at least the sum of its layers' floors, and the
-    iteration at least its configuration's bound (memory aside)."""
+    interleaved: every stage or chunk takes at least the sum of its layers' floors, the
+    iteration at least its configuration's bound (memory aside), and the peak rank at least the
+    configuration's memory floor."""
     rng = random.Random(11)
     checked = 0
     for seed in range(40):
@@ -233,6 +234,8 @@ def test_floors_are_below_every_plan():
                 assert stage.fwd_s + stage.bwd_s >= layer[i : j + 1].sum() * (1 - 1e-12)
             bound = floors.config_bound_s(family, zero, schedule)
             assert report.iteration_time_s >= bound * (1 - 1e-12), (seed, config)
+            need = floors.memory_floor_bytes(family, zero, schedule)
+            assert report.peak_memory_bytes >= need * (1 - 1e-12), (seed, config)
             checked += 1
     assert checked >= 100
 

@@ -55,6 +55,7 @@ import numpy as np
 
 from nest.axes import LayerKind, Recompute, Schedule
 from nest.cost.collectives import COLLECTIVE_TIME
+from nest.cost.pipeline import in_flight_microbatches
 from nest.dp.space import Family, interleaved_chunks
 from nest.layers import Shard
 from nest.problem import Problem
@@ -87,6 +88,12 @@ class ShardFloors:
     kinds: tuple[tuple[float, float, float], ...]
     """The distinct (base, dense, expert) rows: the largest layer floor is one of them."""
     base_max_s: float
+    act_min: np.ndarray
+    """Stored activation bytes per layer under its smallest-storing allowed mode."""
+    transient_min: np.ndarray
+    """Transient bytes per layer under its smallest allowed mode (before ZeRO-3 gathers)."""
+    mem_kinds: tuple[tuple[float, float, float, float], ...]
+    """The distinct (dense, expert, act_min, transient_min) rows."""
 
 
 class Floors:
@@ -180,7 +187,7 @@ class Floors:
             self._tp_splits[shard.tp] = tp_group_splits(cluster, shard.tp)
         splits = self._tp_splits[shard.tp]
         per_cost: dict = {}
-        base, dense, expert, boundary = [], [], [], []
+        base, dense, expert, boundary, act, transient = [], [], [], [], [], []
         for ref in model.chain:
             x = model.layer_cost(ref, shard, cluster.device)
             is_block = ref.kind is LayerKind.BLOCK
@@ -200,6 +207,12 @@ class Floors:
             expert.append(x.expert_params)
             if ref.kind is not LayerKind.HEAD:
                 boundary.append(x.boundary_bytes)
+            modes = self.modes if is_block else (Recompute.NONE,)
+            act.append(min(x.act_bytes[md] for md in modes))
+            transient.append(
+                x.transient_bytes
+                + min(x.act_bytes[Recompute.NONE] - x.act_bytes[md] for md in modes)
+            )
         small = min(boundary)
         p2p = 0.0
         if small > 0:
@@ -217,6 +230,9 @@ class Floors:
             float(sum(expert)),
             tuple(sorted(set(zip(base, dense, expert, strict=True)))),
             float(max(base)),
+            np.array(act),
+            np.array(transient),
+            tuple(sorted(set(zip(dense, expert, act, transient, strict=True)))),
         )
         self._shards[shard] = got
         return got
@@ -312,4 +328,58 @@ class Floors:
                 dense[r] += prefix[1][j + 1] - prefix[1][i]
                 expert[r] += prefix[2][j + 1] - prefix[2][i]
             got = self._min_cache[key] = (base, dense, expert)
+        return got
+
+    def memory_floor_bytes(
+        self, family: Family, zero: int, schedule: tuple[Schedule, int]
+    ) -> float:
+        """No plan of these configurations needs less per-device memory at its peak rank
+        (module docstring: the average over ranks, the rank holding the worst single layer, and
+        the fixed ranks of an interleaved partition)."""
+        sf = self._shard_of(family)
+        pp = family.pp
+        nd = family.dp * family.cp
+        ne = nd // family.ep
+        p, g = self.p_bytes, self.g_bytes
+        s = self.problem.training.optimizer_state_bytes_per_param
+        per_d = p / (nd if zero >= 3 else 1) + g / (nd if zero >= 2 else 1)
+        per_d += s / (nd if zero >= 1 else 1)
+        per_x = p / (ne if zero >= 3 else 1) + g / (ne if zero >= 2 else 1)
+        per_x += s / (ne if zero >= 1 else 1)
+        gathered_d = p * (1 - 1 / nd) if zero >= 3 else 0.0
+        gathered_x = p * (1 - 1 / ne) if zero >= 3 else 0.0
+        reserve = self.cluster.device.memory_reserve_bytes
+        kind, v = schedule
+        if kind is Schedule.INTERLEAVED:
+            dense, expert, act, transient = self._interleaved_memory(sf, pp, v)
+            worst = 0.0
+            for r in range(pp):
+                flight = in_flight_microbatches(r, pp, family.m, kind, v)
+                need = per_d * dense[r] + per_x * expert[r] + flight * act[r] + transient[r]
+                worst = max(worst, need)
+            return worst + reserve
+        tied = sf.tied_copy if pp > 1 else 0.0
+        total = per_d * (sf.dense_sum + tied) + per_x * sf.expert_sum + float(sf.act_min.sum())
+        single = max(
+            per_d * d + per_x * x + a + t + gathered_d * d + gathered_x * x
+            for d, x, a, t in sf.mem_kinds
+        )
+        return max(total / pp, single) + reserve
+
+    def _interleaved_memory(self, sf: ShardFloors, pp: int, v: int):
+        """Per rank of the interleaved partition: dense (with the tied copy), expert, least
+        stored activations, least largest transient."""
+        key = ("interleaved memory", id(sf), pp, v)
+        got = self._min_cache.get(key)
+        if got is None:
+            dense, expert, act, transient = [0.0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
+            chunks = interleaved_chunks(len(sf.base_s), pp, v)
+            for k, (i, j) in enumerate(chunks):
+                r = k % pp
+                dense[r] += float(sf.dense[i : j + 1].sum())
+                expert[r] += float(sf.expert[i : j + 1].sum())
+                act[r] += float(sf.act_min[i : j + 1].sum())
+                transient[r] = max(transient[r], float(sf.transient_min[i : j + 1].max()))
+            dense[pp - 1] += sf.tied_copy  # the head's chunk is on the last rank
+            got = self._min_cache[key] = (dense, expert, act, transient)
         return got

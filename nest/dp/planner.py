@@ -102,19 +102,42 @@ class NestPlanner(SpacePlanner):
     def __init__(self, *, name: str = "nest", seed_configs: int = 200, **space) -> None:
         super().__init__(name=name, **space)
         self.seed_configs = seed_configs
-        """Configurations the heuristic first pass visits to seed the bound."""
+        """Configurations the heuristic first pass visits to seed the bound (up to ten times
+        as many while none of them has a plan that fits)."""
 
     @staticmethod
-    def _ranked(fams, floors: Floors):
-        """(bound, index, family, schedule, zero) in increasing bound; ties in space order."""
-        entries = []
+    def _ranked(fams, floors: Floors, capacity_bytes: float):
+        """(bound, index, family, schedule, zero) of the entries that may fit, in increasing
+        bound (ties in space order), and (memory floor, ...) of those that cannot."""
+        entries, over = [], []
         for family in fams:
             for schedule in family.schedules:
                 for zero in family.zeros:
+                    need = floors.memory_floor_bytes(family, zero, schedule)
+                    if need > capacity_bytes:
+                        over.append((need, len(over), family, schedule, zero))
+                        continue
                     bound = floors.config_bound_s(family, zero, schedule)
                     entries.append((bound, len(entries), family, schedule, zero))
         entries.sort(key=lambda e: (e[0], e[1]))
-        return entries
+        return entries, over
+
+    def _smallest_need_bytes(self, problem, entries, over, floors, shared) -> float:
+        """The least peak memory of any plan of the space, visiting configurations in
+        increasing memory floor and stopping when the floor reaches the best found."""
+        modes = self.options().recompute_modes
+        ranked = sorted(
+            (floors.memory_floor_bytes(f, z, s), k, f, s, z)
+            for k, (_, _, f, s, z) in enumerate(entries + over)
+        )
+        best = float("inf")
+        for need, _, family, schedule, zero in ranked:
+            if need >= best:
+                break
+            for order in family.orders:
+                config = family.config(schedule, zero, order)
+                best = min(best, smallest_peak_bytes(StageModel(problem, config, shared), modes))
+        return best
 
     def solve(self, problem: Problem) -> Plan:
         started = time.perf_counter()
@@ -127,7 +150,7 @@ class NestPlanner(SpacePlanner):
             raise empty_space_error(problem, options)
         n_configs = sum(len(f) for f in fams)
         enumerated = time.perf_counter()
-        entries = self._ranked(fams, floors)
+        entries, over = self._ranked(fams, floors, problem.cluster.device.hbm_bytes)
         bounded = time.perf_counter()
         stats = DPStats()
 
@@ -146,7 +169,8 @@ class NestPlanner(SpacePlanner):
         best_s, best = float("inf"), None
         seeded = 0
         for bound, config in configs():
-            if seeded == self.seed_configs or bound > best_s:
+            # past seed_configs only while nothing fits yet (at most ten times as many)
+            if bound > best_s or seeded >= self.seed_configs * (1 if best else 10):
                 break
             seeded += 1
             found = solve_one(config, best_s, False)
@@ -166,6 +190,7 @@ class NestPlanner(SpacePlanner):
         search = {
             "configurations": n_configs,
             "configuration_bounds": len(entries),
+            "configuration_bounds_over_memory": len(over),
             "configurations_solved": solved,
             "configurations_pruned_by_bound": n_configs - solved,
             "stages_scored": stats.stages_scored,
@@ -181,11 +206,7 @@ class NestPlanner(SpacePlanner):
             "seed_objective_s": seed_s,
         }
         if best is None:
-            need = min(
-                smallest_peak_bytes(StageModel(problem, c, shared), modes)
-                for family in fams
-                for c in family.configs()
-            )
+            need = self._smallest_need_bytes(problem, entries, over, floors, shared)
             raise infeasible_memory(problem, self.name, need, exact=True)
         plan, _ = finish(
             self.name,
