@@ -45,6 +45,17 @@ least the sum of its layers' floors.
 - optimizer ``O = max_r opt_r >= sum_r opt_r / pp`` (it is linear in the parameters held);
 - ``T = S + (m-1) M + E + O`` (1F1B) or ``S / v + (m - 1/v) M + E + O`` (interleaved), every
   coefficient positive, so the bound is the same expression on the floors.
+
+**Memory floor** (:meth:`Floors.memory_floor_bytes`; configurations above the device's memory are
+skipped, as no plan of theirs fits). A rank needs ``state(D_r, X_r) + f_r A_r + T_r + reserve``
+(:mod:`nest.cost.memory`): ``state`` linear in its parameters, ``f_r >= 1`` in-flight
+microbatches, ``A_r`` its stored activations, ``T_r >= 0`` its largest transient buffer. Each
+layer stores at least its least-storing allowed mode's activations and holds at least its
+least transient. So the peak rank needs at least the average over ranks,
+``reserve + (state(all parameters) + sum of least activations) / pp``; at least what the rank
+holding any one layer needs for that layer alone (its state, least activations, least
+transient, ZeRO-3's gathered weights); and, interleaved, at least each rank's fixed chunks with
+their least activations times the rank's in-flight count plus their least transient.
 """
 
 from collections.abc import Sequence

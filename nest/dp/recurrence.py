@@ -23,11 +23,16 @@ prefix ``B``). A label ``b`` for which some kept ``a`` makes this <= 0 can never
 and optimizer terms are small. The kept set therefore always contains an optimal completion.
 The only other pruning is by bound: a label is dropped when
 ``S + R + (m-1) max(M, R / k) + E + O`` exceeds the best complete plan found so far, where
-``R`` is the sum over the remaining layers of their cheapest time (forward + backward +
-cheapest recompute + tensor collectives on the fastest tensor group; all other communication
-is non-negative) and ``k`` the ranks left. Every remaining stage takes at least its layers'
-cheapest time, so ``R`` bounds the remaining stage times' sum and ``R / k`` their maximum from
-below, and no completion of a dropped label can beat the incumbent.
+``R`` is the sum over the remaining layers of their floors (:mod:`nest.dp.bounds`: compute,
+cheapest recompute, the cheapest possible tensor / context / expert / ZeRO-3 traffic) and ``k``
+the ranks left. Every remaining stage takes at least its layers' floors, so ``R`` bounds the
+remaining stage times' sum and ``R / k`` their maximum from below, and no completion of a
+dropped label can beat the incumbent. Before any label is extended, the same bound with the
+least ``S``, ``M``, ``E`` and ``O`` of the state's labels skips a whole stage end ``j`` at once;
+past the ``j`` where the stage's own floor exceeds ``R / k`` it only grows, so the scan stops.
+Memory is checked first, for every ``j`` of a state at once (:meth:`StageModel.fits_from`), and
+a stage's terms come from one numpy row per (rank, first layer, mode)
+(:func:`nest.dp.rows.stage_row`).
 
 Complexity per configuration: ``O(pp * L^2 * modes)`` stage evaluations (each O(1) from prefix
 sums) times the kept-set sizes, which stay small because identical blocks give identical labels.
@@ -36,7 +41,7 @@ sums) times the kept-set sizes, which stay small because identical blocks give i
 from dataclasses import dataclass, field
 
 from nest.axes import Recompute
-from nest.dp.rows import stage_row
+from nest.dp.rows import stage_common, stage_row
 from nest.dp.stages import StageModel
 
 
@@ -191,6 +196,7 @@ def solve_config(
             low_eo = min(lab.exposed_s for lab in labels) + min(lab.opt_s for lab in labels)
             fits: dict = {}  # mode -> whether layers i..j fit, for every j (on first use)
             rows: dict = {}  # mode -> the stage's terms for every j (on first use)
+            common = None  # their mode-independent part
             for j in range(i, last + 1) if rest else (n - 1,):
                 remaining = min_compute[n] - min_compute[j + 1]
                 # the stage takes at least its layers' floors, the later ones theirs
@@ -213,7 +219,9 @@ def solve_config(
                         continue
                     row = rows.get(mode)
                     if row is None:
-                        row = rows[mode] = stage_row(sm, r, i, mode)
+                        if common is None:
+                            common = stage_common(sm, r, i)
+                        row = rows[mode] = stage_row(sm, r, i, mode, common)
                     t, b = row.time_s[j - i], row.bwd_s[j - i]
                     sync, opt = row.sync_s[j - i], row.optimizer_s[j - i]
                     own = b if sm.overlap else 0.0

@@ -90,15 +90,12 @@ def _p2p(sm, n_bytes, levels) -> np.ndarray | float:
     return out
 
 
-def stage_row(sm, r: int, i: int, mode: Recompute) -> StageRow:
-    """The terms of 1F1B stage ``r`` holding ``i..j`` for every ``j >= i`` (module docstring)."""
+def stage_common(sm, r: int, i: int) -> tuple:
+    """The mode-independent terms of 1F1B stage ``r`` from layer ``i``, for every last layer:
+    forward, backward without recompute and backward collectives, DP sync, optimizer step."""
     c, n = sm.config, sm.n_layers
-    fwd = (sm.p_fwd[i + 1 :] - sm.p_fwd[i]) + _comm(sm, r, i, "f", mode)
-    bwd = (
-        (sm.p_bwd[i + 1 :] - sm.p_bwd[i])
-        + (sm.p_rec[mode][i + 1 :] - sm.p_rec[mode][i])
-        + _comm(sm, r, i, "b", mode)
-    )
+    fwd = (sm.p_fwd[i + 1 :] - sm.p_fwd[i]) + _comm(sm, r, i, "f", Recompute.NONE)
+    bwd = sm.p_bwd[i + 1 :] - sm.p_bwd[i]
     dense_c = sm.p_dense[i + 1 :] - sm.p_dense[i]
     expert = sm.p_expert[i + 1 :] - sm.p_expert[i]
     if c.zero == 3:
@@ -131,4 +128,12 @@ def stage_row(sm, r: int, i: int, mode: Recompute) -> StageRow:
     if sm.state_bytes == 0:
         touched = g_b + 2 * p_b
     opt = sm._local(dense, expert, c.zero >= 1) * touched / sm.hbm_bw
-    return StageRow((fwd + bwd).tolist(), bwd.tolist(), sync.tolist(), opt.tolist())
+    return fwd, bwd, sync.tolist(), opt.tolist()
+
+
+def stage_row(sm, r: int, i: int, mode: Recompute, common: tuple | None = None) -> StageRow:
+    """The terms of 1F1B stage ``r`` holding ``i..j`` for every ``j >= i`` (module docstring);
+    ``common`` is :func:`stage_common` of ``(r, i)`` when the caller already has it."""
+    fwd, bwd, sync, opt = common if common is not None else stage_common(sm, r, i)
+    bwd = bwd + (sm.p_rec[mode][i + 1 :] - sm.p_rec[mode][i]) + _comm(sm, r, i, "b", mode)
+    return StageRow((fwd + bwd).tolist(), bwd.tolist(), sync, opt)

@@ -20,8 +20,9 @@ recompute modes:
 - the rank order: ``tp`` innermost, any order of ``cp, dp, pp`` above it; orders that place every
   device alike (same order of the axes of degree > 1) are kept once, the first in
   :func:`_orders`' order;
-- the schedule ``(schedule, v)``: ``(1f1b, 1)``, or ``(interleaved, v)`` when ``pp >= 2``,
-  ``v >= 2``, ``pp * v`` divides the number of blocks and ``pp`` divides ``m`` (Megatron-LM's
+- the schedule ``(schedule, v)`` among ``SpaceOptions.schedules``: ``(1f1b, 1)``, or
+  ``(interleaved, v)`` when ``pp >= 2``, ``v >= 2`` (one of ``SpaceOptions.virtual_stages``;
+  None: any), ``pp * v`` divides the number of blocks and ``pp`` divides ``m`` (Megatron-LM's
   rule). GPipe is left out: under the shared cost model it takes the same time as 1F1B and holds
   at least as many activations (``m >= min(p - r, m)``), so it is never better.
 
@@ -34,7 +35,16 @@ recompute modes:
   head to the last chunk, chunk ``k`` on pipeline rank ``k % pp``; one recompute mode per chunk.
 
 Recompute modes come from ``SpaceOptions.recompute``; a stage without blocks (only embedding and
-/ or head) has nothing to recompute and is ``none``.
+/ or head) has nothing to recompute and is ``none``. Interleaved plans take a mode per chunk, not
+per rank: the plan format stores one per chunk, a rank's chunks share its in-flight count, so
+recomputing only some of them is a real middle ground between two uniform modes, and the exact
+per-rank search (:mod:`nest.dp.interleaved`) costs little more.
+
+Mirroring it (e.g. a CP-SAT or MILP model of "the same space"): iterate :func:`configurations`
+(or :func:`families`, which groups configurations sharing ``(tp, cp, ep, dp, pp, mbs)``), take
+the partition rule from ``config.schedule`` (:func:`interleaved_chunks` for interleaved) and the
+modes from ``SpaceOptions.recompute_modes``; ``baselines/brute.py`` is the reference
+enumeration.
 """
 
 from collections.abc import Iterator, Sequence
