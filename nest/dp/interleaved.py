@@ -188,7 +188,7 @@ def solve_interleaved(
             return None
         rc = RankChunks(sm, r, modes)
         options, _ = rank_options(sm, rc)
-        stats.stages_scored += len(modes) * len(rc.ks)
+        stats.stages_scored += len(modes) * len(rc.cost)
         front = Front(m_coef, s_coef) if exact else GreedyFront(m_coef, s_coef)
         for opt in options:
             own = opt.first_bwd_s if sm.overlap else 0.0

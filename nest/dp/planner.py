@@ -24,6 +24,8 @@ the reported objective. Exactness is tested against ``solver=brute`` on random s
 
 import time
 
+import numpy as np
+
 from nest.dp.bounds import Floors
 from nest.dp.interleaved import smallest_peak_interleaved, solve_interleaved
 from nest.dp.recurrence import DPStats, solve_config
@@ -66,18 +68,20 @@ def smallest_peak_bytes(sm: StageModel, modes) -> float:
     if sm.config.interleaved:
         return smallest_peak_interleaved(sm, modes)
     n, pp = sm.n_layers, sm.config.pp
-    best = {0: 0.0}
+    best = np.full(n + 1, np.inf)  # best[i]: least peak of ranks so far holding layers < i
+    best[0] = 0.0
     for r in range(pp):
         rest = pp - r - 1
-        nxt: dict[int, float] = {}
-        for i, peak in best.items():
-            for j in range(i, n - rest) if rest else (n - 1,):
-                mem = min(sm.memory_bytes(r, i, j, md) for md in sm.modes_for(i, j, modes))
-                value = max(peak, mem)
-                if value < nxt.get(j + 1, float("inf")):
-                    nxt[j + 1] = value
+        nxt = np.full(n + 1, np.inf)
+        for i in np.flatnonzero(np.isfinite(best)):
+            peak = np.maximum(best[i], sm.least_memory_from(r, int(i), modes))  # j = i .. n-1
+            if rest:
+                ends = slice(i + 1, n - rest + 1)  # next state j + 1, leaving a layer per rank
+                nxt[ends] = np.minimum(nxt[ends], peak[: n - rest - i])
+            else:
+                nxt[n] = min(nxt[n], peak[-1])
         best = nxt
-    return best.get(n, float("inf"))
+    return float(best[n])
 
 
 def empty_space_error(problem: Problem, options: SpaceOptions) -> UserError:

@@ -214,8 +214,8 @@ class StageModel:
         act = (self.p_act[mode][j + 1] - self.p_act[mode][i]) * self.in_flight[r]
         return self.state_bytes_of(dense, expert) + act + self.peak[mode][i, j] + self.reserve
 
-    def fits_from(self, r: int, i: int, mode: Recompute) -> np.ndarray:
-        """Whether 1F1B stage ``r`` holding layers ``i..j`` fits, for every ``j >= i`` at once
+    def memory_from(self, r: int, i: int, mode: Recompute) -> np.ndarray:
+        """Memory of 1F1B stage ``r`` holding layers ``i..j``, for every ``j >= i`` at once
         (the arithmetic of :meth:`memory_bytes` on arrays)."""
         n = self.n_layers
         dense = self.p_dense[i + 1 :] - self.p_dense[i]
@@ -224,8 +224,18 @@ class StageModel:
             dense[-1] += self.tied_copy  # the head (last layer) brings the tied copy
         expert = self.p_expert[i + 1 :] - self.p_expert[i]
         act = (self.p_act[mode][i + 1 :] - self.p_act[mode][i]) * self.in_flight[r]
-        memory = self.state_bytes_of(dense, expert) + act + self.peak[mode][i, i:n] + self.reserve
-        return memory <= self.capacity
+        return self.state_bytes_of(dense, expert) + act + self.peak[mode][i, i:n] + self.reserve
+
+    def fits_from(self, r: int, i: int, mode: Recompute) -> np.ndarray:
+        """Whether stage ``r`` holding ``i..j`` fits, for every ``j >= i``."""
+        return self.memory_from(r, i, mode) <= self.capacity
+
+    def least_memory_from(self, r: int, i: int, allowed) -> np.ndarray:
+        """The least memory over the allowed modes (``none`` where ``i..j`` has no block) of
+        stage ``r`` holding ``i..j``, for every ``j >= i``."""
+        has_block = np.cumsum(self.is_block[i:]) > 0
+        least = np.min([self.memory_from(r, i, mode) for mode in allowed], axis=0)
+        return np.where(has_block, least, self.memory_from(r, i, Recompute.NONE))
 
     def p2p_levels(self, a: int, b: int) -> list[int]:
         """Levels the devices of pipeline ranks ``a`` and ``b`` share, pair by pair."""
