@@ -1,8 +1,9 @@
 """``brute``: enumerate the NEST space plan by plan and score each with the shared evaluator.
 
-The oracle for the DP's exactness: every configuration of :mod:`nest.dp.space`, every
-contiguous partition of the chain into ``pp`` stages and every recompute mode per stage (only
-stages holding blocks differ by mode), each turned into a plan and passed to
+The oracle for the DP's exactness: every configuration of :mod:`nest.dp.space`; for 1F1B every
+contiguous partition of the chain into ``pp`` stages, for the interleaved schedule its one
+partition (:func:`~nest.dp.space.interleaved_chunks`); and every recompute mode per stage or
+chunk (only those holding blocks differ by mode), each turned into a plan and passed to
 :func:`nest.cost.evaluate`. It shares the space definition with ``nest``, never its cost code.
 Only for tiny problems: ``max_plans`` stops it with an error before it runs for hours.
 """
@@ -13,7 +14,7 @@ from itertools import combinations, product
 from nest.axes import Recompute
 from nest.cost import evaluate
 from nest.dp.planner import plan_from_choices
-from nest.dp.space import SpaceOptions, SpacePlanner, configurations
+from nest.dp.space import SpaceOptions, SpacePlanner, configurations, interleaved_chunks
 from nest.errors import UserError
 from nest.planner import finish, infeasible_memory
 from nest.problem import Problem
@@ -35,7 +36,9 @@ def count_plans(problem: Problem, options: SpaceOptions) -> int:
     blocks = [ref.kind.value == "block" for ref in problem.model.chain]
     total = 0
     for config in configurations(problem, options):
-        if config.pp == 1:
+        if config.interleaved:
+            total += modes ** (config.pp * config.v)
+        elif config.pp == 1:
             total += modes if any(blocks) else 1
         else:
             total += comb(n - 1, config.pp - 1) * modes**config.pp  # an upper bound
@@ -54,7 +57,11 @@ class BrutePlanner(SpacePlanner):
         blocks = {i for i, ref in enumerate(problem.model.chain) if ref.kind.value == "block"}
         best, best_s, best_peak, scored = None, float("inf"), None, 0
         for config in configurations(problem, options):
-            for parts in partitions(problem.num_layers, config.pp):
+            if config.interleaved:
+                splits = [interleaved_chunks(problem.num_layers, config.pp, config.v)]
+            else:
+                splits = partitions(problem.num_layers, config.pp)
+            for parts in splits:
                 choices_per_stage = [
                     modes if blocks.intersection(range(i, j + 1)) else (Recompute.NONE,)
                     for i, j in parts

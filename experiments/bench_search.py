@@ -1,12 +1,15 @@
 """Benchmark of the NEST search: ``python -m experiments.bench_search [--quick]``.
 
-Times the full-space search on the issue's target cases and on a device-count series, prints a
-table and one machine-readable JSON line per case (``BENCH {...}``), and the ratio to the
-``megatron`` rules' solve time and iteration time in the same run.
+Times the full-space search (1F1B and interleaved) on the issue's target cases and on two
+device-count series, prints a table and one machine-readable JSON line per case
+(``BENCH {...}``), and the ratio to the ``megatron`` rules' iteration time in the same run. Each
+case runs in a fresh process, so its peak resident memory is its own; CPU seconds are reported
+next to wall seconds because the machine may be shared.
 """
 
 import argparse
 import json
+import multiprocessing
 import resource
 import time
 
@@ -22,7 +25,13 @@ TARGETS = [
     ("gpt3_175b", "tpuv4_fattree", 1024, 4096, [1, 2, 4, 8], 10.0),
     ("llama3_405b", "dgx_h100_superpod", 16384, 4096, [1, 2, 4, 8], 60.0),
 ]
-SERIES = [("gpt3_175b", "tpuv4_fattree", n, 4096, [1, 2, 4, 8], None) for n in (64, 128, 256, 512)]
+SERIES = [
+    ("gpt3_175b", "tpuv4_fattree", n, 4096, [1, 2, 4, 8], None)
+    for n in (64, 128, 256, 512, 2048, 4096, 8192, 16384)
+] + [
+    ("llama3_405b", "dgx_h100_superpod", n, 4096, [1, 2, 4, 8], None)
+    for n in (256, 1024, 4096)  # the superpod comes in multiples of 256 GPUs
+]
 QUICK = [
     ("llama2_7b", "dgx_8x8", 64, 1024, [1, 2, 4], None),
     ("gpt3_175b", "tpuv4_fattree", 128, 4096, [1, 2, 4, 8], None),
@@ -45,14 +54,15 @@ def problem_for(model, cluster, devices, batch, mbs):
 
 
 def run_case(model, cluster, devices, batch, mbs, target_s):
+    register_schemas()
     problem = problem_for(model, cluster, devices, batch, mbs)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         plan = NestPlanner().solve(problem)
         status, value = plan.status, plan.objective_s
     except Infeasible:
         plan, status, value = None, "infeasible", None
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     start = time.perf_counter()
     try:
@@ -69,6 +79,7 @@ def run_case(model, cluster, devices, batch, mbs, target_s):
         "status": status,
         "iteration_time_s": value,
         "solve_wall_s": wall,
+        "solve_cpu_s": cpu,
         "process_peak_rss_bytes": peak,
         "target_s": target_s,
         "megatron_iteration_time_s": meg,
@@ -85,28 +96,44 @@ def run_case(model, cluster, devices, batch, mbs, target_s):
             "mbs": plan.microbatch_size,
             "zero": plan.zero_stage,
             "rank_order": ",".join(plan.rank_order),
+            "schedule": str(plan.schedule),
+            "v": plan.virtual_stages,
         },
         "search": None if plan is None else dict(plan.search),
     }
     return row
 
 
+def run_isolated(case):
+    """One case in a fresh process (its own peak memory, no caches from earlier cases)."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(run_case, case)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench_search")
     parser.add_argument("--quick", action="store_true", help="two small cases only")
     args = parser.parse_args()
-    register_schemas()
     cases = QUICK if args.quick else SERIES + TARGETS
-    print(f"{'case':<40} {'wall s':>8} {'target':>7} {'iter s':>9} {'x megatron':>10}  plan")
+    print(
+        f"{'case':<36} {'configs':>9} {'solved':>7} {'wall s':>7} {'cpu s':>7} {'rss MB':>7} "
+        f"{'target':>6} {'iter s':>8} {'x megatron':>10}  plan"
+    )
     for case in cases:
-        row = run_case(*case)
+        row = run_isolated(case)
         name = f"{row['model']}@{row['cluster']}/{row['devices']}"
         target = f"{row['target_s']:.0f}" if row["target_s"] else "-"
         it = f"{row['iteration_time_s']:.3f}" if row["iteration_time_s"] else row["status"]
         sp = f"{row['speedup_vs_megatron']:.2f}" if row["speedup_vs_megatron"] else "-"
         p = row["plan"] or {}
-        print(f"{name:<40} {row['solve_wall_s']:>8.2f} {target:>7} {it:>9} {sp:>10}  {p}")
-        print("BENCH " + json.dumps(row, default=str))
+        search = row["search"] or {}
+        print(
+            f"{name:<36} {search.get('configurations', 0):>9} "
+            f"{search.get('configurations_solved', 0):>7} {row['solve_wall_s']:>7.2f} "
+            f"{row['solve_cpu_s']:>7.2f} {row['process_peak_rss_bytes'] / 2**20:>7.0f} "
+            f"{target:>6} {it:>8} {sp:>10}  {p}"
+        )
+        print("BENCH " + json.dumps(row, default=str), flush=True)
 
 
 if __name__ == "__main__":

@@ -164,7 +164,8 @@ class Cluster:
             best = np.zeros(n_groups)
             np.maximum.at(best, uniq // (int(outer.max()) + 1), counts)
             per_level.append(best.astype(np.int64))
-        return {tuple(int(x) for x in col) for col in np.stack(per_level, axis=1)}
+        rows = np.unique(np.stack(per_level, axis=1), axis=0)
+        return set(map(tuple, rows.tolist()))
 
     def describe(self) -> str:
         parts = [

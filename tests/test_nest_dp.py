@@ -96,6 +96,8 @@ def tiny_case(seed: int):
             zero_stages=sorted(rng.sample([0, 1, 2, 3], rng.randint(1, 2))),
             recompute=sorted(rng.sample(["none", "selective", "full"], rng.randint(1, 3))),
             rank_orders=rng.sample(orders, rng.randint(1, 2)),
+            # half search 1F1B only (tests/test_nest_interleaved.py covers interleaved in depth)
+            schedules=rng.choice([["1f1b"], ["1f1b", "interleaved"]]),
         )
         if count_plans(problem, SpaceOptions(**options)) <= 2500:
             return problem, options
@@ -179,17 +181,19 @@ def test_empty_space_is_a_clear_error():
 
 
 def test_front_keeps_exactly_the_labels_worse_by_at_most_admits():
-    """The inlined dominance of Front.insert is worse_by_at_most <= 0 (random labels)."""
+    """The inlined dominance of Front.insert is worse_by_at_most <= 0 (random labels), with the
+    1F1B coefficients (1, m - 1) and the interleaved ones (1/v, m - 1/v)."""
     from nest.dp.recurrence import DPStats, Front, Label, worse_by_at_most
 
     rng = random.Random(7)
     for _ in range(200):
-        m = rng.randint(1, 9)
-        front, stats = Front(m), DPStats()
+        m, v = rng.randint(1, 9), rng.choice([1, 2, 3, 4])
+        s_coef, m_coef = (1.0, m - 1.0) if v == 1 else (1 / v, m - 1 / v)
+        front, stats = Front(m_coef, s_coef), DPStats()
         kept: list[Label] = []
         for _ in range(12):
             lab = Label(*(rng.choice([0.0, 1.0, 2.0, rng.random()]) for _ in range(5)))
-            if not any(worse_by_at_most(o, lab, m) <= 0.0 for o in kept):
-                kept = [o for o in kept if worse_by_at_most(lab, o, m) > 0.0] + [lab]
+            if not any(worse_by_at_most(o, lab, m_coef, s_coef) <= 0.0 for o in kept):
+                kept = [o for o in kept if worse_by_at_most(lab, o, m_coef, s_coef) > 0.0] + [lab]
             front.insert(lab, stats)
             assert front.labels == kept

@@ -24,6 +24,7 @@ RESTRICT = {
         "solver.zero_stages=[1]",
         "solver.rank_orders=[tp-cp-dp-pp]",
         "solver.recompute=[none,full]",
+        "solver.schedules=[1f1b]",
     ]
 }
 

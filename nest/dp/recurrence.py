@@ -23,11 +23,16 @@ prefix ``B``). A label ``b`` for which some kept ``a`` makes this <= 0 can never
 and optimizer terms are small. The kept set therefore always contains an optimal completion.
 The only other pruning is by bound: a label is dropped when
 ``S + R + (m-1) max(M, R / k) + E + O`` exceeds the best complete plan found so far, where
-``R`` is the sum over the remaining layers of their cheapest time (forward + backward +
-cheapest recompute + tensor collectives on the fastest tensor group; all other communication
-is non-negative) and ``k`` the ranks left. Every remaining stage takes at least its layers'
-cheapest time, so ``R`` bounds the remaining stage times' sum and ``R / k`` their maximum from
-below, and no completion of a dropped label can beat the incumbent.
+``R`` is the sum over the remaining layers of their floors (:mod:`nest.dp.bounds`: compute,
+cheapest recompute, the cheapest possible tensor / context / expert / ZeRO-3 traffic) and ``k``
+the ranks left. Every remaining stage takes at least its layers' floors, so ``R`` bounds the
+remaining stage times' sum and ``R / k`` their maximum from below, and no completion of a
+dropped label can beat the incumbent. Before any label is extended, the same bound with the
+least ``S``, ``M``, ``E`` and ``O`` of the state's labels skips a whole stage end ``j`` at once;
+past the ``j`` where the stage's own floor exceeds ``R / k`` it only grows, so the scan stops.
+Memory is checked first, for every ``j`` of a state at once (:meth:`StageModel.fits_from`), and
+a stage's terms come from one numpy row per (rank, first layer, mode)
+(:func:`nest.dp.rows.stage_row`).
 
 Complexity per configuration: ``O(pp * L^2 * modes)`` stage evaluations (each O(1) from prefix
 sums) times the kept-set sizes, which stay small because identical blocks give identical labels.
@@ -36,6 +41,7 @@ sums) times the kept-set sizes, which stay small because identical blocks give i
 from dataclasses import dataclass, field
 
 from nest.axes import Recompute
+from nest.dp.rows import stage_common, stage_row
 from nest.dp.stages import StageModel
 
 
@@ -47,7 +53,8 @@ class Label:
     exposed_s: float
     opt_s: float
     parent: "Label | None" = None
-    choice: tuple[int, int, Recompute] | None = None
+    choice: object = None
+    """What the last rank chose: ``(first, last, mode)`` (1F1B) or a rank option."""
 
     def dominates(self, other: "Label") -> bool:
         return (
@@ -69,35 +76,40 @@ class DPStats:
     extra: dict = field(default_factory=dict)
 
 
-def worse_by_at_most(a: Label, b: Label, m: int) -> float:
-    """An upper bound on ``F(a + c) - F(b + c)`` over every completion ``c`` of the same state:
-    ``dS + (m-1) max(0, dM) + max(dE, max(0, -dB)) + max(0, dO)`` with ``d = a - b``.
+def worse_by_at_most(a: Label, b: Label, m_coef: float, s_coef: float = 1.0) -> float:
+    """An upper bound on ``F(a + c) - F(b + c)`` over every completion ``c`` of the same state,
+    for ``F = s_coef S + m_coef M + E + O`` (1F1B: ``1, m - 1``; interleaved: ``1/v, m - 1/v``):
+    ``s_coef dS + m_coef max(0, dM) + max(dE, max(0, -dB)) + max(0, dO)`` with ``d = a - b``.
 
     Each term bounds its part of the objective: the sum adds ``dS``; ``max(x, .)`` grows by at
     most ``max(0, d)``; later ranks' exposed sync is non-increasing and 1-Lipschitz in the
     backward prefix ``B``. When it is <= 0, ``a`` is at least as good as ``b`` whatever follows.
     """
     return (
-        (a.total_s - b.total_s)
-        + (m - 1) * max(0.0, a.max_s - b.max_s)
+        s_coef * (a.total_s - b.total_s)
+        + m_coef * max(0.0, a.max_s - b.max_s)
         + max(a.exposed_s - b.exposed_s, max(0.0, b.bwd_sum_s - a.bwd_sum_s))
         + max(0.0, a.opt_s - b.opt_s)
     )
+
+
+def objective_s(lab: Label, m_coef: float, s_coef: float = 1.0) -> float:
+    return s_coef * lab.total_s + m_coef * lab.max_s + lab.exposed_s + lab.opt_s
 
 
 class Front:
     """The labels of one state no other label of the state is sure to beat (dominance by
     :func:`worse_by_at_most` <= 0, which contains Pareto dominance)."""
 
-    __slots__ = ("labels", "m")
+    __slots__ = ("labels", "k", "s")
 
-    def __init__(self, m: int) -> None:
+    def __init__(self, m_coef: float, s_coef: float = 1.0) -> None:
         self.labels: list[Label] = []
-        self.m = m
+        self.k, self.s = m_coef, s_coef
 
     def insert(self, label: Label, stats: DPStats) -> None:
         # worse_by_at_most inlined (the search's hottest loop); same arithmetic
-        k = self.m - 1
+        k, w = self.k, self.s
         s, mx, b, e, o = label.total_s, label.max_s, label.bwd_sum_s, label.exposed_s, label.opt_s
         for other in self.labels:
             d_m = other.max_s - mx
@@ -105,7 +117,7 @@ class Front:
             d_e = other.exposed_s - e
             d_o = other.opt_s - o
             if (
-                (other.total_s - s)
+                w * (other.total_s - s)
                 + (k * d_m if d_m > 0.0 else 0.0)
                 + (d_e if d_e > (d_b if d_b > 0.0 else 0.0) else (d_b if d_b > 0.0 else 0.0))
                 + (d_o if d_o > 0.0 else 0.0)
@@ -119,7 +131,7 @@ class Front:
             d_e = e - other.exposed_s
             d_o = o - other.opt_s
             if (
-                (s - other.total_s)
+                w * (s - other.total_s)
                 + (k * d_m if d_m > 0.0 else 0.0)
                 + (d_e if d_e > (d_b if d_b > 0.0 else 0.0) else (d_b if d_b > 0.0 else 0.0))
                 + (d_o if d_o > 0.0 else 0.0)
@@ -131,21 +143,29 @@ class Front:
 
 
 class GreedyFront:
-    """Keeps one label per state, the one with the smallest ``S + (m-1) M + E + O`` so far: a
-    fast heuristic whose result is a real plan, used only to seed the exact search's bound."""
+    """Keeps one label per state, the one with the smallest objective so far: a fast heuristic
+    whose result is a real plan, used only to seed the exact search's bound."""
 
-    __slots__ = ("labels", "m")
+    __slots__ = ("labels", "k", "s")
 
-    def __init__(self, m: int) -> None:
+    def __init__(self, m_coef: float, s_coef: float = 1.0) -> None:
         self.labels: list[Label] = []
-        self.m = m
+        self.k, self.s = m_coef, s_coef
 
     def insert(self, label: Label, stats: DPStats) -> None:
-        def key(lab: Label) -> float:
-            return lab.total_s + (self.m - 1) * lab.max_s + lab.exposed_s + lab.opt_s
-
-        if not self.labels or key(label) < key(self.labels[0]):
+        if not self.labels or objective_s(label, self.k, self.s) < objective_s(
+            self.labels[0], self.k, self.s
+        ):
             self.labels = [label]
+
+
+def backtrack(best: Label) -> list:
+    choices = []
+    lab: Label | None = best
+    while lab is not None and lab.choice is not None:
+        choices.append(lab.choice)
+        lab = lab.parent
+    return choices[::-1]
 
 
 def solve_config(
@@ -160,7 +180,7 @@ def solve_config(
     nothing fits or nothing beats ``incumbent_s``."""
     pp, n, m = sm.config.pp, sm.n_layers, sm.m
     min_compute = sm.min_compute_s(modes)
-    start = Front(m)
+    start = Front(m - 1)
     start.insert(Label(0.0, 0.0, 0.0, 0.0, 0.0), stats)
     fronts: dict[int, Front] = {0: start}
     for r in range(pp):
@@ -169,29 +189,41 @@ def solve_config(
         for i, front in sorted(fronts.items()):
             labels = front.labels
             last = n - 1 - rest
-            best_label = min(labels, key=lambda lab: lab.total_s + (m - 1) * lab.max_s)
+            # the cheap test below bounds every label of the state at once: each has
+            # S >= low_s, M >= low_m, E >= low_e and O >= low_o
+            low_s = min(lab.total_s for lab in labels)
+            low_m = min(lab.max_s for lab in labels)
+            low_eo = min(lab.exposed_s for lab in labels) + min(lab.opt_s for lab in labels)
+            fits: dict = {}  # mode -> whether layers i..j fit, for every j (on first use)
+            rows: dict = {}  # mode -> the stage's terms for every j (on first use)
+            common = None  # their mode-independent part
             for j in range(i, last + 1) if rest else (n - 1,):
                 remaining = min_compute[n] - min_compute[j + 1]
-                # cheap test first: the stage takes at least its layers' cheapest compute
+                # the stage takes at least its layers' floors, the later ones theirs
                 t_low = min_compute[j + 1] - min_compute[i]
-                low = (
-                    best_label.total_s
-                    + t_low
-                    + remaining
-                    + (m - 1) * max(best_label.max_s, t_low, remaining / rest if rest else 0.0)
-                )
+                spread = remaining / rest if rest else 0.0
+                low = low_s + t_low + remaining + low_eo + (m - 1) * max(low_m, t_low, spread)
                 if low > incumbent_s:
                     stats.labels_bounded += len(labels)
+                    if t_low >= spread:
+                        break  # later j: t_low grows, spread shrinks, so low never falls
                     continue
                 per_rank = remaining / rest if rest else 0.0
                 for mode in sm.modes_for(i, j, modes):
                     stats.stages_scored += 1
-                    if sm.memory_bytes(r, i, j, mode) > sm.capacity:  # cheaper than the times
+                    fit = fits.get(mode)
+                    if fit is None:
+                        fit = fits[mode] = sm.fits_from(r, i, mode)
+                    if not fit[j - i]:  # memory first: cheaper than the times
                         stats.memory_rejected += 1
                         continue
-                    terms = sm.stage(r, i, j, mode)
-                    t, b = terms.fwd_s + terms.bwd_s, terms.bwd_s
-                    sync, opt = terms.sync_s, terms.optimizer_s
+                    row = rows.get(mode)
+                    if row is None:
+                        if common is None:
+                            common = stage_common(sm, r, i)
+                        row = rows[mode] = stage_row(sm, r, i, mode, common)
+                    t, b = row.time_s[j - i], row.bwd_s[j - i]
+                    sync, opt = row.sync_s[j - i], row.optimizer_s[j - i]
                     own = b if sm.overlap else 0.0
                     front = None
                     for lab in labels:
@@ -215,7 +247,7 @@ def solve_config(
                         if front is None:
                             front = new_fronts.get(j + 1)
                             if front is None:
-                                front = Front(m) if exact else GreedyFront(m)
+                                front = Front(m - 1) if exact else GreedyFront(m - 1)
                                 new_fronts[j + 1] = front
                         front.insert(
                             Label(total, top, lab.bwd_sum_s + b, exposed, step, lab, (i, j, mode)),
@@ -227,15 +259,8 @@ def solve_config(
     finals = fronts[n].labels if n in fronts else []
     if not finals:
         return None
-    best = min(
-        finals, key=lambda lab: lab.total_s + (m - 1) * lab.max_s + lab.exposed_s + lab.opt_s
-    )
-    value = best.total_s + (m - 1) * best.max_s + best.exposed_s + best.opt_s
+    best = min(finals, key=lambda lab: objective_s(lab, m - 1))
+    value = objective_s(best, m - 1)
     if value > incumbent_s:
         return None
-    choices = []
-    lab: Label | None = best
-    while lab is not None and lab.choice is not None:
-        choices.append(lab.choice)
-        lab = lab.parent
-    return value, choices[::-1]
+    return value, backtrack(best)

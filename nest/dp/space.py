@@ -1,26 +1,62 @@
-"""The structured search space shared by the NEST DP and the brute-force oracle.
+"""The structured search space shared by the NEST DP, the brute-force oracle and the exact solvers.
 
-A *configuration* fixes everything but the layer partition and the per-stage recompute modes:
-``tp, cp, ep, dp, pp`` (their product at most the cluster's devices; the rest stay idle), the
-microbatch size, the ZeRO stage and the rank order of the axes (``tp`` innermost, any order of
-``cp, dp, pp`` above it). Validity follows the model's shard rules and the evaluator's checks.
-Duplicates are dropped: rank orders that give the same placement, and ZeRO stages 1-3 when
-``dp * cp == 1`` (nothing to shard: they cost exactly what stage 0 costs).
+This module is the single definition of the space: :func:`configurations` yields every
+:class:`SearchConfig`, and a plan of the space is a configuration plus its partition and recompute
+modes as stated below. Planners that must search "the same space" iterate over it rather than
+re-deriving the rules.
 
-The schedule is 1F1B. GPipe is left out because under the shared cost model it takes the same
-time as 1F1B and holds at least as many activations (``m >= min(p - r, m)``), so it is never
-better; interleaving is not searched yet (its chunks of one rank are not contiguous, which the
-recurrence does not cover).
+**A configuration** (:class:`SearchConfig`) fixes everything but the layer partition and the
+recompute modes:
+
+- ``tp`` divides the devices, ``cp`` divides ``devices / tp``, ``pp`` is 1 .. chain length, and
+  ``tp * cp * pp * dp`` is at most the devices (the rest stay idle);
+- ``dp`` divides the global batch; ``ep`` divides the experts (1 for dense models) and ``dp * cp``;
+  the shard ``(tp, cp, ep)`` passes the model's rules (``tp`` divides heads, KV heads and the FFN
+  size; ``seq_len`` divisible by ``2 cp``; ...);
+- the microbatch size ``mbs`` is one of ``training.microbatch_sizes`` with ``mbs * dp`` dividing
+  the global batch; ``m = global_batch / (mbs * dp)`` microbatches per replica;
+- the ZeRO stage 0-3 (only 0 when ``dp * cp == 1``: nothing to shard, stages 1-3 cost exactly
+  what 0 costs);
+- the rank order: ``tp`` innermost, any order of ``cp, dp, pp`` above it; orders that place every
+  device alike (same order of the axes of degree > 1) are kept once, the first in
+  :func:`_orders`' order;
+- the schedule ``(schedule, v)`` among ``SpaceOptions.schedules``: ``(1f1b, 1)``, or
+  ``(interleaved, v)`` when ``pp >= 2``, ``v >= 2`` (one of ``SpaceOptions.virtual_stages``;
+  None: any), ``pp * v`` divides the number of blocks and ``pp`` divides ``m`` (Megatron-LM's
+  rule). GPipe is left out: under the shared cost model it takes the same time as 1F1B and holds
+  at least as many activations (``m >= min(p - r, m)``), so it is never better.
+
+**Its plans**:
+
+- 1F1B: any partition of the chain (embedding, blocks, head) into ``pp`` non-empty contiguous
+  stages, stage ``r`` on pipeline rank ``r``, and one recompute mode per stage;
+- interleaved with ``v``: the partition Megatron-Core runs (:func:`interleaved_chunks`): ``pp * v``
+  chunks of ``blocks / (pp v)`` consecutive blocks each, the embedding joined to chunk 0 and the
+  head to the last chunk, chunk ``k`` on pipeline rank ``k % pp``; one recompute mode per chunk.
+
+Recompute modes come from ``SpaceOptions.recompute``; a stage without blocks (only embedding and
+/ or head) has nothing to recompute and is ``none``. Interleaved plans take a mode per chunk, not
+per rank: the plan format stores one per chunk, a rank's chunks share its in-flight count, so
+recomputing only some of them is a real middle ground between two uniform modes, and the exact
+per-rank search (:mod:`nest.dp.interleaved`) costs little more.
+
+Mirroring it (e.g. a CP-SAT or MILP model of "the same space"): iterate :func:`configurations`
+(or :func:`families`, which groups configurations sharing ``(tp, cp, ep, dp, pp, mbs)``), take
+the partition rule from ``config.schedule`` (:func:`interleaved_chunks` for interleaved) and the
+modes from ``SpaceOptions.recompute_modes``; ``baselines/brute.py`` is the reference
+enumeration.
 """
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import permutations
 
-from nest.axes import Axis, Recompute
+from nest.axes import Axis, Recompute, Schedule, parse_rank_order
 from nest.errors import UserError
 from nest.layers import Shard
 from nest.problem import Problem
+
+ONE_F_ONE_B = (Schedule.ONE_F_ONE_B, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,10 +69,50 @@ class SearchConfig:
     mbs: int
     zero: int
     order: tuple[Axis, ...]
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    v: int = 1
+    """Virtual stages (chunks per pipeline rank); 1 unless ``schedule`` is interleaved."""
 
     @property
     def devices(self) -> int:
         return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def interleaved(self) -> bool:
+        return self.schedule is Schedule.INTERLEAVED
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """The configurations sharing ``(tp, cp, ep, dp, pp, mbs)``: every combination of its
+    schedules, ZeRO stages and rank orders (in that nesting order)."""
+
+    tp: int
+    cp: int
+    ep: int
+    dp: int
+    pp: int
+    mbs: int
+    m: int
+    """Microbatches per replica."""
+    schedules: tuple[tuple[Schedule, int], ...]
+    zeros: tuple[int, ...]
+    orders: tuple[tuple[Axis, ...], ...]
+
+    def config(self, schedule: tuple[Schedule, int], zero: int, order) -> SearchConfig:
+        kind, v = schedule
+        return SearchConfig(
+            self.tp, self.cp, self.ep, self.dp, self.pp, self.mbs, zero, order, kind, v
+        )
+
+    def configs(self) -> Iterator[SearchConfig]:
+        for schedule in self.schedules:
+            for zero in self.zeros:
+                for order in self.orders:
+                    yield self.config(schedule, zero, order)
+
+    def __len__(self) -> int:
+        return len(self.schedules) * len(self.zeros) * len(self.orders)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,6 +127,9 @@ class SpaceOptions:
     recompute: Sequence[str] = ("none", "selective", "full")
     rank_orders: Sequence[str] | None = None
     """e.g. ``["tp,cp,dp,pp", "tp,cp,pp,dp"]``; None: every order with tp innermost."""
+    schedules: Sequence[str] = ("1f1b", "interleaved")
+    virtual_stages: Sequence[int] | None = None
+    """Interleaved ``v`` candidates; None: every ``v >= 2`` with ``pp * v`` dividing the blocks."""
 
     @property
     def recompute_modes(self) -> tuple[Recompute, ...]:
@@ -62,6 +141,45 @@ class SpaceOptions:
                 f"{[r.value for r in Recompute]}"
             ) from None
 
+    @property
+    def schedule_kinds(self) -> tuple[Schedule, ...]:
+        allowed = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED)
+        out = []
+        for s in self.schedules:
+            if s not in {a.value for a in allowed}:
+                raise UserError(
+                    f"solver.schedules={list(self.schedules)}; use values of "
+                    f"{[a.value for a in allowed]} (gpipe is never faster than 1f1b here)"
+                )
+            out.append(Schedule(s))
+        return tuple(out)
+
+    @property
+    def virtual_values(self) -> tuple[int, ...] | None:
+        if self.virtual_stages is None:
+            return None
+        bad = [v for v in self.virtual_stages if not isinstance(v, int) or v < 2]
+        if bad:
+            raise UserError(
+                f"solver.virtual_stages={list(self.virtual_stages)}: {bad[0]!r} is not an integer "
+                ">= 2 (chunks per pipeline rank); use e.g. [2, 4] or null for every valid v"
+            )
+        return tuple(self.virtual_stages)
+
+
+def interleaved_chunks(n_layers: int, pp: int, v: int) -> list[tuple[int, int]]:
+    """The Megatron-Core interleaved partition of a chain of ``n_layers`` (embedding, blocks,
+    head): ``pp * v`` chunks of ``blocks / (pp v)`` blocks, the embedding in chunk 0 and the head
+    in the last chunk, as inclusive ``(first, last)`` chain ranges."""
+    blocks = n_layers - 2
+    per = blocks // (pp * v)
+    out = []
+    for k in range(pp * v):
+        first = 0 if k == 0 else 1 + k * per
+        last = n_layers - 1 if k == pp * v - 1 else (k + 1) * per
+        out.append((first, last))
+    return out
+
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
@@ -70,18 +188,28 @@ def _divisors(n: int) -> list[int]:
 def _orders(options: SpaceOptions) -> list[tuple[Axis, ...]]:
     if options.rank_orders is None:
         return [(Axis.TP, *rest) for rest in permutations((Axis.CP, Axis.DP, Axis.PP))]
-    from nest.axes import parse_rank_order
-
     return [parse_rank_order(o) for o in options.rank_orders]
 
 
-def configurations(problem: Problem, options: SpaceOptions) -> Iterator[SearchConfig]:
-    """Every valid configuration of the space, deduplicated (see the module docstring)."""
+def _schedules(kinds, blocks: int, pp: int, m: int):
+    kinds, vs = kinds
+    out = []
+    if Schedule.ONE_F_ONE_B in kinds:
+        out.append(ONE_F_ONE_B)
+    if Schedule.INTERLEAVED in kinds and pp >= 2 and m % pp == 0:
+        vs = range(2, blocks // pp + 1) if vs is None else vs
+        out += [(Schedule.INTERLEAVED, v) for v in vs if blocks % (pp * v) == 0]
+    return tuple(out)
+
+
+def families(problem: Problem, options: SpaceOptions) -> Iterator[Family]:
+    """Every non-empty :class:`Family` of the space (module docstring), in a fixed order."""
     model, training = problem.model, problem.training
     n = problem.cluster.num_devices
     chain = problem.num_layers
     spec = model.spec
     orders = _orders(options)
+    kinds = options.schedule_kinds, options.virtual_values
     batch_divisors = _divisors(training.global_batch)
     for tp in options.tp or _divisors(n):
         for cp in options.cp or _divisors(n // tp):
@@ -99,12 +227,12 @@ def configurations(problem: Problem, options: SpaceOptions) -> Iterator[SearchCo
                         shard = Shard(tp=tp, cp=cp, ep=ep, sp=training.sequence_parallel and tp > 1)
                         if model.shard_problem(shard) is not None:
                             continue
-                        yield from _inner(problem, options, orders, tp, cp, ep, dp, pp)
+                        yield from _families(problem, options, orders, kinds, tp, cp, ep, dp, pp)
 
 
-def _inner(problem, options, orders, tp, cp, ep, dp, pp) -> Iterator[SearchConfig]:
+def _families(problem, options, orders, kinds, tp, cp, ep, dp, pp) -> Iterator[Family]:
     training = problem.training
-    zeros = [0] if dp * cp == 1 else list(options.zero_stages)
+    zeros = (0,) if dp * cp == 1 else tuple(options.zero_stages)
     # two orders place every device alike iff the axes of degree > 1 come in the same order
     degree = {Axis.TP: tp, Axis.CP: cp, Axis.DP: dp, Axis.PP: pp}
     seen: set[tuple] = set()
@@ -117,9 +245,16 @@ def _inner(problem, options, orders, tp, cp, ep, dp, pp) -> Iterator[SearchConfi
     for mbs in training.microbatch_sizes:
         if training.global_batch % (mbs * dp):
             continue
-        for zero in zeros:
-            for order in placed_orders:
-                yield SearchConfig(tp, cp, ep, dp, pp, mbs, zero, order)
+        m = training.global_batch // (mbs * dp)
+        schedules = _schedules(kinds, problem.num_layers - 2, pp, m)
+        if schedules and zeros and placed_orders:
+            yield Family(tp, cp, ep, dp, pp, mbs, m, schedules, zeros, tuple(placed_orders))
+
+
+def configurations(problem: Problem, options: SpaceOptions) -> Iterator[SearchConfig]:
+    """Every configuration of the space, deduplicated (see the module docstring)."""
+    for family in families(problem, options):
+        yield from family.configs()
 
 
 class SpacePlanner:
@@ -137,12 +272,16 @@ class SpacePlanner:
         zero_stages: Sequence[int] = (0, 1, 2, 3),
         recompute: Sequence[str] = ("none", "selective", "full"),
         rank_orders: Sequence[str] | None = None,
+        schedules: Sequence[str] = ("1f1b", "interleaved"),
+        virtual_stages: Sequence[int] | None = None,
     ) -> None:
         self.name = name
         self.tp, self.cp, self.ep, self.pp = tp, cp, ep, pp
         self.zero_stages = zero_stages
         self.recompute = recompute
         self.rank_orders = rank_orders
+        self.schedules = schedules
+        self.virtual_stages = virtual_stages
 
     def options(self) -> SpaceOptions:
         return SpaceOptions(
@@ -153,4 +292,6 @@ class SpacePlanner:
             zero_stages=tuple(self.zero_stages),
             recompute=tuple(self.recompute),
             rank_orders=self.rank_orders,
+            schedules=tuple(self.schedules),
+            virtual_stages=None if self.virtual_stages is None else tuple(self.virtual_stages),
         )

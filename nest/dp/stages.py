@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nest.axes import LayerKind, Recompute, Schedule
+from nest.axes import LayerKind, Recompute
 from nest.cost.collectives import COLLECTIVE_TIME, p2p_time_s
 from nest.cost.evaluate import _Groups
 from nest.cost.pipeline import in_flight_microbatches
+from nest.dp.bounds import Floors
 from nest.dp.space import SearchConfig
 from nest.layers import Shard
 from nest.plan import place
@@ -99,12 +100,15 @@ class StageModel:
         device = cluster.device
         chain = model.chain
         self.n_layers = n = len(chain)
-        costs = [model.layer_cost(ref, shard, device) for ref in chain]
+        self._shared = shared if shared is not None else {}
+        costs = self._shared.get(("costs", shard))
+        if costs is None:
+            costs = [model.layer_cost(ref, shard, device) for ref in chain]
+            self._shared[("costs", shard)] = costs
         self.costs = costs
         is_block = [ref.kind is LayerKind.BLOCK for ref in chain]
         self.head_index = n - 1
         self.tied_copy = costs[-1].tied_copy_params
-        self._shared = shared if shared is not None else {}
         key = ("chain", shard, c.zero >= 3, c.dp * c.cp, c.ep)
         terms = self._shared.get(key)
         if terms is None:
@@ -122,23 +126,18 @@ class StageModel:
         ) = terms
         p = model.spec.dtype_bytes
         self.is_block = is_block
-        # placement, groups and their level splits per rank
-        # groups and p2p levels depend on the placement only: shared across microbatch sizes
-        # and ZeRO stages
+        # groups and p2p levels depend on the placement only: shared across microbatch sizes,
+        # ZeRO stages and schedules
         placement = ("placement", c.tp, c.cp, c.dp, c.pp, c.ep, c.order)
         if placement not in self._shared:
             grid = place(tp=c.tp, cp=c.cp, dp=c.dp, pp=c.pp, rank_order=c.order)
             groups = [_Groups(grid[r].astype(np.int64), c.ep, cluster) for r in range(c.pp)]
-            levels = [
-                sorted({int(x) for x in np.unique(cluster.common_levels(grid[r], grid[r + 1]))})
-                for r in range(c.pp - 1)
-            ]
-            self._shared[placement] = (groups, levels)
-        self.groups, self.p2p_levels = self._shared[placement]
+            self._shared[placement] = (grid, groups, {})
+        self.grid, self.groups, self._levels = self._shared[placement]
         self._rank_cache: dict = {}
         self.shard = shard
         self.in_flight = [
-            in_flight_microbatches(r, c.pp, self.m, Schedule.ONE_F_ONE_B, 1) for r in range(c.pp)
+            in_flight_microbatches(r, c.pp, self.m, c.schedule, c.v) for r in range(c.pp)
         ]
         self.capacity = device.hbm_bytes
         self.reserve = device.memory_reserve_bytes
@@ -210,18 +209,53 @@ class StageModel:
         return dense / (c.dp * c.cp) + expert / (c.dp * c.cp // c.ep)
 
     def memory_bytes(self, r: int, i: int, j: int, mode: Recompute) -> float:
-        c = self.config
+        """Per-device memory of 1F1B stage ``r`` holding layers ``i..j``."""
         _, expert, dense = self.params(r, i, j)
-        weights = self.p_bytes * self._local(dense, expert, c.zero >= 3)
-        grads = self.g_bytes * self._local(dense, expert, c.zero >= 2)
-        optimizer = self.state_bytes * self._local(dense, expert, c.zero >= 1)
         act = (self.p_act[mode][j + 1] - self.p_act[mode][i]) * self.in_flight[r]
-        return weights + grads + optimizer + act + self.peak[mode][i, j] + self.reserve
+        return self.state_bytes_of(dense, expert) + act + self.peak[mode][i, j] + self.reserve
 
-    def stage(self, r: int, i: int, j: int, mode: Recompute) -> StageTerms:
+    def memory_from(self, r: int, i: int, mode: Recompute) -> np.ndarray:
+        """Memory of 1F1B stage ``r`` holding layers ``i..j``, for every ``j >= i`` at once
+        (the arithmetic of :meth:`memory_bytes` on arrays)."""
+        n = self.n_layers
+        dense = self.p_dense[i + 1 :] - self.p_dense[i]
+        if r != 0:
+            dense = dense.copy()
+            dense[-1] += self.tied_copy  # the head (last layer) brings the tied copy
+        expert = self.p_expert[i + 1 :] - self.p_expert[i]
+        act = (self.p_act[mode][i + 1 :] - self.p_act[mode][i]) * self.in_flight[r]
+        return self.state_bytes_of(dense, expert) + act + self.peak[mode][i, i:n] + self.reserve
+
+    def fits_from(self, r: int, i: int, mode: Recompute) -> np.ndarray:
+        """Whether stage ``r`` holding ``i..j`` fits, for every ``j >= i``."""
+        return self.memory_from(r, i, mode) <= self.capacity
+
+    def least_memory_from(self, r: int, i: int, allowed) -> np.ndarray:
+        """The least memory over the allowed modes (``none`` where ``i..j`` has no block) of
+        stage ``r`` holding ``i..j``, for every ``j >= i``."""
+        has_block = np.cumsum(self.is_block[i:]) > 0
+        least = np.min([self.memory_from(r, i, mode) for mode in allowed], axis=0)
+        return np.where(has_block, least, self.memory_from(r, i, Recompute.NONE))
+
+    def p2p_levels(self, a: int, b: int) -> list[int]:
+        """Levels the devices of pipeline ranks ``a`` and ``b`` share, pair by pair."""
+        key = (a, b) if a < b else (b, a)
+        got = self._levels.get(key)
+        if got is None:
+            levels = self.problem.cluster.common_levels(self.grid[a], self.grid[b])
+            got = sorted({int(x) for x in np.unique(levels)})
+            self._levels[key] = got
+        return got
+
+    def chunk_times(
+        self, r: int, i: int, j: int, mode: Recompute, prev: int | None, nxt: int | None
+    ) -> tuple[float, float]:
+        """Forward and backward seconds of layers ``i..j`` on rank ``r`` (one stage or chunk)
+        whose neighbours run on ranks ``prev`` and ``nxt`` (None: no neighbour)."""
         c, g = self.config, self.groups[r]
         cluster = self.problem.cluster
-        dense_c, expert, dense = self.params(r, i, j)
+        dense_c = self.p_dense[j + 1] - self.p_dense[i]
+        expert = self.p_expert[j + 1] - self.p_expert[i]
         fwd = (self.p_fwd[j + 1] - self.p_fwd[i]) + self._comm_s(r, i, j, "f", mode)
         bwd = (
             (self.p_bwd[j + 1] - self.p_bwd[i])
@@ -235,12 +269,18 @@ class StageModel:
             scatter += g.time_s("reduce_scatter", self.g_bytes * expert, "expert_dp")
             fwd += gather
             bwd += gather + scatter
-        if r + 1 < c.pp:
-            fwd += max(p2p_time_s(self.boundary[j], lv, cluster) for lv in self.p2p_levels[r])
-        if r > 0:
+        if nxt is not None:
+            fwd += max(p2p_time_s(self.boundary[j], lv, cluster) for lv in self.p2p_levels(r, nxt))
+        if prev is not None:
             bwd += max(
-                p2p_time_s(self.boundary[i - 1], lv, cluster) for lv in self.p2p_levels[r - 1]
+                p2p_time_s(self.boundary[i - 1], lv, cluster) for lv in self.p2p_levels(r, prev)
             )
+        return fwd, bwd
+
+    def rank_sync_opt(self, r: int, dense: float, expert: float) -> tuple[float, float]:
+        """DP sync and optimizer-step seconds of a rank holding these parameters (dense with
+        the tied copy)."""
+        c, g = self.config, self.groups[r]
         if c.zero == 0:
             sync = g.time_s("all_reduce", self.g_bytes * dense, "dense_dp")
             sync += g.time_s("all_reduce", self.g_bytes * expert, "expert_dp")
@@ -255,6 +295,24 @@ class StageModel:
         if self.state_bytes == 0:
             touched = self.g_bytes + 2 * self.p_bytes
         opt = self._local(dense, expert, c.zero >= 1) * touched / self.hbm_bw
+        return sync, opt
+
+    def state_bytes_of(self, dense: float, expert: float) -> float:
+        """Weights, gradients and optimizer state a device of a rank keeps for these
+        parameters (dense with the tied copy)."""
+        zero = self.config.zero
+        weights = self.p_bytes * self._local(dense, expert, zero >= 3)
+        grads = self.g_bytes * self._local(dense, expert, zero >= 2)
+        return weights + grads + self.state_bytes * self._local(dense, expert, zero >= 1)
+
+    def stage(self, r: int, i: int, j: int, mode: Recompute) -> StageTerms:
+        """Terms of 1F1B stage ``r`` holding layers ``i..j``."""
+        pp = self.config.pp
+        fwd, bwd = self.chunk_times(
+            r, i, j, mode, r - 1 if r > 0 else None, r + 1 if r + 1 < pp else None
+        )
+        _, expert, dense = self.params(r, i, j)
+        sync, opt = self.rank_sync_opt(r, dense, expert)
         mem = self.memory_bytes(r, i, j, mode)
         return StageTerms(fwd, bwd, sync, opt, mem, mem <= self.capacity)
 
@@ -265,48 +323,16 @@ class StageModel:
         return (Recompute.NONE,)
 
     def min_compute_s(self, allowed) -> np.ndarray:
-        """Prefix sums of :func:`layer_floor_s` over the chain: a lower bound on the time of any
-        stage holding those layers."""
-        key = ("floor", self.shard, tuple(allowed))
-        if key not in self._shared:
-            self._shared[key] = self._min_compute_s(allowed)
-        return self._shared[key]
-
-    def _min_compute_s(self, allowed) -> np.ndarray:
-        tp_splits = tp_group_splits(self.problem.cluster, self.config.tp)
-        return _prefix(
-            [
-                layer_floor_s(x, blk, allowed, tp_splits, self.problem.cluster)
-                for x, blk in zip(self.costs, self.is_block, strict=True)
-            ]
-        )
-
-
-def tp_group_splits(cluster, tp: int) -> set:
-    """Level splits of every aligned block of ``tp`` devices (tp is innermost in every rank
-    order of the space, so each tensor group is one of them)."""
-    if tp <= 1:
-        return set()
-    n = cluster.num_devices - cluster.num_devices % tp
-    return cluster.distinct_group_factors(np.arange(n).reshape(-1, tp))
-
-
-def layer_floor_s(cost, is_block: bool, allowed, tp_splits: set, cluster) -> float:
-    """A layer's least possible share of a stage time: compute, the cheapest allowed recompute,
-    and its tensor-parallel collectives on the fastest tensor group (other communication >= 0)."""
-
-    def tp_s(colls) -> float:
-        if not tp_splits:
-            return 0.0
-        return min(
-            sum(COLLECTIVE_TIME[c.op](c.n_bytes, f, cluster) for c in colls if c.axis == "tp")
-            for f in tp_splits
-        )
-
-    base = cost.fwd_s + cost.bwd_s + tp_s(cost.fwd_collectives) + tp_s(cost.bwd_collectives)
-    if not is_block:
-        return base
-    return base + min(
-        cost.recompute_s.get(md, 0.0) + tp_s(cost.recompute_collectives.get(md, ()))
-        for md in allowed
-    )
+        """Prefix sums of the layers' floors (:meth:`nest.dp.bounds.Floors.layer_floors_s`): a
+        lower bound on the time of any stage holding those layers."""
+        c = self.config
+        key = ("floor", self.shard, tuple(allowed), c.zero >= 3, c.dp, c.ep)
+        got = self._shared.get(key)
+        if got is None:
+            floors_key = ("floors", tuple(allowed))
+            floors = self._shared.get(floors_key)
+            if floors is None:
+                floors = self._shared[floors_key] = Floors(self.problem, allowed)
+            got = _prefix(floors.layer_floors_s(self.shard, c.dp, c.ep, c.zero))
+            self._shared[key] = got
+        return got

@@ -1,0 +1,396 @@
+"""Placement-independent lower bounds on stage and iteration times (the NEST search's pruning).
+
+Every number here is a *floor*: no plan of the space takes less. The search visits
+configurations in increasing :meth:`Floors.config_bound_s` and stops at the first whose bound
+exceeds the best plan found; the recurrence drops a partial plan whose completion floor exceeds
+it. Both are exact as long as each floor is a true lower bound, which this docstring proves term
+by term against the shared evaluator (:mod:`nest.cost.evaluate`, DESIGN.md §5).
+
+**Group splits.** A communication group of ``n`` distinct devices has level split ``k``
+(:meth:`~nest.topology.Cluster.group_factors`) with ``1 <= k_l <= fanout_l`` and
+``prod(k) >= n`` (``k_l`` counts the level-``(l-1)`` blocks touched in one level-``l`` block).
+``T(n)`` is the set of all such tuples, so the minimum of any collective's time over ``T(n)``
+bounds from below its time on every group of ``n`` devices, whatever the rank order. Every
+collective of :mod:`nest.cost.collectives` costs ``a(k) S + c(k)`` for ``S > 0`` bytes with
+``a, c >= 0`` (reduce-scatter / all-gather: ``a = sum_l (k_l-1)/k_l / prod_{j<l} k_j / bw_l``,
+``c = sum_l (k_l - 1) alpha_l``; all-reduce twice that; all-to-all the analogous sums), which is
+what :class:`Floors` evaluates on all of ``T(n)`` at once. Tensor groups are exact instead: ``tp``
+is innermost in every rank order, so every tensor group is an aligned block of ``tp`` ids
+(:func:`tp_group_splits`).
+
+**Per layer** (:meth:`Floors.layer_floors_s`): a stage's forward plus backward is the sum over
+its layers of compute (and the recompute of its mode), plus per axis the slowest group's
+collectives summed over the layers, plus ZeRO-3 traffic, plus p2p. For each axis
+``max_f sum_layers >= sum_layers min_f`` (over the rank's splits, all in ``T(n)``), so a layer's
+floor is its compute, plus the cheapest allowed recompute with its collectives, plus the
+minimum over ``T(n)`` of each direction's collectives. ZeRO-3 all-gathers the stage's weights
+twice and reduce-scatters its gradients once per microbatch over the ``dp x cp`` (dense) and
+``dp x cp / ep`` (expert) groups; ``a(k) S + c(k) >= a_min S`` and ``S`` is additive over the
+stage's layers, so each layer adds ``(2 p + g) a_min (n) params``. Hence every stage takes at
+least the sum of its layers' floors.
+
+**Per configuration** (:meth:`Floors.config_bound_s`), with ``F`` the sum of the layer floors:
+
+- p2p: a stage boundary sends the boundary activation forward and its gradient backward between
+  distinct devices, each at least ``bytes / bw_0 + min_l alpha_l`` (the bottleneck bandwidth
+  never exceeds level 0's); with ``b_min`` the smallest boundary of the chain, the ``pp - 1``
+  boundaries (``pp v - 1`` interleaved) add ``2 (pp - 1) p2p(b_min)`` to ``sum_r t_r``;
+- ``S = sum_r t_r >= F + p2p`` and ``M = max_r t_r >= max(S / pp, largest single-layer floor)``
+  (1F1B: the stage holding that layer); interleaved: ``M >= max_r`` of rank ``r``'s own floor,
+  since its chunks are fixed;
+- exposed sync ``E >= sync_0`` without overlap: rank 0 finishes its backward last
+  (``B_0 = 0``), and it holds at least the embedding (all of the model when ``pp = 1``; its exact
+  chunks when interleaved); the sync is monotone in bytes, so its minimum over ``T(dp cp)`` with
+  those parameters bounds it. With overlap, ``E >= 0``;
+- optimizer ``O = max_r opt_r >= sum_r opt_r / pp`` (it is linear in the parameters held);
+- ``T = S + (m-1) M + E + O`` (1F1B) or ``S / v + (m - 1/v) M + E + O`` (interleaved), every
+  coefficient positive, so the bound is the same expression on the floors.
+
+**Memory floor** (:meth:`Floors.memory_floor_bytes`; configurations above the device's memory are
+skipped, as no plan of theirs fits). A rank needs ``state(D_r, X_r) + f_r A_r + T_r + reserve``
+(:mod:`nest.cost.memory`): ``state`` linear in its parameters, ``f_r >= 1`` in-flight
+microbatches, ``A_r`` its stored activations, ``T_r >= 0`` its largest transient buffer. Each
+layer stores at least its least-storing allowed mode's activations and holds at least its
+least transient. So the peak rank needs at least the average over ranks,
+``reserve + (state(all parameters) + sum of least activations) / pp``; at least what the rank
+holding any one layer needs for that layer alone (its state, least activations, least
+transient, ZeRO-3's gathered weights); and, interleaved, at least each rank's fixed chunks with
+their least activations times the rank's in-flight count plus their least transient.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import product
+
+import numpy as np
+
+from nest.axes import LayerKind, Recompute, Schedule
+from nest.cost.collectives import COLLECTIVE_TIME
+from nest.cost.pipeline import in_flight_microbatches
+from nest.dp.space import Family, interleaved_chunks
+from nest.layers import Shard
+from nest.problem import Problem
+
+
+def tp_group_splits(cluster, tp: int) -> set:
+    """Level splits of every aligned block of ``tp`` devices (tp is innermost in every rank
+    order of the space, so each tensor group is one of them)."""
+    if tp <= 1:
+        return set()
+    n = cluster.num_devices - cluster.num_devices % tp
+    return cluster.distinct_group_factors(np.arange(n).reshape(-1, tp))
+
+
+@dataclass(frozen=True, slots=True)
+class ShardFloors:
+    """Per-chain-layer floors of one shard (see the module docstring)."""
+
+    base_s: np.ndarray
+    """Compute + cheapest recompute + tensor/context/expert collectives, per layer."""
+    dense: np.ndarray
+    """Dense parameters per device, per layer (ZeRO-3 traffic and sync floors)."""
+    expert: np.ndarray
+    p2p_s: float
+    """Floor of one p2p transfer of the chain's smallest boundary."""
+    tied_copy: float
+    base_sum_s: float
+    dense_sum: float
+    expert_sum: float
+    kinds: tuple[tuple[float, float, float], ...]
+    """The distinct (base, dense, expert) rows: the largest layer floor is one of them."""
+    base_max_s: float
+    act_min: np.ndarray
+    """Stored activation bytes per layer under its smallest-storing allowed mode."""
+    transient_min: np.ndarray
+    """Transient bytes per layer under its smallest allowed mode (before ZeRO-3 gathers)."""
+    mem_kinds: tuple[tuple[float, float, float, float], ...]
+    """The distinct (dense, expert, act_min, transient_min) rows."""
+
+
+class Floors:
+    """Lower bounds shared by every configuration of one search (module docstring)."""
+
+    def __init__(self, problem: Problem, modes: Sequence[Recompute]) -> None:
+        self.problem, self.modes = problem, tuple(modes)
+        cluster = problem.cluster
+        self.cluster = cluster
+        tuples = np.array(list(product(*[range(1, lv.fanout + 1) for lv in cluster.levels])))
+        self._prod = tuples.prod(axis=1)
+        self._coef = self._coefficients(tuples)
+        self._min_cache: dict = {}
+        self._shards: dict = {}
+        self._tp_splits: dict = {}
+        training = problem.training
+        self.p_bytes = problem.model.spec.dtype_bytes
+        self.g_bytes = training.grad_bytes
+        touched = 2 * training.optimizer_state_bytes_per_param + self.g_bytes + self.p_bytes
+        if training.optimizer_state_bytes_per_param == 0:
+            touched = self.g_bytes + 2 * self.p_bytes
+        self.opt_s_per_param = touched / cluster.device.hbm_bw_bytes_per_s
+
+    def _coefficients(self, tuples: np.ndarray) -> dict:
+        """Per op, ``(a, c)`` over every tuple: time = a * bytes + c (module docstring)."""
+        cluster = self.cluster
+        k = tuples.astype(float)
+        bw = np.array([cluster.path_bw_bytes_per_s(lv) for lv in range(cluster.num_levels)])
+        alpha = np.array([lv.latency_s for lv in cluster.levels])
+        below = np.cumprod(np.hstack([np.ones((len(k), 1)), k[:, :-1]]), axis=1)
+        rs_a = ((k - 1) / k / below / bw).sum(axis=1)
+        rs_c = ((k - 1) * alpha).sum(axis=1)
+        n = k.prod(axis=1)
+        crossing = below * (k - 1)  # peers first reached at each level
+        a2a_a = (crossing / n[:, None] / bw).sum(axis=1)
+        a2a_c = (crossing * alpha).sum(axis=1)
+        return {
+            "reduce_scatter": (rs_a, rs_c),
+            "all_gather": (rs_a, rs_c),
+            "all_reduce": (2 * rs_a, 2 * rs_c),
+            "all_to_all": (a2a_a, a2a_c),
+        }
+
+    def min_time_s(self, ops: tuple[tuple[str, float], ...], n: int) -> float:
+        """Least time of the collectives ``(op, bytes)`` run on one group of ``n`` devices."""
+        if n <= 1 or not ops:
+            return 0.0
+        key = (ops, n)
+        got = self._min_cache.get(key)
+        if got is None:
+            mask = self._prod >= n
+            total = np.zeros(int(mask.sum()))
+            for op, n_bytes in ops:
+                if n_bytes > 0:
+                    a, c = self._coef[op]
+                    total += a[mask] * n_bytes + c[mask]
+            got = float(total.min())
+            self._min_cache[key] = got
+        return got
+
+    def beta(self, n: int) -> float:
+        """Least seconds per byte of a reduce-scatter / all-gather over ``n`` devices."""
+        if n <= 1:
+            return 0.0
+        key = ("beta", n)
+        if key not in self._min_cache:
+            self._min_cache[key] = float(self._coef["reduce_scatter"][0][self._prod >= n].min())
+        return self._min_cache[key]
+
+    def _axis_s(self, colls, shard: Shard, tp_splits) -> float:
+        """Floor of a list of collectives, per axis the cheapest group split."""
+        total = 0.0
+        for axis, n in (("tp", shard.tp), ("cp", shard.cp), ("ep", shard.ep)):
+            ops = tuple((c.op, c.n_bytes) for c in colls if c.axis == axis)
+            if not ops or n <= 1:
+                continue
+            if axis == "tp":
+                total += min(
+                    sum(COLLECTIVE_TIME[op](b, f, self.cluster) for op, b in ops) for f in tp_splits
+                )
+            else:
+                total += self.min_time_s(ops, n)
+        return total
+
+    def shard(self, shard: Shard) -> ShardFloors:
+        got = self._shards.get(shard)
+        if got is not None:
+            return got
+        model, cluster = self.problem.model, self.cluster
+        if shard.tp not in self._tp_splits:
+            self._tp_splits[shard.tp] = tp_group_splits(cluster, shard.tp)
+        splits = self._tp_splits[shard.tp]
+        per_cost: dict = {}
+        base, dense, expert, boundary, act, transient = [], [], [], [], [], []
+        for ref in model.chain:
+            x = model.layer_cost(ref, shard, cluster.device)
+            is_block = ref.kind is LayerKind.BLOCK
+            key = (id(x), is_block)
+            if key not in per_cost:
+                v = x.fwd_s + x.bwd_s + self._axis_s(x.fwd_collectives, shard, splits)
+                v += self._axis_s(x.bwd_collectives, shard, splits)
+                if is_block:
+                    v += min(
+                        x.recompute_s.get(md, 0.0)
+                        + self._axis_s(x.recompute_collectives.get(md, ()), shard, splits)
+                        for md in self.modes
+                    )
+                per_cost[key] = v
+            base.append(per_cost[key])
+            dense.append(x.dense_params)
+            expert.append(x.expert_params)
+            if ref.kind is not LayerKind.HEAD:
+                boundary.append(x.boundary_bytes)
+            modes = self.modes if is_block else (Recompute.NONE,)
+            act.append(min(x.act_bytes[md] for md in modes))
+            transient.append(
+                x.transient_bytes
+                + min(x.act_bytes[Recompute.NONE] - x.act_bytes[md] for md in modes)
+            )
+        small = min(boundary)
+        p2p = 0.0
+        if small > 0:
+            alpha = min(lv.latency_s for lv in cluster.levels)
+            p2p = small / cluster.path_bw_bytes_per_s(0) + alpha
+        tied = model.layer_cost(model.chain[-1], shard, cluster.device).tied_copy_params
+        got = ShardFloors(
+            np.array(base),
+            np.array(dense),
+            np.array(expert),
+            p2p,
+            tied,
+            float(sum(base)),
+            float(sum(dense)),
+            float(sum(expert)),
+            tuple(sorted(set(zip(base, dense, expert, strict=True)))),
+            float(max(base)),
+            np.array(act),
+            np.array(transient),
+            tuple(sorted(set(zip(dense, expert, act, transient, strict=True)))),
+        )
+        self._shards[shard] = got
+        return got
+
+    def layer_floors_s(self, shard: Shard, dp: int, ep: int, zero: int) -> np.ndarray:
+        """Per chain layer, the least share of any stage time holding it (module docstring)."""
+        sf = self.shard(shard)
+        zd, zx = self._z3_coefs(dp * shard.cp, dp * shard.cp // ep, zero)
+        return sf.base_s + zd * sf.dense + zx * sf.expert
+
+    def _z3_coefs(self, nd: int, ne: int, zero: int) -> tuple[float, float]:
+        """Seconds per dense and per expert parameter of ZeRO-3's per-microbatch traffic."""
+        if zero < 3:
+            return 0.0, 0.0
+        z3 = 2 * self.p_bytes + self.g_bytes
+        return z3 * self.beta(nd), z3 * self.beta(ne)
+
+    def _sync_floor_s(self, dense: float, expert: float, nd: int, ne: int, zero: int) -> float:
+        """Least DP sync time of a rank holding at least these parameters (monotone in bytes)."""
+        if zero >= 3 or self.problem.training.overlap_grad_sync:
+            return 0.0
+        key = ("sync", dense, expert, nd, ne, zero > 0)
+        got = self._min_cache.get(key)
+        if got is not None:
+            return got
+        p, g = self.p_bytes, self.g_bytes
+        if zero == 0:
+            got = self.min_time_s((("all_reduce", g * dense),), nd) + self.min_time_s(
+                (("all_reduce", g * expert),), ne
+            )
+        else:
+            got = self.min_time_s(
+                (("reduce_scatter", g * dense), ("all_gather", p * dense)), nd
+            ) + self.min_time_s((("reduce_scatter", g * expert), ("all_gather", p * expert)), ne)
+        self._min_cache[key] = got
+        return got
+
+    def _shard_of(self, family: Family) -> ShardFloors:
+        key = (family.tp, family.cp, family.ep, family.mbs)
+        got = self._shards.get(key)
+        if got is None:
+            sp = self.problem.training.sequence_parallel and family.tp > 1
+            shard = Shard(tp=family.tp, cp=family.cp, ep=family.ep, sp=sp, mbs=family.mbs)
+            got = self._shards[key] = self.shard(shard)
+        return got
+
+    def config_bound_s(self, family: Family, zero: int, schedule: tuple[Schedule, int]) -> float:
+        """No plan of these configurations (any rank order) is faster (module docstring)."""
+        sf = self._shard_of(family)
+        pp, m = family.pp, family.m
+        nd = family.dp * family.cp
+        ne = nd // family.ep
+        zd, zx = self._z3_coefs(nd, ne, zero)
+        sharded = zero >= 1
+        held = (sf.dense_sum + (sf.tied_copy if pp > 1 else 0.0)) / (nd if sharded else 1)
+        held += sf.expert_sum / (ne if sharded else 1)
+        optimizer = self.opt_s_per_param * held / pp
+        kind, v = schedule
+        if kind is Schedule.INTERLEAVED:
+            base, dense, expert = self._interleaved_ranks(sf, pp, v)
+            ranks = [b + zd * d + zx * x for b, d, x in zip(base, dense, expert, strict=True)]
+            sync = self._sync_floor_s(dense[0], expert[0], nd, ne, zero)
+            return sum(ranks) / v + (m - 1 / v) * max(ranks) + sync + optimizer
+        total = sf.base_sum_s + zd * sf.dense_sum + zx * sf.expert_sum + 2 * (pp - 1) * sf.p2p_s
+        largest = sf.base_max_s if zero < 3 else max(b + zd * d + zx * x for b, d, x in sf.kinds)
+        top = max(total / pp, largest)
+        if pp == 1:
+            sync = self._sync_floor_s(sf.dense_sum, sf.expert_sum, nd, ne, zero)
+        else:
+            sync = self._sync_floor_s(float(sf.dense[0]), float(sf.expert[0]), nd, ne, zero)
+        return total + (m - 1) * top + sync + optimizer
+
+    def _interleaved_ranks(self, sf: ShardFloors, pp: int, v: int):
+        """Per rank of the fixed interleaved partition: base floor (p2p included), dense and
+        expert parameters."""
+        key = ("interleaved", id(sf), pp, v)
+        got = self._min_cache.get(key)
+        if got is None:
+            n = len(sf.base_s)
+            prefix = self._min_cache.get(("prefix", id(sf)))
+            if prefix is None:
+                prefix = tuple(
+                    np.concatenate([[0.0], np.cumsum(a)]).tolist()
+                    for a in (sf.base_s, sf.dense, sf.expert)
+                )
+                self._min_cache[("prefix", id(sf))] = prefix
+            base, dense, expert = [0.0] * pp, [0.0] * pp, [0.0] * pp
+            n_chunks = pp * v
+            for k, (i, j) in enumerate(interleaved_chunks(n, pp, v)):
+                r = k % pp
+                base[r] += prefix[0][j + 1] - prefix[0][i]
+                base[r] += sf.p2p_s * ((k + 1 < n_chunks) + (k > 0))
+                dense[r] += prefix[1][j + 1] - prefix[1][i]
+                expert[r] += prefix[2][j + 1] - prefix[2][i]
+            got = self._min_cache[key] = (base, dense, expert)
+        return got
+
+    def memory_floor_bytes(
+        self, family: Family, zero: int, schedule: tuple[Schedule, int]
+    ) -> float:
+        """No plan of these configurations needs less per-device memory at its peak rank
+        (module docstring: the average over ranks, the rank holding the worst single layer, and
+        the fixed ranks of an interleaved partition)."""
+        sf = self._shard_of(family)
+        pp = family.pp
+        nd = family.dp * family.cp
+        ne = nd // family.ep
+        p, g = self.p_bytes, self.g_bytes
+        s = self.problem.training.optimizer_state_bytes_per_param
+        per_d = p / (nd if zero >= 3 else 1) + g / (nd if zero >= 2 else 1)
+        per_d += s / (nd if zero >= 1 else 1)
+        per_x = p / (ne if zero >= 3 else 1) + g / (ne if zero >= 2 else 1)
+        per_x += s / (ne if zero >= 1 else 1)
+        gathered_d = p * (1 - 1 / nd) if zero >= 3 else 0.0
+        gathered_x = p * (1 - 1 / ne) if zero >= 3 else 0.0
+        reserve = self.cluster.device.memory_reserve_bytes
+        kind, v = schedule
+        if kind is Schedule.INTERLEAVED:
+            dense, expert, act, transient = self._interleaved_memory(sf, pp, v)
+            worst = 0.0
+            for r in range(pp):
+                flight = in_flight_microbatches(r, pp, family.m, kind, v)
+                need = per_d * dense[r] + per_x * expert[r] + flight * act[r] + transient[r]
+                worst = max(worst, need)
+            return worst + reserve
+        tied = sf.tied_copy if pp > 1 else 0.0
+        total = per_d * (sf.dense_sum + tied) + per_x * sf.expert_sum + float(sf.act_min.sum())
+        single = max(
+            per_d * d + per_x * x + a + t + gathered_d * d + gathered_x * x
+            for d, x, a, t in sf.mem_kinds
+        )
+        return max(total / pp, single) + reserve
+
+    def _interleaved_memory(self, sf: ShardFloors, pp: int, v: int):
+        """Per rank of the interleaved partition: dense (with the tied copy), expert, least
+        stored activations, least largest transient."""
+        key = ("interleaved memory", id(sf), pp, v)
+        got = self._min_cache.get(key)
+        if got is None:
+            dense, expert, act, transient = [0.0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
+            chunks = interleaved_chunks(len(sf.base_s), pp, v)
+            for k, (i, j) in enumerate(chunks):
+                r = k % pp
+                dense[r] += float(sf.dense[i : j + 1].sum())
+                expert[r] += float(sf.expert[i : j + 1].sum())
+                act[r] += float(sf.act_min[i : j + 1].sum())
+                transient[r] = max(transient[r], float(sf.transient_min[i : j + 1].max()))
+            dense[pp - 1] += sf.tied_copy  # the head's chunk is on the last rank
+            got = self._min_cache[key] = (dense, expert, act, transient)
+        return got

@@ -1,0 +1,225 @@
+"""Interleaved configurations: an exact DP over pipeline ranks whose chunks are fixed.
+
+Space (:mod:`nest.dp.space`): ``pp * v`` chunks of equal blocks (Megatron-Core's partition), chunk
+``k`` on rank ``k % pp``, and a recompute mode per chunk. The shared evaluator's objective is
+``T = m M + (S - M) / v + E + O = S / v + (m - 1/v) M + E + O`` with ``t_r`` the sum of rank
+``r``'s chunk times, ``E = max_r max(0, sync_r - B_r [- b_r])`` where ``b_r`` is the backward of
+rank ``r``'s first chunk (chunk ``r``, its last backward) and ``B_r = sum_{q<r} b_q``, and
+``O = max_r opt_r`` (:mod:`nest.cost.pipeline`, :mod:`nest.cost.evaluate`).
+
+**Per rank** the partition is fixed, so the rank's sync, optimizer step and parameter memory are
+fixed too, and its recompute modes only change ``t_r``, ``b_r`` and whether it fits. Those two
+numbers are all later ranks see, and a smaller ``t_r`` with a larger ``b_r`` is never worse (every
+term of ``T`` is non-decreasing in ``t_r`` and non-increasing in ``B``), so a rank needs, for each
+mode of its first chunk, only the fastest assignment of the other chunks that fits, and of those
+(at most three) only the Pareto-best in ``(t_r, -b_r)`` (:func:`rank_options`). That fastest
+assignment is found exhaustively but without repetition: chunks with the same layers and the same
+neighbours cost the same, so only how many of each group take each mode matters; groups are merged
+one by one keeping, per largest transient buffer, the Pareto set of (time, stored activations)
+(memory is ``state + in-flight x activations + largest transient + reserve``, increasing in both,
+so a dropped assignment is never the only one that fits or the fastest).
+
+**Across ranks** the recurrence of :mod:`nest.dp.recurrence` runs with state ``r`` and the same
+labels ``(S, M, B, E, O)``; the dominance test carries the coefficients ``1/v`` and ``m - 1/v``
+(:func:`~nest.dp.recurrence.worse_by_at_most`), and a label is dropped when
+``(S + R) / v + (m - 1/v) max(M, R_max) + E + O`` exceeds the incumbent, ``R`` and ``R_max`` the
+sum and maximum of the later ranks' floors (each rank takes at least the floors of its chunks'
+layers, :mod:`nest.dp.bounds`). Complexity: ``pp`` ranks x at most 3 options x the labels kept.
+"""
+
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import combinations_with_replacement
+
+import numpy as np
+
+from nest.axes import Recompute
+from nest.dp.recurrence import DPStats, Front, GreedyFront, Label, backtrack, objective_s
+from nest.dp.space import interleaved_chunks
+from nest.dp.stages import StageModel
+
+
+@dataclass(frozen=True, slots=True)
+class RankOption:
+    t_s: float
+    first_bwd_s: float
+    modes: tuple[Recompute, ...]
+    """Recompute mode of each of the rank's chunks, in chunk order."""
+
+
+@lru_cache(maxsize=256)
+def _count_vectors(size: int, n_modes: int) -> np.ndarray:
+    """Every way to give ``size`` identical chunks one of ``n_modes`` modes, as counts."""
+    rows = [
+        [combo.count(c) for c in range(n_modes)]
+        for combo in combinations_with_replacement(range(n_modes), size)
+    ]
+    out = np.array(rows, dtype=float).reshape(-1, n_modes)
+    out.flags.writeable = False
+    return out
+
+
+def _pareto(t, act, tr, picks):
+    """Keep, per transient value, the assignments no other beats in both time and activations."""
+    order = np.lexsort((act, t, tr))
+    t, act, tr, picks = t[order], act[order], tr[order], picks[order]
+    keep = np.ones(len(t), dtype=bool)
+    for value in np.unique(tr):
+        idx = np.flatnonzero(tr == value)
+        best = np.minimum.accumulate(act[idx])
+        keep[idx[1:]] = act[idx[1:]] < best[:-1]
+    return t[keep], act[keep], tr[keep], picks[keep]
+
+
+class RankChunks:
+    """Per-mode costs of the chunks of one rank (first chunk apart, the others grouped)."""
+
+    def __init__(self, sm: StageModel, r: int, modes: tuple[Recompute, ...]) -> None:
+        pp, v = sm.config.pp, sm.config.v
+        chunks = interleaved_chunks(sm.n_layers, pp, v)
+        last = len(chunks) - 1
+        self.ks = list(range(r, len(chunks), pp))
+        self.modes = modes
+        # chunks with the same layers and the same neighbours cost the same: the first chunk
+        # apart, group the others and price one of each group
+        signature = [ref.signature for ref in sm.problem.model.chain]
+        self.groups: dict[tuple, list[int]] = {}
+        for k in self.ks[1:]:
+            i, j = chunks[k]
+            key = (tuple(signature[i - 1 : j + 1]), k == last)
+            self.groups.setdefault(key, []).append(k)
+        self.cost = {}  # chunk -> (t, b, act, transient) per mode
+        for k in [self.ks[0]] + [ks[0] for ks in self.groups.values()]:
+            i, j = chunks[k]
+            prev = (k - 1) % pp if k > 0 else None
+            nxt = (k + 1) % pp if k < last else None
+            rows = []
+            for mode in modes:
+                fwd, bwd = sm.chunk_times(r, i, j, mode, prev, nxt)
+                act = sm.p_act[mode][j + 1] - sm.p_act[mode][i]
+                rows.append((fwd + bwd, bwd, act, sm.peak[mode][i, j]))
+            self.cost[k] = np.array(rows)
+        dense = sum(sm.params(r, *chunks[k])[2] for k in self.ks)
+        expert = sum(sm.params(r, *chunks[k])[1] for k in self.ks)
+        self.sync_s, self.opt_s = sm.rank_sync_opt(r, dense, expert)
+        self.static_bytes = sm.state_bytes_of(dense, expert) + sm.reserve
+        self.in_flight = sm.in_flight[r]
+
+    def assignments(self):
+        """Pareto-kept (time, activations, transient, modes per chunk) of the non-first chunks."""
+        n = len(self.modes)
+        t, act, tr = np.zeros(1), np.zeros(1), np.zeros(1)
+        picks = np.zeros((1, 0), dtype=int)
+        for ks in self.groups.values():
+            rep = self.cost[ks[0]]
+            counts = _count_vectors(len(ks), n)
+            g_t, g_act = counts @ rep[:, 0], counts @ rep[:, 2]
+            g_tr = np.where(counts > 0, rep[:, 3], -np.inf).max(axis=1)
+            t = (t[:, None] + g_t[None, :]).ravel()
+            act = (act[:, None] + g_act[None, :]).ravel()
+            tr = np.maximum(tr[:, None], g_tr[None, :]).ravel()
+            rows = np.arange(len(picks)).repeat(len(counts))
+            cols = np.tile(np.arange(len(counts)), len(picks))
+            picks = np.hstack([picks[rows], counts[cols].astype(int)])
+            t, act, tr, picks = _pareto(t, act, tr, picks)
+        return t, act, tr, picks
+
+    def modes_of(self, first: int, pick) -> tuple[Recompute, ...]:
+        out = {self.ks[0]: self.modes[first]}
+        n = len(self.modes)
+        for g, ks in enumerate(self.groups.values()):
+            expanded = [self.modes[c] for c in range(n) for _ in range(int(pick[g * n + c]))]
+            out.update(zip(ks, expanded, strict=True))
+        return tuple(out[k] for k in self.ks)
+
+
+def rank_options(sm: StageModel, rc: RankChunks) -> tuple[list[RankOption], float]:
+    """The rank's Pareto-best feasible options and the least memory any assignment needs."""
+    t, act, tr, picks = rc.assignments()
+    first = rc.cost[rc.ks[0]]
+    found, least = [], np.inf
+    for c in range(len(rc.modes)):
+        memory = rc.static_bytes + rc.in_flight * (act + first[c, 2]) + np.maximum(tr, first[c, 3])
+        least = min(least, float(memory.min()))
+        fits = np.flatnonzero(memory <= sm.capacity)
+        if fits.size:
+            best = fits[np.argmin(t[fits])]
+            found.append((float(t[best] + first[c, 0]), float(first[c, 1]), c, picks[best]))
+    kept = []
+    for a, (t_a, b_a, c, pick) in enumerate(found):
+        # dropped: another option is as fast and hides as much (ties keep the first)
+        if not any(
+            t_o <= t_a and b_o >= b_a and ((t_o, b_o) != (t_a, b_a) or o < a)
+            for o, (t_o, b_o, *_) in enumerate(found)
+            if o != a
+        ):
+            kept.append(RankOption(t_a, b_a, rc.modes_of(c, pick)))
+    return kept, least
+
+
+def _rank_floors(sm: StageModel, modes) -> list[float]:
+    prefix = sm.min_compute_s(modes)
+    out = [0.0] * sm.config.pp
+    for k, (i, j) in enumerate(interleaved_chunks(sm.n_layers, sm.config.pp, sm.config.v)):
+        out[k % sm.config.pp] += prefix[j + 1] - prefix[i]
+    return out
+
+
+def solve_interleaved(
+    sm: StageModel,
+    modes: tuple[Recompute, ...],
+    incumbent_s: float,
+    stats: DPStats,
+    *,
+    exact: bool = True,
+):
+    """Best (objective, [(first, last, mode) per chunk]) of an interleaved configuration, or
+    None when nothing fits or nothing beats ``incumbent_s``."""
+    pp, v, m = sm.config.pp, sm.config.v, sm.m
+    s_coef, m_coef = 1.0 / v, m - 1.0 / v
+    floors = _rank_floors(sm, modes)
+    labels = [Label(0.0, 0.0, 0.0, 0.0, 0.0)]
+    for r in range(pp):
+        rest_sum, rest_max = sum(floors[r + 1 :]), max(floors[r + 1 :], default=0.0)
+        low = min(lab.total_s for lab in labels) + floors[r] + rest_sum
+        top = max(min(lab.max_s for lab in labels), floors[r], rest_max)
+        if s_coef * low + m_coef * top > incumbent_s:
+            stats.labels_bounded += len(labels)
+            return None
+        rc = RankChunks(sm, r, modes)
+        options, _ = rank_options(sm, rc)
+        stats.stages_scored += len(modes) * len(rc.cost)
+        front = Front(m_coef, s_coef) if exact else GreedyFront(m_coef, s_coef)
+        for opt in options:
+            own = opt.first_bwd_s if sm.overlap else 0.0
+            for lab in labels:
+                total = lab.total_s + opt.t_s
+                mx = max(lab.max_s, opt.t_s)
+                exposed = max(lab.exposed_s, rc.sync_s - lab.bwd_sum_s - own, 0.0)
+                step = max(lab.opt_s, rc.opt_s)
+                stats.labels_created += 1
+                bound = s_coef * (total + rest_sum) + m_coef * max(mx, rest_max) + exposed + step
+                if bound > incumbent_s:
+                    stats.labels_bounded += 1
+                    continue
+                front.insert(
+                    Label(total, mx, lab.bwd_sum_s + opt.first_bwd_s, exposed, step, lab, opt),
+                    stats,
+                )
+        labels = front.labels
+        if not labels:
+            return None
+    best = min(labels, key=lambda lab: objective_s(lab, m_coef, s_coef))
+    value = objective_s(best, m_coef, s_coef)
+    if value > incumbent_s:
+        return None
+    chunks = interleaved_chunks(sm.n_layers, pp, v)
+    per_chunk: dict[int, Recompute] = {}
+    for r, opt in enumerate(backtrack(best)):
+        per_chunk.update(zip(range(r, pp * v, pp), opt.modes, strict=True))
+    return value, [(i, j, per_chunk[k]) for k, (i, j) in enumerate(chunks)]
+
+
+def smallest_peak_interleaved(sm: StageModel, modes) -> float:
+    """The least per-device peak memory of any plan of an interleaved configuration."""
+    return max(rank_options(sm, RankChunks(sm, r, modes))[1] for r in range(sm.config.pp))

@@ -1,0 +1,256 @@
+"""The interleaved part of the NEST space, the bounds that prune it and the vectorised stage rows:
+each checked against the shared evaluator or brute force."""
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from baselines.brute import BrutePlanner, count_plans
+from nest.axes import Optimizer, Recompute, Schedule
+from nest.cost import evaluate
+from nest.cost.collectives import COLLECTIVE_TIME
+from nest.dp.bounds import Floors
+from nest.dp.interleaved import RankChunks
+from nest.dp.planner import NestPlanner, plan_from_choices
+from nest.dp.rows import linear_form, stage_row
+from nest.dp.space import SpaceOptions, configurations, families, interleaved_chunks
+from nest.dp.stages import StageModel
+from nest.errors import Infeasible, UserError
+from nest.model import ModelSpec
+
+from .conftest import make_cluster, make_device, make_problem
+from .test_nest_dp import tiny_case
+
+ORDERS = ["tp,cp,dp,pp", "tp,cp,pp,dp", "tp,dp,pp,cp", "tp,pp,dp,cp"]
+
+
+def interleaved_case(seed: int, max_plans: int = 1500):
+    """A random problem whose space (drawn restriction included) holds interleaved plans: 4, 6
+    or 8 blocks, 2-8 devices on 1-2 fast levels, blocks heavy enough that the bubble matters,
+    few microbatches; half the cases search the interleaved schedule only, half force a
+    pipeline (``pp`` 2 or 4, else one stage without a bubble tends to win)."""
+    rng = random.Random(seed)
+    for _ in range(200):
+        fanouts = [rng.choice([2, 4]) for _ in range(rng.randint(1, 2))]
+        while math.prod(fanouts) > 8:
+            fanouts[-1] = 1
+        moe = rng.random() < 0.2
+        spec = ModelSpec(
+            name="tiny",
+            hidden=rng.choice([256, 512]),
+            layers=rng.choice([4, 6, 8]),
+            heads=rng.choice([4, 8]),
+            ffn_hidden=rng.choice([1024, 2048]),
+            vocab=rng.choice([256, 512]),
+            seq_len=rng.choice([128, 256]),
+            activation=rng.choice(["gelu", "swiglu"]),
+            dropout=rng.random() < 0.5,
+            tied_embeddings=rng.random() < 0.5,
+            num_experts=4 if moe else 1,
+            top_k=2 if moe else 1,
+            moe_layer_freq=rng.choice([1, 2]) if moe else 1,
+        )
+        device = make_device(
+            hbm_bytes=rng.choice([0.03, 0.06, 0.1, 1.0]) * 2**30,
+            peak_flops_per_s=rng.uniform(1, 50) * 1e12,
+            hbm_bw_bytes_per_s=rng.uniform(500, 3000) * 1e9,
+        )
+        cluster = make_cluster(
+            fanouts=tuple(fanouts),
+            bws_gbps=tuple(sorted((rng.uniform(50, 900) for _ in fanouts), reverse=True)),
+            lat_us=tuple(rng.uniform(0, 3) for _ in fanouts),
+            device=device,
+        )
+        problem = make_problem(
+            spec,
+            cluster,
+            flash=rng.random() < 0.5,
+            global_batch=rng.choice([2, 4, 8]),
+            microbatch_sizes=(1, 2),
+            optimizer=rng.choice([Optimizer.ADAM, Optimizer.SGD]),
+            overlap_grad_sync=rng.random() < 0.5,
+            grad_bytes=rng.choice([2, 4]),
+        )
+        options = dict(
+            zero_stages=sorted(rng.sample([0, 1, 2, 3], rng.randint(1, 2))),
+            recompute=sorted(rng.sample(["none", "selective", "full"], rng.randint(1, 3))),
+            rank_orders=rng.sample(ORDERS, rng.randint(1, 2)),
+            schedules=rng.choice([["1f1b", "interleaved"], ["interleaved"]]),
+        )
+        if rng.random() < 0.5:  # a pipeline is forced: 1F1B and interleaved compete directly
+            options["pp"] = [2, 4]
+        space = SpaceOptions(**options)
+        if not any(c.interleaved for c in configurations(problem, space)):
+            continue
+        if count_plans(problem, space) <= max_plans:
+            return problem, options
+    raise AssertionError("no interleaved case drawn")
+
+
+def test_interleaved_chunks_are_megatrons_partition():
+    """``pp * v`` chunks of ``blocks / (pp v)`` blocks, embedding in chunk 0, head in the last,
+    contiguous over the chain; the evaluator accepts the plan built from them."""
+    for blocks, pp, v in [(4, 2, 2), (12, 2, 3), (12, 3, 2), (126, 2, 63), (96, 4, 12)]:
+        chunks = interleaved_chunks(blocks + 2, pp, v)
+        assert len(chunks) == pp * v
+        assert chunks[0][0] == 0 and chunks[-1][1] == blocks + 1
+        assert all(b[0] == a[1] + 1 for a, b in zip(chunks, chunks[1:], strict=False))
+        sizes = [j - i + 1 for i, j in chunks]
+        assert sizes[1:-1] == [blocks // (pp * v)] * (pp * v - 2)
+        assert sizes[0] == sizes[-1] == blocks // (pp * v) + 1
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_interleaved_rank_terms_equal_the_evaluator(seed):
+    """For a random interleaved plan (random recompute mode per chunk), each rank's time, first
+    chunk backward, DP sync, optimizer step and memory from the DP's per-rank model equal the
+    shared evaluator's (1e-9 relative)."""
+    problem, options = interleaved_case(seed)
+    rng = random.Random(seed)
+    space = SpaceOptions(**{**options, "schedules": ["interleaved"]})
+    config = rng.choice([c for c in configurations(problem, space)])
+    sm = StageModel(problem, config)
+    modes = tuple(Recompute)
+    chunks = interleaved_chunks(problem.num_layers, config.pp, config.v)
+    picked = [rng.choice(modes) for _ in chunks]
+    report = evaluate(
+        problem,
+        plan_from_choices(problem, config, [(*c, m) for c, m in zip(chunks, picked, strict=True)]),
+    )
+    for r in range(config.pp):
+        rc = RankChunks(sm, r, modes)
+        ks = rc.ks
+        cost = {k: rc.cost[k] if k in rc.cost else rc.cost[_rep(rc, k)] for k in ks}
+        idx = [modes.index(picked[k]) for k in ks]
+        t = sum(cost[k][c, 0] for k, c in zip(ks, idx, strict=True))
+        act = sum(cost[k][c, 2] for k, c in zip(ks, idx, strict=True))
+        peak = max(cost[k][c, 3] for k, c in zip(ks, idx, strict=True))
+        rank = report.ranks[r]
+        assert t == pytest.approx(rank.fwd_s + rank.bwd_s, rel=1e-9)
+        assert cost[r][idx[0], 1] == pytest.approx(report.stages[r].bwd_s, rel=1e-9)
+        assert rc.sync_s == pytest.approx(rank.dp_sync_s, rel=1e-9, abs=1e-18)
+        assert rc.opt_s == pytest.approx(rank.optimizer_s, rel=1e-9)
+        memory = rc.static_bytes + rc.in_flight * act + peak
+        assert memory == pytest.approx(rank.memory.total_bytes, rel=1e-9)
+
+
+def _rep(rc: RankChunks, k: int) -> int:
+    return next(ks[0] for ks in rc.groups.values() if k in ks)
+
+
+def test_nest_equals_brute_force_on_interleaved_spaces():
+    """``nest`` and ``brute`` agree (1e-9) on 50 random problems whose space holds interleaved
+    plans (half of them searching the interleaved schedule only), on infeasibility and on the
+    smallest peak memory; interleaved plans really win some of the mixed cases."""
+    won = {"both": 0, "interleaved only": 0}
+    infeasible = 0
+    for seed in range(50):
+        problem, options = interleaved_case(1000 + seed)
+        try:
+            oracle = BrutePlanner(**options).solve(problem)
+        except Infeasible as exc:
+            oracle, oracle_need = None, exc.min_memory_bytes
+        try:
+            found = NestPlanner(**options).solve(problem)
+        except Infeasible as exc:
+            found, found_need = None, exc.min_memory_bytes
+        if oracle is None or found is None:
+            assert oracle is None and found is None, (seed, oracle, found)
+            assert found_need == pytest.approx(oracle_need, rel=1e-9), seed
+            infeasible += 1
+            continue
+        assert found.objective_s == evaluate(problem, found).iteration_time_s
+        assert found.objective_s == pytest.approx(oracle.objective_s, rel=1e-9), (seed, options)
+        if oracle.schedule is Schedule.INTERLEAVED:
+            won["both" if len(options["schedules"]) == 2 else "interleaved only"] += 1
+    assert won["both"] >= 5 and won["interleaved only"] >= 10 and infeasible >= 5, won
+
+
+def test_linear_form_is_the_collective_time():
+    """``a S + c`` of :func:`linear_form` equals :mod:`nest.cost.collectives` for every op on
+    random splits and sizes (what the vectorised rows rely on)."""
+    rng = random.Random(3)
+    cluster = make_cluster(fanouts=(4, 2, 8), bws_gbps=(400, 100, 200), lat_us=(1, 4, 9))
+    for _ in range(300):
+        factors = tuple(rng.randint(1, f) for f in (4, 2, 8))
+        n_bytes = rng.choice([1.0, 1e3, 1e6, 1e9]) * rng.random()
+        for op, fn in COLLECTIVE_TIME.items():
+            a, c = linear_form(op, factors, cluster)
+            assert a * n_bytes + c == pytest.approx(fn(n_bytes, factors, cluster), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_stage_rows_equal_stage_terms(seed):
+    """The numpy row of (rank, first layer, mode) equals the scalar stage terms for every end."""
+    problem, options = tiny_case(seed)
+    rng = random.Random(seed)
+    space = SpaceOptions(**{**options, "schedules": ["1f1b"]})
+    for config in rng.sample(list(configurations(problem, space)), 3):
+        sm = StageModel(problem, config)
+        n = sm.n_layers
+        for r in range(config.pp):
+            i = rng.randint(0, n - 1)
+            mode = rng.choice(list(Recompute))
+            row = stage_row(sm, r, i, mode)
+            fits = sm.fits_from(r, i, mode)
+            for j in range(i, n):
+                terms = sm.stage(r, i, j, mode)
+                assert row.time_s[j - i] == pytest.approx(terms.fwd_s + terms.bwd_s, rel=1e-12)
+                assert row.bwd_s[j - i] == pytest.approx(terms.bwd_s, rel=1e-12)
+                assert row.sync_s[j - i] == pytest.approx(terms.sync_s, rel=1e-12, abs=1e-18)
+                assert row.optimizer_s[j - i] == pytest.approx(terms.optimizer_s, rel=1e-12)
+                assert fits[j - i] == terms.fits
+
+
+def test_floors_are_below_every_plan():
+    """The pruning bounds (nest.dp.bounds) on random plans of random spaces, 1F1B and
+    interleaved: every stage or chunk takes at least the sum of its layers' floors, the
+    iteration at least its configuration's bound (memory aside), and the peak rank at least the
+    configuration's memory floor."""
+    rng = random.Random(11)
+    checked = 0
+    for seed in range(40):
+        problem, options = (tiny_case if seed % 2 else interleaved_case)(seed)
+        space = SpaceOptions(**options)
+        floors = Floors(problem, space.recompute_modes)
+        fams = list(families(problem, space))
+        for family in rng.sample(fams, min(4, len(fams))):
+            schedule = rng.choice(family.schedules)
+            zero, order = rng.choice(family.zeros), rng.choice(family.orders)
+            config = family.config(schedule, zero, order)
+            if config.interleaved:
+                parts = interleaved_chunks(problem.num_layers, config.pp, config.v)
+            else:
+                cuts = sorted(rng.sample(range(1, problem.num_layers), config.pp - 1))
+                bounds = [0, *cuts, problem.num_layers]
+                parts = [(bounds[k], bounds[k + 1] - 1) for k in range(config.pp)]
+            choices = [(i, j, rng.choice(space.recompute_modes)) for i, j in parts]
+            report = evaluate(problem, plan_from_choices(problem, config, choices))
+            sm = StageModel(problem, config)
+            layer = np.diff(sm.min_compute_s(space.recompute_modes))
+            for (i, j, _), stage in zip(choices, report.stages, strict=True):
+                assert stage.fwd_s + stage.bwd_s >= layer[i : j + 1].sum() * (1 - 1e-12)
+            bound = floors.config_bound_s(family, zero, schedule)
+            assert report.iteration_time_s >= bound * (1 - 1e-12), (seed, config)
+            need = floors.memory_floor_bytes(family, zero, schedule)
+            assert report.peak_memory_bytes >= need * (1 - 1e-12), (seed, config)
+            checked += 1
+    assert checked >= 100
+
+
+def test_schedule_options_are_checked():
+    problem = make_problem(
+        ModelSpec(name="x", hidden=64, layers=4, heads=4, ffn_hidden=128, vocab=256, seq_len=32),
+        make_cluster(fanouts=(4,)),
+        global_batch=8,
+    )
+    with pytest.raises(UserError, match="solver.schedules"):
+        NestPlanner(schedules=["gpipe"]).solve(problem)
+    with pytest.raises(UserError, match="solver.virtual_stages"):
+        NestPlanner(virtual_stages=[1]).solve(problem)
+    with pytest.raises(UserError, match="search space is empty"):
+        NestPlanner(schedules=["interleaved"], virtual_stages=[3]).solve(problem)
+    plan = NestPlanner(schedules=["interleaved"], virtual_stages=[2]).solve(problem)
+    assert plan.schedule is Schedule.INTERLEAVED and plan.virtual_stages == 2 and plan.pp == 2
