@@ -3,7 +3,9 @@
 A run builds the problem, instantiates the planner from ``cfg.solver``, scores the plan with the
 shared evaluator, prints the summary and writes ``plan.json``, ``report.json`` and ``summary.txt``
 into the Hydra run directory. User mistakes (``UserError``) and infeasible problems
-(``Infeasible``) print one line, never a traceback.
+(``Infeasible``) print one line, never a traceback; a configuration given as data that cannot run
+as given (``InvalidConfiguration``, e.g. a published table row) is reported with status
+``invalid``.
 """
 
 import json
@@ -19,7 +21,7 @@ from omegaconf import DictConfig
 
 from nest.config import build_problem, register_schemas
 from nest.cost import evaluate
-from nest.errors import Infeasible, UserError
+from nest.errors import Infeasible, InvalidConfiguration, UserError
 from nest.serialize import plan_to_dict, report_to_dict
 from nest.simulate import plot_timeline, simulate
 from nest.summary import format_summary
@@ -57,6 +59,11 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
         problem = build_problem(cfg)
         planner = instantiate(cfg.solver, _convert_="all")
         plan = planner.solve(problem)
+    except InvalidConfiguration as exc:
+        result = {**base, "status": "invalid", "feasible": False, "error": exc.reason}
+        _write_json(out_dir / "report.json", result)
+        echo_error(f"invalid: {exc.reason}")
+        return result
     except UserError as exc:
         result = {**base, "status": "error", "feasible": False, "error": str(exc)}
         _write_json(out_dir / "report.json", result)
@@ -109,7 +116,8 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     result = run(cfg, Path(hydra_cfg.runtime.output_dir))
-    if hydra_cfg.mode != RunMode.MULTIRUN and result["status"] in ("error", "infeasible"):
+    failed = result["status"] in ("error", "infeasible", "invalid")
+    if hydra_cfg.mode != RunMode.MULTIRUN and failed:
         sys.exit(2 if result["status"] == "error" else 1)
 
 

@@ -24,7 +24,14 @@ RESTRICT = {
         "solver.zero_stages=[1]",
         "solver.rank_orders=[tp-cp-dp-pp]",
         "solver.recompute=[none,full]",
-    ]
+    ],
+    # a small budget keeps the two runs per problem quick; the stop is still the budget's
+    "mcmc": ["solver.max_evaluations=150", "solver.min_evaluations=150"],
+    # the paper's tables have no rows for the tiny problems: a table file with rows for them
+    "paper_table": [
+        "solver.setup=test",
+        f"solver.tables_file={Path(__file__).parent / 'data' / 'paper_tables_tiny.yaml'}",
+    ],
 }
 
 
