@@ -34,7 +34,8 @@ CLUSTER_PRESETS = sorted(p.stem for p in Path(CONF_DIR, "cluster").glob("*.yaml"
 
 # -- the frozen CLI surface (a freeze test: changing it must be deliberate) ----------------------
 CONFIG_GROUPS = {"solver", "cluster", "model", "training", "device"}
-SOLVERS = {"alpa", "brute", "fixed", "mcmc", "megatron", "nest", "paper_table", "phaze"}  # adding a planner means adding its name here
+# adding a planner means adding its name here
+SOLVERS = {"alpa", "brute", "fixed", "mcmc", "megatron", "nest", "paper_table", "phaze"}
 REQUIRED_MODELS = {
     "bert_large",
     "gpt3_175b",
