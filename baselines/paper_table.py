@@ -53,6 +53,7 @@ from nest.problem import Problem
 TABLES_FILE = Path(__file__).resolve().parent.parent / "conf" / "paper_tables.yaml"
 SETUP_OF_CLUSTER = {"tpuv4_fattree": "tpuv4_fatTree", "h100_spineleaf": "h100_spineLeaf"}
 TABLES = ("Manual", "MCMC", "Phaze")
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 6x faster
 MIXTRAL_EP = 4  # the artifact's ep_degree for Mixtral (NEST_NOTES.md §2)
 
 
@@ -111,7 +112,7 @@ class PaperTablePlanner:
             setup = f"{setup}_mbs{self.microbatch_size}"
         devices = self.devices or problem.cluster.num_devices
         path = Path(self.tables_file) if self.tables_file else TABLES_FILE
-        rows = yaml.safe_load(path.read_text())["rows"]
+        rows = yaml.load(path.read_text(), Loader=SAFE_LOADER)["rows"]
         match = [
             r
             for r in rows

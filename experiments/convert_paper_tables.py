@@ -103,7 +103,8 @@ def dump_rows(rows: list[dict]) -> str:
 
 
 def load_rows(path: Path = OUT) -> list[dict]:
-    return yaml.safe_load(path.read_text())["rows"]
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(path.read_text(), Loader=loader)["rows"]
 
 
 def main(argv: list[str] | None = None) -> int:
