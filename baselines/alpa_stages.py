@@ -86,30 +86,12 @@ class StageCosts:
         costs = [model.layer_cost(ref, shard, cluster.device) for ref in chain]
         is_block = [ref.kind is LayerKind.BLOCK for ref in chain]
         grid = place(tp=intra.tp, cp=1, dp=intra.dp, pp=n_stages, rank_order=MEGATRON_ORDER)
-        factors = self._factors(grid[0])
-
-        def coll_s(colls) -> float:
-            return sum(
-                max(
-                    (COLLECTIVE_TIME[c.op](c.n_bytes, f, cluster) for f in factors[c.axis]),
-                    default=0.0,
-                )
-                for c in colls
-            )
-
-        fwd = [c.fwd_s + coll_s(c.fwd_collectives) for c in costs]
-        bwd = [c.bwd_s + coll_s(c.bwd_collectives) for c in costs]
+        self.factors = self._factors(grid[0])
         self.time = {}
         self.act = {}
         self.transient = {}
         for mode in self.modes:
-            extra = [
-                c.recompute_s.get(mode, 0.0) + coll_s(c.recompute_collectives.get(mode, ()))
-                if blk
-                else 0.0
-                for c, blk in zip(costs, is_block, strict=True)
-            ]
-            self.time[mode] = _range_sum(_prefix(np.add(np.add(fwd, bwd), extra)))
+            self.time[mode] = _range_sum(_prefix(self._layer_times(costs, is_block, mode)))
             lm = [mode if blk else Recompute.NONE for blk in is_block]
             self.act[mode] = _range_sum(
                 _prefix([c.act_bytes[x] for c, x in zip(costs, lm, strict=True)])
@@ -134,6 +116,28 @@ class StageCosts:
         ]
         i, k = np.indices((n, n))
         self.valid = k >= i
+
+    def _coll_s(self, colls) -> float:
+        """Seconds of a layer's collectives on the stage's groups (the slowest group each)."""
+        cluster = self.problem.cluster
+        return sum(
+            max(
+                (COLLECTIVE_TIME[c.op](c.n_bytes, f, cluster) for f in self.factors[c.axis]),
+                default=0.0,
+            )
+            for c in colls
+        )
+
+    def _layer_times(self, costs, is_block, mode: Recompute) -> list[float]:
+        """``f + b`` of each layer per microbatch: compute, recompute (blocks) and collectives."""
+        out = []
+        for c, blk in zip(costs, is_block, strict=True):
+            t = c.fwd_s + c.bwd_s + self._coll_s(c.fwd_collectives + c.bwd_collectives)
+            if blk:
+                redo = c.recompute_collectives.get(mode, ())
+                t += c.recompute_s.get(mode, 0.0) + self._coll_s(redo)
+            out.append(t)
+        return out
 
     def _factors(self, devices: np.ndarray) -> dict[str, set]:
         """Level splits of the stage's TP and EP groups (the evaluator's grouping)."""

@@ -274,22 +274,7 @@ class MCMCPlanner:
         start_s = cur.time_s if cur.feasible else None
         best, best_score, best_at = (current, cur, 1) if cur.feasible else (None, None, 0)
         stats = {"proposals": 0, "accepted": 0, "invalid": 0, "repeated": 0}
-        stopped_by = "evaluations"
-        while len(seen) < self.max_evaluations:
-            if time.perf_counter() - started > self.max_seconds:
-                stopped_by = "seconds"
-                break
-            if stats["proposals"] >= 20 * self.max_evaluations:
-                stopped_by = "proposals"
-                break
-            if (
-                self.stop_early
-                and best is not None
-                and len(seen) >= self.min_evaluations
-                and len(seen) - best_at >= best_at
-            ):
-                stopped_by = "no_improvement"
-                break
+        while (stopped_by := self._stop(len(seen), stats, best_at, started)) is None:
             stats["proposals"] += 1
             new = moves.propose(current, rng)
             if new == current or not moves.valid(new):
@@ -325,6 +310,23 @@ class MCMCPlanner:
             search=search,
         )
         return plan
+
+    def _stop(self, evaluations: int, stats: dict, best_at: int, started: float) -> str | None:
+        """Which limit stops the chain now (None: go on); ``best_at`` 0 means no plan fits yet."""
+        if evaluations >= self.max_evaluations:
+            return "evaluations"
+        if time.perf_counter() - started > self.max_seconds:
+            return "seconds"
+        if stats["proposals"] >= 20 * self.max_evaluations:
+            return "proposals"
+        if (
+            self.stop_early
+            and best_at > 0
+            and evaluations >= self.min_evaluations
+            and evaluations - best_at >= best_at
+        ):
+            return "no_improvement"
+        return None
 
     def _accept(self, cur: Score, new: Score, rng: random.Random) -> bool:
         """Metropolis-Hastings on the flat time; memory feasibility first."""

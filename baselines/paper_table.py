@@ -158,15 +158,10 @@ class PaperTablePlanner:
         part = row.get("layer_partition")
         return list(part) if part else artifact_split(blocks, row["p"])
 
-    def map_row(self, problem: Problem, row: dict) -> tuple[dict, list[str], list[str]]:
-        """Fixed-planner arguments of a row, the rules it breaks, and the changes the
-        ``nearest_valid`` variant made (module docstring)."""
+    def _model_reasons(self, problem: Problem, row: dict, ep: int) -> list[str]:
+        """What in the row does not fit the run's model: preset, depth, tensor degree."""
         spec = problem.model.spec
-        p, d, t = row["p"], row["d"], row["t"]
-        ep = MIXTRAL_EP if row["artifact_model"] == "mixtral" else 1
-        n = problem.cluster.num_devices
-        nearest = self.variant == "nearest_valid"
-        reasons, changes = [], []
+        reasons = []
         if row["model"] is None:
             reasons.append(f"artifact model {row['artifact_model']!r} has no preset")
         elif row["model"] != problem.model.name:
@@ -176,9 +171,21 @@ class PaperTablePlanner:
                 f"the row splits {row['num_transformer_layers']} blocks, {spec.name} has "
                 f"{spec.layers}"
             )
+        t = row["t"]
         shard = Shard(tp=t, ep=ep, sp=self.sequence_parallel and t > 1)
         if (why := problem.model.shard_problem(shard)) is not None:
             reasons.append(why)
+        return reasons
+
+    def map_row(self, problem: Problem, row: dict) -> tuple[dict, list[str], list[str]]:
+        """Fixed-planner arguments of a row, the rules it breaks, and the changes the
+        ``nearest_valid`` variant made (module docstring)."""
+        spec = problem.model.spec
+        p, d, t = row["p"], row["d"], row["t"]
+        ep = MIXTRAL_EP if row["artifact_model"] == "mixtral" else 1
+        n = problem.cluster.num_devices
+        nearest = self.variant == "nearest_valid"
+        reasons, changes = self._model_reasons(problem, row, ep), []
         blocks = self._blocks(row, spec.layers)
         if len(blocks) != p or sum(blocks) != spec.layers:
             reasons.append(f"layer_partition {blocks} does not split {spec.layers} blocks in p{p}")
