@@ -1,33 +1,35 @@
 """``alpa``: Alpa's inter-operator stage DP over two-level sub-meshes, scored on the real network.
 
 What is taken from Alpa (Zheng et al., "Alpa: Automating Inter- and Intra-Operator Parallelism
-for Distributed Deep Learning", OSDI 2022; checked against the authors' code,
-``alpa/pipeline_parallel/stage_construction.py``):
+for Distributed Deep Learning", OSDI 2022, §5 "inter-operator parallelism"), each point checked
+against the authors' code, ``alpa/pipeline_parallel/stage_construction.py`` (names in quotes):
 
-- The cluster is a 2-D device mesh of ``N`` hosts x ``M`` devices per host; the network has two
-  levels, inside a host and across hosts (§5). Here: the real level 0 is the host; every other
-  level is collapsed into one "across" level at the slowest pair's bandwidth and latency
+- The cluster is a 2-D device mesh of ``N`` hosts x ``M`` devices per host and the network has two
+  levels, inside a host and across hosts. Here: the real level 0 is the host; every other level is
+  collapsed into one "across" level at the slowest pair's bandwidth and latency
   (:func:`baselines.networks.two_level_cluster`). The search sees only that view.
 - Stage sub-meshes have shapes ``(1, 2^k)`` with ``2^k <= M`` (part of one host) or ``(n, M)``
-  (``n`` whole hosts) (§5.1; ``get_submesh_choices``, the paper's "all" space ``n = 2..N``), and
-  the stages' sub-meshes cover the whole cluster mesh exactly (the DP ends at ``d = N M``).
-- Each stage takes the best intra-op configuration of its sub-mesh from Alpa's logical-mesh space
-  ``single_node_model_parallel``: a model-parallel (tensor) degree ``tp`` inside one host that
-  divides the sub-mesh, data parallelism over the rest (``get_one_submesh_autosharding_config_
-  choices``), plus what Alpa's intra-op pass may choose beyond plain TP/DP: expert sharding of MoE
-  layers (``ep``) and weight-update sharding (ZeRO 1/2; §4: "ZeRO ... a special case").
+  (``n`` whole hosts), ``n = 2..N`` (``get_submesh_choices`` with its ``"all"`` space; its default
+  ``"power_of_two"`` keeps ``n`` a power of two), and the stages' sub-meshes cover the cluster
+  mesh exactly (the DP ends at ``d = N M`` devices).
+- Each stage takes the best intra-op configuration of its sub-mesh from the logical-mesh space
+  ``"single_node_model_parallel"``: a model-parallel (tensor) degree ``tp <= M`` dividing the
+  sub-mesh, data parallelism over the rest, ``dp`` dividing the batch
+  (``get_one_submesh_autosharding_config_choices``). Alpa's intra-op pass also shards weight
+  updates and, for MoE layers, experts; here those are ZeRO 1/2 (``zero_stages``) and ``ep``.
   Rematerialisation: each stage takes the cheapest mode in ``recompute`` that fits its memory.
-- The inter-op DP ``F(s, k, d; t_max)`` (§5.2, Eq. 4-5) with the pipeline objective
-  ``T* = min_{t_max} { sum_i t_i + (B - 1) max_i t_i }`` (Eq. 2), the memory condition per stage
-  (``max_n_succ_stages``: a stage ``s``-th from the end holds ``min(s, B)`` microbatches), and the
-  outer enumeration of ``t_max`` over the distinct stage latencies in increasing order, skipping
-  values within ``t_max_gap_s`` of the last one tried (``dp`` in ``stage_construction.py``) and
-  stopping once ``B t_max`` reaches the best objective (§5.2, "early pruning").
+- The inter-op DP (``dp_impl``): ``F(s, i, d)`` is the least sum of stage latencies of ``s``
+  stages covering layers ``i..L-1`` on ``d`` devices, each stage latency at most ``t_max`` and
+  each stage within memory for the stages after it (``max_n_succ_stages``: a stage ``s``-th from
+  the end holds ``min(s, B)`` microbatches under 1F1B); the pipeline objective is
+  ``sum_i t_i + (B - 1) max_i t_i``. The outer loop (``dp``) enumerates ``t_max`` over the
+  distinct stage latencies in increasing order, skips values within ``t_max_gap_s`` of the last
+  one tried (its ``gap``) and stops once ``B t_max`` reaches the best objective.
   Two further stops, both proven safe: start at the smallest ``t_max`` for which any partition
   exists (binary search; feasibility is monotone in ``t_max``), and stop once
   ``sum_LB + (B - 1) t_max`` reaches the best, where ``sum_LB`` is the least sum with no ``t_max``
-  (every plan found at a larger ``t_max`` has its largest stage equal to it and a sum at least
-  ``sum_LB``). Configurations are visited best lower bound first and skipped when
+  (every plan first found at a larger ``t_max`` has its largest stage equal to it and a sum at
+  least ``sum_LB``). Configurations are visited best lower bound first and skipped when
   ``sum_LB + (B - 1) sum_LB / S`` (the largest stage is at least the mean) reaches the best.
 
 The restriction (the lead's decision): the shared plan contract gives every stage the same

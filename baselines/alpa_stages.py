@@ -1,4 +1,4 @@
-"""Alpa's stage costs and its inter-operator DP (Zheng et al., OSDI 2022, §5.2).
+"""Alpa's stage costs and its inter-operator DP (Zheng et al., OSDI 2022, §5; ``dp_impl``).
 
 Stage costs. Alpa profiles every (layer range, sub-mesh, intra-op configuration) and records its
 per-microbatch latency ``t_intra`` and whether its memory fits (as the largest number of stages

@@ -1,12 +1,12 @@
 """``mcmc``: FlexFlow-style Metropolis-Hastings search over plans on a flat network.
 
 FlexFlow (Jia, Zaharia, Aiken, "Beyond Data and Model Parallelism for Deep Neural Networks",
-SysML 2019, §6) searches parallelization strategies with Markov chain Monte Carlo: from a current
-strategy it proposes a random local change, scores the proposal with its (topology-agnostic)
-simulator and accepts it with the Metropolis-Hastings rule ``min(1, exp(beta (cost(S) -
-cost(S*))))``; it starts from data parallelism or an expert-designed strategy, returns the best
-strategy seen, and stops when the search budget is spent or the best has not improved for half of
-the search. Here:
+SysML 2019; its execution optimizer) searches parallelization strategies with Markov chain Monte
+Carlo: from a current strategy it proposes a random local change, scores the proposal with its
+(topology-agnostic) simulator and accepts it with the Metropolis-Hastings rule
+``min(1, exp(beta (cost(S) - cost(S*))))``; it starts from data parallelism or an expert-designed
+strategy, returns the best strategy seen, and stops when the search budget is spent or the best
+has not improved for half of the search. Here:
 
 - **State**: a structured plan of the NEST space: ``tp, cp, ep, dp, pp``, microbatch size, ZeRO
   stage, a contiguous partition of the chain and a recompute mode per stage; rank order

@@ -139,7 +139,7 @@ def test_megatron_as_needed_takes_the_smallest_model_parallel_size_that_fits():
 
 
 def test_alpa_submesh_shapes_are_the_papers():
-    """Alpa §5.1: (1, 1), (1, 2), ..., (1, M) inside a host and (n, M) for n = 2..N."""
+    """Alpa §5 (get_submesh_choices, "all"): (1, 2^k) inside a host, (n, M) for n = 2..N."""
     assert submesh_shapes(4, 8) == [(1, 1), (1, 2), (1, 4), (1, 8), (2, 8), (3, 8), (4, 8)]
     assert submesh_shapes(1, 4) == [(1, 1), (1, 2), (1, 4)]
 
