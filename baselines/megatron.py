@@ -19,6 +19,16 @@ Rules and their sources:
    ranks out of data-parallel ranks).
 Sequence parallelism whenever ``tp > 1`` and the distributed optimizer (ZeRO-1) by default,
 as Megatron-LM's large-model recipes use.
+
+Order of preference among the candidates: the smallest ``pp`` first, then the lightest recompute,
+then the largest microbatch (rules 2, 5, 6: pipeline stages cost a bubble, recomputation a third
+more compute, a smaller microbatch only arithmetic intensity).
+
+``tensor=as_needed`` reads rule 1 together with SC21 §3.3 Takeaway #2 ("a total model-parallel
+size M = t * p should be used so that the model's parameters and intermediate metadata fit in GPU
+memory"): the smallest ``t * p`` that fits, with ``t`` grown inside the node before any ``p``.
+The default ``fill_node`` always takes the widest ``t`` the node and the heads allow (rule 1 as
+stated), which costs TP traffic on models that would fit with less.
 """
 
 import time
@@ -46,30 +56,46 @@ class MegatronPlanner:
         zero_stage: int = 1,
         max_tp: int | None = None,
         rank_order: str = "tp,cp,dp,pp",
+        tensor: str = "fill_node",
     ) -> None:
         self.name = name
+        self.tensor = tensor
+        """``fill_node`` (widest TP the node allows) or ``as_needed`` (smallest t*p that fits)."""
         self.zero_stage = zero_stage
         self.max_tp = max_tp
         self.rank_order = rank_order
 
-    def tensor_degree(self, problem: Problem) -> int:
+    def tensor_degrees(self, problem: Problem) -> list[int]:
+        """TP degrees inside a node that the heads, KV heads and FFN allow, widest first."""
         node = problem.cluster.levels[0].fanout
         limit = min(node, self.max_tp or node, problem.cluster.num_devices)
-        for tp in sorted(_divisors(node), reverse=True):
-            if tp <= limit and problem.model.shard_problem(Shard(tp=tp)) is None:
-                return tp
-        return 1
+        sp = problem.training.sequence_parallel
+        return [
+            tp
+            for tp in sorted(_divisors(node), reverse=True)
+            if tp <= limit and problem.model.shard_problem(Shard(tp=tp, sp=sp and tp > 1)) is None
+        ] or [1]
+
+    def tensor_degree(self, problem: Problem) -> int:
+        return self.tensor_degrees(problem)[0]
+
+    def _model_parallel(self, problem: Problem) -> list[tuple[int, int]]:
+        """(tp, pp) pairs in the order the rules try them."""
+        n = problem.cluster.num_devices
+        pps = _divisors(problem.model.spec.layers)  # uniform split: pp divides the layers
+        if self.tensor == "fill_node":
+            tp = self.tensor_degree(problem)
+            return [(tp, pp) for pp in pps if tp * pp <= n]
+        pairs = [(tp, pp) for tp in self.tensor_degrees(problem) for pp in pps if tp * pp <= n]
+        return sorted(pairs, key=lambda x: (x[0] * x[1], x[1]))
 
     def candidates(self, problem: Problem):
         """Plans in the order the rules prefer them."""
         model, training = problem.model, problem.training
         n = problem.cluster.num_devices
         blocks = model.spec.layers
-        tp = self.tensor_degree(problem)
         order = parse_rank_order(self.rank_order)
-        for pp in _divisors(blocks):  # uniform split: pp divides the layers
-            if pp > n // tp:
-                break
+        for tp, pp in self._model_parallel(problem):
             # DP for the rest: the most replicas that fit and divide the batch (others stay idle)
             dp = max(d for d in _divisors(training.global_batch) if d <= n // (tp * pp))
             ep = gcd(model.spec.num_experts, dp) if model.spec.is_moe else 1
@@ -104,6 +130,8 @@ class MegatronPlanner:
                 f"solver.max_tp={self.max_tp!r} must be a positive integer (or null for the node "
                 "size)"
             )
+        if self.tensor not in ("fill_node", "as_needed"):
+            raise UserError(f"solver.tensor={self.tensor!r}; use fill_node or as_needed")
         if self.zero_stage not in (0, 1, 2, 3):
             raise UserError(f"solver.zero_stage={self.zero_stage!r}; use 0, 1, 2 or 3")
         best_peak = None

@@ -3,7 +3,9 @@
 A run builds the problem, instantiates the planner from ``cfg.solver``, scores the plan with the
 shared evaluator, prints the summary and writes ``plan.json``, ``report.json`` and ``summary.txt``
 into the Hydra run directory. User mistakes (``UserError``) and infeasible problems
-(``Infeasible``) print one line, never a traceback.
+(``Infeasible``) print one line, never a traceback; a configuration given as data that cannot run
+as given (``InvalidConfiguration``, e.g. a published table row) is reported with status
+``invalid``.
 """
 
 import json
@@ -19,7 +21,7 @@ from omegaconf import DictConfig
 
 from nest.config import build_problem, register_schemas
 from nest.cost import evaluate
-from nest.errors import Infeasible, UserError
+from nest.errors import Infeasible, InvalidConfiguration, UserError
 from nest.explain import explain_report, format_explain
 from nest.export import export_plan, format_export, targets_of, write_export
 from nest.results import run_recorded
@@ -64,6 +66,11 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
         export_targets = targets_of(cfg.get("export"))
         planner = instantiate(cfg.solver, _convert_="all")
         plan = planner.solve(problem)
+    except InvalidConfiguration as exc:
+        result = {**base, "status": "invalid", "feasible": False, "error": exc.reason}
+        _write_json(out_dir / "report.json", result)
+        echo_error(f"invalid: {exc.reason}")
+        return result
     except UserError as exc:
         result = {**base, "status": "error", "feasible": False, "error": str(exc)}
         _write_json(out_dir / "report.json", result)
@@ -154,7 +161,7 @@ def main(cfg: DictConfig) -> None:
         job=hydra_cfg.job.get("num") if multirun else None,
         keep_going=multirun,
     )
-    if not multirun and result["status"] in ("error", "infeasible"):
+    if not multirun and result["status"] in ("error", "infeasible", "invalid"):
         sys.exit(2 if result["status"] == "error" else 1)
 
 

@@ -21,3 +21,13 @@ class Infeasible(Exception):
         super().__init__(reason)
         self.reason = reason
         self.min_memory_bytes = min_memory_bytes
+
+
+class InvalidConfiguration(UserError):
+    """A configuration given as data (e.g. a row of a published table) that cannot run on this
+    problem as given. ``reason`` lists every rule it breaks; a run reports it with status
+    ``invalid`` (a result about the data, not a mistake in the command)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

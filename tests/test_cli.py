@@ -38,7 +38,8 @@ CLUSTER_PRESETS = sorted(p.stem for p in Path(CONF_DIR, "cluster").glob("*.yaml"
 
 # -- the frozen CLI surface (a freeze test: changing it must be deliberate) ----------------------
 CONFIG_GROUPS = {"solver", "cluster", "model", "training", "device", "experiment"}
-SOLVERS = {"brute", "fixed", "megatron", "nest"}  # adding a planner means adding its name here
+# adding a planner means adding its name here
+SOLVERS = {"alpa", "brute", "fixed", "mcmc", "megatron", "nest", "paper_table", "phaze"}
 REQUIRED_MODELS = {
     "bert_large",
     "gpt3_175b",

@@ -25,7 +25,14 @@ RESTRICT = {
         "solver.rank_orders=[tp-cp-dp-pp]",
         "solver.recompute=[none,full]",
         "solver.schedules=[1f1b]",
-    ]
+    ],
+    # a small budget keeps the two runs per problem quick; the stop is still the budget's
+    "mcmc": ["solver.max_evaluations=150", "solver.min_evaluations=150"],
+    # the paper's tables have no rows for the tiny problems: a table file with rows for them
+    "paper_table": [
+        "solver.setup=test",
+        f"solver.tables_file={Path(__file__).parent / 'data' / 'paper_tables_tiny.yaml'}",
+    ],
 }
 
 
