@@ -39,7 +39,19 @@ CLUSTER_PRESETS = sorted(p.stem for p in Path(CONF_DIR, "cluster").glob("*.yaml"
 # -- the frozen CLI surface (a freeze test: changing it must be deliberate) ----------------------
 CONFIG_GROUPS = {"solver", "cluster", "model", "training", "device", "experiment"}
 # adding a planner means adding its name here
-SOLVERS = {"alpa", "brute", "fixed", "mcmc", "megatron", "nest", "paper_table", "phaze"}
+SOLVERS = {
+    "alpa",
+    "brute",
+    "fixed",
+    "mcmc",
+    "megatron",
+    "nest",
+    "paper_manual",
+    "paper_mcmc",
+    "paper_phaze",
+    "paper_table",
+    "phaze",
+}
 REQUIRED_MODELS = {
     "bert_large",
     "gpt3_175b",

@@ -34,6 +34,9 @@ RESTRICT = {
         f"solver.tables_file={Path(__file__).parent / 'data' / 'paper_tables_tiny.yaml'}",
     ],
 }
+# the per-table options are paper_table with a fixed table: the same tiny tables file
+for _table in ("manual", "mcmc", "phaze"):
+    RESTRICT[f"paper_{_table}"] = RESTRICT["paper_table"]
 
 
 def planner_from_config(name: str):
