@@ -96,7 +96,9 @@ def _job_files(sweep_dir: Path, case: pd.DataFrame, name: str) -> dict[str, dict
     for _, job in case.iterrows():
         path = sweep_dir / job["job_dir"] / name
         if path.exists() and job["planner"] not in found:
-            found[job["planner"]] = json.loads(path.read_text())
+            data = json.loads(path.read_text())
+            if name != "report.json" or "plan" in data:  # failed jobs' reports hold no plan
+                found[job["planner"]] = data
     return found
 
 

@@ -476,3 +476,35 @@ def test_slurm_example_config_composes():
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
     assert launcher.timeout_min > 0 and launcher.cpus_per_task >= 1
+
+
+def test_case_plots_skip_jobs_without_a_plan(tmp_path):
+    """A job of the drawn case that produced no plan (an ``invalid`` paper row, an error) has a
+    report without ``plan``: the case's memory and placement figures show the other planners."""
+    small = ["cluster=dgx_8x8", "cluster.levels.1.fanout=2", "cluster.devices=null"]
+    overrides = ["solver=nest", "model=tiny", "training.microbatch_sizes=[1]", *small]
+    with hydra.initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = hydra.compose(config_name="config", overrides=overrides)
+    run_recorded(
+        lambda c, d: nest.cli.run(c, d, echo=lambda _: None),
+        cfg,
+        tmp_path / "0",
+        overrides=overrides,
+        job=0,
+    )
+    # job 1: the same case, a planner that reported the configuration invalid
+    (tmp_path / "1").mkdir()
+    row = json.loads((tmp_path / "0" / "row.json").read_text())
+    row.update(
+        job=1, solver="paper_manual", planner="paper_manual", status="invalid", feasible=False
+    )
+    row.update({k: None for k in ("tp", "cp", "ep", "dp", "pp", "iteration_time_s")})
+    (tmp_path / "1" / "row.json").write_text(json.dumps(row))
+    report = {"solver": "paper_manual", "status": "invalid", "feasible": False, "error": "x"}
+    (tmp_path / "1" / "report.json").write_text(json.dumps(report))
+    result = agg.aggregate(tmp_path, baseline="nest")
+    names = {p.name for p in result.plots}
+    assert any(n.startswith("memory_") for n in names)
+    assert any(n.startswith("placement_") for n in names)
+    for path in result.plots:
+        _check_png(path)
