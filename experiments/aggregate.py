@@ -264,6 +264,19 @@ def aggregate(
     )
 
 
+def sweep_baseline(sweep_dir: Path) -> str:
+    """The baseline the sweep was configured with (``multirun.yaml``, written by Hydra at the
+    start of a multirun), so rebuilding a sweep's tables gives what its callback wrote."""
+    path = sweep_dir / "multirun.yaml"
+    if path.is_file():
+        baseline = OmegaConf.select(
+            OmegaConf.load(path), "hydra.callbacks.sweep.baseline", default=None
+        )
+        if baseline:
+            return str(baseline)
+    return DEFAULT_BASELINE
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.aggregate",
@@ -272,8 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sweep_dir", type=Path, help="a Hydra multirun directory")
     parser.add_argument(
         "--baseline",
-        default=DEFAULT_BASELINE,
-        help=f"planner label to normalise to (default {DEFAULT_BASELINE})",
+        default=None,
+        help="planner label to normalise to (default: the sweep's own "
+        f"hydra.callbacks.sweep.baseline, else {DEFAULT_BASELINE})",
     )
     parser.add_argument("--no-plots", action="store_true", help="tables only")
     args = parser.parse_args(argv)
@@ -283,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
-        result = aggregate(args.sweep_dir, baseline=args.baseline, plots=not args.no_plots)
+        baseline = args.baseline or sweep_baseline(args.sweep_dir)
+        result = aggregate(args.sweep_dir, baseline=baseline, plots=not args.no_plots)
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

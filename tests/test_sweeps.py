@@ -508,3 +508,14 @@ def test_case_plots_skip_jobs_without_a_plan(tmp_path):
     assert any(n.startswith("placement_") for n in names)
     for path in result.plots:
         _check_png(path)
+
+
+def test_standalone_aggregation_uses_the_sweeps_own_baseline(tmp_path):
+    """``python -m experiments.aggregate DIR`` normalises to the baseline the sweep ran with
+    (``multirun.yaml``), so it rebuilds what the callback wrote; without one, the default."""
+    assert agg.sweep_baseline(tmp_path) == agg.DEFAULT_BASELINE
+    OmegaConf.save(
+        OmegaConf.create({"hydra": {"callbacks": {"sweep": {"baseline": "paper_manual"}}}}),
+        tmp_path / "multirun.yaml",
+    )
+    assert agg.sweep_baseline(tmp_path) == "paper_manual"
