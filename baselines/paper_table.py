@@ -44,7 +44,7 @@ from pathlib import Path
 import yaml
 
 from baselines.fixed import FixedPlanner
-from nest.errors import InvalidConfiguration, UserError
+from nest.errors import InvalidConfiguration, NotPublished, UserError
 from nest.layers import Shard
 from nest.plan import Plan, uniform_partition
 from nest.planner import finish
@@ -97,7 +97,7 @@ class PaperTablePlanner:
         self.tables_file = tables_file
 
     def row(self, problem: Problem) -> dict:
-        """The table row this run asks for (``UserError`` when there is none)."""
+        """The table row this run asks for (``NotPublished`` when there is none)."""
         if self.table not in TABLES:
             raise UserError(f"solver.table={self.table!r}; use one of {list(TABLES)}")
         if self.variant not in ("as_published", "nearest_valid"):
@@ -134,9 +134,15 @@ class PaperTablePlanner:
                     and (self.artifact_model or r["model"] == problem.model.name)
                 }
             )
-            raise UserError(
-                f"no {self.table} row for {self.artifact_model or problem.model.name} on "
-                f"{setup} at {devices} devices; rows exist at {have or 'no scale'} devices"
+            elsewhere = (
+                f"it has rows at {', '.join(map(str, have))} devices"
+                if have
+                else "it has none for this model"
+            )
+            raise NotPublished(
+                f"the paper's {self.table} table has no row for "
+                f"{self.artifact_model or problem.model.name} on {setup} at {devices} devices; "
+                + elsewhere
             )
         if len(match) > 1:  # e.g. two keys for one preset: the rows for the model's depth
             deep = [r for r in match if r["num_transformer_layers"] == problem.model.spec.layers]

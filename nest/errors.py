@@ -31,3 +31,13 @@ class InvalidConfiguration(UserError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class NotPublished(UserError):
+    """A published table has no row for this case (e.g. the NEST paper gives no Manual plan for
+    GPT-3 at microbatch 4). A run reports it with status ``unpublished``: a gap in the data, not
+    a mistake in the command."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

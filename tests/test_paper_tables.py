@@ -21,7 +21,7 @@ from experiments.convert_paper_tables import (
 )
 from nest.config import build_problem
 from nest.cost import evaluate
-from nest.errors import InvalidConfiguration, UserError
+from nest.errors import InvalidConfiguration, NotPublished, UserError
 
 ROWS = load_rows()
 CLUSTER_OF_SETUP = {"tpuv4_fatTree": "tpuv4_fattree", "h100_spineLeaf": "h100_spineleaf"}
@@ -213,9 +213,21 @@ def test_an_invalid_row_is_a_report_not_a_traceback(tmp_path):
     assert lines == [f"invalid: {report['error']}"]
 
 
-def test_a_missing_row_or_cluster_is_a_user_error():
+def test_a_missing_row_is_unpublished_and_a_bad_table_a_user_error(tmp_path):
     prob = problem("tpuv4_fattree", 64, "llama2_7b", 1)
-    with pytest.raises(UserError, match="rows exist at"):
+    with pytest.raises(NotPublished, match="has no row for llama2_7b .* rows at 64, 128"):
         PaperTablePlanner(table="Manual", devices=96).solve(prob)
+    # the paper publishes no Manual plan for GPT-3 at microbatch 4: a run says so, status
+    # "unpublished" (a gap in the data, not a failed plan or a wrong command)
+    cfg = compose(
+        "solver=paper_manual",
+        "model=gpt3_175b",
+        "cluster=tpuv4_fattree",
+        "cluster.devices=256",
+        "training.global_batch=4096",
+        "training.microbatch_sizes=[4]",
+    )
+    result = nest.cli.run(cfg, tmp_path, echo=lambda _: None)
+    assert result["status"] == "unpublished" and "tpuv4_fatTree_mbs4" in result["error"]
     with pytest.raises(UserError, match="Manual, MCMC, Phaze|one of"):
         PaperTablePlanner(table="Alpa").solve(prob)
