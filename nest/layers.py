@@ -117,6 +117,11 @@ class AnalyticModel:
     def name(self) -> str:
         return self.spec.name
 
+    def cost_key(self, ref: LayerRef) -> tuple:
+        """Layers with equal keys have equal costs under every shard (the analytic formulas
+        depend on the layer's kind and whether it is MoE only)."""
+        return ref.signature
+
     @property
     def seq_len(self) -> int:
         return self.spec.seq_len

@@ -122,7 +122,8 @@ class LayerRef:
 
     @property
     def signature(self) -> tuple:
-        """Layers with equal signatures have equal costs (used for caching)."""
+        """Kind and MoE-ness: equal signatures mean equal costs for the analytic model (its cost
+        cache key); a model's ``cost_key`` says when two of its layers cost the same."""
         return (self.kind, self.moe)
 
 

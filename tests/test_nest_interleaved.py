@@ -254,3 +254,77 @@ def test_schedule_options_are_checked():
         NestPlanner(schedules=["interleaved"], virtual_stages=[3]).solve(problem)
     plan = NestPlanner(schedules=["interleaved"], virtual_stages=[2]).solve(problem)
     assert plan.schedule is Schedule.INTERLEAVED and plan.virtual_stages == 2 and plan.pp == 2
+
+
+def _uneven_profile_problem(hbm_gib: float, heavy: int):
+    """A measured profile whose blocks differ: block ``heavy`` is 20x slower and keeps 50x the
+    activations. Interleaved chunks of equal block counts then cost differently."""
+    from nest.axes import LayerKind
+    from nest.problem import Problem, Training
+    from nest.profile.model import ProfileModel
+    from nest.profile.schema import LayerProfile, Measurement, Profile
+
+    def layer(name, kind, fwd_s, act_bytes):
+        extra = {}
+        if kind is LayerKind.BLOCK:
+            extra = dict(
+                act_selective_bytes=act_bytes / 2,
+                act_full_bytes=act_bytes / 10,
+                recompute_selective_s=fwd_s / 4,
+            )
+        return LayerProfile(
+            name=name,
+            kind=kind,
+            fwd_s=fwd_s,
+            bwd_s=2 * fwd_s,
+            param_bytes=1e6,
+            act_none_bytes=act_bytes,
+            boundary_bytes=1e5 if kind is not LayerKind.HEAD else 0.0,
+            **extra,
+        )
+
+    layers = [layer("emb", LayerKind.EMBEDDING, 1e-4, 1e5)]
+    for b in range(6):
+        slow = b == heavy
+        layers.append(
+            layer(f"b{b}", LayerKind.BLOCK, 20e-3 if slow else 1e-3, 5e9 if slow else 1e8)
+        )
+    layers.append(layer("head", LayerKind.HEAD, 1e-4, 1e5))
+    model = ProfileModel(Profile(name="uneven", measurements=(Measurement(layers=tuple(layers)),)))
+    cluster = make_cluster(fanouts=(2,), device=make_device(hbm_bytes=hbm_gib * 2**30))
+    training = Training(global_batch=4, microbatch_sizes=(1,), optimizer=Optimizer.ADAM)
+    return Problem(model=model, cluster=cluster, training=training)
+
+
+@pytest.mark.parametrize("hbm_gib", [4.0, 8.0, 16.0])
+@pytest.mark.parametrize("heavy", [1, 4])
+def test_interleaved_prices_each_measured_chunk_by_its_own_layers(hbm_gib, heavy):
+    """Chunks of a rank are grouped only when their layers cost the same (``cost_key``): with a
+    measured profile whose blocks differ, nest == brute in value and in infeasibility (a
+    grouping by layer kind alone priced the heavy chunk as a light one and returned a plan that
+    does not fit, marked optimal)."""
+    problem = _uneven_profile_problem(hbm_gib, heavy)
+    space = dict(pp=[2], schedules=["interleaved"], virtual_stages=[3])
+    try:
+        want = BrutePlanner(**space).solve(problem)
+    except Infeasible as exc:
+        with pytest.raises(Infeasible) as got:
+            NestPlanner(**space).solve(problem)
+        assert got.value.min_memory_bytes == pytest.approx(exc.min_memory_bytes, rel=1e-9)
+        return
+    plan = NestPlanner(**space).solve(problem)
+    assert evaluate(problem, plan).feasible
+    assert plan.objective_s == pytest.approx(want.objective_s, rel=1e-9)
+
+
+def test_rank_orders_keep_tp_innermost_and_single_values_are_lists():
+    """The bounds price tensor groups as aligned blocks, so an order without tp innermost is
+    refused with the fix; a single string is one order, not a list of letters."""
+    problem = make_problem(global_batch=4)
+    with pytest.raises(UserError, match="does not put tp innermost.*tp-cp-dp-pp"):
+        NestPlanner(rank_orders=["dp,tp,cp,pp"]).solve(problem)
+    with pytest.raises(UserError, match="'pp' does not put tp innermost"):
+        NestPlanner(rank_orders=["pp", "tp", "dp", "cp"]).solve(problem)  # [pp,tp,dp,cp]
+    one = NestPlanner(rank_orders="tp-pp-dp-cp", schedules="1f1b", pp=2).solve(problem)
+    listed = NestPlanner(rank_orders=["tp-pp-dp-cp"], schedules=["1f1b"], pp=[2]).solve(problem)
+    assert one.objective_s == listed.objective_s and one.pp == 2

@@ -82,7 +82,8 @@ class RankChunks:
         self.modes = modes
         # chunks with the same layers and the same neighbours cost the same: the first chunk
         # apart, group the others and price one of each group
-        signature = [ref.signature for ref in sm.problem.model.chain]
+        model = sm.problem.model
+        signature = [model.cost_key(ref) for ref in model.chain]
         self.groups: dict[tuple, list[int]] = {}
         for k in self.ks[1:]:
             i, j = chunks[k]

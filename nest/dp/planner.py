@@ -212,7 +212,7 @@ class NestPlanner(SpacePlanner):
         if best is None:
             need = self._smallest_need_bytes(problem, entries, over, floors, shared)
             raise infeasible_memory(problem, self.name, need, exact=True)
-        plan, _ = finish(
+        plan, report = finish(
             self.name,
             problem,
             plan_from_choices(problem, *best),
@@ -221,4 +221,11 @@ class NestPlanner(SpacePlanner):
             n_evaluations=stats.stages_scored,
             search=search,
         )
+        # The DP's stage model must agree with the evaluator (tested on random plans); a plan
+        # it scored differently is a bug, never reported as optimal.
+        if not report.feasible or abs(best_s - report.iteration_time_s) > 1e-9 * best_s:
+            raise AssertionError(
+                f"nest: the DP valued its plan at {best_s!r} s (fits) but evaluate() gives "
+                f"{report.iteration_time_s!r} s (feasible={report.feasible}); please report"
+            )
         return plan

@@ -188,7 +188,19 @@ def _divisors(n: int) -> list[int]:
 def _orders(options: SpaceOptions) -> list[tuple[Axis, ...]]:
     if options.rank_orders is None:
         return [(Axis.TP, *rest) for rest in permutations((Axis.CP, Axis.DP, Axis.PP))]
-    return [parse_rank_order(o) for o in options.rank_orders]
+    orders = []
+    for given in options.rank_orders:
+        order = parse_rank_order(given)
+        # the space (and the bounds that prune it: tensor groups are priced as aligned blocks of
+        # consecutive devices) keeps tp innermost
+        if order[0] is not Axis.TP:
+            raise UserError(
+                f"solver.rank_orders entry {given!r} does not put tp innermost; the NEST space "
+                "keeps tensor groups on consecutive devices. Give each order as one string with "
+                "tp first, e.g. solver.rank_orders=[tp-cp-dp-pp,tp-pp-dp-cp]"
+            )
+        orders.append(order)
+    return orders
 
 
 def _schedules(kinds, blocks: int, pp: int, m: int):
@@ -285,13 +297,26 @@ class SpacePlanner:
 
     def options(self) -> SpaceOptions:
         return SpaceOptions(
-            tp=self.tp,
-            cp=self.cp,
-            ep=self.ep,
-            pp=self.pp,
-            zero_stages=tuple(self.zero_stages),
-            recompute=tuple(self.recompute),
-            rank_orders=self.rank_orders,
-            schedules=tuple(self.schedules),
-            virtual_stages=None if self.virtual_stages is None else tuple(self.virtual_stages),
+            tp=_listed("tp", self.tp),
+            cp=_listed("cp", self.cp),
+            ep=_listed("ep", self.ep),
+            pp=_listed("pp", self.pp),
+            zero_stages=_listed("zero_stages", self.zero_stages),
+            recompute=_listed("recompute", self.recompute),
+            rank_orders=_listed("rank_orders", self.rank_orders),
+            schedules=_listed("schedules", self.schedules),
+            virtual_stages=_listed("virtual_stages", self.virtual_stages),
         )
+
+
+def _listed(name: str, value) -> tuple | None:
+    """A space option as a tuple: a single value (``solver.schedules=interleaved``,
+    ``solver.tp=4``) is a list of one, never a string iterated letter by letter."""
+    if value is None:
+        return None
+    if isinstance(value, str | int):
+        return (value,)
+    try:
+        return tuple(value)
+    except TypeError:
+        raise UserError(f"solver.{name}={value!r} must be a list: solver.{name}=[...]") from None

@@ -190,6 +190,15 @@ class ProfileModel:
         per_mb = sum(layer.fwd_flops for layer in m.layers) * m.tp * m.cp
         return 3.0 * per_mb / m.microbatch_size
 
+    def cost_key(self, ref: LayerRef) -> tuple:
+        """Layers with equal keys cost the same under every shard: the same kind and the same
+        measured numbers in every measurement (names aside). Measured layers differ, so unlike
+        the analytic model's, the position matters through the numbers."""
+        return (
+            ref.kind,
+            tuple(replace(m.layers[ref.index], name="") for m in self.profile.measurements),
+        )
+
     # ------------------------------------------------------------------ the cost
     def layer_cost(self, ref: LayerRef, shard: Shard, device=None) -> LayerCost:
         key = (ref.index, shard)
