@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from nest.config import build_problem, register_schemas
 from nest.cost import evaluate
-from nest.errors import Infeasible, InvalidConfiguration, NotPublished, UserError
+from nest.errors import Infeasible, InvalidConfiguration, NotPublished, SolverTimeout, UserError
 from nest.explain import explain_report, format_explain
 from nest.export import export_plan, format_export, targets_of, write_export
 from nest.results import run_recorded
@@ -66,8 +66,10 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
         export_targets = targets_of(cfg.get("export"))
         planner = instantiate(cfg.solver, _convert_="all")
         plan = planner.solve(problem)
-    except (InvalidConfiguration, NotPublished) as exc:
-        status = "invalid" if isinstance(exc, InvalidConfiguration) else "unpublished"
+    except (InvalidConfiguration, NotPublished, SolverTimeout) as exc:
+        status = {InvalidConfiguration: "invalid", NotPublished: "unpublished"}.get(
+            type(exc), "timeout"
+        )
         result = {**base, "status": status, "feasible": False, "error": exc.reason}
         _write_json(out_dir / "report.json", result)
         echo_error(f"{status}: {exc.reason}")
@@ -162,7 +164,8 @@ def main(cfg: DictConfig) -> None:
         job=hydra_cfg.job.get("num") if multirun else None,
         keep_going=multirun,
     )
-    if not multirun and result["status"] in ("error", "infeasible", "invalid", "unpublished"):
+    failed = ("error", "infeasible", "invalid", "unpublished", "timeout")
+    if not multirun and result["status"] in failed:
         sys.exit(2 if result["status"] == "error" else 1)
 
 

@@ -41,3 +41,12 @@ class NotPublished(UserError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class SolverTimeout(Exception):
+    """An exact solver's time limit passed before it found any plan; a run reports it with
+    status ``timeout`` (a limit of the run, not a property of the problem)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

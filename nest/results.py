@@ -91,7 +91,9 @@ ROW_COLUMNS = (
     "error",
 )
 
-FAILED_STATUSES = frozenset({"infeasible", "invalid", "unpublished", "error", "crashed", "missing"})
+FAILED_STATUSES = frozenset(
+    {"infeasible", "invalid", "unpublished", "timeout", "error", "crashed", "missing"}
+)
 """Statuses of a job that produced no usable plan (``infeasible`` may still carry one that does
 not fit; ``feasible`` is the column to filter on)."""
 

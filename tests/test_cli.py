@@ -42,9 +42,11 @@ CONFIG_GROUPS = {"solver", "cluster", "model", "training", "device", "experiment
 SOLVERS = {
     "alpa",
     "brute",
+    "cpsat",
     "fixed",
     "mcmc",
     "megatron",
+    "milp",
     "nest",
     "paper_manual",
     "paper_mcmc",

@@ -89,7 +89,15 @@ def _chain_terms(costs, is_block, p: int, c: SearchConfig):
 class StageModel:
     """Interval costs of one configuration (see the module docstring)."""
 
-    def __init__(self, problem: Problem, config: SearchConfig, shared: dict | None = None) -> None:
+    def __init__(
+        self,
+        problem: Problem,
+        config: SearchConfig,
+        shared: dict | None = None,
+        grid: np.ndarray | None = None,
+    ) -> None:
+        """``grid``: an explicit placement ``[pp][dp][cp][tp] -> device`` (the general mode of
+        the exact planners); None places the ranks by ``config.order``."""
         self.problem, self.config = problem, config
         cluster, training, model = problem.cluster, problem.training, problem.model
         c = config
@@ -128,9 +136,14 @@ class StageModel:
         self.is_block = is_block
         # groups and p2p levels depend on the placement only: shared across microbatch sizes,
         # ZeRO stages and schedules
-        placement = ("placement", c.tp, c.cp, c.dp, c.pp, c.ep, c.order)
+        if grid is None:
+            placement = ("placement", c.tp, c.cp, c.dp, c.pp, c.ep, c.order)
+        else:
+            grid = np.asarray(grid, dtype=np.int64)
+            placement = ("grid", c.ep, grid.shape, grid.tobytes())
         if placement not in self._shared:
-            grid = place(tp=c.tp, cp=c.cp, dp=c.dp, pp=c.pp, rank_order=c.order)
+            if grid is None:
+                grid = place(tp=c.tp, cp=c.cp, dp=c.dp, pp=c.pp, rank_order=c.order)
             groups = [_Groups(grid[r].astype(np.int64), c.ep, cluster) for r in range(c.pp)]
             self._shared[placement] = (grid, groups, {})
         self.grid, self.groups, self._levels = self._shared[placement]

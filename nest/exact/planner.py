@@ -1,0 +1,204 @@
+"""``cpsat`` and ``milp``: exact planners on the shared cost model, for small instances.
+
+``mode=restricted`` solves exactly the ``nest`` planner's space (:mod:`nest.dp.space`: the same
+configurations, rank orders, partitions, recompute modes and interleaved chunks), so its optimum
+must equal the DP's; ``mode=general`` lets every configuration take any placement of its ranks on
+the cluster (:mod:`nest.exact.placements`), so its optimum is the best plan of the plan contract
+(DESIGN.md §4: uniform ``dp x cp x tp`` stages) over all placements, and
+``general <= restricted`` shows what the structured space leaves on the table.
+
+Both build the same linear model (:mod:`nest.exact.model`) from the same tables
+(:mod:`nest.exact.tables`) and differ in the solver: OR-Tools CP-SAT on integer ticks, or PuLP
+with HiGHS on floats. Before the model is built, the ``nest`` DP's plan gives an upper bound
+``U`` (its value under the shared evaluator: a feasible plan of both modes) that prunes choices
+and groups no better plan can use (``prune: true``; the bound is proven in
+:mod:`nest.exact.tables`); with ``hint: true`` the same plan is handed to the solver as a warm
+start. With both off the DP is not run at all and the model is the whole space. The returned plan is
+re-scored by :func:`nest.cost.evaluate` like every planner's, and the report's ``search`` carries
+the solver's status, proven bound, gap, time and model size.
+"""
+
+import time
+
+import numpy as np
+
+from nest.cost import evaluate
+from nest.dp.planner import NestPlanner
+from nest.dp.space import SpacePlanner
+from nest.errors import Infeasible, SolverTimeout, UserError
+from nest.exact.model import build, solve_cpsat, solve_milp
+from nest.exact.placements import signature
+from nest.exact.tables import Group, build_groups
+from nest.plan import Plan
+from nest.planner import finish, infeasible_memory
+from nest.problem import Problem
+
+BACKENDS = {"cpsat": solve_cpsat, "milp": solve_milp}
+MODES = ("restricted", "general")
+
+
+def _find_hint(problem: Problem, groups: list[Group], plan: Plan) -> tuple[int, list[int]] | None:
+    """The group and choices of ``plan`` (a plan of the restricted space) in the model."""
+    grid = np.asarray([plan.stages[r].devices for r in range(plan.pp)], dtype=np.int64)
+    key = None
+    for g, group in enumerate(groups):
+        c = group.config
+        same = (c.tp, c.cp, c.ep, c.dp, c.pp, c.mbs, c.zero, c.schedule, c.v) == (
+            plan.tp,
+            plan.cp,
+            plan.ep,
+            plan.dp,
+            plan.pp,
+            plan.microbatch_size,
+            plan.zero_stage,
+            plan.schedule,
+            plan.virtual_stages,
+        )
+        if not same:
+            continue
+        if group.general:
+            key = key or signature(problem.cluster, grid, plan.ep)
+            if signature(problem.cluster, group.grid, c.ep) != key:
+                continue
+        elif not np.array_equal(group.grid, grid):
+            continue
+        picks = []
+        for r, choices in enumerate(group.ranks):
+            ks = plan.pp_rank_chunks[r]
+            want_modes = tuple(plan.stages[k].recompute for k in ks)
+            want_span = (plan.stages[r].first_layer, plan.stages[r].last_layer)
+            found = [
+                k
+                for k, ch in enumerate(choices)
+                if ch.modes == want_modes and (ch.span is None or ch.span == want_span)
+            ]
+            if not found:
+                break
+            picks.append(found[0])
+        else:
+            return g, picks
+    return None
+
+
+class ExactPlanner(SpacePlanner):
+    """An exact planner (module docstring); ``backend`` is ``cpsat`` or ``milp``."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        backend: str,
+        mode: str = "restricted",
+        time_limit_s: float = 60.0,
+        workers: int = 1,
+        seed: int = 0,
+        hint: bool = True,
+        prune: bool = True,
+        max_placements: int = 100_000,
+        **space,
+    ) -> None:
+        super().__init__(name=name, **space)
+        if backend not in BACKENDS:
+            raise UserError(f"solver.backend={backend!r}; use one of {sorted(BACKENDS)}")
+        if mode not in MODES:
+            raise UserError(f"solver.mode={mode!r}; use restricted or general")
+        if not (isinstance(time_limit_s, int | float) and time_limit_s > 0):
+            raise UserError(f"solver.time_limit_s={time_limit_s!r} must be a positive number")
+        if not (isinstance(workers, int) and workers >= 1):
+            raise UserError(f"solver.workers={workers!r} must be a positive integer")
+        self.backend, self.mode = backend, mode
+        self.time_limit_s, self.workers, self.seed = time_limit_s, workers, seed
+        self.hint, self.prune, self.max_placements = hint, prune, max_placements
+
+    def _incumbent(self, problem: Problem) -> Plan | None:
+        """The DP's plan over the restricted space (an upper bound for both modes)."""
+        space = {
+            k: getattr(self, k)
+            for k in (
+                "tp",
+                "cp",
+                "ep",
+                "pp",
+                "zero_stages",
+                "recompute",
+                "rank_orders",
+                "schedules",
+                "virtual_stages",
+            )
+        }
+        try:
+            return NestPlanner(**space).solve(problem)
+        except Infeasible:
+            return None
+
+    def solve(self, problem: Problem) -> Plan:
+        started = time.perf_counter()
+        options = self.options()
+        incumbent = self._incumbent(problem) if (self.hint or self.prune) else None
+        upper_s = None if incumbent is None or not self.prune else incumbent.objective_s
+        dp_time_s = time.perf_counter() - started
+        groups, stats = build_groups(
+            problem,
+            options,
+            general=self.mode == "general",
+            upper_s=upper_s,
+            max_placements=self.max_placements,
+        )
+        tables_time_s = time.perf_counter() - started - dp_time_s
+        if not groups:
+            # without an incumbent nothing was pruned by the bound: no choice fits anywhere
+            raise infeasible_memory(problem, self.name, None)
+        lm = build(groups, problem.num_layers)
+        hint = None
+        if self.hint and incumbent is not None:
+            hint = _find_hint(problem, groups, incumbent)
+        solution = BACKENDS[self.backend](
+            lm,
+            groups,
+            upper_s=upper_s,
+            time_limit_s=self.time_limit_s,
+            workers=self.workers,
+            seed=self.seed,
+            hint=hint,
+        )
+        search = {
+            "mode": self.mode,
+            "backend": self.backend,
+            "solver_status": solution.status,
+            **stats,
+            **solution.info,
+            "hint": hint is not None,
+            "upper_bound_s": upper_s,
+            "time_dp_s": dp_time_s,
+            "time_tables_s": tables_time_s,
+            "time_solver_s": solution.solve_time_s,
+        }
+        if solution.status == "infeasible":
+            raise infeasible_memory(problem, self.name, None)
+        if solution.status == "timeout":
+            raise SolverTimeout(
+                f"{self.name} found no plan within solver.time_limit_s={self.time_limit_s}; "
+                "raise it or use a smaller problem"
+            )
+        group = groups[solution.group]
+        picks = [group.ranks[r][k] for r, k in enumerate(solution.picks)]
+        plan = group.plan(problem, picks)
+        value_s = evaluate(problem, plan).iteration_time_s
+        # a solver's bound can sit above the plan's value by its tolerance (HiGHS: ~1e-7)
+        bound_s = None if solution.bound_s is None else min(solution.bound_s, value_s)
+        plan, report = finish(
+            self.name,
+            problem,
+            plan,
+            started_s=started,
+            status=solution.status,
+            bound_s=bound_s,
+            n_evaluations=stats["choices"],
+            search=search,
+        )
+        if not report.feasible:
+            raise AssertionError(f"{self.name}: the solver's plan does not fit: {report.violation}")
+        gap = None
+        if bound_s is not None:
+            gap = (report.iteration_time_s - bound_s) / report.iteration_time_s
+        return plan.with_record(search={**plan.search, "gap": gap})

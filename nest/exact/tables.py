@@ -1,0 +1,241 @@
+"""The exact planners' model data: configurations x placements, and per pipeline rank the
+choices it can take, each with the terms the shared objective needs.
+
+A *group* is one configuration (degrees, microbatch size, ZeRO stage, schedule) on one placement
+(a rank order's grid in the restricted mode; any placement class of
+:mod:`nest.exact.placements` in the general mode). For a group the evaluator's objective is
+
+``T = a * sum_r t_r + b * max_r t_r + max_r max(0, sync_r - sum_{q<r} f_q [- f_r]) + max_r opt_r``
+
+with ``a = 1, b = m - 1`` for 1F1B and ``a = 1/v, b = m - 1/v`` interleaved
+(:mod:`nest.cost.pipeline`), ``t_r`` rank ``r``'s forward plus backward, ``f_r`` the backward of
+its first chunk, ``sync_r`` and ``opt_r`` its DP synchronisation and optimizer step. Each term of a
+rank depends on that rank's choice only:
+
+- 1F1B: a choice is ``(i, j, mode)``, the rank holds layers ``i..j`` with one recompute mode; the
+  choices of consecutive ranks must chain (rank ``r + 1`` starts at ``j + 1``);
+- interleaved: the partition is fixed (Megatron's equal chunks), a choice is a recompute mode per
+  chunk of the rank.
+
+Memory depends on the rank's choice only too, so a choice that does not fit is left out.
+
+**Pruning** (optional, with an upper bound ``U``: the value of any feasible plan). The sync and
+optimizer terms are non-negative, so ``T >= a * sum_r t_r + b * max_r t_r``; hence a choice
+``k`` of rank ``r`` with ``a * (t_k + sum_{q != r} min_q) + b * t_k > U`` is in no plan better
+than ``U`` (``min_q``: the least ``t`` of rank ``q``'s choices), and a group with
+``a * sum_r min_r + b * max_r min_r > U`` has no such plan at all. Both are dropped; the
+optimum (``<= U``) is kept, with a relative slack for rounding.
+"""
+
+from dataclasses import dataclass, field
+from itertools import product
+
+import numpy as np
+
+from nest.axes import Recompute, Schedule
+from nest.dp.space import SearchConfig, SpaceOptions, configurations, interleaved_chunks
+from nest.dp.stages import StageModel
+from nest.exact.placements import placement_classes
+from nest.plan import Plan, StagePlan
+from nest.problem import Problem
+
+SLACK = 1e-9
+"""Relative slack of the pruning bound: the group sums the evaluator's terms in another order."""
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    t_s: float
+    first_bwd_s: float
+    sync_s: float
+    opt_s: float
+    span: tuple[int, int] | None
+    """1F1B: the rank's layers ``(i, j)``; interleaved: None (fixed chunks)."""
+    modes: tuple[Recompute, ...]
+    """Recompute mode of each chunk of the rank, in chunk order."""
+
+
+@dataclass(slots=True)
+class Group:
+    config: SearchConfig
+    grid: np.ndarray
+    """``[pp][dp][cp][tp] -> device``."""
+    general: bool
+    m: int
+    a: float
+    b: float
+    overlap: bool
+    ranks: list[list[Choice]] = field(default_factory=list)
+
+    def plan(self, problem: Problem, picks: list[Choice]) -> Plan:
+        """The plan of one choice per rank."""
+        c = self.config
+        n = problem.num_layers
+        if c.schedule is Schedule.INTERLEAVED:
+            chunks = interleaved_chunks(n, c.pp, c.v)
+            modes = [picks[k % c.pp].modes[k // c.pp] for k in range(len(chunks))]
+        else:
+            chunks = [pick.span for pick in picks]
+            modes = [pick.modes[0] for pick in picks]
+        stages = tuple(
+            StagePlan(
+                first_layer=i,
+                last_layer=j,
+                recompute=mode,
+                devices=tuple(
+                    tuple(tuple(int(x) for x in row) for row in rep) for rep in self.grid[k % c.pp]
+                ),
+            )
+            for k, ((i, j), mode) in enumerate(zip(chunks, modes, strict=True))
+        )
+        return Plan(
+            tp=c.tp,
+            cp=c.cp,
+            ep=c.ep,
+            dp=c.dp,
+            pp=c.pp,
+            microbatch_size=c.mbs,
+            num_microbatches=self.m,
+            zero_stage=c.zero,
+            schedule=c.schedule,
+            virtual_stages=c.v,
+            sequence_parallel=problem.training.sequence_parallel and c.tp > 1,
+            rank_order=None if self.general else c.order,
+            stages=stages,
+        )
+
+    def lower_bound_s(self) -> float:
+        mins = [min(ch.t_s for ch in choices) for choices in self.ranks]
+        return self.a * sum(mins) + self.b * max(mins)
+
+
+def _one_f_one_b(sm: StageModel, modes) -> list[list[Choice]]:
+    pp, n = sm.config.pp, sm.n_layers
+    ranks = []
+    for r in range(pp):
+        first_i = range(r, n - (pp - r) + 1) if r > 0 else (0,)
+        out = []
+        for i in first_i:
+            last_j = range(i, n - (pp - r) + 1) if r < pp - 1 else (n - 1,)
+            for j in last_j:
+                for mode in sm.modes_for(i, j, modes):
+                    terms = sm.stage(r, i, j, mode)
+                    if terms.fits:
+                        t = terms.fwd_s + terms.bwd_s
+                        out.append(
+                            Choice(t, terms.bwd_s, terms.sync_s, terms.optimizer_s, (i, j), (mode,))
+                        )
+        ranks.append(out)
+    return ranks
+
+
+def _interleaved(sm: StageModel, modes) -> list[list[Choice]]:
+    c = sm.config
+    chunks = interleaved_chunks(sm.n_layers, c.pp, c.v)
+    last = len(chunks) - 1
+    ranks = []
+    for r in range(c.pp):
+        ks = list(range(r, len(chunks), c.pp))
+        dense = sum(sm.params(r, *chunks[k])[2] for k in ks)
+        expert = sum(sm.params(r, *chunks[k])[1] for k in ks)
+        sync, opt = sm.rank_sync_opt(r, dense, expert)
+        static = sm.state_bytes_of(dense, expert) + sm.reserve
+        per_chunk = []
+        for k in ks:
+            i, j = chunks[k]
+            prev = (k - 1) % c.pp if k > 0 else None
+            nxt = (k + 1) % c.pp if k < last else None
+            rows = {}
+            for mode in sm.modes_for(i, j, modes):
+                fwd, bwd = sm.chunk_times(r, i, j, mode, prev, nxt)
+                act = sm.p_act[mode][j + 1] - sm.p_act[mode][i]
+                rows[mode] = (fwd + bwd, bwd, act, sm.peak[mode][i, j])
+            per_chunk.append(rows)
+        out = []
+        for combo in product(*(list(rows) for rows in per_chunk)):
+            terms = [rows[mode] for rows, mode in zip(per_chunk, combo, strict=True)]
+            memory = static + sm.in_flight[r] * sum(x[2] for x in terms) + max(x[3] for x in terms)
+            if memory <= sm.capacity:
+                out.append(Choice(sum(x[0] for x in terms), terms[0][1], sync, opt, None, combo))
+        ranks.append(out)
+    return ranks
+
+
+def _coefficients(config: SearchConfig, m: int) -> tuple[float, float]:
+    if config.schedule is Schedule.INTERLEAVED:
+        return 1.0 / config.v, m - 1.0 / config.v
+    return 1.0, float(m - 1)
+
+
+def _prune(group: Group, upper_s: float) -> bool:
+    """Drop the choices no plan better than ``upper_s`` takes; False if the group has none."""
+    limit = upper_s * (1 + SLACK)
+    mins = [min(ch.t_s for ch in choices) for choices in group.ranks]
+    total = sum(mins)
+    for r, choices in enumerate(group.ranks):
+        rest = total - mins[r]
+        group.ranks[r] = [
+            ch for ch in choices if group.a * (ch.t_s + rest) + group.b * ch.t_s <= limit
+        ]
+    return all(group.ranks) and group.lower_bound_s() <= limit
+
+
+def build_groups(
+    problem: Problem,
+    options: SpaceOptions,
+    *,
+    general: bool,
+    upper_s: float | None = None,
+    max_placements: int = 100_000,
+) -> tuple[list[Group], dict]:
+    """Every group of the space with its feasible choices (pruned against ``upper_s``), and
+    counts for the report."""
+    modes = options.recompute_modes
+    shared: dict = {}
+    classes: dict[tuple, list[np.ndarray]] = {}
+    seen_configs: set = set()
+    stats = {"configurations": 0, "groups": 0, "groups_pruned": 0, "choices": 0}
+    groups = []
+    overlap = problem.training.overlap_grad_sync
+    for config in configurations(problem, options):
+        if general:
+            # the rank order is part of the placement here
+            key = (config.tp, config.cp, config.ep, config.dp, config.pp, config.mbs)
+            key += (config.zero, config.schedule, config.v)
+            if key in seen_configs:
+                continue
+            seen_configs.add(key)
+            shape = (config.tp, config.cp, config.dp, config.pp, config.ep)
+            if shape not in classes:
+                classes[shape] = placement_classes(
+                    problem.cluster,
+                    tp=config.tp,
+                    cp=config.cp,
+                    dp=config.dp,
+                    pp=config.pp,
+                    ep=config.ep,
+                    max_visits=max_placements,
+                )
+            grids = classes[shape]
+        else:
+            grids = [None]
+        stats["configurations"] += 1
+        for grid in grids:
+            sm = StageModel(problem, config, shared, grid=grid)
+            if config.schedule is Schedule.INTERLEAVED:
+                ranks = _interleaved(sm, modes)
+            else:
+                ranks = _one_f_one_b(sm, modes)
+            stats["groups"] += 1
+            if not all(ranks):
+                stats["groups_pruned"] += 1
+                continue
+            a, b = _coefficients(config, sm.m)
+            group = Group(config, sm.grid, general, sm.m, a, b, overlap, ranks)
+            if upper_s is not None and not _prune(group, upper_s):
+                stats["groups_pruned"] += 1
+                continue
+            groups.append(group)
+            stats["choices"] += sum(len(choices) for choices in group.ranks)
+    stats["placement_classes"] = sum(len(v) for v in classes.values()) if general else None
+    return groups, stats

@@ -1,0 +1,284 @@
+"""The exact planners (``cpsat``, ``milp``): oracle tests against ``nest`` and brute force.
+
+Restricted mode is exactly the DP's space, so on every instance ``nest == cpsat == milp ==
+brute`` (1e-6 relative: CP-SAT's integer ticks are within 6e-7, HiGHS's tolerances within
+1e-9 here) and all agree on infeasibility. General mode searches every placement, so it is never
+worse than restricted, and it equals a brute force over every injective rank -> device map.
+"""
+
+import random
+from itertools import permutations, product
+
+import numpy as np
+import pytest
+
+from baselines.brute import BrutePlanner, partitions
+from nest.axes import Recompute, Schedule
+from nest.cost import evaluate
+from nest.dp.planner import NestPlanner
+from nest.dp.space import SpaceOptions, configurations, interleaved_chunks
+from nest.errors import Infeasible, SolverTimeout, UserError
+from nest.exact.placements import orderly_assignments, placement_classes
+from nest.exact.planner import ExactPlanner
+from nest.plan import Plan, StagePlan
+
+from .conftest import make_cluster, make_problem, make_spec
+from .test_nest_dp import tiny_case
+from .test_nest_interleaved import interleaved_case
+
+REL = 1e-6
+
+
+def exact(backend: str, options: dict, **kw) -> ExactPlanner:
+    return ExactPlanner(name=backend, backend=backend, **options, **kw)
+
+
+def solve_or_none(planner, problem):
+    try:
+        return planner.solve(problem)
+    except Infeasible:
+        return None
+
+
+def check_exact_plan(problem, plan):
+    report = evaluate(problem, plan)
+    assert plan.objective_s == report.iteration_time_s  # one evaluator
+    assert report.feasible
+    assert plan.status == "optimal"
+    assert plan.bound_s is not None and plan.bound_s <= plan.objective_s * (1 + 1e-12)
+    assert 0.0 <= plan.search["gap"] <= REL
+
+
+def _agree(problem, options) -> Plan | None:
+    """Solve with brute, nest, cpsat and milp (restricted); assert they agree; brute's plan."""
+    values = {}
+    for name, planner in (
+        ("brute", BrutePlanner(**options)),
+        ("nest", NestPlanner(**options)),
+        ("cpsat", exact("cpsat", options)),
+        ("milp", exact("milp", options)),
+    ):
+        plan = solve_or_none(planner, problem)
+        if plan is not None and name in ("cpsat", "milp"):
+            check_exact_plan(problem, plan)
+        values[name] = plan
+    if values["brute"] is None:
+        assert all(p is None for p in values.values()), (options, values)
+        return None
+    best = values["brute"].objective_s
+    got = {k: p.objective_s for k, p in values.items() if p is not None}
+    assert len(got) == 4, (options, got)
+    for name, value in got.items():
+        assert value == pytest.approx(best, rel=REL), (name, got, options)
+    return values["brute"]
+
+
+def test_restricted_equals_nest_and_brute_on_200_random_problems():
+    """``nest == cpsat == milp == brute`` (restricted) on 200 random small problems (2-16
+    devices, 1-3 levels, 3-8 layers), infeasible ones among them; a disagreement prints the
+    instance's options and every solver's value."""
+    agreed = infeasible = 0
+    for seed in range(200):
+        problem, options = tiny_case(seed)
+        try:
+            best = _agree(problem, options)
+        except AssertionError as exc:
+            raise AssertionError(f"seed {seed}: {exc}") from None
+        agreed += best is not None
+        infeasible += best is None
+    assert agreed >= 120 and infeasible >= 5, (agreed, infeasible)
+
+
+def test_restricted_equals_nest_and_brute_where_interleaved_competes():
+    """The same on 40 problems whose space holds interleaved plans (per-chunk recompute);
+    interleaved plans win some of them."""
+    won = 0
+    for seed in range(1000, 1040):
+        problem, options = interleaved_case(seed)
+        try:
+            best = _agree(problem, options)
+        except AssertionError as exc:
+            raise AssertionError(f"seed {seed}: {exc}") from None
+        won += best is not None and best.schedule is Schedule.INTERLEAVED
+    assert won >= 5, won
+
+
+@pytest.mark.parametrize("backend", ["cpsat", "milp"])
+def test_whole_model_without_the_dp_equals_brute(backend):
+    """With no DP bound and no hint the model is the whole space, built without ``nest``: it
+    still finds brute force's optimum (40 problems)."""
+    for seed in range(200, 240):
+        problem, options = tiny_case(seed)
+        oracle = solve_or_none(BrutePlanner(**options), problem)
+        found = solve_or_none(exact(backend, options, hint=False, prune=False), problem)
+        if oracle is None:
+            assert found is None, seed
+            continue
+        assert found.search["upper_bound_s"] is None and not found.search["hint"]
+        assert found.search["groups_pruned"] < found.search["groups"]
+        check_exact_plan(problem, found)
+        assert found.objective_s == pytest.approx(oracle.objective_s, rel=REL), (seed, options)
+
+
+def _brute_general(problem, options: dict) -> float | None:
+    """The best plan over every configuration, every injective placement (all permutations, no
+    symmetry), every partition and recompute mode, each through ``evaluate``."""
+    space = SpaceOptions(**options)
+    modes = space.recompute_modes
+    n = problem.num_layers
+    blocks = {i for i, ref in enumerate(problem.model.chain) if ref.kind.value == "block"}
+    best, seen = None, set()
+    for c in configurations(problem, space):
+        key = (c.tp, c.cp, c.ep, c.dp, c.pp, c.mbs, c.zero, c.schedule, c.v)
+        if key in seen:
+            continue
+        seen.add(key)
+        m = problem.training.global_batch // (c.mbs * c.dp)
+        splits = [interleaved_chunks(n, c.pp, c.v)] if c.interleaved else list(partitions(n, c.pp))
+        ranks = c.pp * c.dp * c.cp * c.tp
+        for devices in permutations(range(problem.cluster.num_devices), ranks):
+            grid = np.asarray(devices).reshape(c.pp, c.dp, c.cp, c.tp)
+            for parts in splits:
+                per_stage = [
+                    modes if blocks.intersection(range(i, j + 1)) else (Recompute.NONE,)
+                    for i, j in parts
+                ]
+                for combo in product(*per_stage):
+                    stages = tuple(
+                        StagePlan(
+                            first_layer=i,
+                            last_layer=j,
+                            recompute=mode,
+                            devices=tuple(
+                                tuple(tuple(int(x) for x in row) for row in rep)
+                                for rep in grid[k % c.pp]
+                            ),
+                        )
+                        for k, ((i, j), mode) in enumerate(zip(parts, combo, strict=True))
+                    )
+                    plan = Plan(
+                        tp=c.tp,
+                        cp=c.cp,
+                        ep=c.ep,
+                        dp=c.dp,
+                        pp=c.pp,
+                        microbatch_size=c.mbs,
+                        num_microbatches=m,
+                        zero_stage=c.zero,
+                        schedule=c.schedule,
+                        virtual_stages=c.v,
+                        sequence_parallel=problem.training.sequence_parallel and c.tp > 1,
+                        stages=stages,
+                    )
+                    report = evaluate(problem, plan)
+                    if report.feasible and (best is None or report.iteration_time_s < best):
+                        best = report.iteration_time_s
+    return best
+
+
+def small_general_case(seed: int):
+    """A problem on 4 devices in 2 levels with a random network, 2-4 blocks, and a space small
+    enough to enumerate every placement."""
+    rng = random.Random(seed)
+    fanouts = rng.choice([(2, 2), (4,), (2, 2), (1, 4)])
+    if fanouts[0] == 1:
+        fanouts = (2, 2)
+    n_levels = len(fanouts)
+    cluster = make_cluster(
+        fanouts=fanouts,
+        bws_gbps=tuple(rng.uniform(1, 500) for _ in range(n_levels)),
+        lat_us=tuple(rng.uniform(0, 40) for _ in range(n_levels)),
+    )
+    spec = make_spec(layers=rng.randint(1, 3), heads=4, hidden=rng.choice([64, 256]))
+    problem = make_problem(spec, cluster, global_batch=rng.choice([4, 8]))
+    options = dict(
+        zero_stages=[rng.choice([0, 1, 3])],
+        recompute=rng.sample(["none", "full"], rng.randint(1, 2)),
+        schedules=["1f1b"],
+    )
+    return problem, options
+
+
+def test_general_equals_brute_force_over_every_placement():
+    """General mode == the best plan over every injective placement of the ranks (no symmetry
+    used), on 12 problems on 4 devices; and it is never worse than the restricted optimum."""
+    for seed in range(12):
+        problem, options = small_general_case(seed)
+        oracle = _brute_general(problem, options)
+        cp = solve_or_none(exact("cpsat", options, mode="general"), problem)
+        mi = solve_or_none(exact("milp", options, mode="general"), problem)
+        restricted = solve_or_none(exact("cpsat", options), problem)
+        if oracle is None:
+            assert cp is None and mi is None and restricted is None, seed
+            continue
+        check_exact_plan(problem, cp)
+        check_exact_plan(problem, mi)
+        assert cp.rank_order is None and cp.search["placement_classes"] >= 1
+        assert cp.objective_s == pytest.approx(oracle, rel=REL), (seed, options)
+        assert mi.objective_s == pytest.approx(oracle, rel=REL), (seed, options)
+        assert cp.objective_s <= restricted.objective_s * (1 + REL)
+
+
+def test_general_is_never_worse_than_restricted():
+    """``general <= restricted`` for both solvers on 40 random problems of up to 8 devices, and
+    strictly better on some (the larger space matters)."""
+    checked = better = 0
+    for seed in range(40):
+        problem, options = tiny_case(seed)
+        if problem.cluster.num_devices > 8:
+            continue
+        restricted = solve_or_none(exact("cpsat", options), problem)
+        for backend in ("cpsat", "milp"):
+            general = solve_or_none(exact(backend, options, mode="general"), problem)
+            assert (general is None) == (restricted is None), (seed, backend)
+            if general is not None:
+                check_exact_plan(problem, general)
+                assert general.objective_s <= restricted.objective_s * (1 + REL), seed
+                better += general.objective_s < restricted.objective_s * (1 - 1e-3)
+        checked += 1
+    assert checked >= 30 and better >= 2, (checked, better)
+
+
+def test_placement_enumeration_covers_every_orbit():
+    """The orderly enumeration visits one map per orbit of the tree's symmetry: 8! / 2^7 = 315
+    on ``[2, 2, 2]``, and the signature classes are a subset of what it visits."""
+    cluster = make_cluster(fanouts=(2, 2, 2))
+    maps = list(orderly_assignments(cluster, 8, max_visits=10**6))
+    assert len(maps) == 315 and len(set(maps)) == 315
+    classes = placement_classes(cluster, tp=2, cp=1, dp=2, pp=2, ep=1, max_visits=10**6)
+    assert 1 < len(classes) < 315
+    with pytest.raises(UserError, match="max_placements=10"):
+        list(orderly_assignments(cluster, 8, max_visits=10))
+
+
+def test_hint_is_the_dp_plan_and_the_report_says_so():
+    problem, options = tiny_case(7)
+    plan = exact("cpsat", options).solve(problem)
+    assert plan.search["hint"] and plan.search["upper_bound_s"] is not None
+    assert plan.search["tick_s"] * 2**24 == pytest.approx(plan.search["upper_bound_s"])
+    assert plan.search["rounding_error_s"] <= 1e-6 * plan.objective_s
+    for key in ("time_dp_s", "time_tables_s", "time_solver_s", "booleans", "gap"):
+        assert key in plan.search
+
+
+def test_a_time_limit_without_a_plan_is_a_timeout():
+    """A limit too short to find any plan (no hint) raises SolverTimeout, not a wrong plan."""
+    problem = make_problem(make_spec(layers=6), make_cluster(fanouts=(4, 4)), global_batch=16)
+    planner = exact("cpsat", {}, hint=False, prune=False, time_limit_s=1e-6)
+    with pytest.raises(SolverTimeout, match="time_limit_s"):
+        planner.solve(problem)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"mode": "exhaustive"}, "solver.mode='exhaustive'"),
+        ({"backend": "gurobi"}, "solver.backend='gurobi'"),
+        ({"time_limit_s": 0}, "solver.time_limit_s=0"),
+        ({"workers": 0}, "solver.workers=0"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(kwargs, match):
+    args = {"name": "cpsat", "backend": "cpsat", **kwargs}
+    with pytest.raises(UserError, match=match):
+        ExactPlanner(**args)
