@@ -1,7 +1,6 @@
 """Exactness of the NEST DP: its stage model equals the evaluator, its optimum brute force's."""
 
 import random
-import time
 
 import pytest
 
@@ -109,7 +108,6 @@ def test_nest_equals_brute_force_on_200_random_problems():
     optimal iteration time to 1e-9 and on infeasibility, on 200 random small problems; when
     nothing fits, on the smallest peak memory any plan of the space needs."""
     agreed = infeasible = 0
-    started = time.perf_counter()
     for seed in range(200):
         problem, options = tiny_case(seed)
         try:
@@ -136,7 +134,6 @@ def test_nest_equals_brute_force_on_200_random_problems():
         )
         agreed += 1
     assert agreed >= 120 and infeasible >= 5, (agreed, infeasible)
-    assert time.perf_counter() - started < 600
 
 
 def test_per_stage_recompute_beats_any_uniform_mode():
