@@ -83,6 +83,11 @@ def _bad_layer(**change):
             "param_gb' has unit 'gb'; sizes are param_bytes",
         ),
         (_bad_layer(bwd_s=-0.5), "bwd_s=-0.5 is negative"),
+        (_bad_layer(fwd_ms=1000.0), "fwd_s=1.0 and fwd_ms=1000.0 give fwd twice; keep one"),
+        (
+            _bad_layer(recompute_selective_ms=3.0, recompute_selective_s=0.5),
+            "recompute_selective_ms=3.0 and recompute_selective_s=0.5 give recompute_selective",
+        ),
         (_bad_layer(act_none_bytes="x"), "act_none_bytes='x' must be a finite number"),
         (_bad_layer(speed=3), "unknown field 'speed'"),
         (_bad_layer(kind="attention"), "kind='attention'"),
