@@ -190,6 +190,27 @@ def test_aggregate_marks_killed_and_unstarted_jobs_missing(small_sweep, tmp_path
     assert result.status_counts["missing"] == 2
 
 
+def test_aggregate_reports_unreadable_rows_as_missing_with_a_note(small_sweep, tmp_path):
+    sweep_dir = _copy(small_sweep[0], tmp_path)
+    row_2 = sweep_dir / "2" / "row.json"
+    row_2.write_text(row_2.read_text()[:40])  # cut short
+    (sweep_dir / "4" / "row.json").write_text("not json\n")
+    (sweep_dir / "6" / "row.json").write_text("[1, 2]\n")  # JSON, but not a row
+    result = agg.aggregate(sweep_dir)
+    df = pd.read_csv(sweep_dir / "results.csv")
+    assert sorted(df["job"]) == list(range(N_JOBS)) and result.jobs == N_JOBS
+    record = json.loads((sweep_dir / "sweep.json").read_text())
+    for num, why in ((2, "JSONDecodeError"), (4, "JSONDecodeError"), (6, "a JSON list")):
+        row = df[df.job == num].iloc[0]
+        assert row["status"] == "missing" and not row["feasible"]
+        assert "row.json is unreadable" in row["error"] and why in row["error"]
+        assert row["overrides"] == " ".join(record["jobs"][num])  # from the job's .hydra/
+        assert str(row["job_dir"]) == str(num)
+    assert result.status_counts["missing"] == 3
+    note = "3 unreadable row.json reported as missing (2/row.json, 4/row.json, 6/row.json)"
+    assert any(n.startswith(note) for n in result.notes) and note in result.describe()
+
+
 def test_aggregate_without_pyarrow_writes_csv_and_says_so(small_sweep, tmp_path, monkeypatch):
     sweep_dir = _copy(small_sweep[0], tmp_path)
 
