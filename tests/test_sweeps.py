@@ -27,9 +27,12 @@ from experiments.published import load_published, published_speedups, published_
 from nest.callbacks import expand_sweep, sweep_progress
 from nest.results import ROW_COLUMNS, make_row, planner_label, run_recorded
 
+from .test_cli import compose
+
 CONF_DIR = nest.cli.CONF_DIR
 REPO_ROOT = Path(CONF_DIR).parent
 RUN_PY = REPO_ROOT / "run.py"
+DATA = REPO_ROOT / "data"
 EXPERIMENTS = sorted(p.stem for p in Path(CONF_DIR, "experiment").glob("*.yaml"))
 PAPER_MODELS = {"bert_large", "llama2_7b", "llama3_70b", "mixtral_8x7b", "gpt3_175b"}
 
@@ -348,6 +351,28 @@ def test_planner_label_and_variant():
         OmegaConf.create({"solver": {"name": "x"}}), {"status": "error", "error": "a\n b"}
     )
     assert row["error"] == "a b" and row["model"] is None
+
+
+@pytest.mark.parametrize(
+    "overrides, name",
+    [
+        (["model=hf", f"model.config_path={DATA / 'hf/gpt2.json'}"], "openai-community/gpt2"),
+        (["model=profile", f"model.path={DATA / 'profiles/example_tiny.json'}"], "example_tiny"),
+        (["model=hf", "model.config_path=/nonexistent/config.json"], "/nonexistent/config.json"),
+    ],
+)
+def test_rows_name_the_model_the_run_built(tmp_path, overrides, name):
+    """``model.name`` is null for Hugging Face and profile models: the row takes the built
+    model's name (the file's path when the file cannot be read), never 'None'."""
+    cfg = compose(*overrides, "solver=megatron", "print_summary=false")
+
+    def crash(cfg, out_dir):
+        raise RuntimeError("after the config was built")
+
+    run_recorded(crash, cfg, tmp_path / "crashed")  # a crash result carries no model
+    assert json.loads((tmp_path / "crashed" / "row.json").read_text())["model"] == name
+    run_recorded(lambda c, d: nest.cli.run(c, d, echo=lambda _: None), cfg, tmp_path / "ran")
+    assert json.loads((tmp_path / "ran" / "row.json").read_text())["model"] == name
 
 
 # ------------------------------------------------------------------------------------------------
