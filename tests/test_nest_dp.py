@@ -177,6 +177,32 @@ def test_empty_space_is_a_clear_error():
         NestPlanner(tp=[3]).solve(problem)
 
 
+def test_infeasible_names_the_zero_stages_and_recompute_modes_searched():
+    """The smallest-need message states the space actually searched, and a restricted one is
+    named as a knob to widen; every plan of the full space needs less (it can shard more)."""
+    problem = make_problem(
+        ModelSpec(name="x", hidden=256, layers=4, heads=4, ffn_hidden=1024, vocab=512, seq_len=64),
+        make_cluster(fanouts=(4,), device=make_device(hbm_bytes=2**20)),
+        global_batch=8,
+    )
+    with pytest.raises(Infeasible) as narrow:
+        NestPlanner(zero_stages=[0, 1], recompute=["none"]).solve(problem)
+    with pytest.raises(Infeasible) as full:
+        NestPlanner().solve(problem)
+    assert "nest's space (ZeRO 0,1, recompute none) needs at least" in narrow.value.reason
+    assert (
+        "widen the search (solver.zero_stages=[0, 1, 2, 3] "
+        "solver.recompute=[none,selective,full])" in narrow.value.reason
+    )
+    assert "nest's space (ZeRO 0-3, recompute none/selective/full)" in full.value.reason
+    assert "widen" not in full.value.reason and "\n" not in narrow.value.reason
+    assert full.value.min_memory_bytes < narrow.value.min_memory_bytes
+    with pytest.raises(Infeasible) as zero_only:
+        NestPlanner(zero_stages=[0, 1, 2, 3], recompute=["full", "none"]).solve(problem)
+    assert "(ZeRO 0-3, recompute full/none)" in zero_only.value.reason
+    assert "widen the search (solver.recompute=[none,selective,full])" in zero_only.value.reason
+
+
 def test_front_keeps_exactly_the_labels_worse_by_at_most_admits():
     """The inlined dominance of Front.insert is worse_by_at_most <= 0 (random labels), with the
     1F1B coefficients (1, m - 1) and the interleaved ones (1/v, m - 1/v)."""

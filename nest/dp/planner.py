@@ -211,7 +211,14 @@ class NestPlanner(SpacePlanner):
         }
         if best is None:
             need = self._smallest_need_bytes(problem, entries, over, floors, shared)
-            raise infeasible_memory(problem, self.name, need, exact=True)
+            raise infeasible_memory(
+                problem,
+                self.name,
+                need,
+                exact=True,
+                zero_stages=options.zero_stages,
+                recompute=options.recompute,
+            )
         plan, report = finish(
             self.name,
             problem,
