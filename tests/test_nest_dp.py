@@ -1,6 +1,7 @@
 """Exactness of the NEST DP: its stage model equals the evaluator, its optimum brute force's."""
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -173,8 +174,31 @@ def test_empty_space_is_a_clear_error():
         ModelSpec(name="x", hidden=64, layers=2, heads=4, ffn_hidden=128, vocab=256, seq_len=32),
         make_cluster(fanouts=(8,)),
     )
-    with pytest.raises(UserError, match="search space is empty"):
+    with pytest.raises(UserError, match="search space is empty") as err:
         NestPlanner(tp=[3]).solve(problem)
+    msg = str(err.value)
+    assert "(tp must divide heads=4 and the FFN size; dp must divide the global batch; " in msg
+    assert "interleaved needs pp*v to divide the 2 blocks" in msg
+    with pytest.raises(UserError) as err:
+        NestPlanner(tp=[3], schedules=["1f1b"]).solve(problem)
+    assert "interleaved" not in str(err.value)  # not searched, so not a rule
+
+
+def test_empty_space_of_a_profile_states_its_measured_widths_not_heads():
+    """A profile has no head count (its spec's heads is None): the rule is its measured widths."""
+    from dataclasses import replace
+
+    from nest.errors import UserError
+    from nest.profile import load_profile_model
+
+    model = load_profile_model(Path(__file__).parents[1] / "data/profiles/example_tiny.json")
+    assert model.spec.heads is None
+    problem = replace(make_problem(cluster=make_cluster(fanouts=(8,))), model=model)
+    with pytest.raises(UserError, match="search space is empty") as err:
+        NestPlanner(tp=[3], schedules=["1f1b"]).solve(problem)
+    shown = ", ".join(f"(tp={t}, cp={c}, ep={e})" for t, c, e in model.widths)
+    assert f"divisibility rules ((tp, cp, ep) must be a measured width: {shown}; " in str(err.value)
+    assert "heads" not in str(err.value) and "None" not in str(err.value)
 
 
 def test_infeasible_names_the_zero_stages_and_recompute_modes_searched():
