@@ -1,8 +1,9 @@
 """Aggregate a sweep directory into one comparison: ``python -m experiments.aggregate DIR``.
 
 Reads every job's ``row.json`` (:mod:`nest.results`) under ``DIR``; a job directory without one
-(killed, timed out, still running) and a job listed in ``sweep.json`` that never started each
-become a ``missing`` row, so the table always has one row per job. Writes into ``DIR``:
+(killed, timed out, still running) or with one that cannot be read (not JSON, cut short: a note
+lists them) and a job listed in ``sweep.json`` that never started each become a ``missing`` row,
+so the table always has one row per job. Writes into ``DIR``:
 
 - ``results.csv`` and ``results.parquet`` (every column; parquet needs the optional ``parquet``
   extra, pyarrow, and is skipped with a note without it), ``results.md`` (readable tables);
@@ -114,21 +115,54 @@ def _job_dirs(sweep_dir: Path) -> list[Path]:
     return sorted(found)
 
 
-def load_rows(sweep_dir: Path) -> pd.DataFrame:
-    """One row per job of the sweep, ``missing`` rows included, sorted by job number."""
-    rows = []
+def _read_row(path: Path) -> tuple[dict | None, str | None]:
+    """A job's row, or None and why it cannot be read (not JSON, cut short, not a row)."""
+    try:
+        row = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, one_line(f"{type(exc).__name__}: {exc}", 120)
+    if not isinstance(row, dict):
+        return None, f"a JSON {type(row).__name__}, not an object"
+    if "status" not in row:
+        return None, "no 'status' field"
+    return {**dict.fromkeys(ROW_COLUMNS), **row}, None
+
+
+def _missing_job(job_dir: Path, why: str) -> dict:
+    """The ``missing`` row of a job directory, from the overrides Hydra saved in it."""
+    overrides_yaml = job_dir / ".hydra/overrides.yaml"
+    overrides = list(OmegaConf.load(overrides_yaml)) if overrides_yaml.exists() else []
+    hydra_yaml = job_dir / ".hydra/hydra.yaml"
+    num = OmegaConf.load(hydra_yaml).hydra.job.get("num") if hydra_yaml.exists() else None
+    return _missing_row(overrides, num, why)
+
+
+def load_rows(sweep_dir: Path, notes: list[str] | None = None) -> pd.DataFrame:
+    """One row per job of the sweep, ``missing`` rows included, sorted by job number.
+
+    A ``row.json`` that cannot be read makes its job ``missing`` too (the error column says why)
+    and, when ``notes`` is given, a note listing those files is appended to it."""
+    rows, unreadable = [], []
     for job_dir in _job_dirs(sweep_dir):
+        where = job_dir.relative_to(sweep_dir)
         if (job_dir / ROW_FILE).exists():
-            row = json.loads((job_dir / ROW_FILE).read_text())
+            row, problem = _read_row(job_dir / ROW_FILE)
+            if row is None:
+                unreadable.append(str(where / ROW_FILE))
+                row = _missing_job(
+                    job_dir, f"row.json is unreadable ({problem}); rerun the job to rewrite it"
+                )
         else:
-            overrides = list(OmegaConf.load(job_dir / ".hydra/overrides.yaml"))
-            hydra_yaml = job_dir / ".hydra/hydra.yaml"
-            num = OmegaConf.load(hydra_yaml).hydra.job.get("num") if hydra_yaml.exists() else None
-            row = _missing_row(
-                overrides, num, "no row.json: the job was killed, timed out or is still running"
+            row = _missing_job(
+                job_dir, "no row.json: the job was killed, timed out or is still running"
             )
-        row["job_dir"] = str(job_dir.relative_to(sweep_dir))
+        row["job_dir"] = str(where)
         rows.append(row)
+    if unreadable and notes is not None:
+        notes.append(
+            f"{len(unreadable)} unreadable row.json reported as missing ({', '.join(unreadable)}); "
+            "rerun those jobs"
+        )
     sweep_file = sweep_dir / SWEEP_FILE
     if sweep_file.exists():
         seen = {r["job"] for r in rows}
@@ -230,10 +264,10 @@ def aggregate(
 ) -> Aggregate:
     """Build the tables (and plots) of ``sweep_dir`` into it; idempotent."""
     sweep_dir = Path(sweep_dir)
-    df = load_rows(sweep_dir)
+    notes: list[str] = []
+    df = load_rows(sweep_dir, notes)
     comp = comparison(df, baseline)
     planners = planner_order(df, baseline)
-    notes = []
     if baseline not in planners:
         notes.append(
             f"baseline planner {baseline!r} is not in this sweep ({', '.join(planners)}); "

@@ -62,8 +62,30 @@ def _int(cfg: dict, key: str, path: Path, default: int | None = None) -> int:
     return value
 
 
+def _probability(cfg: dict, key: str, path: Path, default: float) -> float:
+    value = _get(cfg, key, path, default)
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not 0 <= value <= 1:
+        raise UserError(
+            f"{_where(path)}: {key}={value!r} must be a number from 0 to 1 (a dropout "
+            f"probability; {default} when absent)"
+        )
+    return float(value)
+
+
+def _flag(cfg: dict, key: str, path: Path, default: bool) -> bool:
+    value = _get(cfg, key, path, default)
+    if not isinstance(value, bool):
+        absent = "true" if default else "false"
+        raise UserError(
+            f"{_where(path)}: {key}={value!r} must be true or false (a JSON boolean; {absent} "
+            "when absent)"
+        )
+    return value
+
+
 def _check_head_dim(cfg: dict, path: Path, hidden: int, heads: int) -> None:
-    head_dim = cfg.get("head_dim")
+    head_dim = _int(cfg, "head_dim", path) if cfg.get("head_dim") is not None else None
     if head_dim is not None and head_dim * heads != hidden:
         raise UserError(
             f"{_where(path)}: head_dim={head_dim} x num_attention_heads={heads} != "
@@ -95,7 +117,7 @@ def _decoder(cfg: dict, path: Path, family: str) -> dict:
         norm="rmsnorm",
         bias=False,
         position="rope",
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tied_embeddings=_flag(cfg, "tie_word_embeddings", path, False),
         dropout=False,
     )
     if family == "mixtral":
@@ -122,8 +144,8 @@ def _gpt2(cfg: dict, path: Path, family: str) -> dict:
         norm="layernorm",
         bias=True,
         position="learned",
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-        dropout=float(cfg.get("resid_pdrop", 0.1)) > 0,
+        tied_embeddings=_flag(cfg, "tie_word_embeddings", path, True),
+        dropout=_probability(cfg, "resid_pdrop", path, 0.1) > 0,
     )
 
 
@@ -152,8 +174,8 @@ def _bert(cfg: dict, path: Path, family: str) -> dict:
         norm="layernorm",
         bias=True,
         position="learned",
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-        dropout=float(cfg.get("hidden_dropout_prob", 0.1)) > 0,
+        tied_embeddings=_flag(cfg, "tie_word_embeddings", path, True),
+        dropout=_probability(cfg, "hidden_dropout_prob", path, 0.1) > 0,
         encoder=True,
     )
 

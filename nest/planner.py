@@ -7,9 +7,10 @@ sets it, so no planner keeps a private scoring path.
 """
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
+from nest.axes import Recompute
 from nest.cost import evaluate
 from nest.errors import Infeasible
 from nest.plan import Plan
@@ -67,30 +68,56 @@ def model_state_lower_bound_bytes(problem: Problem) -> float:
     return m.total_params() * per_param / cluster.num_devices + cluster.device.memory_reserve_bytes
 
 
+ZERO_STAGES = (0, 1, 2, 3)
+RECOMPUTE_MODES = tuple(r.value for r in Recompute)
+
+
+def _stages_text(stages: Sequence[int]) -> str:
+    """``0-3`` for a run of consecutive stages, else ``0,2``."""
+    got = sorted(set(stages))
+    if len(got) > 2 and got == list(range(got[0], got[-1] + 1)):
+        return f"{got[0]}-{got[-1]}"
+    return ",".join(str(z) for z in got)
+
+
 def infeasible_memory(
-    problem: Problem, planner_name: str, best_peak_bytes: float | None, *, exact: bool = False
+    problem: Problem,
+    planner_name: str,
+    best_peak_bytes: float | None,
+    *,
+    exact: bool = False,
+    zero_stages: Sequence[int] = ZERO_STAGES,
+    recompute: Sequence[str] = RECOMPUTE_MODES,
 ) -> Infeasible:
     """An :class:`Infeasible` that says what memory was missing and which knobs would help.
 
     ``exact``: ``best_peak_bytes`` is the smallest peak of every plan in the planner's space
-    (ZeRO and recompute included), not just of the plans it tried."""
+    (the ``zero_stages`` and ``recompute`` modes it searched), not just of the plans it tried;
+    a restriction of either is then named as a knob to widen."""
     cluster = problem.cluster
     have = cluster.device.hbm_bytes
     bound = model_state_lower_bound_bytes(problem)
+    widen = []
     if best_peak_bytes is None:
         need = f"{planner_name} found no valid configuration"
     elif exact:
+        modes = [str(m) for m in recompute]
         need = (
-            f"every plan in {planner_name}'s space (ZeRO 0-3, recompute) needs at least "
-            f"{best_peak_bytes / GiB:.1f} GiB per device"
+            f"every plan in {planner_name}'s space (ZeRO {_stages_text(zero_stages)}, recompute "
+            f"{'/'.join(modes)}) needs at least {best_peak_bytes / GiB:.1f} GiB per device"
         )
+        if set(zero_stages) < set(ZERO_STAGES):
+            widen.append(f"solver.zero_stages={list(ZERO_STAGES)}")
+        if set(modes) < set(RECOMPUTE_MODES):
+            widen.append(f"solver.recompute=[{','.join(RECOMPUTE_MODES)}]")
     else:
         need = (
             f"the smallest plan {planner_name} tried needs {best_peak_bytes / GiB:.1f} GiB per "
             "device"
         )
     knobs = (
-        "add devices (cluster.devices), use a larger-memory device, or a smaller "
+        (f"widen the search ({' '.join(widen)}), " if widen else "")
+        + "add devices (cluster.devices), use a larger-memory device, or a smaller "
         "training.microbatch_sizes"
     )
     if not exact:

@@ -119,11 +119,22 @@ def _recompute_runs(stages: Sequence[dict]) -> str:
     return ",".join(m if (n := len(list(g))) == 1 else f"{m}*{n}" for m, g in groupby(modes))
 
 
+def _model_label(cfg: DictConfig) -> str | None:
+    """The model as the config names it: ``name``, else the Hugging Face config or profile file
+    (``name`` is null for those: the file names the model), as :func:`nest.cli.run` does."""
+    if "model" not in cfg:
+        return None
+    m = cfg.model
+    return str(m.get("name") or m.get("config_path") or m.get("path") or "?")
+
+
 def _case(cfg: DictConfig) -> dict:
-    """Identity columns that come from the config (None where the config itself is bad)."""
+    """Identity columns that come from the config (None where the config itself is bad); the
+    model's name is the built model's (a Hugging Face config's ``_name_or_path``, a profile's
+    name) when the config builds."""
     sizes = cfg.training.get("microbatch_sizes", None) if "training" in cfg else None
     out = {
-        "model": str(cfg.model.get("name", "?")) if "model" in cfg else None,
+        "model": _model_label(cfg),
         "cluster": str(cfg.cluster.get("name", "?")) if "cluster" in cfg else None,
         "devices": None,
         "level_fanouts": None,
@@ -136,9 +147,11 @@ def _case(cfg: DictConfig) -> dict:
         ),
     }
     try:
-        cluster = build_problem(cfg).cluster
+        problem = build_problem(cfg)
     except Exception:  # the job's own row says what was wrong with the config
         return out
+    cluster = problem.cluster
+    out["model"] = problem.model.name
     out["devices"] = cluster.num_devices
     out["level_fanouts"] = "x".join(str(lv.fanout) for lv in cluster.levels)
     out["hbm_bytes"] = cluster.device.hbm_bytes
@@ -157,11 +170,13 @@ def make_row(
     solver = str(result.get("solver") or cfg.get("solver", {}).get("name", "?"))
     plan = result.get("plan") or {}
     row = dict.fromkeys(ROW_COLUMNS)
+    case = _case(cfg)
+    case["model"] = result.get("model") or case["model"]  # the name the run's report gives
     row.update(
         job=job,
         solver=solver,
         planner=planner_label(solver, overrides),
-        **_case(cfg),
+        **case,
         status=result.get("status"),
         feasible=bool(result.get("feasible", False)),
         overrides=list(overrides),

@@ -8,27 +8,40 @@ import sys
 import pytest
 
 from baselines.fixed import FixedPlanner
+from nest.config import build_problem
 from nest.cost import evaluate
 from nest.dp.planner import NestPlanner
 from nest.errors import UserError
 from nest.explain import MEMORY_TERMS, ROW_TERMS, TIME_TERMS, explain_report, main
-from nest.serialize import report_to_dict
+from nest.serialize import plan_from_dict, report_to_dict
 
 from .conftest import make_cluster, make_problem, make_spec
 from .randomcase import random_case
 from .test_cli import REPO_ROOT, run_case
 
 
-def check_adds_up(report: dict) -> dict:
+def check_adds_up(report: dict, iteration_time_s: float) -> dict:
+    """``iteration_time_s``: the evaluator's own value (its ``Report``), the oracle the rows are
+    checked against. ``wait`` is what explain makes each row add up with, so the row sum is not
+    tested (it equals the iteration by construction); its terms are, one by one."""
     e = explain_report(report)
     b = report["breakdown"]
-    t_iter, m = report["iteration_time_s"], report["plan"]["num_microbatches"]
+    t_iter, m = iteration_time_s, report["plan"]["num_microbatches"]
     assert e["iteration_time_s"] == t_iter
     slowest = max(e["ranks"], key=lambda r: r["per_iteration_s"]["busy"])
     assert slowest["per_iteration_s"]["bubble"] == pytest.approx(b["bubble_s"], abs=1e-12 * t_iter)
+    rows = [r["per_iteration_s"] for r in e["ranks"]]
+    most_exposed = max(it["dp_sync_exposed"] for it in rows)
+    most_optimizer = max(it["optimizer"] for it in rows)
+    # T_iter = T_pipe + max_r exposed_r + max_r optimizer_r, from explain's per-rank terms
+    assert e["pipeline_time_s"] + most_exposed + most_optimizer == pytest.approx(t_iter, rel=1e-12)
     for r in e["ranks"]:
         it = r["per_iteration_s"]
-        assert math.fsum(it[k] for k in ROW_TERMS) == pytest.approx(t_iter, rel=1e-12)
+        assert set(it) == {*TIME_TERMS, *ROW_TERMS}
+        assert it["busy"] + it["bubble"] == pytest.approx(e["pipeline_time_s"], rel=1e-12)
+        # a rank waits for the slowest rank's exposed sync and optimizer step, no more
+        waits_for = (most_exposed - it["dp_sync_exposed"]) + (most_optimizer - it["optimizer"])
+        assert it["wait"] == pytest.approx(waits_for, abs=1e-12 * t_iter)
         assert math.fsum(it[k] for k in TIME_TERMS) == pytest.approx(it["busy"], rel=1e-12)
         for k in TIME_TERMS:
             assert it[k] == pytest.approx(m * r["per_microbatch_s"][k], rel=1e-12)
@@ -55,7 +68,8 @@ def test_terms_add_up_on_fixed_plans(kw):
         make_spec(layers=8, heads=8), make_cluster(fanouts=(4, 4)), global_batch=32
     )
     plan = FixedPlanner(microbatch_size=1, **kw).solve(problem)
-    e = check_adds_up(report_to_dict(plan, evaluate(problem, plan)))
+    evaluated = evaluate(problem, plan)
+    e = check_adds_up(report_to_dict(plan, evaluated), evaluated.iteration_time_s)
     assert len(e["ranks"]) == kw["pp"]
 
 
@@ -66,18 +80,22 @@ def test_terms_add_up_on_random_and_nest_plans():
             plan = planner.solve(problem)
         except UserError:
             continue
-        check_adds_up(report_to_dict(plan, evaluate(problem, plan)))
+        evaluated = evaluate(problem, plan)
+        check_adds_up(report_to_dict(plan, evaluated), evaluated.iteration_time_s)
     problem, _ = random_case(3)
     plan = NestPlanner().solve(problem)
-    check_adds_up(report_to_dict(plan, evaluate(problem, plan)))
+    evaluated = evaluate(problem, plan)
+    check_adds_up(report_to_dict(plan, evaluated), evaluated.iteration_time_s)
 
 
 def test_from_a_run_directory_and_as_a_run_option(tmp_path, capsys):
-    _, result, report, _, lines = run_case(
+    cfg, result, report, plan, lines = run_case(
         tmp_path, "explain=true", "solver=fixed", "solver.pp=2", "solver.tp=4"
     )
+    # the oracle: the saved plan evaluated again, not the report being explained
+    evaluated = evaluate(build_problem(cfg), plan_from_dict(plan))
     saved = json.loads((tmp_path / "explain.json").read_text())
-    assert saved == json.loads(json.dumps(check_adds_up(report)))
+    assert saved == json.loads(json.dumps(check_adds_up(report, evaluated.iteration_time_s)))
     text = (tmp_path / "explain.txt").read_text()
     assert "bubble" in text and "act/mb" in text and any("dp-sync" in line for line in lines)
     assert main([str(tmp_path), "--json"]) == 0

@@ -157,6 +157,51 @@ def test_bad_configs_are_one_line_errors(tmp_path, cfg, needle):
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
+def _shipped(name: str, **change) -> dict:
+    return {**json.loads((DATA / name).read_text()), **change}
+
+
+@pytest.mark.parametrize(
+    "cfg, needle",
+    [
+        (
+            _shipped("gpt2.json", resid_pdrop="0.1"),
+            "resid_pdrop='0.1' must be a number from 0 to 1 (a dropout probability",
+        ),
+        (
+            _shipped("bert_base_uncased.json", hidden_dropout_prob="none"),
+            "hidden_dropout_prob='none' must be a number from 0 to 1",
+        ),
+        (_shipped("bert_base_uncased.json", hidden_dropout_prob=1.5), "hidden_dropout_prob=1.5"),
+        (_shipped("gpt2.json", resid_pdrop=True), "resid_pdrop=True must be a number"),
+        (
+            _shipped("llama2_7b.json", tie_word_embeddings="false"),
+            "tie_word_embeddings='false' must be true or false (a JSON boolean; false when absent)",
+        ),
+        (_shipped("llama2_7b.json", head_dim="128"), "head_dim='128' must be a positive integer"),
+    ],
+)
+def test_wrongly_typed_fields_are_one_line_errors_naming_field_and_value(tmp_path, cfg, needle):
+    path = _write(tmp_path, cfg)
+    with pytest.raises(UserError) as err:
+        spec_from_hf_config(path)
+    message = str(err.value)
+    assert message.startswith(f"model.config_path={path}: ") and needle in message
+    assert "\n" not in message
+    result, lines = run_case_lines(tmp_path, "model=hf", f"model.config_path={path}")
+    assert result["status"] == "error" and lines == [f"error: {message}"]
+
+
+def test_dropout_probabilities_are_read_as_numbers(tmp_path):
+    def dropout(cfg: dict) -> bool:
+        return spec_from_hf_config(_write(tmp_path, cfg)).dropout
+
+    assert dropout(_shipped("gpt2.json", resid_pdrop=0)) is False
+    assert dropout(_shipped("gpt2.json", resid_pdrop=0.1)) is True
+    no_key = {k: v for k, v in _shipped("gpt2.json").items() if k != "resid_pdrop"}
+    assert dropout(no_key) is True  # transformers' default: 0.1
+
+
 def test_missing_file_and_missing_path(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         spec_from_hf_config(tmp_path / "nope" / "config.json")

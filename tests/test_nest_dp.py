@@ -1,7 +1,7 @@
 """Exactness of the NEST DP: its stage model equals the evaluator, its optimum brute force's."""
 
 import random
-import time
+from pathlib import Path
 
 import pytest
 
@@ -109,7 +109,6 @@ def test_nest_equals_brute_force_on_200_random_problems():
     optimal iteration time to 1e-9 and on infeasibility, on 200 random small problems; when
     nothing fits, on the smallest peak memory any plan of the space needs."""
     agreed = infeasible = 0
-    started = time.perf_counter()
     for seed in range(200):
         problem, options = tiny_case(seed)
         try:
@@ -136,7 +135,6 @@ def test_nest_equals_brute_force_on_200_random_problems():
         )
         agreed += 1
     assert agreed >= 120 and infeasible >= 5, (agreed, infeasible)
-    assert time.perf_counter() - started < 600
 
 
 def test_per_stage_recompute_beats_any_uniform_mode():
@@ -176,8 +174,57 @@ def test_empty_space_is_a_clear_error():
         ModelSpec(name="x", hidden=64, layers=2, heads=4, ffn_hidden=128, vocab=256, seq_len=32),
         make_cluster(fanouts=(8,)),
     )
-    with pytest.raises(UserError, match="search space is empty"):
+    with pytest.raises(UserError, match="search space is empty") as err:
         NestPlanner(tp=[3]).solve(problem)
+    msg = str(err.value)
+    assert "(tp must divide heads=4 and the FFN size; dp must divide the global batch; " in msg
+    assert "interleaved needs pp*v to divide the 2 blocks" in msg
+    with pytest.raises(UserError) as err:
+        NestPlanner(tp=[3], schedules=["1f1b"]).solve(problem)
+    assert "interleaved" not in str(err.value)  # not searched, so not a rule
+
+
+def test_empty_space_of_a_profile_states_its_measured_widths_not_heads():
+    """A profile has no head count (its spec's heads is None): the rule is its measured widths."""
+    from dataclasses import replace
+
+    from nest.errors import UserError
+    from nest.profile import load_profile_model
+
+    model = load_profile_model(Path(__file__).parents[1] / "data/profiles/example_tiny.json")
+    assert model.spec.heads is None
+    problem = replace(make_problem(cluster=make_cluster(fanouts=(8,))), model=model)
+    with pytest.raises(UserError, match="search space is empty") as err:
+        NestPlanner(tp=[3], schedules=["1f1b"]).solve(problem)
+    shown = ", ".join(f"(tp={t}, cp={c}, ep={e})" for t, c, e in model.widths)
+    assert f"divisibility rules ((tp, cp, ep) must be a measured width: {shown}; " in str(err.value)
+    assert "heads" not in str(err.value) and "None" not in str(err.value)
+
+
+def test_infeasible_names_the_zero_stages_and_recompute_modes_searched():
+    """The smallest-need message states the space actually searched, and a restricted one is
+    named as a knob to widen; every plan of the full space needs less (it can shard more)."""
+    problem = make_problem(
+        ModelSpec(name="x", hidden=256, layers=4, heads=4, ffn_hidden=1024, vocab=512, seq_len=64),
+        make_cluster(fanouts=(4,), device=make_device(hbm_bytes=2**20)),
+        global_batch=8,
+    )
+    with pytest.raises(Infeasible) as narrow:
+        NestPlanner(zero_stages=[0, 1], recompute=["none"]).solve(problem)
+    with pytest.raises(Infeasible) as full:
+        NestPlanner().solve(problem)
+    assert "nest's space (ZeRO 0,1, recompute none) needs at least" in narrow.value.reason
+    assert (
+        "widen the search (solver.zero_stages=[0, 1, 2, 3] "
+        "solver.recompute=[none,selective,full])" in narrow.value.reason
+    )
+    assert "nest's space (ZeRO 0-3, recompute none/selective/full)" in full.value.reason
+    assert "widen" not in full.value.reason and "\n" not in narrow.value.reason
+    assert full.value.min_memory_bytes < narrow.value.min_memory_bytes
+    with pytest.raises(Infeasible) as zero_only:
+        NestPlanner(zero_stages=[0, 1, 2, 3], recompute=["full", "none"]).solve(problem)
+    assert "(ZeRO 0-3, recompute full/none)" in zero_only.value.reason
+    assert "widen the search (solver.recompute=[none,selective,full])" in zero_only.value.reason
 
 
 def test_front_keeps_exactly_the_labels_worse_by_at_most_admits():

@@ -83,6 +83,11 @@ def _bad_layer(**change):
             "param_gb' has unit 'gb'; sizes are param_bytes",
         ),
         (_bad_layer(bwd_s=-0.5), "bwd_s=-0.5 is negative"),
+        (_bad_layer(fwd_ms=1000.0), "fwd_s=1.0 and fwd_ms=1000.0 give fwd twice; keep one"),
+        (
+            _bad_layer(recompute_selective_ms=3.0, recompute_selective_s=0.5),
+            "recompute_selective_ms=3.0 and recompute_selective_s=0.5 give recompute_selective",
+        ),
         (_bad_layer(act_none_bytes="x"), "act_none_bytes='x' must be a finite number"),
         (_bad_layer(speed=3), "unknown field 'speed'"),
         (_bad_layer(kind="attention"), "kind='attention'"),
@@ -146,6 +151,77 @@ def test_bad_files_through_the_cli_are_one_line(tmp_path):
     assert lines == [f"error: {result['error']}"]
     result = nest.cli.run(compose("model=profile"), tmp_path / "out2", echo=lines.append)
     assert "model.path=FILE" in result["error"]
+
+
+def _artifact(blocks: int = 2) -> dict:
+    """A NEST artifact instance (NEST_NOTES §6) of an embedding and ``blocks`` blocks at tp 1."""
+    node = dict(parameterSize=2e6, activationSize=4e6, optimalLatencyFw=10.0, optimalLatencyBw=20.0)
+    nodes = [dict(node, id=k, parameterSize=1e6 if k < 0 else 2e6) for k in range(-1, blocks)]
+    edges = [dict(sourceId=k, destId=k + 1, communicationCost=1e5) for k in range(-1, blocks - 1)]
+    return {"nodes": {"1": nodes}, "edges": {"1": edges}}
+
+
+def _drop(node: dict, key: str) -> dict:
+    return {k: v for k, v in node.items() if k != key}
+
+
+def test_an_artifact_instance_reads_in_seconds(tmp_path):
+    path = tmp_path / "inst.json"
+    path.write_text(json.dumps(_artifact()))
+    block = read_profile(path).measurements[0].layers[1]
+    assert (block.fwd_s, block.bwd_s, block.boundary_bytes) == (10e-3, 20e-3, 1e5)
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        (
+            lambda d: d["nodes"]["1"].__setitem__(2, _drop(d["nodes"]["1"][2], "optimalLatencyBw")),
+            "nodes['1'][2] has no 'optimalLatencyBw'; expected the backward time, a number of "
+            "milliseconds",
+        ),
+        (
+            lambda d: d["nodes"]["1"][1].update(optimalLatencyFw="fast"),
+            "nodes['1'][1] optimalLatencyFw='fast'; expected the forward time, a number of "
+            "milliseconds",
+        ),
+        (
+            lambda d: d["nodes"]["1"][0].update(parameterSize=None),
+            "nodes['1'][0] parameterSize=None; expected a number of bytes",
+        ),
+        (
+            lambda d: d.update(edges=d["edges"]["1"]),
+            "edges is a list; expected an object mapping each tensor width to its edge list",
+        ),
+        (
+            lambda d: d["edges"].update({"1": [[-1, 0, 1e5], [0, 1, 1e5]]}),
+            "edges['1'][0] is a list ([-1, 0, 100000.0]); expected an object with sourceId, "
+            "destId, communicationCost",
+        ),
+        (
+            lambda d: d["edges"]["1"][1].update(communicationCost="1e5"),
+            "edges['1'][1] communicationCost='1e5'; expected the boundary bytes, a number",
+        ),
+        (lambda d: d.update(ep_degree="four"), "ep_degree='four'; expected a positive integer"),
+    ],
+)
+def test_bad_artifact_instances_are_one_line_errors(tmp_path, change, needle):
+    data = _artifact()
+    change(data)
+    path = tmp_path / "inst.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError) as err:
+        read_profile(path)
+    message = str(err.value)
+    assert message.startswith(f"model.path={path}") and needle in message
+    assert "\n" not in message
+    lines: list[str] = []
+    import nest.cli
+
+    result = nest.cli.run(
+        compose("model=profile", f"model.path={path}"), tmp_path / "out", echo=lines.append
+    )
+    assert result["status"] == "error" and lines == [f"error: {message}"]
 
 
 # ------------------------------------------------------------------------------ semantics

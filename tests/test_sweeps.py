@@ -27,9 +27,12 @@ from experiments.published import load_published, published_speedups, published_
 from nest.callbacks import expand_sweep, sweep_progress
 from nest.results import ROW_COLUMNS, make_row, planner_label, run_recorded
 
+from .test_cli import compose
+
 CONF_DIR = nest.cli.CONF_DIR
 REPO_ROOT = Path(CONF_DIR).parent
 RUN_PY = REPO_ROOT / "run.py"
+DATA = REPO_ROOT / "data"
 EXPERIMENTS = sorted(p.stem for p in Path(CONF_DIR, "experiment").glob("*.yaml"))
 PAPER_MODELS = {"bert_large", "llama2_7b", "llama3_70b", "mixtral_8x7b", "gpt3_175b"}
 
@@ -190,6 +193,27 @@ def test_aggregate_marks_killed_and_unstarted_jobs_missing(small_sweep, tmp_path
     assert result.status_counts["missing"] == 2
 
 
+def test_aggregate_reports_unreadable_rows_as_missing_with_a_note(small_sweep, tmp_path):
+    sweep_dir = _copy(small_sweep[0], tmp_path)
+    row_2 = sweep_dir / "2" / "row.json"
+    row_2.write_text(row_2.read_text()[:40])  # cut short
+    (sweep_dir / "4" / "row.json").write_text("not json\n")
+    (sweep_dir / "6" / "row.json").write_text("[1, 2]\n")  # JSON, but not a row
+    result = agg.aggregate(sweep_dir)
+    df = pd.read_csv(sweep_dir / "results.csv")
+    assert sorted(df["job"]) == list(range(N_JOBS)) and result.jobs == N_JOBS
+    record = json.loads((sweep_dir / "sweep.json").read_text())
+    for num, why in ((2, "JSONDecodeError"), (4, "JSONDecodeError"), (6, "a JSON list")):
+        row = df[df.job == num].iloc[0]
+        assert row["status"] == "missing" and not row["feasible"]
+        assert "row.json is unreadable" in row["error"] and why in row["error"]
+        assert row["overrides"] == " ".join(record["jobs"][num])  # from the job's .hydra/
+        assert str(row["job_dir"]) == str(num)
+    assert result.status_counts["missing"] == 3
+    note = "3 unreadable row.json reported as missing (2/row.json, 4/row.json, 6/row.json)"
+    assert any(n.startswith(note) for n in result.notes) and note in result.describe()
+
+
 def test_aggregate_without_pyarrow_writes_csv_and_says_so(small_sweep, tmp_path, monkeypatch):
     sweep_dir = _copy(small_sweep[0], tmp_path)
 
@@ -327,6 +351,28 @@ def test_planner_label_and_variant():
         OmegaConf.create({"solver": {"name": "x"}}), {"status": "error", "error": "a\n b"}
     )
     assert row["error"] == "a b" and row["model"] is None
+
+
+@pytest.mark.parametrize(
+    "overrides, name",
+    [
+        (["model=hf", f"model.config_path={DATA / 'hf/gpt2.json'}"], "openai-community/gpt2"),
+        (["model=profile", f"model.path={DATA / 'profiles/example_tiny.json'}"], "example_tiny"),
+        (["model=hf", "model.config_path=/nonexistent/config.json"], "/nonexistent/config.json"),
+    ],
+)
+def test_rows_name_the_model_the_run_built(tmp_path, overrides, name):
+    """``model.name`` is null for Hugging Face and profile models: the row takes the built
+    model's name (the file's path when the file cannot be read), never 'None'."""
+    cfg = compose(*overrides, "solver=megatron", "print_summary=false")
+
+    def crash(cfg, out_dir):
+        raise RuntimeError("after the config was built")
+
+    run_recorded(crash, cfg, tmp_path / "crashed")  # a crash result carries no model
+    assert json.loads((tmp_path / "crashed" / "row.json").read_text())["model"] == name
+    run_recorded(lambda c, d: nest.cli.run(c, d, echo=lambda _: None), cfg, tmp_path / "ran")
+    assert json.loads((tmp_path / "ran" / "row.json").read_text())["model"] == name
 
 
 # ------------------------------------------------------------------------------------------------

@@ -84,6 +84,25 @@ def smallest_peak_bytes(sm: StageModel, modes) -> float:
     return float(best[n])
 
 
+def _space_rules(problem: Problem, options: SpaceOptions) -> list[str]:
+    """The divisibility rules of :func:`nest.dp.space.families` that apply to this problem."""
+    model, spec = problem.model, problem.model.spec
+    widths = getattr(model, "widths", None)
+    if widths is not None:  # a measured profile: its widths, not head counts, decide
+        shown = ", ".join(f"(tp={t}, cp={c}, ep={e})" for t, c, e in widths)
+        rules = [f"(tp, cp, ep) must be a measured width: {shown}"]
+    else:
+        rules = [f"tp must divide heads={spec.heads} and the FFN size"]
+        if spec.is_moe:
+            rules.append(f"ep must divide num_experts={spec.num_experts} and dp*cp")
+    rules.append("dp must divide the global batch")
+    if "interleaved" in options.schedules:
+        rules.append(
+            f"interleaved needs pp*v to divide the {spec.layers} blocks and pp the microbatches"
+        )
+    return rules
+
+
 def empty_space_error(problem: Problem, options: SpaceOptions) -> UserError:
     given = {
         k: getattr(options, k)
@@ -92,12 +111,11 @@ def empty_space_error(problem: Problem, options: SpaceOptions) -> UserError:
     }
     given["schedules"] = options.schedules
     restriction = ", ".join(f"solver.{k}={list(v)}" for k, v in given.items())
+    rules = "; ".join(_space_rules(problem, options))
     return UserError(
         f"the search space is empty for {problem.model.name} on "
         f"{problem.cluster.num_devices} devices with {restriction}: no (tp, cp, ep, dp, pp, "
-        "microbatch, schedule) passes the divisibility rules (tp must divide "
-        f"heads={problem.model.spec.heads} and the FFN size, dp the global batch; interleaved "
-        f"needs pp*v to divide the {problem.model.spec.layers} blocks and pp the microbatches); "
+        f"microbatch, schedule) passes the divisibility rules ({rules}); "
         "widen solver.tp/cp/ep/pp/schedules/virtual_stages or change training.microbatch_sizes"
     )
 
@@ -211,7 +229,14 @@ class NestPlanner(SpacePlanner):
         }
         if best is None:
             need = self._smallest_need_bytes(problem, entries, over, floors, shared)
-            raise infeasible_memory(problem, self.name, need, exact=True)
+            raise infeasible_memory(
+                problem,
+                self.name,
+                need,
+                exact=True,
+                zero_stages=options.zero_stages,
+                recompute=options.recompute,
+            )
         plan, report = finish(
             self.name,
             problem,

@@ -30,6 +30,7 @@ measured at. What we take, and what we do not import of the artifact's own bugs 
   read: choose the cluster with ``cluster=...``.
 """
 
+import math
 from pathlib import Path
 
 from nest.axes import LayerKind
@@ -44,17 +45,88 @@ def is_artifact(d) -> bool:
     return isinstance(d, dict) and "nodes" in d and "edges" in d
 
 
+NODE_FIELDS = {
+    "id": "an integer: -1 the embedding, 0..L-1 the blocks",
+    "parameterSize": "a number of bytes",
+    "activationSize": "a number of bytes",
+    "optimalLatencyFw": "the forward time, a number of milliseconds",
+    "optimalLatencyBw": "the backward time, a number of milliseconds",
+}
+EDGE_FIELDS = {
+    "sourceId": "an integer node id",
+    "destId": "an integer node id",
+    "communicationCost": "the boundary bytes, a number",
+}
+
+
+def _as_int(value):
+    """An integer node id (ints, integral floats or integer strings), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return value if isinstance(value, int) else None
+
+
+def _as_number(value):
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if ok and math.isfinite(value) else None
+
+
+def _records(items, what: str, spec: dict[str, str], where: str) -> list[dict]:
+    """``items`` checked to be a list of objects with ``spec``'s fields (ids as int, the rest
+    as float); the first problem is a one-line error naming the file, the field and the fix."""
+    if not isinstance(items, list):
+        raise UserError(
+            f"{where}: {what} is a {type(items).__name__}; expected a list of objects with "
+            f"{', '.join(spec)}"
+        )
+    out = []
+    for i, item in enumerate(items):
+        at = f"{what}[{i}]"
+        if not isinstance(item, dict):
+            raise UserError(
+                f"{where}: {at} is a {type(item).__name__} ({item!r:.60}); expected an object "
+                f"with {', '.join(spec)}"
+            )
+        rec = dict(item)
+        for key, expected in spec.items():
+            if key not in item:
+                raise UserError(f"{where}: {at} has no {key!r}; expected {expected}")
+            convert = _as_int if key.endswith(("id", "Id")) else _as_number
+            rec[key] = convert(item[key])
+            if rec[key] is None:
+                raise UserError(f"{where}: {at} {key}={item[key]!r}; expected {expected}")
+        out.append(rec)
+    return out
+
+
+def _nodes(nodes_by_width: dict, where: str) -> dict[str, list[dict]]:
+    return {
+        w: _records(nodes, f"nodes[{w!r}]", NODE_FIELDS, where)
+        for w, nodes in nodes_by_width.items()
+    }
+
+
+def _edges(d: dict, widths, where: str) -> dict[str, list[dict]]:
+    edges = d["edges"]
+    if not isinstance(edges, dict):
+        raise UserError(
+            f"{where}: edges is a {type(edges).__name__}; expected an object mapping each tensor "
+            'width to its edge list, as nodes does ({"1": [{"sourceId": 0, "destId": 1, '
+            '"communicationCost": BYTES}, ...]})'
+        )
+    return {w: _records(edges.get(w, []), f"edges[{w!r}]", EDGE_FIELDS, where) for w in widths}
+
+
 def _chain(nodes: list, edges: list, where: str) -> tuple[dict, list[int], dict]:
-    by_id = {}
-    for node in nodes:
-        for key in ("id", "parameterSize", "activationSize", "optimalLatencyFw"):
-            if key not in node:
-                raise UserError(f"{where}: a node has no {key!r}")
-        by_id[int(node["id"])] = node
+    by_id = {node["id"]: node for node in nodes}
     blocks = sorted(i for i in by_id if i >= 0)
     if blocks != list(range(len(blocks))) or not blocks:
         raise UserError(f"{where}: block ids must be 0..L-1, got {blocks[:5]}...")
-    cost = {(int(e["sourceId"]), int(e["destId"])): float(e["communicationCost"]) for e in edges}
+    cost = {(e["sourceId"], e["destId"]): e["communicationCost"] for e in edges}
     for k in range(len(blocks) - 1):
         if (k, k + 1) not in cost:
             raise UserError(f"{where}: no edge {k} -> {k + 1}; the layers do not form a chain")
@@ -91,8 +163,16 @@ def _layer(node: dict, name: str, kind: LayerKind, boundary: float, head_bytes: 
     )
 
 
-def _measurement(d: dict, width: str, head: bool, where: str) -> Measurement:
-    by_id, blocks, cost = _chain(d["nodes"][width], d["edges"].get(width, []), where)
+def _degree(d: dict, key: str, where: str) -> int:
+    value = d.get(key, 1) or 1
+    degree = _as_int(value)
+    if degree is None or degree < 1:
+        raise UserError(f"{where}: {key}={value!r}; expected a positive integer (or no {key})")
+    return degree
+
+
+def _measurement(nodes: dict, edges: dict, d: dict, width: str, head: bool, where: str):
+    by_id, blocks, cost = _chain(nodes[width], edges[width], where)
     emb = by_id.get(-1)
     head_bytes = float(emb["parameterSize"]) if head and emb is not None else 0.0
     layers = []
@@ -120,8 +200,8 @@ def _measurement(d: dict, width: str, head: bool, where: str) -> Measurement:
     )
     return Measurement(
         tp=int(width),
-        cp=int(d.get("cp_degree", 1) or 1),
-        ep=int(d.get("ep_degree", 1) or 1),
+        cp=_degree(d, "cp_degree", where),
+        ep=_degree(d, "ep_degree", where),
         microbatch_size=1,
         layers=tuple(layers),
     )
@@ -163,6 +243,8 @@ def profile_from_artifact(
     for width in nodes:
         if not str(width).isdigit() or int(width) < 1:
             raise UserError(f"{where}: node key {width!r} is not a tensor width")
+    nodes = _nodes(nodes, where)
+    edges = _edges(d, nodes, where)
     head = _has_head_copy(nodes) if mode == "auto" else mode == "true"
     widths = sorted(nodes, key=int)
     return Profile(
@@ -170,6 +252,8 @@ def profile_from_artifact(
         seq_len=seq_len,
         dtype_bytes=2,
         tp_collectives="measured",
-        measurements=tuple(_measurement(d, w, head, f"{where} width {w}") for w in widths),
+        measurements=tuple(
+            _measurement(nodes, edges, d, w, head, f"{where} width {w}") for w in widths
+        ),
         notes=_notes(d, head),
     )

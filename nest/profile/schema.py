@@ -132,6 +132,7 @@ def parse_layer(raw: dict, where: str, index: int) -> LayerProfile:
         out["kind"] = LayerKind(kind)
     except ValueError:
         raise _bad(where, f"kind={kind!r}; use embedding, block or head") from None
+    given_as: dict[str, str] = {}  # a converted field -> the key that gave it
     for key, value in raw.items():
         if key in ("name", "kind") or value is None or value == "":
             continue
@@ -140,7 +141,15 @@ def parse_layer(raw: dict, where: str, index: int) -> LayerProfile:
             continue
         stem, _, unit = key.rpartition("_")
         if stem in TIME_STEMS and unit in TIME_UNITS:
-            out[f"{stem}_s"] = _number(where, key, value) * TIME_UNITS[unit]
+            field_s = f"{stem}_s"
+            if field_s in given_as:
+                raise _bad(
+                    where,
+                    f"{given_as[field_s]}={raw[given_as[field_s]]!r} and {key}={value!r} give "
+                    f"{stem} twice; keep one of them",
+                )
+            given_as[field_s] = key
+            out[field_s] = _number(where, key, value) * TIME_UNITS[unit]
         elif stem in BYTE_STEMS and unit == "bytes":
             out[key] = _number(where, key, value)
         elif stem in TIME_STEMS:
