@@ -144,7 +144,7 @@ class StageModel:
         if placement not in self._shared:
             if grid is None:
                 grid = place(tp=c.tp, cp=c.cp, dp=c.dp, pp=c.pp, rank_order=c.order)
-            groups = [_Groups(grid[r].astype(np.int64), c.ep, cluster) for r in range(c.pp)]
+            groups = [self._rank_groups(grid[r], c.ep) for r in range(c.pp)]
             self._shared[placement] = (grid, groups, {})
         self.grid, self.groups, self._levels = self._shared[placement]
         self._rank_cache: dict = {}
@@ -159,6 +159,15 @@ class StageModel:
         self.state_bytes = training.optimizer_state_bytes_per_param
         self.hbm_bw = device.hbm_bw_bytes_per_s
         self.overlap = training.overlap_grad_sync
+
+    def _rank_groups(self, devices: np.ndarray, ep: int) -> _Groups:
+        """The groups of one rank's devices, shared by every placement that gives a rank the
+        same devices (their level splits are computed once)."""
+        devices = np.asarray(devices, dtype=np.int64)
+        key = ("rank_groups", ep, devices.shape, devices.tobytes())
+        if key not in self._shared:
+            self._shared[key] = _Groups(devices, ep, self.problem.cluster)
+        return self._shared[key]
 
     # ------------------------------------------------------------ collectives per split
     def _axis_prefix(self, axis: str, factors, direction: str, mode: Recompute) -> np.ndarray:

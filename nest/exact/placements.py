@@ -92,18 +92,57 @@ def orderly_assignments(
     yield from extend()
 
 
-def signature(cluster: Cluster, grid: np.ndarray, ep: int) -> tuple:
-    """What the cost model sees of a placement ``[pp][dp][cp][tp] -> device`` (module doc)."""
+def group_factors(cluster: Cluster, group: tuple[int, ...]) -> tuple[int, ...]:
+    """:meth:`nest.topology.Cluster.group_factors` of one group, in plain Python (the
+    enumeration calls it for thousands of tiny groups, where numpy's overhead dominates)."""
+    out = []
+    for level in range(cluster.num_levels):
+        outer_size = cluster.block_size(level)
+        inner_size = cluster.block_size(level - 1) if level > 0 else 1
+        inner_per_outer: dict[int, set[int]] = {}
+        for d in group:
+            inner_per_outer.setdefault(d // outer_size, set()).add(d // inner_size)
+        out.append(max(len(v) for v in inner_per_outer.values()))
+    return tuple(out)
+
+
+def _kind_factors(cluster: Cluster, rows: list[list[int]], cache: dict) -> frozenset:
+    """The distinct level splits of a list of groups (empty for single-device groups, as the
+    evaluator has it)."""
+    if len(rows[0]) <= 1:
+        return frozenset()
+    out = set()
+    for row in rows:
+        key = tuple(sorted(row))
+        if key not in cache:
+            cache[key] = group_factors(cluster, key)
+        out.add(cache[key])
+    return frozenset(out)
+
+
+def signature(cluster: Cluster, grid: np.ndarray, ep: int, cache: dict | None = None) -> tuple:
+    """What the cost model sees of a placement ``[pp][dp][cp][tp] -> device`` (module doc);
+    ``cache`` keeps each rank's part and each group's split across placements."""
     pp = grid.shape[0]
+    cache = {} if cache is None else cache
+    groups_cache = cache.setdefault("groups", {})
     ranks = []
     for r in range(pp):
-        groups = _Groups(grid[r], ep, cluster)
-        ranks.append(tuple(frozenset(groups.factors(kind)) for kind in GROUP_KINDS))
+        key = grid[r].tobytes()
+        if key not in cache:
+            arrays = _Groups(grid[r], ep, cluster).arrays
+            cache[key] = tuple(
+                _kind_factors(cluster, arrays[kind].tolist(), groups_cache) for kind in GROUP_KINDS
+            )
+        ranks.append(cache[key])
     links = []
+    flat = grid.reshape(pp, -1).tolist()
     for a in range(pp):
         b = (a + 1) % pp
         if pp > 1 and (a + 1 < pp or pp > 2):
-            links.append(frozenset(np.unique(cluster.common_levels(grid[a], grid[b])).tolist()))
+            links.append(
+                frozenset(cluster.common_level(x, y) for x, y in zip(flat[a], flat[b], strict=True))
+            )
     return tuple(ranks), tuple(links)
 
 
@@ -114,9 +153,10 @@ def placement_classes(
     shape = (pp, dp, cp, tp)
     n = pp * dp * cp * tp
     seen: dict[tuple, np.ndarray] = {}
+    cache: dict = {}
     for assignment in orderly_assignments(cluster, n, max_visits=max_visits):
         grid = np.asarray(assignment, dtype=np.int64).reshape(shape)
-        key = signature(cluster, grid, ep)
+        key = signature(cluster, grid, ep, cache)
         if key not in seen:
             seen[key] = grid
     return list(seen.values())

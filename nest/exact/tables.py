@@ -167,6 +167,19 @@ def _coefficients(config: SearchConfig, m: int) -> tuple[float, float]:
     return 1.0, float(m - 1)
 
 
+def _config_floor_s(problem: Problem, config: SearchConfig, shared: dict, modes) -> float:
+    """A lower bound on ``T`` of every plan of ``config``, whatever its placement and partition.
+
+    Each layer takes at least its floor (:meth:`nest.dp.bounds.Floors.layer_floors_s`: the
+    least compute and communication over every recompute mode and every way a group of its size
+    can split over the levels, so any placement), hence ``sum_r t_r >= F``, the floors' sum,
+    and ``max_r t_r >= F / pp``: ``T >= a F + b F / pp``."""
+    sm = StageModel(problem, config, shared)
+    floor_s = float(sm.min_compute_s(modes)[-1])
+    a, b = _coefficients(config, sm.m)
+    return a * floor_s + b * floor_s / config.pp
+
+
 def _prune(group: Group, upper_s: float) -> bool:
     """Drop the choices no plan better than ``upper_s`` takes; False if the group has none."""
     limit = upper_s * (1 + SLACK)
@@ -194,12 +207,19 @@ def build_groups(
     shared: dict = {}
     classes: dict[tuple, list[np.ndarray]] = {}
     seen_configs: set = set()
-    stats = {"configurations": 0, "groups": 0, "groups_pruned": 0, "choices": 0}
+    stats = {
+        "configurations": 0,
+        "configurations_pruned": 0,
+        "groups": 0,
+        "groups_pruned": 0,
+        "choices": 0,
+    }
     groups = []
     overlap = problem.training.overlap_grad_sync
     for config in configurations(problem, options):
         if general:
-            # the rank order is part of the placement here
+            # the rank order is part of the placement here (the floor below does not depend on
+            # it: checked before the placements are enumerated)
             key = (config.tp, config.cp, config.ep, config.dp, config.pp, config.mbs)
             key += (config.zero, config.schedule, config.v)
             if key in seen_configs:
@@ -220,6 +240,11 @@ def build_groups(
         else:
             grids = [None]
         stats["configurations"] += 1
+        if upper_s is not None and _config_floor_s(problem, config, shared, modes) > upper_s * (
+            1 + SLACK
+        ):
+            stats["configurations_pruned"] += 1
+            continue
         for grid in grids:
             sm = StageModel(problem, config, shared, grid=grid)
             if config.schedule is Schedule.INTERLEAVED:

@@ -1,0 +1,193 @@
+"""Tables, histogram and summary of an optimality-study sweep.
+
+    python -m experiments.optimality.aggregate multirun/optimality/<time>
+
+Reads every job's ``row.json`` and writes into the sweep directory ``optimality.csv`` (one row
+per instance: size, each solver's value, status and time, the restricted-vs-general gap),
+``gap_histogram.png`` and ``summary.md`` (agreement of nest with the exact solvers, the share of
+instances where the structured space is already optimal in general, the worst gap, solver times
+and what the warm start changed). The Hydra callback runs it at the end of the sweep.
+"""
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+ROW_FILE = "row.json"
+REL = 1e-6
+
+
+def load_rows(sweep_dir: Path) -> list[dict]:
+    rows = []
+    for path in sorted(sweep_dir.glob(f"*/{ROW_FILE}"), key=lambda p: p.parent.name):
+        try:
+            rows.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            print(f"note: {path} is not a readable row; skipped", file=sys.stderr)
+    return rows
+
+
+def table(rows: list[dict]) -> pd.DataFrame:
+    records = []
+    for row in rows:
+        rec = {k: v for k, v in row.items() if k not in ("solvers",)}
+        for name, res in row.get("solvers", {}).items():
+            rec[f"{name}_s"] = res.get("value_s")
+            rec[f"{name}_status"] = res.get("status")
+            rec[f"{name}_time_s"] = res.get("time_s")
+            if "time_solver_s" in res.get("search", {}):
+                rec[f"{name}_solver_s"] = res["search"]["time_solver_s"]
+        records.append(rec)
+    return pd.DataFrame.from_records(records).sort_values("seed").reset_index(drop=True)
+
+
+def _same(a, b) -> bool:
+    return a is not None and b is not None and abs(a - b) <= REL * max(abs(a), abs(b))
+
+
+def summarise(df: pd.DataFrame) -> dict:
+    """The numbers the README quotes."""
+    solved = df[df["nest_status"] == "optimal"]
+    out: dict[str, Any] = {"instances": len(df), "feasible": len(solved)}
+    out["infeasible"] = int((df["nest_status"] == "infeasible").sum())
+    agree = {}
+    for name in ("brute", "cpsat_restricted", "milp_restricted"):
+        col = f"{name}_s"
+        if col not in df:
+            continue
+        ran = solved[solved[f"{name}_status"].isin(["optimal", "feasible"])]
+        agree[name] = {
+            "compared": len(ran),
+            "equal": int(sum(_same(a, b) for a, b in zip(ran["nest_s"], ran[col], strict=True))),
+        }
+    out["nest_agrees_with"] = agree
+    statuses = {}
+    for col in df.columns:
+        if col.endswith("_status"):
+            statuses[col[: -len("_status")]] = df[col].value_counts().to_dict()
+    out["statuses"] = statuses
+    gaps = solved["general_gap"].dropna() if "general_gap" in solved else pd.Series(dtype=float)
+    if len(gaps):
+        out["general_compared"] = len(gaps)
+        out["general_already_optimal_share"] = float((gaps <= REL).mean())
+        worst = solved.loc[gaps.idxmax()]
+        out["worst_gap"] = float(gaps.max())
+        out["worst_gap_seed"] = int(worst["seed"])
+        out["mean_gap"] = float(gaps.mean())
+    times = {}
+    for col in df.columns:
+        if col.endswith("_time_s"):
+            t = df[col].dropna()
+            t = t[t > 0]
+            if len(t):
+                times[col[: -len("_time_s")]] = {
+                    "median_s": float(t.median()),
+                    "p95_s": float(np.percentile(t, 95)),
+                    "max_s": float(t.max()),
+                }
+    out["times"] = times
+    for backend in ("cpsat", "milp"):
+        # the solver's own time: the DP and the tables are the same with and without the hint
+        a, b = f"{backend}_restricted_solver_s", f"{backend}_restricted_nohint_solver_s"
+        if a in solved and b in solved:
+            pair = solved[[a, b]].dropna()
+            ratio = pair[b] / pair[a]
+            out[f"{backend}_hint_speedup_median"] = float(ratio.median())
+            out[f"{backend}_hint_faster_share"] = float((ratio > 1).mean())
+    return out
+
+
+def histogram(df: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gaps = df["general_gap"].dropna() * 100 if "general_gap" in df else pd.Series(dtype=float)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if len(gaps):
+        top = max(float(gaps.max()), 1e-3)
+        ax.hist(gaps, bins=np.linspace(0, top * 1.05, 30), color="#4c72b0")
+    ax.set_xlabel("restricted - general, % of restricted iteration time")
+    ax.set_ylabel("instances")
+    ax.set_title(f"What the structured space leaves on the table ({len(gaps)} instances)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def markdown(summary: dict) -> str:
+    lines = [
+        "# Optimality study",
+        "",
+        f"- instances: {summary['instances']} ({summary['feasible']} feasible, "
+        f"{summary['infeasible']} infeasible: every solver agreed none fits)",
+    ]
+    for name, a in summary["nest_agrees_with"].items():
+        lines.append(f"- nest == {name}: {a['equal']} of {a['compared']} (1e-6 relative)")
+    if "general_compared" in summary:
+        lines.append(
+            f"- general placement no better than nest's space on "
+            f"{summary['general_already_optimal_share']:.1%} of {summary['general_compared']} "
+            f"instances; worst gap {summary['worst_gap']:.2%} (seed {summary['worst_gap_seed']}), "
+            f"mean {summary['mean_gap']:.3%}"
+        )
+    for backend in ("cpsat", "milp"):
+        key = f"{backend}_hint_speedup_median"
+        if key in summary:
+            lines.append(
+                f"- {backend} restricted, warm start from the DP: median solver speed-up "
+                f"{summary[key]:.2f}x, faster on {summary[f'{backend}_hint_faster_share']:.0%}"
+            )
+    lines += ["", "| solver | median s | p95 s | max s | statuses |", "|---|---|---|---|---|"]
+    for name, t in summary["times"].items():
+        st = ", ".join(f"{k} {v}" for k, v in summary["statuses"].get(name, {}).items())
+        lines.append(
+            f"| {name} | {t['median_s']:.3f} | {t['p95_s']:.3f} | {t['max_s']:.3f} | {st} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def aggregate(sweep_dir: Path) -> dict:
+    rows = load_rows(sweep_dir)
+    if not rows:
+        raise SystemExit(f"no {ROW_FILE} under {sweep_dir}; is it an optimality sweep?")
+    df = table(rows)
+    df.to_csv(sweep_dir / "optimality.csv", index=False)
+    summary = summarise(df)
+    (sweep_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (sweep_dir / "summary.md").write_text(markdown(summary))
+    histogram(df, sweep_dir / "gap_histogram.png")
+    return summary
+
+
+class StudyCallback(Callback):
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        aggregate(sweep_dir)
+        print((sweep_dir / "summary.md").read_text(), flush=True)
+        print(f"wrote optimality.csv, summary.md, gap_histogram.png to {sweep_dir}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m experiments.optimality.aggregate SWEEP_DIR", file=sys.stderr)
+        return 2
+    sweep_dir = Path(args[0])
+    if not sweep_dir.is_dir():
+        print(f"error: {sweep_dir} is not a directory", file=sys.stderr)
+        return 2
+    aggregate(sweep_dir)
+    print((sweep_dir / "summary.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""The largest instance each exact solver proves optimal within a time limit.
+
+    python -m experiments.optimality.scaling [--time-limit-s 60] [--out DIR]
+
+A series of growing problems (a 512-wide, 8-head transformer of 2 to 32 blocks on 4 to 512
+devices, 8 devices per node, nest's full space), solved in turn by ``cpsat`` and ``milp`` in
+both modes until one is not proven optimal within the limit (time limit, or the general mode's
+placement enumeration refusing the size). Prints a table and one JSON line per solve; with
+``--out`` also writes ``scaling.csv`` there.
+"""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from nest.errors import Infeasible, SolverTimeout, UserError
+from nest.exact.planner import ExactPlanner
+from nest.hardware import Device
+from nest.layers import AnalyticModel
+from nest.model import ModelSpec
+from nest.problem import Problem, Training
+from nest.topology import Cluster, Level
+from nest.units import GB, TFLOP, US, GiB
+
+SERIES = ((4, 2), (8, 4), (16, 6), (32, 8), (64, 12), (128, 16), (256, 24), (512, 32))
+"""(devices, transformer blocks) of each step."""
+
+
+def step_problem(devices: int, blocks: int) -> Problem:
+    per_node = min(devices, 8)
+    levels = [Level(name="node", fanout=per_node, bw_bytes_per_s=450 * GB, latency_s=2 * US)]
+    if devices > per_node:
+        levels.append(
+            Level(name="net", fanout=devices // per_node, bw_bytes_per_s=50 * GB, latency_s=8 * US)
+        )
+    device = Device(
+        name="h100-like",
+        peak_flops_per_s=989 * TFLOP,
+        hbm_bytes=80 * GiB,
+        hbm_bw_bytes_per_s=3350 * GB,
+        matmul_efficiency=0.6,
+    )
+    spec = ModelSpec(
+        name=f"w512x{blocks}",
+        hidden=512,
+        layers=blocks,
+        heads=8,
+        ffn_hidden=2048,
+        vocab=8192,
+        seq_len=512,
+        activation="swiglu",
+        dropout=False,
+    )
+    training = Training(global_batch=2 * devices, microbatch_sizes=(1, 2))
+    return Problem(
+        model=AnalyticModel(spec),
+        cluster=Cluster(name=f"{devices}dev", device=device, levels=tuple(levels)),
+        training=training,
+    )
+
+
+def run(time_limit_s: float) -> pd.DataFrame:
+    records = []
+    for backend in ("cpsat", "milp"):
+        for mode in ("restricted", "general"):
+            for devices, blocks in SERIES:
+                problem = step_problem(devices, blocks)
+                planner = ExactPlanner(
+                    name=backend, backend=backend, mode=mode, time_limit_s=time_limit_s
+                )
+                started = time.perf_counter()
+                rec = {"solver": backend, "mode": mode, "devices": devices, "blocks": blocks}
+                try:
+                    plan = planner.solve(problem)
+                    rec.update(status=plan.status, gap=plan.search.get("gap"))
+                    rec["booleans"] = plan.search.get("booleans")
+                    rec["solver_s"] = plan.search.get("time_solver_s")
+                except (Infeasible, SolverTimeout, UserError) as exc:
+                    rec.update(status=type(exc).__name__, note=str(exc)[:120])
+                rec["wall_s"] = time.perf_counter() - started
+                print(json.dumps(rec), flush=True)
+                records.append(rec)
+                if rec["status"] != "optimal":
+                    break
+    return pd.DataFrame.from_records(records)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--time-limit-s", type=float, default=60.0)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    df = run(args.time_limit_s)
+    print(df.to_markdown(index=False, floatfmt=".3g"))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        df.to_csv(args.out / "scaling.csv", index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""The optimality study runs as a Hydra sweep and aggregates into its table, histogram and
+summary; the summary's numbers follow from the rows."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments.optimality.aggregate import main as aggregate_main
+from experiments.optimality.aggregate import summarise
+from experiments.optimality.instances import instance
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_instances_are_seeded_and_small():
+    a, opts_a = instance(3)
+    b, _ = instance(3)
+    assert a.cluster == b.cluster and a.model.spec == b.model.spec and opts_a == {}
+    sizes = [instance(s)[0].cluster.num_devices for s in range(60)]
+    assert max(sizes) <= 8 and min(sizes) >= 2
+    _, restricted = instance(3, restrict=True)
+    assert set(restricted) == {"zero_stages", "rank_orders"}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    sweep = tmp_path_factory.mktemp("study") / "sweep"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.optimality.run",
+            "-m",
+            "seed=1,4,8",
+            "solvers=[nest,brute,cpsat_restricted,milp_restricted,cpsat_general]",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path_factory.mktemp("cwd"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return sweep, proc.stdout
+
+
+def test_study_sweep_writes_table_histogram_and_summary(study):
+    sweep, stdout = study
+    df = pd.read_csv(sweep / "optimality.csv")
+    assert sorted(df["seed"]) == [1, 4, 8]
+    for name in ("nest", "brute", "cpsat_restricted", "milp_restricted", "cpsat_general"):
+        assert f"{name}_s" in df and f"{name}_status" in df and f"{name}_time_s" in df
+    feasible = df[df["nest_status"] == "optimal"]
+    assert len(feasible) >= 2
+    for col in ("brute_s", "cpsat_restricted_s", "milp_restricted_s"):
+        ran = feasible[col].notna()
+        assert (
+            (feasible[col][ran] - feasible["nest_s"][ran]).abs() <= 1e-6 * feasible["nest_s"][ran]
+        ).all()
+    assert (feasible["cpsat_general_s"] <= feasible["cpsat_restricted_s"] * (1 + 1e-6)).all()
+    assert (sweep / "gap_histogram.png").stat().st_size > 1000
+    summary = json.loads((sweep / "summary.json").read_text())
+    assert summary["instances"] == 3
+    assert summary["nest_agrees_with"]["cpsat_restricted"]["equal"] == len(feasible)
+    assert "# Optimality study" in stdout  # the callback printed the summary
+
+
+def test_aggregate_again_gives_the_same_tables(study, capsys):
+    sweep, _ = study
+    first = (sweep / "optimality.csv").read_bytes(), (sweep / "summary.md").read_bytes()
+    assert aggregate_main([str(sweep)]) == 0
+    assert ((sweep / "optimality.csv").read_bytes(), (sweep / "summary.md").read_bytes()) == first
+    assert aggregate_main([str(sweep / "nope")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_summary_counts_gaps_and_agreement_from_the_rows():
+    """Three feasible instances, general strictly better on one by 25%: share 2/3, worst 0.25."""
+    df = pd.DataFrame(
+        {
+            "seed": [0, 1, 2, 3],
+            "nest_s": [1.0, 2.0, 4.0, None],
+            "nest_status": ["optimal"] * 3 + ["infeasible"],
+            "cpsat_restricted_s": [1.0, 2.0, 4.0, None],
+            "cpsat_restricted_status": ["optimal"] * 3 + ["infeasible"],
+            "cpsat_restricted_time_s": [0.1, 0.2, 0.3, 0.1],
+            "cpsat_general_s": [1.0, 1.5, 4.0, None],
+            "general_gap": [0.0, 0.25, 0.0, None],
+        }
+    )
+    s = summarise(df)
+    assert s["feasible"] == 3 and s["infeasible"] == 1
+    assert s["nest_agrees_with"]["cpsat_restricted"] == {"compared": 3, "equal": 3}
+    assert s["general_already_optimal_share"] == pytest.approx(2 / 3)
+    assert s["worst_gap"] == 0.25 and s["worst_gap_seed"] == 1
