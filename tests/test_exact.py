@@ -213,10 +213,55 @@ def test_general_equals_brute_force_over_every_placement():
             continue
         check_exact_plan(problem, cp)
         check_exact_plan(problem, mi)
+        whole = exact("cpsat", options, mode="general", prune=False, hint=False).solve(problem)
+        assert whole.objective_s == pytest.approx(cp.objective_s, rel=REL), seed
         assert cp.rank_order is None and cp.search["placement_classes"] >= 1
         assert cp.objective_s == pytest.approx(oracle, rel=REL), (seed, options)
         assert mi.objective_s == pytest.approx(oracle, rel=REL), (seed, options)
         assert cp.objective_s <= restricted.objective_s * (1 + REL)
+
+
+def test_pruning_keeps_the_general_optimum_when_tensor_groups_gain_from_spreading():
+    """Regression: with the outer level's latency lower than the inner one's, a tensor group
+    spread over two nodes beats an aligned one; the configuration floor of general mode prices
+    tensor groups over every split, so pruning keeps that plan (it once dropped it)."""
+    cluster = make_cluster(fanouts=(2, 2), bws_gbps=(100, 100), lat_us=(40, 0))
+    problem = make_problem(make_spec(layers=2, heads=4, hidden=64), cluster, global_batch=4)
+    options = dict(zero_stages=[0], recompute=["none"], schedules=["1f1b"], pp=[1], cp=[1])
+    whole = exact("cpsat", options, mode="general", prune=False, hint=False).solve(problem)
+    for backend in ("cpsat", "milp"):
+        pruned = exact(backend, options, mode="general").solve(problem)
+        assert pruned.objective_s == pytest.approx(whole.objective_s, rel=REL)
+    spread = {s.devices[0][0] for s in whole.stages}  # one tensor group, its two devices
+    assert whole.tp == 2 and any(cluster.common_level(*group) == 1 for group in spread)
+    restricted = exact("cpsat", options).solve(problem)
+    assert whole.objective_s < 0.9 * restricted.objective_s
+
+
+def test_general_interleaved_equals_brute_force_over_every_placement():
+    """Interleaved plans (2 ranks x 2 chunks) over every placement on 4 devices."""
+    for seed in range(3):
+        rng = random.Random(seed)
+        cluster = make_cluster(
+            fanouts=(2, 2),
+            bws_gbps=(rng.uniform(1, 500), rng.uniform(1, 500)),
+            lat_us=(rng.uniform(0, 40), rng.uniform(0, 40)),
+        )
+        problem = make_problem(make_spec(layers=4, heads=4, hidden=64), cluster, global_batch=4)
+        options = dict(
+            zero_stages=[0],
+            recompute=["none", "full"],
+            schedules=["interleaved"],
+            pp=[2],
+            cp=[1],
+            virtual_stages=[2],
+        )
+        oracle = _brute_general(problem, options)
+        for backend in ("cpsat", "milp"):
+            plan = exact(backend, options, mode="general").solve(problem)
+            check_exact_plan(problem, plan)
+            assert plan.schedule is Schedule.INTERLEAVED
+            assert plan.objective_s == pytest.approx(oracle, rel=REL), (seed, backend)
 
 
 def test_general_is_never_worse_than_restricted():
@@ -251,6 +296,53 @@ def test_placement_enumeration_covers_every_orbit():
         list(orderly_assignments(cluster, 8, max_visits=10))
 
 
+def _automorphisms(cluster) -> list[tuple[int, ...]]:
+    """Every symmetry of the hierarchy as a permutation of device ids (closure of the swaps of
+    two children of one node and the cyclic shift of a node's children)."""
+    n = cluster.num_devices
+    gens = []
+    for level in range(cluster.num_levels):
+        inner = cluster.block_size(level - 1) if level > 0 else 1
+        outer = cluster.block_size(level)
+        fan = cluster.levels[level].fanout
+        for start in range(0, n, outer):
+            # the cyclic shift of the node's children, and (for more than two) a transposition
+            moves = [lambda c, f=fan: (c + 1) % f]
+            if fan > 2:
+                moves.append(lambda c: {0: 1, 1: 0}.get(c, c))
+            for move in moves:
+                perm = list(range(n))
+                for d in range(start, start + outer):
+                    child, rest = divmod(d - start, inner)
+                    perm[d] = start + move(child) * inner + rest
+                gens.append(tuple(perm))
+    group, frontier = {tuple(range(n))}, [tuple(range(n))]
+    while frontier:
+        g = frontier.pop()
+        for h in gens:
+            gh = tuple(h[g[i]] for i in range(n))
+            if gh not in group:
+                group.add(gh)
+                frontier.append(gh)
+    return sorted(group)
+
+
+@pytest.mark.parametrize(("fanouts", "ranks"), [((2, 2), 3), ((2, 2, 2), 3), ((4, 2), 5)])
+def test_orderly_enumeration_meets_every_orbit_of_partial_placements(fanouts, ranks):
+    """Against a brute force: every injective map of ``ranks`` ranks to the devices, grouped
+    into orbits under every automorphism of the tree; the enumeration hits each orbit."""
+    cluster = make_cluster(fanouts=fanouts)
+    autos = _automorphisms(cluster)
+    assert len(autos) == {(2, 2): 8, (2, 2, 2): 128, (4, 2): 24 * 24 * 2}[fanouts]
+
+    def orbit(m):
+        return min(tuple(a[d] for d in m) for a in autos)
+
+    every = {orbit(m) for m in permutations(range(cluster.num_devices), ranks)}
+    visited = {orbit(m) for m in orderly_assignments(cluster, ranks, max_visits=10**6)}
+    assert visited == every
+
+
 def test_hint_is_the_dp_plan_and_the_report_says_so():
     problem, options = tiny_case(7)
     plan = exact("cpsat", options).solve(problem)
@@ -261,12 +353,19 @@ def test_hint_is_the_dp_plan_and_the_report_says_so():
         assert key in plan.search
 
 
-def test_a_time_limit_without_a_plan_is_a_timeout():
-    """A limit too short to find any plan (no hint) raises SolverTimeout, not a wrong plan."""
-    problem = make_problem(make_spec(layers=6), make_cluster(fanouts=(4, 4)), global_batch=16)
-    planner = exact("cpsat", {}, hint=False, prune=False, time_limit_s=1e-6)
+@pytest.mark.parametrize("backend", ["cpsat", "milp"])
+def test_a_time_limit_without_a_plan_is_a_timeout(backend):
+    """A limit too short to find any plan raises SolverTimeout (no DP run), or returns the DP's
+    plan marked ``timeout`` (with the DP), never an unproven plan called optimal."""
+    problem = make_problem(make_spec(layers=4), make_cluster(fanouts=(4, 2)), global_batch=8)
+    planner = exact(backend, {}, hint=False, prune=False, time_limit_s=1e-6)
     with pytest.raises(SolverTimeout, match="time_limit_s"):
         planner.solve(problem)
+    plan = exact(backend, {}, hint=True, prune=False, time_limit_s=1e-6).solve(problem)
+    dp = NestPlanner().solve(problem)
+    assert plan.status in ("timeout", "feasible", "optimal")
+    if plan.status == "timeout":
+        assert plan.objective_s == dp.objective_s and plan.search["gap"] is None
 
 
 @pytest.mark.parametrize(
@@ -276,6 +375,10 @@ def test_a_time_limit_without_a_plan_is_a_timeout():
         ({"backend": "gurobi"}, "solver.backend='gurobi'"),
         ({"time_limit_s": 0}, "solver.time_limit_s=0"),
         ({"workers": 0}, "solver.workers=0"),
+        ({"seed": 1.5}, "solver.seed=1.5"),
+        ({"hint": "yes"}, "solver.hint='yes'"),
+        ({"max_placements": 0}, "solver.max_placements=0"),
+        ({"deterministic_time": -1}, "solver.deterministic_time=-1"),
     ],
 )
 def test_bad_settings_are_one_line_errors(kwargs, match):

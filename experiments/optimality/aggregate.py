@@ -80,6 +80,13 @@ def summarise(df: pd.DataFrame) -> dict:
         out["worst_gap"] = float(gaps.max())
         out["worst_gap_seed"] = int(worst["seed"])
         out["mean_gap"] = float(gaps.mean())
+        if "monotone_network" in solved:
+            for flag, label in ((True, "monotone"), (False, "non_monotone")):
+                sub = gaps[solved.loc[gaps.index, "monotone_network"] == flag]
+                if len(sub):
+                    out[f"{label}_compared"] = len(sub)
+                    out[f"{label}_already_optimal_share"] = float((sub <= REL).mean())
+                    out[f"{label}_worst_gap"] = float(sub.max())
     times = {}
     for col in df.columns:
         if col.endswith("_time_s"):
@@ -138,6 +145,16 @@ def markdown(summary: dict) -> str:
             f"instances; worst gap {summary['worst_gap']:.2%} (seed {summary['worst_gap_seed']}), "
             f"mean {summary['mean_gap']:.3%}"
         )
+    networks = (
+        ("monotone", "monotone networks (bandwidth never rising, latency never falling outwards)"),
+        ("non_monotone", "other networks"),
+    )
+    for label, text in networks:
+        if f"{label}_compared" in summary:
+            lines.append(
+                f"  - {text}: {summary[f'{label}_already_optimal_share']:.1%} of "
+                f"{summary[f'{label}_compared']}, worst gap {summary[f'{label}_worst_gap']:.2%}"
+            )
     for backend in ("cpsat", "milp"):
         key = f"{backend}_hint_speedup_median"
         if key in summary:

@@ -88,6 +88,11 @@ def describe(problem: Problem) -> dict:
     return {
         "devices": cluster.num_devices,
         "levels": "x".join(str(level.fanout) for level in cluster.levels),
+        # a datacenter's shape: bandwidth never rises and latency never falls going outwards
+        "monotone_network": all(
+            a.bw_bytes_per_s >= b.bw_bytes_per_s and a.latency_s <= b.latency_s
+            for a, b in zip(cluster.levels, cluster.levels[1:], strict=False)
+        ),
         "layers": problem.num_layers,
         "moe": problem.model.spec.is_moe,
         "hbm_gib": cluster.device.hbm_bytes / GiB,

@@ -110,8 +110,15 @@ class ShardFloors:
 class Floors:
     """Lower bounds shared by every configuration of one search (module docstring)."""
 
-    def __init__(self, problem: Problem, modes: Sequence[Recompute]) -> None:
+    def __init__(
+        self, problem: Problem, modes: Sequence[Recompute], *, aligned_tp: bool = True
+    ) -> None:
+        """``aligned_tp``: tensor groups are aligned blocks of ``tp`` consecutive ids (every
+        rank order of the NEST space); False prices them like any group of ``tp`` devices
+        (the minimum over ``T(tp)``), as any placement needs (the exact planners' general
+        mode)."""
         self.problem, self.modes = problem, tuple(modes)
+        self.aligned_tp = aligned_tp
         cluster = problem.cluster
         self.cluster = cluster
         tuples = np.array(list(product(*[range(1, lv.fanout + 1) for lv in cluster.levels])))
@@ -181,7 +188,7 @@ class Floors:
             ops = tuple((c.op, c.n_bytes) for c in colls if c.axis == axis)
             if not ops or n <= 1:
                 continue
-            if axis == "tp":
+            if axis == "tp" and tp_splits is not None:
                 total += min(
                     sum(COLLECTIVE_TIME[op](b, f, self.cluster) for op, b in ops) for f in tp_splits
                 )
@@ -195,7 +202,9 @@ class Floors:
             return got
         model, cluster = self.problem.model, self.cluster
         if shard.tp not in self._tp_splits:
-            self._tp_splits[shard.tp] = tp_group_splits(cluster, shard.tp)
+            self._tp_splits[shard.tp] = (
+                tp_group_splits(cluster, shard.tp) if self.aligned_tp else None
+            )
         splits = self._tp_splits[shard.tp]
         per_cost: dict = {}
         base, dense, expert, boundary, act, transient = [], [], [], [], [], []

@@ -295,6 +295,11 @@ class SpacePlanner:
         self.schedules = schedules
         self.virtual_stages = virtual_stages
 
+    def space_kwargs(self) -> dict:
+        """The space hyper-parameters as given (to build another planner on the same space)."""
+        keys = ("tp", "cp", "ep", "pp", "zero_stages", "recompute", "rank_orders", "schedules")
+        return {k: getattr(self, k) for k in (*keys, "virtual_stages")}
+
     def options(self) -> SpaceOptions:
         return SpaceOptions(
             tp=_listed("tp", self.tp),

@@ -344,17 +344,19 @@ class StageModel:
             return tuple(allowed)
         return (Recompute.NONE,)
 
-    def min_compute_s(self, allowed) -> np.ndarray:
+    def min_compute_s(self, allowed, *, aligned_tp: bool = True) -> np.ndarray:
         """Prefix sums of the layers' floors (:meth:`nest.dp.bounds.Floors.layer_floors_s`): a
-        lower bound on the time of any stage holding those layers."""
+        lower bound on the time of any stage holding those layers (``aligned_tp=False``: under
+        any placement, not only the space's rank orders)."""
         c = self.config
-        key = ("floor", self.shard, tuple(allowed), c.zero >= 3, c.dp, c.ep)
+        key = ("floor", self.shard, tuple(allowed), c.zero >= 3, c.dp, c.ep, aligned_tp)
         got = self._shared.get(key)
         if got is None:
-            floors_key = ("floors", tuple(allowed))
+            floors_key = ("floors", tuple(allowed), aligned_tp)
             floors = self._shared.get(floors_key)
             if floors is None:
-                floors = self._shared[floors_key] = Floors(self.problem, allowed)
+                floors = Floors(self.problem, allowed, aligned_tp=aligned_tp)
+                self._shared[floors_key] = floors
             got = _prefix(floors.layer_floors_s(self.shard, c.dp, c.ep, c.zero))
             self._shared[key] = got
         return got

@@ -19,8 +19,9 @@ every term is zero. The model is therefore exact for the shared cost model, with
 **Integers for CP-SAT.** Times become integer ticks of ``tick_s = scale_s / 2**24`` (``scale_s``:
 the upper bound ``U`` the tables were pruned with, else the least lower bound of a group), each
 coefficient rounded once. A plan's rounded objective then differs from its value by at most
-``(pp + 1.5)`` ticks (``pp/2`` from the ``a t`` terms, ``1/2`` from the maximum, ``(pp + 1)/2`` from
-the exposed sync, ``1/2`` from the optimizer step), so the proven bound less that error is a lower
+``pp + 1`` ticks (``pp/2`` from the ``a t`` terms, ``1/2`` from the maximum, ``pp/2`` from the
+exposed sync of rank ``r``: its ``sync - f_r`` and ``r`` hiding terms, ``1/2`` from the optimizer
+step; ``pp + 1.5`` is used), so the proven bound less that error is a lower
 bound on the true optimum; the relative error is below ``(pp + 1.5) / 2**24 < 6e-7`` for
 ``pp <= 8``. With pruning every coefficient is at most ``2**24`` ticks (``b t <= U``), which
 keeps sums over Booleans far from the magnitudes of CP-SAT 9.15's presolve bug (#5293); without
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nest.axes import Schedule
+from nest.cost.pipeline import exposed_sync_s
 from nest.exact.tables import Group
 
 TICKS = 2**24
@@ -157,15 +159,13 @@ def hint_values(
         values[lm.z[g, r, k]] = 1
     group = groups[g]
     chosen = [group.ranks[r][k] for r, k in enumerate(picks)]
-    hidden, exposed = 0.0, 0.0
-    for ch in chosen:
-        cover = hidden + (ch.first_bwd_s if group.overlap else 0.0)
-        exposed = max(exposed, ch.sync_s - cover)
-        hidden += ch.first_bwd_s
+    exposed = exposed_sync_s(
+        [ch.sync_s for ch in chosen], [ch.first_bwd_s for ch in chosen], group.overlap
+    )
     aux = dict.fromkeys(range(len(lm.aux_ub_s)), 0.0)
     m_aux, e_aux, o_aux = lm.aux_of[g]
     aux[m_aux] = group.b * max(ch.t_s for ch in chosen)
-    aux[e_aux] = exposed
+    aux[e_aux] = max(exposed)
     aux[o_aux] = max(ch.opt_s for ch in chosen)
     return values, aux
 
@@ -188,6 +188,7 @@ def solve_cpsat(
     workers: int,
     seed: int,
     hint: tuple[int, list[int]] | None,
+    deterministic_time: float | None = None,
 ) -> Solution:
     from ortools.sat.python import cp_model
 
@@ -218,6 +219,8 @@ def solve_cpsat(
     solver = cp_model.CpSolver()
     p = solver.parameters
     p.max_time_in_seconds = float(time_limit_s)
+    if deterministic_time is not None:
+        p.max_deterministic_time = float(deterministic_time)  # reproducible stop (§2.5)
     p.num_workers = int(workers)
     p.random_seed = int(seed)
     p.presolve_inclusion_work_limit = 0  # CP-SAT 9.15 #5293 (ECOSYSTEM.md §2.7)
@@ -233,6 +236,8 @@ def solve_cpsat(
         "booleans": lm.n_binaries,
         "rows": len(lm.rows),
     }
+    if status == cp_model.MODEL_INVALID:
+        raise AssertionError(f"CP-SAT rejected the model (a bug): {model.validate()}")
     if status == cp_model.INFEASIBLE:
         return Solution("infeasible", None, None, None, elapsed, info)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -269,7 +274,9 @@ def solve_milp(
     workers: int,
     seed: int,
     hint: tuple[int, list[int]] | None,
+    deterministic_time: float | None = None,
 ) -> Solution:
+    del deterministic_time  # HiGHS has no work-based limit; its wall-clock limit applies
     import highspy
     import pulp
 

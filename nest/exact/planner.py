@@ -95,6 +95,7 @@ class ExactPlanner(SpacePlanner):
         hint: bool = True,
         prune: bool = True,
         max_placements: int = 100_000,
+        deterministic_time: float | None = None,
         **space,
     ) -> None:
         super().__init__(name=name, **space)
@@ -102,32 +103,31 @@ class ExactPlanner(SpacePlanner):
             raise UserError(f"solver.backend={backend!r}; use one of {sorted(BACKENDS)}")
         if mode not in MODES:
             raise UserError(f"solver.mode={mode!r}; use restricted or general")
-        if not (isinstance(time_limit_s, int | float) and time_limit_s > 0):
-            raise UserError(f"solver.time_limit_s={time_limit_s!r} must be a positive number")
-        if not (isinstance(workers, int) and workers >= 1):
-            raise UserError(f"solver.workers={workers!r} must be a positive integer")
+        for key, value in (
+            ("time_limit_s", time_limit_s),
+            ("deterministic_time", deterministic_time),
+        ):
+            if value is None and key == "deterministic_time":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise UserError(f"solver.{key}={value!r} must be a positive number of seconds")
+        for key, value in (("workers", workers), ("max_placements", max_placements)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"solver.{key}={value!r} must be a positive integer")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise UserError(f"solver.seed={seed!r} must be an integer")
+        for key, value in (("hint", hint), ("prune", prune)):
+            if not isinstance(value, bool):
+                raise UserError(f"solver.{key}={value!r} must be true or false")
         self.backend, self.mode = backend, mode
         self.time_limit_s, self.workers, self.seed = time_limit_s, workers, seed
         self.hint, self.prune, self.max_placements = hint, prune, max_placements
+        self.deterministic_time = deterministic_time
 
     def _incumbent(self, problem: Problem) -> Plan | None:
         """The DP's plan over the restricted space (an upper bound for both modes)."""
-        space = {
-            k: getattr(self, k)
-            for k in (
-                "tp",
-                "cp",
-                "ep",
-                "pp",
-                "zero_stages",
-                "recompute",
-                "rank_orders",
-                "schedules",
-                "virtual_stages",
-            )
-        }
         try:
-            return NestPlanner(**space).solve(problem)
+            return NestPlanner(**self.space_kwargs()).solve(problem)
         except Infeasible:
             return None
 
@@ -160,6 +160,7 @@ class ExactPlanner(SpacePlanner):
             workers=self.workers,
             seed=self.seed,
             hint=hint,
+            deterministic_time=self.deterministic_time,
         )
         search = {
             "mode": self.mode,
@@ -174,12 +175,26 @@ class ExactPlanner(SpacePlanner):
             "time_solver_s": solution.solve_time_s,
         }
         if solution.status == "infeasible":
+            if incumbent is not None:  # the solver contradicts a plan that fits (a solver bug)
+                raise AssertionError(f"{self.name}: infeasible, but the DP's plan fits")
             raise infeasible_memory(problem, self.name, None)
         if solution.status == "timeout":
-            raise SolverTimeout(
-                f"{self.name} found no plan within solver.time_limit_s={self.time_limit_s}; "
-                "raise it or use a smaller problem"
+            if incumbent is None:
+                raise SolverTimeout(
+                    f"{self.name} found no plan within solver.time_limit_s={self.time_limit_s}; "
+                    "raise it or use a smaller problem"
+                )
+            # the limit passed before the solver returned a plan: the DP's, unproven here
+            plan, _ = finish(
+                self.name,
+                problem,
+                incumbent,
+                started_s=started,
+                status="timeout",
+                n_evaluations=stats["choices"],
+                search={**search, "gap": None, "returned": "the DP's plan (the hint)"},
             )
+            return plan
         group = groups[solution.group]
         picks = [group.ranks[r][k] for r, k in enumerate(solution.picks)]
         plan = group.plan(problem, picks)

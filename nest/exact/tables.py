@@ -167,15 +167,19 @@ def _coefficients(config: SearchConfig, m: int) -> tuple[float, float]:
     return 1.0, float(m - 1)
 
 
-def _config_floor_s(problem: Problem, config: SearchConfig, shared: dict, modes) -> float:
-    """A lower bound on ``T`` of every plan of ``config``, whatever its placement and partition.
+def _config_floor_s(
+    problem: Problem, config: SearchConfig, shared: dict, modes, general: bool
+) -> float:
+    """A lower bound on ``T`` of every plan of ``config``, whatever its partition (and, with
+    ``general``, its placement).
 
     Each layer takes at least its floor (:meth:`nest.dp.bounds.Floors.layer_floors_s`: the
     least compute and communication over every recompute mode and every way a group of its size
-    can split over the levels, so any placement), hence ``sum_r t_r >= F``, the floors' sum,
-    and ``max_r t_r >= F / pp``: ``T >= a F + b F / pp``."""
+    can split over the levels; tensor groups as aligned blocks in the restricted space, as any
+    group of ``tp`` devices in the general one), hence ``sum_r t_r >= F``, the floors' sum, and
+    ``max_r t_r >= F / pp``: ``T >= a F + b F / pp``."""
     sm = StageModel(problem, config, shared)
-    floor_s = float(sm.min_compute_s(modes)[-1])
+    floor_s = float(sm.min_compute_s(modes, aligned_tp=not general)[-1])
     a, b = _coefficients(config, sm.m)
     return a * floor_s + b * floor_s / config.pp
 
@@ -218,13 +222,21 @@ def build_groups(
     overlap = problem.training.overlap_grad_sync
     for config in configurations(problem, options):
         if general:
-            # the rank order is part of the placement here (the floor below does not depend on
-            # it: checked before the placements are enumerated)
+            # the rank order is part of the placement here
             key = (config.tp, config.cp, config.ep, config.dp, config.pp, config.mbs)
             key += (config.zero, config.schedule, config.v)
             if key in seen_configs:
                 continue
             seen_configs.add(key)
+        stats["configurations"] += 1
+        if upper_s is not None:
+            floor_s = _config_floor_s(problem, config, shared, modes, general)
+            if floor_s > upper_s * (1 + SLACK):
+                # before its placements are enumerated: the floor holds for all of them
+                stats["configurations_pruned"] += 1
+                continue
+        grids = [None]
+        if general:
             shape = (config.tp, config.cp, config.dp, config.pp, config.ep)
             if shape not in classes:
                 classes[shape] = placement_classes(
@@ -237,14 +249,6 @@ def build_groups(
                     max_visits=max_placements,
                 )
             grids = classes[shape]
-        else:
-            grids = [None]
-        stats["configurations"] += 1
-        if upper_s is not None and _config_floor_s(problem, config, shared, modes) > upper_s * (
-            1 + SLACK
-        ):
-            stats["configurations_pruned"] += 1
-            continue
         for grid in grids:
             sm = StageModel(problem, config, shared, grid=grid)
             if config.schedule is Schedule.INTERLEAVED:
