@@ -192,17 +192,20 @@ def make_structured_plan(
     schedule: Schedule,
     virtual_stages: int,
     sequence_parallel: bool,
-    rank_order: Sequence[Axis],
+    rank_order: Sequence[Axis] | None,
     offset: int = 0,
+    grid: np.ndarray | None = None,
 ) -> Plan:
-    """Build a plan from degrees, chunk layer counts (chain order) and a rank order."""
+    """Build a plan from degrees, chunk layer counts (chain order) and a rank order, or an
+    explicit placement ``grid[pp][dp][cp][tp] -> device`` (then ``rank_order`` may be None)."""
     n_chunks = pp * virtual_stages
     if len(layer_counts) != n_chunks or len(recompute) != n_chunks:
         raise UserError(
             f"need {n_chunks} layer counts and recompute modes (pp x virtual_stages), got "
             f"{len(layer_counts)} and {len(recompute)}"
         )
-    grid = place(tp=tp, cp=cp, dp=dp, pp=pp, rank_order=rank_order, offset=offset)
+    if grid is None:
+        grid = place(tp=tp, cp=cp, dp=dp, pp=pp, rank_order=rank_order, offset=offset)
     stages, first = [], 0
     for k, count in enumerate(layer_counts):
         if count < 1:
@@ -230,6 +233,6 @@ def make_structured_plan(
         schedule=Schedule(schedule),
         virtual_stages=virtual_stages,
         sequence_parallel=sequence_parallel and tp > 1,
-        rank_order=tuple(rank_order),
+        rank_order=None if rank_order is None else tuple(rank_order),
         stages=tuple(stages),
     )

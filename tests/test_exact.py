@@ -20,7 +20,7 @@ from nest.dp.space import SpaceOptions, configurations, interleaved_chunks
 from nest.errors import Infeasible, SolverTimeout, UserError
 from nest.exact.placements import orderly_assignments, placement_classes
 from nest.exact.planner import ExactPlanner
-from nest.plan import Plan, StagePlan
+from nest.plan import Plan, make_structured_plan
 
 from .conftest import make_cluster, make_problem, make_spec
 from .test_nest_dp import tiny_case
@@ -144,31 +144,22 @@ def _brute_general(problem, options: dict) -> float | None:
                     for i, j in parts
                 ]
                 for combo in product(*per_stage):
-                    stages = tuple(
-                        StagePlan(
-                            first_layer=i,
-                            last_layer=j,
-                            recompute=mode,
-                            devices=tuple(
-                                tuple(tuple(int(x) for x in row) for row in rep)
-                                for rep in grid[k % c.pp]
-                            ),
-                        )
-                        for k, ((i, j), mode) in enumerate(zip(parts, combo, strict=True))
-                    )
-                    plan = Plan(
+                    plan = make_structured_plan(
                         tp=c.tp,
                         cp=c.cp,
                         ep=c.ep,
                         dp=c.dp,
                         pp=c.pp,
+                        layer_counts=[j - i + 1 for i, j in parts],
+                        recompute=combo,
                         microbatch_size=c.mbs,
                         num_microbatches=m,
                         zero_stage=c.zero,
                         schedule=c.schedule,
                         virtual_stages=c.v,
-                        sequence_parallel=problem.training.sequence_parallel and c.tp > 1,
-                        stages=stages,
+                        sequence_parallel=problem.training.sequence_parallel,
+                        rank_order=None,
+                        grid=grid,
                     )
                     report = evaluate(problem, plan)
                     if report.feasible and (best is None or report.iteration_time_s < best):

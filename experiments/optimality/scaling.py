@@ -4,13 +4,15 @@
 
 A series of growing problems (a 512-wide, 8-head transformer of 2 to 32 blocks on 4 to 512
 devices, 8 devices per node, nest's full space), solved in turn by ``cpsat`` and ``milp`` in
-both modes until one is not proven optimal within the limit (time limit, or the general mode's
-placement enumeration refusing the size). Prints a table and one JSON line per solve; with
+both modes until one is not proven optimal within the limit, counted as the whole solve's wall
+time (DP, tables, model and solver), or the general mode's placement enumeration refuses the
+size. Prints a table and one JSON line per solve; with
 ``--out`` also writes ``scaling.csv`` there.
 """
 
 import argparse
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -62,6 +64,14 @@ def step_problem(devices: int, blocks: int) -> Problem:
     )
 
 
+class OverTime(Exception):
+    """The whole solve passed the limit before the solver was reached or returned."""
+
+
+def _over_time(signum, frame):
+    raise OverTime("over the time limit")
+
+
 def run(time_limit_s: float) -> pd.DataFrame:
     records = []
     for backend in ("cpsat", "milp"):
@@ -73,17 +83,26 @@ def run(time_limit_s: float) -> pd.DataFrame:
                 )
                 started = time.perf_counter()
                 rec = {"solver": backend, "mode": mode, "devices": devices, "blocks": blocks}
+                # the limit covers the Python side too (the DP, the tables, building the model)
+                signal.signal(signal.SIGALRM, _over_time)
+                signal.setitimer(signal.ITIMER_REAL, time_limit_s + 1.0)
                 try:
                     plan = planner.solve(problem)
                     rec.update(status=plan.status, gap=plan.search.get("gap"))
                     rec["booleans"] = plan.search.get("booleans")
                     rec["solver_s"] = plan.search.get("time_solver_s")
-                except (Infeasible, SolverTimeout, UserError) as exc:
+                except (Infeasible, SolverTimeout, UserError, OverTime) as exc:
                     rec.update(status=type(exc).__name__, note=str(exc)[:120])
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
                 rec["wall_s"] = time.perf_counter() - started
+                # "within the limit" counts the whole solve: the DP, the tables and the model
+                rec["proven_within_limit"] = (
+                    rec["status"] == "optimal" and rec["wall_s"] <= time_limit_s
+                )
                 print(json.dumps(rec), flush=True)
                 records.append(rec)
-                if rec["status"] != "optimal":
+                if not rec["proven_within_limit"]:
                     break
     return pd.DataFrame.from_records(records)
 

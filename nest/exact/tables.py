@@ -36,7 +36,7 @@ from nest.axes import Recompute, Schedule
 from nest.dp.space import SearchConfig, SpaceOptions, configurations, interleaved_chunks
 from nest.dp.stages import StageModel
 from nest.exact.placements import placement_classes
-from nest.plan import Plan, StagePlan
+from nest.plan import Plan, make_structured_plan
 from nest.problem import Problem
 
 SLACK = 1e-9
@@ -70,38 +70,28 @@ class Group:
     def plan(self, problem: Problem, picks: list[Choice]) -> Plan:
         """The plan of one choice per rank."""
         c = self.config
-        n = problem.num_layers
         if c.schedule is Schedule.INTERLEAVED:
-            chunks = interleaved_chunks(n, c.pp, c.v)
+            chunks = interleaved_chunks(problem.num_layers, c.pp, c.v)
             modes = [picks[k % c.pp].modes[k // c.pp] for k in range(len(chunks))]
         else:
             chunks = [pick.span for pick in picks]
             modes = [pick.modes[0] for pick in picks]
-        stages = tuple(
-            StagePlan(
-                first_layer=i,
-                last_layer=j,
-                recompute=mode,
-                devices=tuple(
-                    tuple(tuple(int(x) for x in row) for row in rep) for rep in self.grid[k % c.pp]
-                ),
-            )
-            for k, ((i, j), mode) in enumerate(zip(chunks, modes, strict=True))
-        )
-        return Plan(
+        return make_structured_plan(
             tp=c.tp,
             cp=c.cp,
             ep=c.ep,
             dp=c.dp,
             pp=c.pp,
+            layer_counts=[j - i + 1 for i, j in chunks],
+            recompute=modes,
             microbatch_size=c.mbs,
             num_microbatches=self.m,
             zero_stage=c.zero,
             schedule=c.schedule,
             virtual_stages=c.v,
-            sequence_parallel=problem.training.sequence_parallel and c.tp > 1,
+            sequence_parallel=problem.training.sequence_parallel,
             rank_order=None if self.general else c.order,
-            stages=stages,
+            grid=self.grid,
         )
 
     def lower_bound_s(self) -> float:
