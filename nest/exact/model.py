@@ -93,7 +93,7 @@ def build(groups: list[Group], n_layers: int) -> LinearModel:
             zs.append(ids)
             for k, (var, ch) in enumerate(zip(ids, choices, strict=True)):
                 lm.z[g, r, k] = var
-                lm.objective_binaries[var] = group.a * ch.t_s
+                lm.objective_binaries[var] = group.sum_coef * ch.t_s
             lm.rows.append(Row({**dict.fromkeys(ids, 1.0), y: -1.0}, {}, "==", False))
         if group.config.schedule is not Schedule.INTERLEAVED:
             for r in range(pp - 1):
@@ -111,13 +111,14 @@ def build(groups: list[Group], n_layers: int) -> LinearModel:
                         row.update(dict.fromkeys(starts, -1.0))
                         lm.rows.append(Row(row, {}, "==", False))
         all_choices = [ch for choices in group.ranks for ch in choices]
-        m_aux = lm.auxiliary(group.b * max(ch.t_s for ch in all_choices))
+        m_aux = lm.auxiliary(group.max_coef * max(ch.t_s for ch in all_choices))
         e_aux = lm.auxiliary(max(ch.sync_s for ch in all_choices))
         o_aux = lm.auxiliary(max(ch.opt_s for ch in all_choices))
         lm.aux_of.append((m_aux, e_aux, o_aux))
         for r in range(pp):
             pairs = list(zip(zs[r], group.ranks[r], strict=True))
-            lm.rows.append(Row({k: -group.b * ch.t_s for k, ch in pairs}, {m_aux: 1.0}, ">=", True))
+            slowest = {k: -group.max_coef * ch.t_s for k, ch in pairs}
+            lm.rows.append(Row(slowest, {m_aux: 1.0}, ">=", True))
             lm.rows.append(Row({k: -ch.opt_s for k, ch in pairs}, {o_aux: 1.0}, ">=", True))
             exposed = {k: -ch.sync_s for k, ch in pairs}
             hiding = list(range(r)) + ([r] if group.overlap else [])
@@ -164,7 +165,7 @@ def hint_values(
     )
     aux = dict.fromkeys(range(len(lm.aux_ub_s)), 0.0)
     m_aux, e_aux, o_aux = lm.aux_of[g]
-    aux[m_aux] = group.b * max(ch.t_s for ch in chosen)
+    aux[m_aux] = group.max_coef * max(ch.t_s for ch in chosen)
     aux[e_aux] = max(exposed)
     aux[o_aux] = max(ch.opt_s for ch in chosen)
     return values, aux

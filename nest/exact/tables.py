@@ -62,8 +62,10 @@ class Group:
     """``[pp][dp][cp][tp] -> device``."""
     general: bool
     m: int
-    a: float
-    b: float
+    sum_coef: float
+    """``a``: the coefficient of ``sum_r t_r`` in ``T``."""
+    max_coef: float
+    """``b``: the coefficient of ``max_r t_r`` in ``T``."""
     overlap: bool
     ranks: list[list[Choice]] = field(default_factory=list)
 
@@ -96,7 +98,7 @@ class Group:
 
     def lower_bound_s(self) -> float:
         mins = [min(ch.t_s for ch in choices) for choices in self.ranks]
-        return self.a * sum(mins) + self.b * max(mins)
+        return self.sum_coef * sum(mins) + self.max_coef * max(mins)
 
 
 def _one_f_one_b(sm: StageModel, modes) -> list[list[Choice]]:
@@ -181,9 +183,8 @@ def _prune(group: Group, upper_s: float) -> bool:
     total = sum(mins)
     for r, choices in enumerate(group.ranks):
         rest = total - mins[r]
-        group.ranks[r] = [
-            ch for ch in choices if group.a * (ch.t_s + rest) + group.b * ch.t_s <= limit
-        ]
+        a, b = group.sum_coef, group.max_coef
+        group.ranks[r] = [ch for ch in choices if a * (ch.t_s + rest) + b * ch.t_s <= limit]
     return all(group.ranks) and group.lower_bound_s() <= limit
 
 
