@@ -489,3 +489,35 @@ def test_fixed_solver_knobs_are_frozen():
         "layer_partition",
         "rank_order",
     } <= set(cfg.solver)
+
+
+def test_an_exact_solver_timeout_is_a_row_not_a_traceback(tmp_path):
+    """``solver=cpsat`` with a limit too short for any plan (no DP to fall back on): the run
+    writes status ``timeout`` with a one-line reason naming the knob, and no plan."""
+    _, result, report, plan, lines = run_case(
+        tmp_path,
+        "solver=cpsat",
+        "model=tiny",
+        "cluster=dgx_8x8",
+        "solver.hint=false",
+        "solver.prune=false",
+        "solver.time_limit_s=0.000001",
+    )
+    assert result["status"] == report["status"] == "timeout" and plan is None
+    assert "solver.time_limit_s" in report["error"]
+    assert any(line.startswith("timeout: ") for line in lines)
+
+
+def test_exact_solver_general_mode_from_the_command_line(tmp_path):
+    """``solver=milp solver.mode=general`` returns an explicit placement (no rank order)."""
+    _, result, report, plan, _ = run_case(
+        tmp_path,
+        "solver=milp",
+        "solver.mode=general",
+        "model=tiny",
+        "cluster=dgx_8x8",
+        "cluster.devices=4",
+        "cluster.levels.0.fanout=4",
+        "cluster.levels.1.fanout=1",
+    )
+    assert report["status"] == "optimal" and plan["rank_order"] is None
