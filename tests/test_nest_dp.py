@@ -25,16 +25,7 @@ def test_stage_model_equals_the_evaluator(seed):
     problem, planner = random_case(seed, hbm_gib=100)
     plan = planner.solve(problem)
     report = evaluate(problem, plan)
-    config = SearchConfig(
-        plan.tp,
-        plan.cp,
-        plan.ep,
-        plan.dp,
-        plan.pp,
-        plan.microbatch_size,
-        plan.zero_stage,
-        plan.rank_order,
-    )
+    config = SearchConfig.of_plan(plan)
     sm = StageModel(problem, config)
     for r, stage in enumerate(plan.stages):
         terms = sm.stage(r, stage.first_layer, stage.last_layer, stage.recompute)

@@ -48,7 +48,7 @@ enumeration.
 """
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import permutations
 
 from nest.axes import Axis, Recompute, Schedule, parse_rank_order
@@ -80,6 +80,26 @@ class SearchConfig:
     @property
     def interleaved(self) -> bool:
         return self.schedule is Schedule.INTERLEAVED
+
+    @classmethod
+    def of_plan(cls, plan) -> "SearchConfig":
+        """The configuration a plan belongs to (its rank order as recorded, None if explicit)."""
+        return cls(
+            plan.tp,
+            plan.cp,
+            plan.ep,
+            plan.dp,
+            plan.pp,
+            plan.microbatch_size,
+            plan.zero_stage,
+            plan.rank_order,
+            plan.schedule,
+            plan.virtual_stages,
+        )
+
+    def unordered(self) -> "SearchConfig":
+        """The same configuration with the placement left out (the rank order cleared)."""
+        return replace(self, order=())
 
 
 @dataclass(frozen=True, slots=True)

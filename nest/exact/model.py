@@ -58,8 +58,6 @@ class Row:
 @dataclass(slots=True)
 class LinearModel:
     n_binaries: int = 0
-    group_of: list = field(default_factory=list)
-    """binary -> (g, None) for y_g, (g, r, k) for z."""
     aux_ub_s: list[float] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
     objective_binaries: dict[int, float] = field(default_factory=dict)
@@ -69,8 +67,7 @@ class LinearModel:
     max_pp: int = 1
     least_lower_bound_s: float = float("inf")
 
-    def binary(self, key) -> int:
-        self.group_of.append(key)
+    def binary(self) -> int:
         self.n_binaries += 1
         return self.n_binaries - 1
 
@@ -82,14 +79,14 @@ class LinearModel:
 def build(groups: list[Group], n_layers: int) -> LinearModel:
     lm = LinearModel()
     for g, group in enumerate(groups):
-        y = lm.binary((g, None))
+        y = lm.binary()
         lm.y.append(y)
         pp = group.config.pp
         lm.max_pp = max(lm.max_pp, pp)
         lm.least_lower_bound_s = min(lm.least_lower_bound_s, group.lower_bound_s())
         zs = []
         for r, choices in enumerate(group.ranks):
-            ids = [lm.binary((g, r, k)) for k in range(len(choices))]
+            ids = [lm.binary() for _ in choices]
             zs.append(ids)
             for k, (var, ch) in enumerate(zip(ids, choices, strict=True)):
                 lm.z[g, r, k] = var

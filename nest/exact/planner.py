@@ -24,7 +24,7 @@ import numpy as np
 
 from nest.cost import evaluate
 from nest.dp.planner import NestPlanner
-from nest.dp.space import SpacePlanner
+from nest.dp.space import SearchConfig, SpacePlanner
 from nest.errors import Infeasible, SolverTimeout, UserError
 from nest.exact.model import build, solve_cpsat, solve_milp
 from nest.exact.placements import signature
@@ -40,25 +40,15 @@ MODES = ("restricted", "general")
 def _find_hint(problem: Problem, groups: list[Group], plan: Plan) -> tuple[int, list[int]] | None:
     """The group and choices of ``plan`` (a plan of the restricted space) in the model."""
     grid = np.asarray([plan.stages[r].devices for r in range(plan.pp)], dtype=np.int64)
-    key = None
+    wanted = SearchConfig.of_plan(plan).unordered()
+    key, cache = None, {}
     for g, group in enumerate(groups):
         c = group.config
-        same = (c.tp, c.cp, c.ep, c.dp, c.pp, c.mbs, c.zero, c.schedule, c.v) == (
-            plan.tp,
-            plan.cp,
-            plan.ep,
-            plan.dp,
-            plan.pp,
-            plan.microbatch_size,
-            plan.zero_stage,
-            plan.schedule,
-            plan.virtual_stages,
-        )
-        if not same:
+        if c.unordered() != wanted:
             continue
         if group.general:
-            key = key or signature(problem.cluster, grid, plan.ep)
-            if signature(problem.cluster, group.grid, c.ep) != key:
+            key = key or signature(problem.cluster, grid, plan.ep, cache)
+            if signature(problem.cluster, group.grid, c.ep, cache) != key:
                 continue
         elif not np.array_equal(group.grid, grid):
             continue
