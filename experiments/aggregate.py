@@ -14,7 +14,7 @@ so the table always has one row per job. Writes into ``DIR``:
   (:mod:`experiments.plots`).
 
 The outputs are a function of the rows only (no clock, sorted by job), so aggregating the same
-directory again rewrites the same files. The multirun callback (:mod:`nest.callbacks`) calls
+directory again rewrites the same files. The multirun callback (:mod:`experiments.callbacks`) calls
 :func:`aggregate` at the end of every sweep.
 """
 

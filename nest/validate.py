@@ -17,10 +17,11 @@ No per-case factor is fitted: the device presets' ``matmul_efficiency`` is the o
 parameter (see the README for its value and why). Optional columns and their defaults when absent:
 ``activation`` gelu, ``norm`` layernorm, ``bias`` true, ``position`` learned, ``tied_embeddings``
 true, ``dropout`` true, ``flash_attention`` true, ``schedule`` 1f1b, ``overlap_grad_sync`` false,
-``zero_stage`` 0, ``grad_bytes`` 2, ``nvlink_gbps`` / ``network_gbps`` from the GPU
-(A100: 300 / 25, H100: 450 / 50), ``flops_counted`` hardware for metrics that say "recompute
-counted" and model otherwise. Blank microbatch means 1, blank recompute none, blank sequence
-parallelism "on when tp > 1".
+``zero_stage`` 0, ``virtual_stages`` 1 (the chunks per rank of an interleaved ``schedule``),
+``layer_partition`` uniform (blocks per chunk separated by ``;``), ``grad_bytes`` 2,
+``nvlink_gbps`` / ``network_gbps`` from the GPU (A100: 300 / 25, H100: 450 / 50),
+``flops_counted`` hardware for metrics that say "recompute counted" and model otherwise. Blank
+microbatch means 1, blank recompute none, blank sequence parallelism "on when tp > 1".
 """
 
 import argparse
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from baselines.fixed import FixedPlanner
+from nest.build import PlanSettings, build_plan
 from nest.config import build_device
 from nest.cost import evaluate
 from nest.errors import UserError
@@ -156,7 +157,7 @@ def problem_and_plan(row: dict):
         model=AnalyticModel(spec, flash_attention=flash), cluster=cluster, training=training
     )
     recompute = (row.get("recompute") or "none").split("(")[0].strip() or "none"
-    planner = FixedPlanner(
+    settings = PlanSettings(
         tp=tp,
         pp=_int(row["pp"]),
         dp=_int(row["dp"]),
@@ -165,9 +166,25 @@ def problem_and_plan(row: dict):
         recompute=recompute,
         zero_stage=_int(row.get("zero_stage"), 0),
         schedule=row.get("schedule") or "1f1b",
+        virtual_stages=_int(row.get("virtual_stages"), 1),
+        layer_partition=_partition(row.get("layer_partition")),
         sequence_parallel=sp,
     )
-    return problem, planner.build(problem)
+    return problem, build_plan(problem, settings)
+
+
+def _partition(text: str | None) -> list[int] | None:
+    """A ``layer_partition`` cell: blocks (or chain layers) per chunk, separated by ``;`` or
+    spaces (a comma would split the CSV cell); blank means the uniform split."""
+    if not text or not text.strip():
+        return None
+    parts = text.replace(";", " ").split()
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        raise UserError(
+            f"layer_partition={text!r} must be integers separated by ';', e.g. '9;8;8;7'"
+        ) from None
 
 
 def predict(row: dict) -> Outcome:

@@ -22,9 +22,9 @@ from omegaconf import OmegaConf
 
 import nest.cli
 from experiments import aggregate as agg
+from experiments.callbacks import expand_sweep, sweep_progress
 from experiments.plots import placement_grid, plot_job
 from experiments.published import load_published, published_speedups, published_table
-from nest.callbacks import expand_sweep, sweep_progress
 from nest.results import ROW_COLUMNS, make_row, planner_label, run_recorded
 
 from .test_cli import compose

@@ -1,10 +1,14 @@
 """The cost model against published measured runs (``python -m nest.validate``)."""
 
+import csv
 from pathlib import Path
 
 import pytest
 
 from nest import validate
+from nest.axes import Schedule
+from nest.cost import evaluate
+from nest.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "experiments" / "validation" / "cases.csv"
@@ -68,3 +72,41 @@ def test_missing_file_is_one_line_error(capsys, tmp_path):
     assert validate.main([str(tmp_path / "none.csv"), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "\n" not in err
+
+
+def _case(source: str, params_b: str) -> dict:
+    with open(CASES, newline="") as fh:
+        return next(
+            r
+            for r in csv.DictReader(fh)
+            if r["source"] == source and r["model_params_b"] == params_b
+        )
+
+
+def test_a_row_is_scored_with_its_published_schedule_and_partition():
+    """Korthikanti et al. 2022 (arXiv 2205.05198, §6) ran 175B/530B/1T with the interleaved
+    schedule, 3 chunks per rank: a row's ``schedule`` and ``virtual_stages`` must reach the plan,
+    and interleaving shrinks the bubble of the same configuration (SC21 §2.2.2: by ``v``)."""
+    row = _case("Narayanan2021_SC21_Table1", "145.6")  # 80 layers, pp 8: 8 x 3 chunks do not
+    row = dict(row, layers="96", pp="8")  # divide 80, so use 96 layers (GPT-3 depth)
+    problem, plain = validate.problem_and_plan(row)
+    _, inter = validate.problem_and_plan(dict(row, schedule="interleaved", virtual_stages="3"))
+    assert plain.schedule is Schedule.ONE_F_ONE_B and plain.virtual_stages == 1
+    assert inter.schedule is Schedule.INTERLEAVED and inter.virtual_stages == 3
+    assert len(inter.stages) == 8 * 3
+    t_plain = evaluate(problem, plain)
+    t_inter = evaluate(problem, inter)
+    assert t_inter.bubble_s < t_plain.bubble_s
+
+
+def test_a_row_is_scored_with_its_published_layer_partition():
+    row = dict(_case("Narayanan2021_SC21_Table1", "39.1"), layer_partition="20;28")  # 48 blocks
+    _, plan = validate.problem_and_plan(row)
+    blocks = [s.last_layer - s.first_layer + 1 for s in plan.stages]
+    assert blocks == [20 + 1, 28 + 1]  # the embedding joins the first stage, the head the last
+
+
+def test_a_bad_layer_partition_is_one_line_error():
+    row = dict(_case("Narayanan2021_SC21_Table1", "39.1"), layer_partition="20,x")
+    with pytest.raises(UserError, match=r"layer_partition='20,x'.*separated by ';'"):
+        validate.problem_and_plan(row)

@@ -1,0 +1,175 @@
+"""A plan from a configuration given by hand: degrees, microbatch, ZeRO, schedule, partition.
+
+Building a placed plan from given settings is a core job: the ``fixed`` and ``paper_table``
+planners do it, and so does :mod:`nest.validate` for published runs. The rules are checked here
+with one-line errors naming the setting (``solver.<key>``, the Hydra names of the ``fixed``
+planner's options).
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nest.axes import Recompute, Schedule, parse_rank_order
+from nest.errors import UserError
+from nest.layers import Shard
+from nest.plan import Plan, make_structured_plan, uniform_partition
+from nest.problem import Problem
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanSettings:
+    """A configuration as a user gives it (the ``fixed`` planner's options, verbatim)."""
+
+    tp: int = 1
+    """Tensor degree (1 = off)."""
+    pp: int = 1
+    """Pipeline ranks (1 = off)."""
+    dp: int | None = None
+    """Data-parallel replicas; None: as many as the devices left after ``tp x cp x pp``."""
+    cp: int = 1
+    """Context degree (1 = off)."""
+    ep: int = 1
+    """Expert degree, carved out of the ``dp x cp`` ranks (1 = off)."""
+    microbatch_size: int | None = None
+    """Sequences per microbatch; None: the first of ``training.microbatch_sizes``."""
+    recompute: str | Sequence[str] = "none"
+    """One mode for every chunk, or one per chunk (``none``, ``selective``, ``full``)."""
+    zero_stage: int = 0
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    """Chunks per pipeline rank (interleaved schedule)."""
+    layer_partition: Sequence[int] | None = None
+    """Blocks or chain layers per chunk; None: blocks split uniformly."""
+    rank_order: str | Sequence[str] = "tp,cp,dp,pp"
+    sequence_parallel: bool | None = None
+    """None: ``training.sequence_parallel``."""
+
+
+def _as_list(value) -> list | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return list(value)
+
+
+def chunk_layer_counts(
+    num_blocks: int, n_chunks: int, partition: Sequence[int] | None
+) -> list[int]:
+    """Layer counts per chunk over the whole chain (embedding + blocks + head).
+
+    ``partition`` may count chain layers (sums to ``num_blocks + 2``) or transformer blocks (sums
+    to ``num_blocks``; the embedding joins the first chunk and the head the last). ``None`` splits
+    the blocks uniformly.
+    """
+    if partition is None:
+        if n_chunks > num_blocks:
+            raise UserError(
+                f"{n_chunks} pipeline chunks for {num_blocks} transformer blocks; lower pp or "
+                "virtual_stages, or give solver.layer_partition over the whole chain"
+            )
+        counts = uniform_partition(num_blocks, n_chunks)
+    else:
+        counts = [int(c) for c in partition]
+        if len(counts) != n_chunks:
+            raise UserError(
+                f"solver.layer_partition has {len(counts)} entries; pp x virtual_stages = "
+                f"{n_chunks}"
+            )
+        if sum(counts) == num_blocks + 2:
+            return counts
+        if sum(counts) != num_blocks:
+            raise UserError(
+                f"solver.layer_partition {counts} sums to {sum(counts)}; it must count the "
+                f"{num_blocks} blocks or all {num_blocks + 2} chain layers"
+            )
+    counts = list(counts)
+    counts[0] += 1  # embedding
+    counts[-1] += 1  # head
+    return counts
+
+
+def build_plan(problem: Problem, settings: "PlanSettings") -> Plan:
+    """The plan ``settings`` describe on ``problem``, placed by its rank order and unscored.
+
+    Raises :class:`UserError` naming the setting when the configuration cannot be built (a
+    degree that does not divide, more devices than the cluster has, a partition that does not
+    cover the chain); whether it fits in memory is the evaluator's call.
+    """
+    s = settings
+    for key in ("tp", "pp", "cp", "ep", "virtual_stages"):
+        value = getattr(s, key)
+        if not isinstance(value, int) or value < 1:
+            raise UserError(f"solver.{key}={value!r} must be a positive integer")
+    if s.dp is not None and (not isinstance(s.dp, int) or s.dp < 1):
+        raise UserError(
+            f"solver.dp={s.dp!r} must be a positive integer (or null for the remaining devices)"
+        )
+    if s.microbatch_size is not None and (
+        not isinstance(s.microbatch_size, int) or s.microbatch_size < 1
+    ):
+        raise UserError(
+            f"solver.microbatch_size={s.microbatch_size!r} must be a positive integer (or "
+            "null for the first of training.microbatch_sizes)"
+        )
+    n = problem.cluster.num_devices
+    width = s.tp * s.cp * s.pp
+    if width > n:
+        raise UserError(
+            f"tp*cp*pp = {s.tp}*{s.cp}*{s.pp} = {width} exceeds the cluster's {n} "
+            "devices; lower a degree or raise cluster.devices"
+        )
+    training = problem.training
+    sp = training.sequence_parallel if s.sequence_parallel is None else s.sequence_parallel
+    reason = problem.model.shard_problem(Shard(tp=s.tp, cp=s.cp, ep=s.ep, sp=bool(sp) and s.tp > 1))
+    if reason:
+        raise UserError(f"solver: {reason}")
+    dp = s.dp if s.dp is not None else n // width
+    if (dp * s.cp) % s.ep:
+        raise UserError(
+            f"solver.ep={s.ep} must divide dp*cp = {dp}*{s.cp}; expert ranks are carved "
+            "out of the data x context ranks"
+        )
+    mbs = training.microbatch_sizes[0] if s.microbatch_size is None else s.microbatch_size
+    if training.global_batch % (mbs * dp):
+        raise UserError(
+            f"training.global_batch={training.global_batch} is not divisible by "
+            f"microbatch_size({mbs}) x dp({dp}) = {mbs * dp}; change one of them"
+        )
+    try:
+        schedule = Schedule(s.schedule)
+    except ValueError:
+        raise UserError(
+            f"solver.schedule={s.schedule!r}; use one of {[x.value for x in Schedule]}"
+        ) from None
+    n_chunks = s.pp * s.virtual_stages
+    counts = chunk_layer_counts(problem.model.spec.layers, n_chunks, _as_list(s.layer_partition))
+    modes = _as_list(s.recompute) or ["none"]
+    if len(modes) == 1:
+        modes = modes * n_chunks
+    if len(modes) != n_chunks:
+        raise UserError(
+            f"solver.recompute has {len(modes)} entries; give one, or one per chunk ({n_chunks})"
+        )
+    try:
+        recompute = [Recompute(m) for m in modes]
+    except ValueError:
+        raise UserError(
+            f"solver.recompute={s.recompute!r}; use {[r.value for r in Recompute]}"
+        ) from None
+    return make_structured_plan(
+        tp=s.tp,
+        cp=s.cp,
+        ep=s.ep,
+        dp=dp,
+        pp=s.pp,
+        layer_counts=counts,
+        recompute=recompute,
+        microbatch_size=mbs,
+        num_microbatches=training.global_batch // (mbs * dp),
+        zero_stage=s.zero_stage,
+        schedule=schedule,
+        virtual_stages=s.virtual_stages,
+        sequence_parallel=bool(sp),
+        rank_order=parse_rank_order(s.rank_order),
+    )
