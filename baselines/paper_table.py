@@ -6,7 +6,7 @@ devices from ``cluster.devices``, model from the preset; microbatch-variant tabl
 ``solver.microbatch_size``) in ``conf/paper_tables.yaml`` (converted from the artifact by
 ``experiments/convert_paper_tables.py``) and turns it into a plan, then the ``fixed`` planner's
 path scores it. How the artifact's fields map (each choice from its fixed-configuration evaluator,
-NEST_NOTES.md §2 and §6):
+docs/nest_paper.md §2 and §6):
 
 - ``t`` -> ``tp``; ``p`` -> ``pp``; ``d`` -> ``dp``, except Mixtral: the artifact's stage is
   ``t x ep`` devices wide with ``ep = 4`` and its batch has ``4096 / (mbs x 4)`` microbatches, so
@@ -54,7 +54,7 @@ TABLES_FILE = Path(__file__).resolve().parent.parent / "conf" / "paper_tables.ya
 SETUP_OF_CLUSTER = {"tpuv4_fattree": "tpuv4_fatTree", "h100_spineleaf": "h100_spineLeaf"}
 TABLES = ("Manual", "MCMC", "Phaze")
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 6x faster
-MIXTRAL_EP = 4  # the artifact's ep_degree for Mixtral (NEST_NOTES.md §2)
+MIXTRAL_EP = 4  # the artifact's ep_degree for Mixtral (docs/nest_paper.md §2)
 
 
 def artifact_split(blocks: int, p: int) -> list[int]:

@@ -2,7 +2,7 @@
 
 Phaze (Wang et al., "Integrated Hardware Architecture and Device Placement Search", ICML 2024) is
 NEST's network-agnostic predecessor: the same kind of structured search over tensor, pipeline and
-data parallelism, but every pair of devices talks at one bandwidth (NEST_NOTES.md §1: NEST's
+data parallelism, but every pair of devices talks at one bandwidth (docs/nest_paper.md §1: NEST's
 "network awareness" is exactly what Phaze lacks). This baseline reproduces that view with the
 project's own exact DP, so the only difference from ``nest`` is the network the search sees:
 

@@ -2,7 +2,7 @@
 
 ``python -m experiments.convert_paper_tables [SOURCE] [--out FILE]``
 
-SOURCE is the artifact's ``baseline_tables.json`` (NEST_NOTES.md §6): ``{setup: {devices:
+SOURCE is the artifact's ``baseline_tables.json`` (docs/nest_paper.md §6): ``{setup: {devices:
 {Manual | MCMC | Phaze: {artifact model: {p, d, t, num_transformer_layers[, layer_partition]}}}}}``;
 by default ``../shared/reference-instances/baseline_tables.json`` beside the repository. The output
 is one tidy row per (setup, devices, table, artifact model) with the artifact's fields unchanged
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "conf" / "paper_tables.yaml"
 SOURCE_NAME = Path("reference-instances") / "baseline_tables.json"
 
-# The artifact's model keys and the presets they stand for (NEST_NOTES.md §6). "gpt3_small" and
+# The artifact's model keys and the presets they stand for (docs/nest_paper.md §6). "gpt3_small" and
 # "gpt_small" appear only in the h100_spineLeaf tables and are not the 175B model the paper
 # reports; no preset stands for them.
 PRESET_OF = {

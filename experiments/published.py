@@ -1,7 +1,7 @@
 """The NEST paper's published numbers next to a sweep's own (a section of ``results.md``).
 
 ``paper/published.csv`` holds the paper's throughputs as published (Figure 5, Figure 6, Table 3;
-``../shared/NEST_NOTES.md`` §3), each normalised as the paper normalises it. Dividing a planner's
+``docs/nest_paper.md`` §3), each normalised as the paper normalises it. Dividing a planner's
 value by Manual's at the same case gives the paper's speed-up over Manual at that scale, which does
 not depend on the normalisation point; the sweep's counterpart is each planner's speed-up over the
 sweep's baseline at the same case. The section lists every published case the sweep also ran.

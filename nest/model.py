@@ -2,7 +2,7 @@
 
 A model is a chain: embedding, ``L`` transformer blocks, head (final norm, LM head, loss). The
 embedding and the head are layers of their own (the NEST artifact copied the head into every block;
-NEST_NOTES.md §4.3). Blocks are dense or mixture-of-experts; ``moe_layer_freq`` mixes them
+docs/nest_paper.md §4.3). Blocks are dense or mixture-of-experts; ``moe_layer_freq`` mixes them
 (Megatron-Core's convention: block ``i`` is MoE iff ``i % moe_layer_freq == 0``).
 
 The per-layer formulas (FLOPs, parameters, activation bytes, collectives) live in

@@ -10,11 +10,11 @@ Bandwidth semantics. ``bw_bytes_per_s`` of a level is the per-device, per-direct
 the links at that level, divided by its oversubscription ratio. Traffic between two devices whose
 lowest common level is ``l`` traverses links of every level ``<= l`` (device -> node switch ->
 leaf -> ...), so its rate is the bottleneck ``min_{j <= l} bw_j``
-(:meth:`Cluster.path_bw_bytes_per_s`). This is also the NEST artifact's rule (NEST_NOTES.md §2:
+(:meth:`Cluster.path_bw_bytes_per_s`). This is also the NEST artifact's rule (docs/nest_paper.md §2:
 a level-``l`` transfer runs at ``min(bw0..bwl)``) and makes "a group placed lower in the tree is
 never slower" hold for any presets.
 Concurrent transfers of different groups do not contend: one NIC per device, rail-optimised
-networks (DESIGN.md §5).
+networks; a stated simplification of the cost model).
 """
 
 from dataclasses import dataclass, field

@@ -6,8 +6,8 @@ only in preset files, with the unit in the key (``hbm_gib``, ``bw_gbps``, ``late
 
 Conventions (the datasheets'): network and memory *bandwidths* are decimal (1 GB/s = 1e9 bytes/s;
 NVIDIA and Google quote them so); HBM *capacity* is given in the unit the datasheet uses, ``hbm_gb``
-(decimal) or ``hbm_gib`` (binary). The NEST artifact multiplied "GB/s" by 2**30 (NEST_NOTES.md §6);
-this module is what keeps that from happening here.
+(decimal) or ``hbm_gib`` (binary). The NEST artifact multiplied "GB/s" by 2**30
+(docs/nest_paper.md §6); this module is what keeps that from happening here.
 """
 
 KB = 10**3

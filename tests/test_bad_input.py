@@ -398,7 +398,8 @@ def test_fixed_plan_that_does_not_fit_is_scored_and_flagged(tmp_path):
 
 def test_megatron_leaves_devices_idle_when_the_batch_does_not_divide(tmp_path):
     """dgx_a100 has 1120 GPUs; dp = 1120 / tp never divides global_batch=1024, so the rules take
-    the largest dp that divides the batch and leave the rest idle (DESIGN.md §4 allows it)."""
+    the largest dp that divides the batch and leave the rest idle (the NEST paper allows idle
+    devices, docs/nest_paper.md §1)."""
     result, _ = run_case(tmp_path, "cluster=dgx_a100", "model=llama2_7b")
     assert result["status"] == "feasible", result.get("error")
     assert 1024 % result["plan"]["dp"] == 0

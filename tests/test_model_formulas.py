@@ -57,7 +57,7 @@ def test_mixtral_active_parameters():
 
 
 def test_embedding_and_head_are_separate_layers():
-    """The head is one layer of its own, never copied into the blocks (NEST_NOTES.md §4.3)."""
+    """The head is one layer of its own, never copied into the blocks (docs/nest_paper.md §4.3)."""
     model = AnalyticModel(preset("llama2_7b"))
     kinds = [ref.kind for ref in model.chain]
     assert kinds[0] is LayerKind.EMBEDDING and kinds[-1] is LayerKind.HEAD

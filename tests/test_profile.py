@@ -154,7 +154,8 @@ def test_bad_files_through_the_cli_are_one_line(tmp_path):
 
 
 def _artifact(blocks: int = 2) -> dict:
-    """A NEST artifact instance (NEST_NOTES §6) of an embedding and ``blocks`` blocks at tp 1."""
+    """A NEST artifact instance (docs/nest_paper.md §6): an embedding and ``blocks`` blocks,
+    tp 1."""
     node = dict(parameterSize=2e6, activationSize=4e6, optimalLatencyFw=10.0, optimalLatencyBw=20.0)
     nodes = [dict(node, id=k, parameterSize=1e6 if k < 0 else 2e6) for k in range(-1, blocks)]
     edges = [dict(sourceId=k, destId=k + 1, communicationCost=1e5) for k in range(-1, blocks - 1)]

@@ -1,4 +1,5 @@
-"""The NEST artifact's instance files (../shared/reference-instances, NEST_NOTES.md §6) as profiles.
+"""The NEST artifact's instance files (docs/nest_paper.md §6; read from
+../shared/reference-instances when present beside the checkout) as profiles.
 
 Every shipped instance is solved with ``nest`` under the instance's own settings (microbatch 1,
 its global batch, SGD, its device count on ``tpuv4_fattree``) and the plan is checked the way the
@@ -46,7 +47,8 @@ if DIR is None:  # the artifact's files are not ours to commit (no licence): the
         allow_module_level=True,
     )
 NAMES = sorted(p.stem for p in DIR.glob("*.json") if p.stem != "baseline_tables")
-# the plans the artifact chose (NEST_NOTES §6): p, t, d (width 4 of Mixtral = EP: our dp = 4 d)
+# the plans the artifact chose (docs/nest_paper.md §6): p, t, d (width 4 of Mixtral = EP:
+# our dp = 4 d)
 ARTIFACT = {
     "llama2_64": (8, 1, 8, 1),
     "bert_64": (1, 1, 64, 1),
@@ -102,7 +104,7 @@ def test_head_copy_detection():
     for name in NAMES:
         head = read_profile(DIR / f"{name}.json").measurements[0].layers[-1]
         assert (head.param_bytes > 0) == name.startswith(("llama", "mixtral")), name
-    # without the fix Llama-2 has the artifact's 10.8 B parameters (NEST_NOTES §4.3)
+    # without the fix Llama-2 has the artifact's 10.8 B parameters (docs/nest_paper.md §4.3)
     raw = ProfileModel(read_profile(DIR / "llama2_64.json", head_in_blocks="false"))
     assert raw.total_params() == pytest.approx(10.8e9, rel=0.01)
     with pytest.raises(UserError, match="head_in_blocks"):

@@ -75,8 +75,8 @@ def test_every_task_runs_once_in_dependency_order():
 
 
 def test_sync_hiding_and_optimizer_follow_the_formula_for_equal_stages():
-    """With equal stages the exposed sync of DESIGN.md §5 is exact: rank r's sync starts when
-    its last backward ends, ``sum_{j<r} b_j`` before rank 0's."""
+    """With equal stages the exposed sync of :mod:`nest.cost.pipeline` is exact: rank r's sync
+    starts when its last backward ends, ``sum_{j<r} b_j`` before rank 0's."""
     pp, m, f, b = 3, 4, 1.0, 2.0
     plan = bare_plan(pp, m)
     sync = [0.5, 4.5, 3.0]

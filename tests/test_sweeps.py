@@ -381,7 +381,7 @@ def test_rows_name_the_model_the_run_built(tmp_path, overrides, name):
 
 
 def test_published_speedups_match_the_paper():
-    """NEST_NOTES.md §3 (Wang et al., arXiv 2603.06798): Figure 5 Llama-2 at 1024 devices is
+    """docs/nest_paper.md §3 (Wang et al., arXiv 2603.06798): Figure 5 Llama-2 at 1024 devices is
     Manual 13.31, NEST 16.63 (1.25x); Table 3 Mixtral at 1024 is NEST 1.519 over Manual 1.000;
     Figure 6 has Manual out of memory at microbatch 2 and NEST at 1.83."""
     table = published_speedups(load_published()).set_index(["source", "model", "devices"])
@@ -454,7 +454,7 @@ def test_experiment_composes_and_its_first_job_runs(name, tmp_path):
     cfg, params, jobs = _experiment_jobs(name)
     solvers = params["solver"].split(",")
     assert {"megatron", "nest"} <= set(solvers)
-    assert cfg.training.global_batch == 4096  # NEST_NOTES.md §2: the artifact's global batch
+    assert cfg.training.global_batch == 4096  # docs/nest_paper.md §2: the artifact's global batch
     assert cfg.hydra.callbacks.sweep.baseline in solvers
     models = set(params["model"].split(","))
     if name == "fig5":

@@ -5,7 +5,7 @@ from nest.config import build_cluster, build_device
 
 
 def test_bandwidth_is_decimal():
-    # The NEST artifact multiplied "GB/s" by 2**30 (NEST_NOTES.md §6); 1 GB/s is 1e9 bytes/s.
+    # The NEST artifact multiplied "GB/s" by 2**30 (docs/nest_paper.md §6); 1 GB/s is 1e9 bytes/s.
     assert units.gbps_to_bytes_per_s(1) == 1e9
     assert units.gbit_per_s_to_bytes_per_s(400) == 50e9  # a 400 Gb/s NIC moves 50 GB/s
 

@@ -1,10 +1,11 @@
-"""The NEST artifact's instance files (``../shared/reference-instances/*.json``) as profiles.
+"""The NEST artifact's per-case instance files (JSON, docs/nest_paper.md §6) as profiles.
 
-Format (NEST_NOTES.md §6): ``nodes[t]`` / ``edges[t]`` per tensor width ``t``; node ``-1`` is the
-embedding, ``0..L-1`` the blocks in chain order; ``parameterSize`` and ``activationSize`` in bytes
-(fp16), ``optimalLatencyFw`` / ``optimalLatencyBw`` in **milliseconds**, ``communicationCost`` of
-edge ``k -> k+1`` the boundary bytes; ``ep_degree`` / ``cp_degree`` the widths every node was
-measured at. What we take, and what we do not import of the artifact's own bugs (NEST_NOTES §4):
+Format (docs/nest_paper.md §6): ``nodes[t]`` / ``edges[t]`` per tensor width ``t``; node ``-1`` is
+the embedding, ``0..L-1`` the blocks in chain order; ``parameterSize`` and ``activationSize`` in
+bytes (fp16), ``optimalLatencyFw`` / ``optimalLatencyBw`` in **milliseconds**,
+``communicationCost`` of edge ``k -> k+1`` the boundary bytes; ``ep_degree`` / ``cp_degree`` the
+widths every node was measured at. What we take, and what we do not import of the artifact's own
+bugs (docs/nest_paper.md §4):
 
 - Times are converted from milliseconds to seconds here (bug 4.2 mixed the two).
 - ``activationSize`` counts every operator output of the layer (bug 4.4); we take it as the
@@ -226,7 +227,9 @@ def _notes(d: dict, head: bool) -> tuple[str, ...]:
             + (" training.optimizer=sgd" if opt == "sgd" else "")
         )
     if head:
-        notes.append("the LM head copied into every block (NEST_NOTES §4.3) is held once by a head")
+        notes.append(
+            "the LM head copied into every block (docs/nest_paper.md §4.3) is held once by a head"
+        )
     return tuple(notes)
 
 
