@@ -50,13 +50,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from baselines.alpa_stages import INF, MEGATRON_ORDER, IntraOp, StageChoice, StageCosts, inter_op_dp
+from baselines.alpa_stages import INF, MEGATRON_ORDER, StageChoice, StageCosts, inter_op_dp
 from baselines.networks import two_level_cluster, with_cluster
 from nest.axes import Recompute, Schedule
 from nest.cost import evaluate
 from nest.errors import UserError
 from nest.layers import Shard
-from nest.plan import Plan, make_structured_plan, uniform_partition
+from nest.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.planner import finish, infeasible_memory
 from nest.problem import Problem
 
@@ -114,7 +114,8 @@ class AlpaPlanner:
         return modes
 
     def configurations(self, problem: Problem):
-        """(sub-mesh shape, pipeline stages, intra-op configuration) with uniform full cover."""
+        """(sub-mesh shape, intra-op configuration with its pipeline stages as ``pp``) with
+        uniform full cover."""
         cluster, model, training = problem.cluster, problem.model, problem.training
         per_host = cluster.levels[0].fanout
         n = cluster.num_devices
@@ -140,21 +141,32 @@ class AlpaPlanner:
                         if training.global_batch % (mbs * dp):
                             continue
                         for zero in sorted({z if dp > 1 else 0 for z in self.zero_stages}):
-                            yield shape, stages, IntraOp(tp=tp, dp=dp, ep=ep, zero=zero, mbs=mbs)
+                            yield (
+                                shape,
+                                ParallelConfig(
+                                    tp=tp,
+                                    dp=dp,
+                                    ep=ep,
+                                    pp=stages,
+                                    zero_stage=zero,
+                                    microbatch_size=mbs,
+                                    rank_order=MEGATRON_ORDER,
+                                ),
+                            )
 
-    def _plan(self, problem: Problem, stages: int, intra: IntraOp, result, modes) -> Plan:
+    def _plan(self, problem: Problem, config: ParallelConfig, result, modes) -> Plan:
         training = problem.training
         return make_structured_plan(
-            tp=intra.tp,
+            tp=config.tp,
             cp=1,
-            ep=intra.ep,
-            dp=intra.dp,
-            pp=stages,
+            ep=config.ep,
+            dp=config.dp,
+            pp=config.pp,
             layer_counts=[k - i + 1 for i, k, _, _ in result.stages],
             recompute=[modes[m] for _, _, _, m in result.stages],
-            microbatch_size=intra.mbs,
-            num_microbatches=training.global_batch // (intra.mbs * intra.dp),
-            zero_stage=intra.zero,
+            microbatch_size=config.microbatch_size,
+            num_microbatches=config.num_microbatches(training.global_batch),
+            zero_stage=config.zero_stage,
             schedule=Schedule.ONE_F_ONE_B,
             virtual_stages=1,
             sequence_parallel=training.sequence_parallel,
@@ -164,10 +176,10 @@ class AlpaPlanner:
     def _smallest_tried_peak(self, problem: Problem, configs, modes) -> float | None:
         """Peak memory of the uniform, most-saving plan of each configuration (for the error)."""
         best = None
-        for _, stages, intra in configs:
-            counts = uniform_partition(problem.num_layers, stages)
+        for _, config in configs:
+            counts = uniform_partition(problem.num_layers, config.pp)
             fake = type("R", (), {"stages": tuple((0, c - 1, 0, len(modes) - 1) for c in counts)})
-            plan = self._plan(problem, stages, intra, fake, modes)
+            plan = self._plan(problem, config, fake, modes)
             peak = evaluate(problem, plan).peak_memory_bytes
             best = peak if best is None else min(best, peak)
         return best
@@ -186,16 +198,16 @@ class AlpaPlanner:
             )
         # visit configurations by a lower bound computed from the unconstrained least sum
         ranked, stats = [], {"t_max_tried": 0, "configurations": len(configs)}
-        for k, (shape, stages, intra) in enumerate(configs):
-            costs = StageCosts(view, intra, stages, modes)
+        for k, (shape, config) in enumerate(configs):
+            costs = StageCosts(view, config, modes)
             size = shape[0] * shape[1]
             choice = StageChoice(size=size, cost=lambda s, d, c=costs: c.stage(s))
             tables: dict = {}
             free = inter_op_dp(n_layers, n_dev, [choice], tables, INF)
             if free is None:
                 continue
-            bound = free.sum_s + (costs.m - 1) * free.sum_s / stages
-            ranked.append((bound, k, shape, stages, intra, costs.m, choice, tables, free))
+            bound = free.sum_s + (costs.m - 1) * free.sum_s / config.pp
+            ranked.append((bound, k, shape, config, costs.m, choice, tables, free))
         if not ranked:
             raise infeasible_memory(
                 problem, self.name, self._smallest_tried_peak(problem, configs, modes)
@@ -203,20 +215,25 @@ class AlpaPlanner:
         ranked.sort(key=lambda x: (x[0], x[1]))
         best = (INF, None)
         solved = 0
-        for bound, _, shape, stages, intra, m, choice, tables, free in ranked:
+        for bound, _, shape, config, m, choice, tables, free in ranked:
             if bound >= best[0]:
                 break
             solved += 1
             found = self._t_max_loop(n_layers, n_dev, choice, tables, free, m, best[0], stats)
             if found is not None and found[0] < best[0]:
-                best = (found[0], (shape, stages, intra, found[1]))
-        objective, (shape, stages, intra, result) = best
-        plan = self._plan(problem, stages, intra, result, modes)
+                best = (found[0], (shape, config, found[1]))
+        objective, (shape, config, result) = best
+        plan = self._plan(problem, config, result, modes)
         search = {
             **stats,
             "configurations_solved": solved,
             "submesh": list(shape),
-            "intra_op": {"tp": intra.tp, "dp": intra.dp, "ep": intra.ep, "zero": intra.zero},
+            "intra_op": {
+                "tp": config.tp,
+                "dp": config.dp,
+                "ep": config.ep,
+                "zero": config.zero_stage,
+            },
             "alpa_objective_s": objective,
             "network_view": view.cluster.describe(),
         }

@@ -24,148 +24,81 @@ from dataclasses import dataclass
 import numpy as np
 
 from nest.axes import Axis, LayerKind, Recompute, Schedule
-from nest.cost.collectives import COLLECTIVE_TIME, p2p_time_s
+from nest.cost.collectives import p2p_time_s
+from nest.cost.compute import bwd_collectives, fwd_collectives, recompute_s
+from nest.cost.groups import AXES, RankGroups
+from nest.cost.memory import peak_bytes, rank_memory_bytes, stored_bytes
 from nest.cost.pipeline import in_flight_microbatches
-from nest.layers import Shard
-from nest.plan import place
+from nest.cost.state import ModelState
+from nest.dp.stages import prefix, range_max
+from nest.plan import ParallelConfig, place
 from nest.problem import Problem
 
 INF = float("inf")
 MEGATRON_ORDER = (Axis.TP, Axis.CP, Axis.DP, Axis.PP)
 
 
-@dataclass(frozen=True, slots=True)
-class IntraOp:
-    """One intra-operator configuration of a stage's sub-mesh (Alpa's logical mesh + sharding):
-    ``tp x dp`` devices, expert degree, ZeRO stage (weight-update sharding), microbatch size."""
-
-    tp: int
-    dp: int
-    ep: int
-    zero: int
-    mbs: int
-
-
-def _prefix(values) -> np.ndarray:
-    return np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=float))])
-
-
-def _range_sum(prefix: np.ndarray) -> np.ndarray:
-    """``out[i, k] = sum of values[i..k]`` (``-inf``-free; entries with ``k < i`` are junk)."""
-    return prefix[None, 1:] - prefix[:-1, None]
-
-
-def _range_max(values) -> np.ndarray:
-    arr = np.asarray(values, dtype=float)
-    n = len(arr)
-    out = np.full((n, n), -INF)
-    for i in range(n):
-        out[i, i:] = np.maximum.accumulate(arr[i:])
-    return out
+def _range_sum(pre: np.ndarray) -> np.ndarray:
+    """``out[i, k] = sum of values[i..k]`` from prefix sums (entries with ``k < i`` are junk)."""
+    return pre[None, 1:] - pre[:-1, None]
 
 
 class StageCosts:
     """Stage latency tables of one (sub-mesh size, intra-op configuration) on ``problem``'s
-    cluster (the two-level view), for a pipeline of ``n_stages`` such stages."""
+    cluster (the two-level view), for a pipeline of ``config.pp`` such stages.
+
+    ``config`` is the stage's intra-op configuration as a :class:`~nest.plan.ParallelConfig`
+    (``tp x dp`` devices per stage, expert degree, ZeRO stage for weight-update sharding,
+    microbatch size; ``cp`` 1; ``pp`` the number of stages)."""
 
     def __init__(
-        self, problem: Problem, intra: IntraOp, n_stages: int, modes: Sequence[Recompute]
+        self, problem: Problem, config: ParallelConfig, modes: Sequence[Recompute]
     ) -> None:
-        self.problem, self.intra, self.n_stages = problem, intra, n_stages
+        self.problem, self.config, self.n_stages = problem, config, config.pp
         self.modes = tuple(modes)
         training, model, cluster = problem.training, problem.model, problem.cluster
-        self.m = training.global_batch // (intra.mbs * intra.dp)
-        shard = Shard(
-            tp=intra.tp,
-            ep=intra.ep,
-            sp=training.sequence_parallel and intra.tp > 1,
-            mbs=intra.mbs,
-        )
+        self.m = config.num_microbatches(training.global_batch)
+        shard = config.shard(training.sequence_parallel)
         chain = model.chain
         self.n_layers = n = len(chain)
         costs = [model.layer_cost(ref, shard, cluster.device) for ref in chain]
         is_block = [ref.kind is LayerKind.BLOCK for ref in chain]
-        grid = place(tp=intra.tp, cp=1, dp=intra.dp, pp=n_stages, rank_order=MEGATRON_ORDER)
-        self.factors = self._factors(grid[0])
-        self.time = {}
-        self.act = {}
-        self.transient = {}
+        pairs = list(zip(costs, is_block, strict=True))
+        grid = place(tp=config.tp, cp=1, dp=config.dp, pp=self.n_stages, rank_order=MEGATRON_ORDER)
+        self.groups = RankGroups(grid[0], config.ep, cluster)
+        self.state = ModelState.of(
+            problem, zero_stage=config.zero_stage, dp=config.dp, cp=1, ep=config.ep
+        )
+        self.time, self.act, self.transient = {}, {}, {}
         for mode in self.modes:
-            self.time[mode] = _range_sum(_prefix(self._layer_times(costs, is_block, mode)))
-            lm = [mode if blk else Recompute.NONE for blk in is_block]
-            self.act[mode] = _range_sum(
-                _prefix([c.act_bytes[x] for c, x in zip(costs, lm, strict=True)])
-            )
-            peaks = [
-                c.transient_bytes
-                + (c.act_bytes[Recompute.NONE] - c.act_bytes[x] if x is not Recompute.NONE else 0)
-                for c, x in zip(costs, lm, strict=True)
-            ]
-            self.transient[mode] = _range_max(peaks)
-        dense = _range_sum(_prefix([c.dense_params for c in costs]))
-        expert = _range_sum(_prefix([c.expert_params for c in costs]))
-        self.static_bytes = self._model_state_bytes(dense, expert, tied=0.0)
+            self.time[mode] = _range_sum(prefix([self._layer_time_s(c, mode, b) for c, b in pairs]))
+            self.act[mode] = _range_sum(prefix([stored_bytes(c, mode, b) for c, b in pairs]))
+            self.transient[mode] = range_max([peak_bytes(c, mode, b, self.state) for c, b in pairs])
+        dense = _range_sum(prefix([c.dense_params for c in costs]))
+        expert = _range_sum(prefix([c.expert_params for c in costs]))
+        self.state_bytes = self.state.state_bytes(dense, expert)
         # Megatron's copy of a tied embedding sits with the head when the head's stage does not
         # hold the embedding: ranges ending at the head on any stage but the first
-        tied = self._model_state_bytes(dense, expert, tied=costs[-1].tied_copy_params)
-        self.static_head_bytes = self.static_bytes.copy()
-        self.static_head_bytes[:, -1] = tied[:, -1]
+        self.state_head_bytes = self.state_bytes.copy()
+        tied = costs[-1].tied_copy_params
+        self.state_head_bytes[:, -1] = self.state.state_bytes(dense[:, -1] + tied, expert[:, -1])
         self.boundary = np.array([c.boundary_bytes for c in costs])
         self.levels = [
-            int(np.max(cluster.common_levels(grid[r], grid[r + 1]))) for r in range(n_stages - 1)
+            int(np.max(cluster.common_levels(grid[r], grid[r + 1])))
+            for r in range(self.n_stages - 1)
         ]
         i, k = np.indices((n, n))
         self.valid = k >= i
 
-    def _coll_s(self, colls) -> float:
-        """Seconds of a layer's collectives on the stage's groups (the slowest group each)."""
-        cluster = self.problem.cluster
-        return sum(
-            max(
-                (COLLECTIVE_TIME[c.op](c.n_bytes, f, cluster) for f in self.factors[c.axis]),
-                default=0.0,
-            )
-            for c in colls
+    def _layer_time_s(self, cost, mode: Recompute, is_block: bool) -> float:
+        """``f + b`` of one layer per microbatch: compute, recompute (blocks) and the
+        collectives of both directions on the stage's groups (the evaluator's terms)."""
+        fwd = [(c, 1) for c in fwd_collectives(cost)]
+        bwd = [(c, 1) for c in bwd_collectives(cost, mode, is_block)]
+        comm = sum(
+            self.groups.axis_time_s(fwd, axis) + self.groups.axis_time_s(bwd, axis) for axis in AXES
         )
-
-    def _layer_times(self, costs, is_block, mode: Recompute) -> list[float]:
-        """``f + b`` of each layer per microbatch: compute, recompute (blocks) and collectives."""
-        out = []
-        for c, blk in zip(costs, is_block, strict=True):
-            t = c.fwd_s + c.bwd_s + self._coll_s(c.fwd_collectives + c.bwd_collectives)
-            if blk:
-                redo = c.recompute_collectives.get(mode, ())
-                t += c.recompute_s.get(mode, 0.0) + self._coll_s(redo)
-            out.append(t)
-        return out
-
-    def _factors(self, devices: np.ndarray) -> dict[str, set]:
-        """Level splits of the stage's TP and EP groups (the evaluator's grouping)."""
-        dp, cp, tp = devices.shape
-        flat = devices.reshape(dp * cp, tp)
-        ep = self.intra.ep
-        blocks = flat.reshape(dp * cp // ep, ep, tp).transpose(0, 2, 1).reshape(-1, ep)
-        cluster = self.problem.cluster
-        out: dict[str, set] = {"cp": set()}
-        out["tp"] = cluster.distinct_group_factors(flat) if tp > 1 else set()
-        out["ep"] = cluster.distinct_group_factors(blocks) if ep > 1 else set()
-        return out
-
-    def _model_state_bytes(self, dense, expert, *, tied: float) -> np.ndarray:
-        """Weights, gradients and optimizer state per device (ZeRO shards them over the data
-        ranks: dense over ``dp``, experts over ``dp / ep``), plus the reserve."""
-        training = self.problem.training
-        p = self.problem.model.spec.dtype_bytes
-        d, e = dense + tied, expert
-        full = d + e
-        shard = d / self.intra.dp + e / (self.intra.dp // self.intra.ep)
-        z = self.intra.zero
-        per_param = [p, training.grad_bytes, training.optimizer_state_bytes_per_param]
-        sharded_from = [3, 2, 1]  # ZeRO stage from which weights / grads / optimizer are sharded
-        total = sum(
-            b * (shard if z >= s else full) for b, s in zip(per_param, sharded_from, strict=True)
-        )
-        return total + self.problem.cluster.device.memory_reserve_bytes
+        return cost.fwd_s + cost.bwd_s + recompute_s(cost, mode, is_block) + comm
 
     def stage(self, s: int) -> tuple[np.ndarray, np.ndarray]:
         """(seconds, mode index) of every layer range for the ``s``-th stage from the end.
@@ -174,19 +107,26 @@ class StageCosts:
         r = self.n_stages - s
         n = self.n_layers
         in_flight = in_flight_microbatches(r, self.n_stages, self.m, Schedule.ONE_F_ONE_B, 1)
-        static = self.static_head_bytes if r > 0 else self.static_bytes
-        hbm = self.problem.cluster.device.hbm_bytes
+        state_bytes = self.state_head_bytes if r > 0 else self.state_bytes
+        device = self.problem.cluster.device
         p2p = np.zeros((n, n))
         cluster = self.problem.cluster
         if r + 1 < self.n_stages:  # forward send of the last layer's output
-            p2p += np.array([p2p_time_s(b, self.levels[r], cluster) for b in self.boundary])[None]
+            p2p += p2p_time_s(self.boundary, self.levels[r], cluster)[None]
         if r > 0:  # backward send of the gradient of the previous layer's output
             prev = np.concatenate([[0.0], self.boundary[:-1]])
-            p2p += np.array([p2p_time_s(b, self.levels[r - 1], cluster) for b in prev])[:, None]
+            p2p += p2p_time_s(prev, self.levels[r - 1], cluster)[:, None]
         best = np.full((n, n), INF)
         which = np.full((n, n), -1, dtype=np.int64)
         for idx, mode in enumerate(self.modes):
-            fits = static + self.act[mode] * in_flight + self.transient[mode] <= hbm
+            memory = rank_memory_bytes(
+                state_bytes,
+                self.act[mode],
+                in_flight,
+                self.transient[mode],
+                device.memory_reserve_bytes,
+            )
+            fits = memory <= device.hbm_bytes
             t = np.where(fits & self.valid, self.time[mode] + p2p, INF)
             better = t < best
             best = np.where(better, t, best)

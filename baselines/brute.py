@@ -37,7 +37,7 @@ def count_plans(problem: Problem, options: SpaceOptions) -> int:
     total = 0
     for config in configurations(problem, options):
         if config.interleaved:
-            total += modes ** (config.pp * config.v)
+            total += modes ** (config.pp * config.virtual_stages)
         elif config.pp == 1:
             total += modes if any(blocks) else 1
         else:
@@ -58,7 +58,7 @@ class BrutePlanner(SpacePlanner):
         best, best_s, best_peak, scored = None, float("inf"), None, 0
         for config in configurations(problem, options):
             if config.interleaved:
-                splits = [interleaved_chunks(problem.num_layers, config.pp, config.v)]
+                splits = [interleaved_chunks(problem.num_layers, config.pp, config.virtual_stages)]
             else:
                 splits = partitions(problem.num_layers, config.pp)
             for parts in splits:

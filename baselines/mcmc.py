@@ -42,8 +42,7 @@ from baselines.networks import flat_cluster, with_cluster
 from nest.axes import MEGATRON_RANK_ORDER, Recompute, Schedule
 from nest.cost import evaluate
 from nest.errors import Infeasible, UserError
-from nest.layers import Shard
-from nest.plan import Plan, make_structured_plan, uniform_partition
+from nest.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.planner import finish, infeasible_memory
 from nest.problem import Problem
 
@@ -54,27 +53,21 @@ def _divisors(n: int) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class State:
-    tp: int
-    cp: int
-    ep: int
-    dp: int
-    pp: int
-    mbs: int
-    zero: int
+    """A plan of the search: its configuration (1F1B, Megatron's rank order), a contiguous
+    partition of the chain and a recompute mode per stage."""
+
+    config: ParallelConfig
     counts: tuple[int, ...]
     """Chain layers per stage."""
     modes: tuple[Recompute, ...]
 
+    def with_config(self, **changes) -> "State":
+        return replace(self, config=replace(self.config, **changes))
+
 
 def state_of(plan: Plan) -> State:
     return State(
-        tp=plan.tp,
-        cp=plan.cp,
-        ep=plan.ep,
-        dp=plan.dp,
-        pp=plan.pp,
-        mbs=plan.microbatch_size,
-        zero=plan.zero_stage,
+        config=replace(plan.config, rank_order=MEGATRON_RANK_ORDER),
         counts=tuple(s.last_layer - s.first_layer + 1 for s in plan.stages),
         modes=tuple(s.recompute for s in plan.stages),
     )
@@ -101,23 +94,25 @@ class Moves:
 
     def valid(self, s: State) -> bool:
         training, model = self.problem.training, self.problem.model
-        if s.tp * s.cp * s.dp * s.pp > self.n or (self.n // s.tp) % s.cp or self.n % s.tp:
+        c = s.config
+        if c.devices > self.n or (self.n // c.tp) % c.cp or self.n % c.tp:
             return False
-        if training.global_batch % (s.mbs * s.dp) or (s.dp * s.cp) % s.ep:
+        if training.global_batch % (c.microbatch_size * c.dp) or (c.dp * c.cp) % c.ep:
             return False
-        if len(s.counts) != s.pp or min(s.counts) < 1 or sum(s.counts) != self.chain:
+        if len(s.counts) != c.pp or min(s.counts) < 1 or sum(s.counts) != self.chain:
             return False
-        if s.zero != 0 and s.dp * s.cp == 1:
+        if c.zero_stage != 0 and c.dp * c.cp == 1:
             return False
-        shard = Shard(tp=s.tp, cp=s.cp, ep=s.ep, sp=training.sequence_parallel and s.tp > 1)
-        return model.shard_problem(shard) is None
+        return model.shard_problem(c.shard(training.sequence_parallel)) is None
 
     def propose(self, s: State, rng: random.Random) -> State:
         kind = rng.choice(["degree", "boundary", "recompute", "zero", "microbatch"])
         if kind == "degree":
             axis = rng.choice(self.axes)
-            value = rng.choice([v for v in self.values[axis] if v != getattr(s, axis)] or [1])
-            out = replace(s, **{axis: value})
+            value = rng.choice(
+                [v for v in self.values[axis] if v != getattr(s.config, axis)] or [1]
+            )
+            out = s.with_config(**{axis: value})
             if axis == "pp":
                 old = s.modes
                 modes = tuple(old[min(len(old) - 1, i * len(old) // value)] for i in range(value))
@@ -126,46 +121,48 @@ class Moves:
             if axis in ("tp", "cp", "pp") and rng.random() < 0.5:
                 out = self.fill_dp(out)  # give the data ranks the devices the change freed/took
             return out
-        if kind == "boundary" and s.pp > 1:
-            b = rng.randrange(s.pp - 1)
-            step = rng.randint(1, max(1, self.chain // (2 * s.pp))) * rng.choice([-1, 1])
+        pp = s.config.pp
+        if kind == "boundary" and pp > 1:
+            b = rng.randrange(pp - 1)
+            step = rng.randint(1, max(1, self.chain // (2 * pp))) * rng.choice([-1, 1])
             counts = list(s.counts)
             counts[b] += step
             counts[b + 1] -= step
             return replace(s, counts=tuple(counts))
         if kind == "recompute":
-            k = rng.randrange(s.pp)
+            k = rng.randrange(pp)
             mode = rng.choice([m for m in self.modes if m != s.modes[k]] or [s.modes[k]])
             return replace(s, modes=s.modes[:k] + (mode,) + s.modes[k + 1 :])
         if kind == "zero":
-            return replace(s, zero=rng.choice(self.zero_stages))
+            return s.with_config(zero_stage=rng.choice(self.zero_stages))
         if kind == "microbatch":
-            return replace(s, mbs=rng.choice(self.problem.training.microbatch_sizes))
+            return s.with_config(microbatch_size=rng.choice(self.problem.training.microbatch_sizes))
         return s
 
     def fill_dp(self, s: State) -> State:
         """The same state with the largest ``dp`` that fits the devices and divides the batch."""
-        room = self.n // (s.tp * s.cp * s.pp)
+        c = s.config
+        room = self.n // (c.tp * c.cp * c.pp)
         batch = self.problem.training.global_batch
-        fits = [d for d in self.values["dp"] if d <= room and batch % (s.mbs * d) == 0]
-        return replace(s, dp=max(fits)) if fits else s
+        fits = [d for d in self.values["dp"] if d <= room and batch % (c.microbatch_size * d) == 0]
+        return s.with_config(dp=max(fits)) if fits else s
 
     def plan(self, s: State) -> Plan:
-        training = self.problem.training
+        c = s.config
         return make_structured_plan(
-            tp=s.tp,
-            cp=s.cp,
-            ep=s.ep,
-            dp=s.dp,
-            pp=s.pp,
+            tp=c.tp,
+            cp=c.cp,
+            ep=c.ep,
+            dp=c.dp,
+            pp=c.pp,
             layer_counts=list(s.counts),
             recompute=list(s.modes),
-            microbatch_size=s.mbs,
-            num_microbatches=training.global_batch // (s.mbs * s.dp),
-            zero_stage=s.zero,
+            microbatch_size=c.microbatch_size,
+            num_microbatches=c.num_microbatches(self.problem.training.global_batch),
+            zero_stage=c.zero_stage,
             schedule=Schedule.ONE_F_ONE_B,
             virtual_stages=1,
-            sequence_parallel=training.sequence_parallel,
+            sequence_parallel=self.problem.training.sequence_parallel,
             rank_order=MEGATRON_RANK_ORDER,
         )
 
@@ -247,7 +244,8 @@ class MCMCPlanner:
         training = flat.training
         mbs = training.microbatch_sizes[0]
         dp = max(d for d in moves.values["dp"] if training.global_batch % (mbs * d) == 0)
-        return State(1, 1, 1, dp, 1, mbs, 0, (flat.num_layers,), (moves.modes[0],))
+        config = ParallelConfig(dp=dp, microbatch_size=mbs, rank_order=MEGATRON_RANK_ORDER)
+        return State(config, (flat.num_layers,), (moves.modes[0],))
 
     def solve(self, problem: Problem) -> Plan:
         started = time.perf_counter()

@@ -109,7 +109,7 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
         _write_json(out_dir / "report.json", result)
         plot_timeline(sim, out_dir / "timeline.png")
     summary = format_summary(problem, plan, report)
-    summary += "".join(f"\nnote: {n}" for n in getattr(problem.model, "notes", ()))
+    summary += "".join(f"\nnote: {n}" for n in problem.model.notes)
     if "simulation" in result:
         sim_d = result["simulation"]
         summary += (

@@ -111,6 +111,7 @@ class AnalyticModel:
         self.spec = spec
         self.flash_attention = flash_attention
         self.chain: tuple[LayerRef, ...] = build_chain(spec)
+        self.notes: tuple[str, ...] = ()
         self._cache: dict = {}
 
     @property
@@ -127,6 +128,13 @@ class AnalyticModel:
         return self.spec.seq_len
 
     # ----------------------------------------------------------------- validity of a shard
+    def shard_rules(self) -> list[str]:
+        m = self.spec
+        rules = [f"tp must divide heads={m.heads} and the FFN size"]
+        if m.is_moe:
+            rules.append(f"ep must divide num_experts={m.num_experts} and dp*cp")
+        return rules
+
     def shard_problem(self, shard: Shard) -> str | None:
         """Why this model cannot be split this way (None if it can)."""
         m = self.spec

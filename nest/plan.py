@@ -17,6 +17,7 @@ import numpy as np
 
 from nest.axes import Axis, Recompute, Schedule
 from nest.errors import UserError
+from nest.layers import Shard
 
 Devices = tuple[tuple[tuple[int, ...], ...], ...]  # [dp replica][cp rank][tp rank] -> device id
 
@@ -48,31 +49,86 @@ class StagePlan:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelConfig:
+    """What a plan fixes besides its partition, recompute modes and device ids: the one
+    configuration type of the project (plans, the DP's search, mcmc's state and alpa's stage
+    meshes all use it)."""
+
+    tp: int = 1
+    """Tensor degree (1 = off)."""
+    cp: int = 1
+    """Context degree (1 = off)."""
+    ep: int = 1
+    """Expert degree, carved out of the cp x dp ranks of MoE blocks (1 = off)."""
+    dp: int = 1
+    """Data-parallel replicas."""
+    pp: int = 1
+    """Pipeline ranks (devices along the pipeline)."""
+    microbatch_size: int = 1
+    """Sequences per microbatch."""
+    zero_stage: int = 0
+    """0: plain DP; 1: optimizer state sharded (distributed optimizer); 2: + gradients;
+    3: + weights."""
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (interleaved schedule); 1 otherwise."""
+    rank_order: tuple[Axis, ...] | None = None
+    """Innermost-first axis order the placement is built from (:func:`place`); None for an
+    explicit placement, or when the placement is not part of the comparison."""
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "cp", "ep", "dp", "pp", "microbatch_size", "virtual_stages"):
+            value = getattr(self, name)
+            if not isinstance(value, int | np.integer) or value < 1:
+                raise UserError(f"plan {name}={value!r} must be a positive integer")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise UserError(f"plan zero_stage={self.zero_stage!r}; use 0, 1, 2 or 3")
+        if self.schedule is not Schedule.INTERLEAVED and self.virtual_stages != 1:
+            raise UserError(
+                f"virtual_stages={self.virtual_stages} needs schedule=interleaved "
+                f"(got {self.schedule})"
+            )
+
+    @property
+    def devices(self) -> int:
+        """Devices the configuration uses: ``tp x cp x dp x pp``."""
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def interleaved(self) -> bool:
+        return self.schedule is Schedule.INTERLEAVED
+
+    def num_microbatches(self, global_batch: int) -> int:
+        """Microbatches per replica per iteration for ``global_batch`` sequences."""
+        return global_batch // (self.microbatch_size * self.dp)
+
+    def shard(self, sequence_parallel: bool) -> Shard:
+        """How one layer is split under this configuration (sequence parallelism only with
+        tensor parallelism)."""
+        return Shard(
+            tp=self.tp,
+            cp=self.cp,
+            ep=self.ep,
+            sp=sequence_parallel and self.tp > 1,
+            mbs=self.microbatch_size,
+        )
+
+    def unordered(self) -> "ParallelConfig":
+        """The same configuration with the placement left out (the rank order cleared)."""
+        return replace(self, rank_order=None)
+
+    def degrees(self) -> dict:
+        return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp, "pp": self.pp}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
     """A complete parallelisation and placement of one training iteration."""
 
-    tp: int
-    """Tensor degree (1 = off)."""
-    cp: int
-    """Context degree (1 = off)."""
-    ep: int
-    """Expert degree, carved out of the cp x dp ranks of MoE blocks (1 = off)."""
-    dp: int
-    """Data-parallel replicas."""
-    pp: int
-    """Pipeline stages (devices along the pipeline)."""
-    microbatch_size: int
+    config: ParallelConfig
     num_microbatches: int
     """Microbatches per replica per iteration, ``m``."""
-    zero_stage: int
-    """0: plain DP; 1: optimizer state sharded (distributed optimizer); 2: + gradients;
-    3: + weights."""
-    schedule: Schedule
-    virtual_stages: int = 1
-    """Model chunks per device (interleaved schedule); 1 otherwise."""
     sequence_parallel: bool = False
-    rank_order: tuple[Axis, ...] | None = None
-    """Innermost-first axis order the placement was built from; None for explicit placements."""
     stages: tuple[StagePlan, ...]
     # -- the solver's record (not part of what the evaluator reads)
     solver: str = ""
@@ -86,42 +142,39 @@ class Plan:
     search: Mapping = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in (
-            "tp",
-            "cp",
-            "ep",
-            "dp",
-            "pp",
-            "microbatch_size",
-            "num_microbatches",
-            "virtual_stages",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int | np.integer) or value < 1:
-                raise UserError(f"plan {name}={value!r} must be a positive integer")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise UserError(f"plan zero_stage={self.zero_stage!r}; use 0, 1, 2 or 3")
-        if len(self.stages) != self.pp * self.virtual_stages:
+        if not isinstance(self.num_microbatches, int | np.integer) or self.num_microbatches < 1:
             raise UserError(
-                f"plan has {len(self.stages)} stages but pp({self.pp}) x virtual_stages"
-                f"({self.virtual_stages}) = {self.pp * self.virtual_stages}"
+                f"plan num_microbatches={self.num_microbatches!r} must be a positive integer"
             )
-        if self.schedule is not Schedule.INTERLEAVED and self.virtual_stages != 1:
+        c = self.config
+        if len(self.stages) != c.pp * c.virtual_stages:
             raise UserError(
-                f"virtual_stages={self.virtual_stages} needs schedule=interleaved "
-                f"(got {self.schedule})"
+                f"plan has {len(self.stages)} stages but pp({c.pp}) x virtual_stages"
+                f"({c.virtual_stages}) = {c.pp * c.virtual_stages}"
             )
         for i, stage in enumerate(self.stages):
             shape = _shape(stage.devices)
-            if shape != (self.dp, self.cp, self.tp):
+            if shape != (c.dp, c.cp, c.tp):
                 raise UserError(
                     f"stage {i} devices have shape {shape}; expected (dp, cp, tp) = "
-                    f"({self.dp}, {self.cp}, {self.tp})"
+                    f"({c.dp}, {c.cp}, {c.tp})"
                 )
+
+    # the configuration's fields, read through the plan
+    tp = property(lambda self: self.config.tp)
+    cp = property(lambda self: self.config.cp)
+    ep = property(lambda self: self.config.ep)
+    dp = property(lambda self: self.config.dp)
+    pp = property(lambda self: self.config.pp)
+    microbatch_size = property(lambda self: self.config.microbatch_size)
+    zero_stage = property(lambda self: self.config.zero_stage)
+    schedule = property(lambda self: self.config.schedule)
+    virtual_stages = property(lambda self: self.config.virtual_stages)
+    rank_order = property(lambda self: self.config.rank_order)
 
     @property
     def devices_used(self) -> int:
-        return self.tp * self.cp * self.dp * self.pp
+        return self.config.devices
 
     @property
     def pp_rank_chunks(self) -> tuple[tuple[int, ...], ...]:
@@ -132,7 +185,7 @@ class Plan:
         return replace(self, **record)
 
     def degrees(self) -> dict:
-        return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp, "pp": self.pp}
+        return self.config.degrees()
 
 
 def _shape(devices: Devices) -> tuple[int, int, int]:
@@ -222,17 +275,19 @@ def make_structured_plan(
         )
         first += count
     return Plan(
-        tp=tp,
-        cp=cp,
-        ep=ep,
-        dp=dp,
-        pp=pp,
-        microbatch_size=microbatch_size,
+        config=ParallelConfig(
+            tp=tp,
+            cp=cp,
+            ep=ep,
+            dp=dp,
+            pp=pp,
+            microbatch_size=microbatch_size,
+            zero_stage=zero_stage,
+            schedule=Schedule(schedule),
+            virtual_stages=virtual_stages,
+            rank_order=None if rank_order is None else tuple(rank_order),
+        ),
         num_microbatches=num_microbatches,
-        zero_stage=zero_stage,
-        schedule=Schedule(schedule),
-        virtual_stages=virtual_stages,
         sequence_parallel=sequence_parallel and tp > 1,
-        rank_order=None if rank_order is None else tuple(rank_order),
         stages=tuple(stages),
     )

@@ -12,6 +12,7 @@ from typing import Protocol, runtime_checkable
 
 from nest.axes import Recompute
 from nest.cost import evaluate
+from nest.cost.state import ModelState
 from nest.errors import Infeasible
 from nest.plan import Plan
 from nest.problem import Problem
@@ -56,16 +57,14 @@ def finish(
 def model_state_lower_bound_bytes(problem: Problem) -> float:
     """Per-device memory no plan can go below: model states spread perfectly over every device.
 
-    ``params * (weight + gradient + optimizer bytes) / devices + reserve``; activations come on top.
+    ``params * (weight + gradient + optimizer bytes) / devices + reserve``: the model state of
+    ZeRO-3 sharded over every device (:class:`nest.cost.state.ModelState`); activations come on
+    top.
     """
-    m = problem.model
-    per_param = (
-        m.spec.dtype_bytes
-        + problem.training.grad_bytes
-        + problem.training.optimizer_state_bytes_per_param
-    )
     cluster = problem.cluster
-    return m.total_params() * per_param / cluster.num_devices + cluster.device.memory_reserve_bytes
+    everywhere = ModelState.of(problem, zero_stage=3, dp=cluster.num_devices, cp=1, ep=1)
+    state = everywhere.state_bytes(problem.model.total_params(), 0.0)
+    return state + cluster.device.memory_reserve_bytes
 
 
 ZERO_STAGES = (0, 1, 2, 3)

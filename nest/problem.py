@@ -1,17 +1,71 @@
 """The problem a planner solves: a model, a cluster and the training settings."""
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from nest.axes import Optimizer
 from nest.errors import UserError
-from nest.layers import AnalyticModel
+from nest.hardware import Device
+from nest.layers import LayerCost, Shard
+from nest.model import LayerRef
 from nest.topology import Cluster
+
+
+class ModelFacts(Protocol):
+    """What planners read from ``model.spec`` (a :class:`nest.model.ModelSpec` or a profile's
+    :class:`nest.profile.model.ProfileSpec`)."""
+
+    name: str
+    layers: int
+    """Transformer blocks in the chain."""
+    seq_len: int
+    dtype_bytes: int
+    num_experts: int
+    is_moe: bool
+
+
+class LayerModel(Protocol):
+    """A model as the cost model and the planners see it: a chain of layers and each layer's
+    cost on one device for one shard. :class:`nest.layers.AnalyticModel` (published formulas)
+    and :class:`nest.profile.model.ProfileModel` (measurements) both satisfy it."""
+
+    spec: ModelFacts
+    chain: tuple[LayerRef, ...]
+    """Embedding, transformer blocks, head."""
+    notes: tuple[str, ...]
+    """Remarks the run summary prints (e.g. how a profile was converted)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def seq_len(self) -> int: ...
+
+    def layer_cost(self, ref: LayerRef, shard: Shard, device: Device) -> LayerCost: ...
+
+    def cost_key(self, ref: LayerRef) -> tuple:
+        """Layers with equal keys cost the same under every shard."""
+        ...
+
+    def shard_problem(self, shard: Shard) -> str | None:
+        """Why the model cannot be split this way (None if it can)."""
+        ...
+
+    def shard_rules(self) -> list[str]:
+        """The rules :meth:`shard_problem` applies, in words (for the empty-space error)."""
+        ...
+
+    def total_params(self) -> float: ...
+
+    def model_flops_per_sample(self) -> float: ...
+
 
 OPTIMIZER_STATE_BYTES_PER_PARAM = {
     # Adam, mixed precision: fp32 master weights, first and second moments (Rajbhandari et al.,
     # "ZeRO", SC20, §3.1: K = 12).
     Optimizer.ADAM: 12,
-    # Plain SGD without momentum keeps no state (the NEST artifact's setting, NEST_NOTES.md §4.5).
+    # Plain SGD without momentum keeps no state (the NEST artifact's setting,
+    # docs/nest_paper.md §4.5).
     Optimizer.SGD: 0,
 }
 
@@ -62,7 +116,7 @@ class Training:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Problem:
-    model: AnalyticModel
+    model: LayerModel
     cluster: Cluster
     training: Training
 

@@ -1,7 +1,7 @@
 """Plans and reports as JSON-ready dictionaries (``plan.json``, ``report.json``)."""
 
 from nest.axes import Axis, Recompute, Schedule
-from nest.plan import Plan, StagePlan
+from nest.plan import ParallelConfig, Plan, StagePlan
 from nest.report import Report
 
 
@@ -47,18 +47,20 @@ def plan_to_dict(plan: Plan) -> dict:
 
 def plan_from_dict(d: dict) -> Plan:
     return Plan(
-        tp=d["tp"],
-        cp=d["cp"],
-        ep=d["ep"],
-        dp=d["dp"],
-        pp=d["pp"],
-        microbatch_size=d["microbatch_size"],
+        config=ParallelConfig(
+            tp=d["tp"],
+            cp=d["cp"],
+            ep=d["ep"],
+            dp=d["dp"],
+            pp=d["pp"],
+            microbatch_size=d["microbatch_size"],
+            zero_stage=d["zero_stage"],
+            schedule=Schedule(d["schedule"]),
+            virtual_stages=d.get("virtual_stages", 1),
+            rank_order=tuple(Axis(a) for a in d["rank_order"]) if d.get("rank_order") else None,
+        ),
         num_microbatches=d["num_microbatches"],
-        zero_stage=d["zero_stage"],
-        schedule=Schedule(d["schedule"]),
-        virtual_stages=d.get("virtual_stages", 1),
         sequence_parallel=d.get("sequence_parallel", False),
-        rank_order=tuple(Axis(a) for a in d["rank_order"]) if d.get("rank_order") else None,
         stages=tuple(
             StagePlan(
                 first_layer=s["layers"][0],

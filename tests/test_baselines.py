@@ -193,24 +193,26 @@ def test_alpa_stage_costs_equal_the_evaluator_on_the_two_level_view(index):
     configs = list(alpa.configurations(problem))
     n = problem.num_layers
     for k in rng.choice(len(configs), size=min(6, len(configs)), replace=False):
-        _, stages, intra = configs[k]
+        _, config = configs[k]
+        stages = config.pp
         cuts = sorted(rng.choice(np.arange(1, n), size=stages - 1, replace=False))
         bounds = [0, *cuts, n]
         modes = [Recompute(rng.choice(["none", "full"])) for _ in range(stages)]
         plan = make_structured_plan(
-            tp=intra.tp, cp=1, ep=intra.ep, dp=intra.dp, pp=stages,
+            tp=config.tp, cp=1, ep=config.ep, dp=config.dp, pp=stages,
             layer_counts=[bounds[r + 1] - bounds[r] for r in range(stages)], recompute=modes,
-            microbatch_size=intra.mbs, num_microbatches=problem.training.global_batch
-            // (intra.mbs * intra.dp), zero_stage=intra.zero, schedule=Schedule.ONE_F_ONE_B,
+            microbatch_size=config.microbatch_size,
+            num_microbatches=config.num_microbatches(problem.training.global_batch),
+            zero_stage=config.zero_stage, schedule=Schedule.ONE_F_ONE_B,
             virtual_stages=1, sequence_parallel=problem.training.sequence_parallel,
             rank_order=MEGATRON_RANK_ORDER,
         )  # fmt: skip
         report = evaluate(view, plan)
-        both = StageCosts(view, intra, stages, (Recompute.NONE, Recompute.FULL))
+        both = StageCosts(view, config, (Recompute.NONE, Recompute.FULL))
         for r in range(stages):
             i, j, mode = bounds[r], bounds[r + 1] - 1, modes[r]
             fits = report.ranks[r].memory.fits
-            t, _ = StageCosts(view, intra, stages, (mode,)).stage(stages - r)
+            t, _ = StageCosts(view, config, (mode,)).stage(stages - r)
             if fits:
                 assert t[i, j] == pytest.approx(report.stages[r].time_s, rel=1e-9)
             else:
@@ -240,8 +242,9 @@ def test_alpa_inter_op_dp_is_exact_for_its_objective(index):
     n, n_dev = problem.num_layers, problem.cluster.num_devices
     planner = AlpaPlanner()
     modes = (Recompute.NONE, Recompute.FULL)
-    for shape, stages, intra in planner.configurations(problem):
-        costs = StageCosts(view, intra, stages, modes)
+    for shape, config in planner.configurations(problem):
+        stages = config.pp
+        costs = StageCosts(view, config, modes)
         choice = StageChoice(size=shape[0] * shape[1], cost=lambda s, d, c=costs: c.stage(s))
         tables: dict = {}
         free = inter_op_dp(n, n_dev, [choice], tables, float("inf"))

@@ -156,3 +156,70 @@ def test_more_bandwidth_or_fewer_bytes_never_slower(data):
         slow_t = fn(n_bytes, factors, cluster)
         assert fn(n_bytes, factors, fast) <= slow_t * (1 + 1e-12)
         assert fn(n_bytes / 2, factors, cluster) <= slow_t * (1 + 1e-12)
+
+
+def _stepwise_time_s(op: str, n_bytes: float, factors, cluster) -> float:
+    """The hierarchical algorithms of :mod:`nest.cost.collectives` run level by level, as the
+    module docstring describes them (an independent oracle for the affine forms)."""
+    if op == "all_to_all":
+        n, inside, total = 1, 1, 0.0
+        for k in factors:
+            n *= k
+        for level, k in enumerate(factors):
+            crossing = inside * k - inside
+            if crossing:
+                bw = cluster.path_bw_bytes_per_s(level)
+                total += crossing / n * n_bytes / bw + crossing * cluster.levels[level].latency_s
+            inside *= k
+        return total
+    total, remaining = 0.0, n_bytes
+    for level, k in enumerate(factors):
+        if k > 1:
+            bw = cluster.path_bw_bytes_per_s(level)
+            total += (k - 1) / k * remaining / bw + (k - 1) * cluster.levels[level].latency_s
+            remaining /= k
+    return 2 * total if op == "all_reduce" else total
+
+
+def test_affine_forms_equal_the_level_by_level_algorithms():
+    """``a S + c`` (:func:`linear_forms`, on many splits at once and on one) equals the
+    algorithms run level by level on random splits and sizes."""
+    import random
+
+    from nest.cost.collectives import linear_form, linear_forms
+
+    rng = random.Random(3)
+    cluster = make_cluster(fanouts=(4, 2, 8), bws_gbps=(400, 100, 200), lat_us=(1, 4, 9))
+    splits = [tuple(rng.randint(1, f) for f in (4, 2, 8)) for _ in range(200)]
+    for op in OPS:
+        a_all, c_all = linear_forms(op, splits, cluster)
+        for factors, a, c in zip(splits, a_all, c_all, strict=True):
+            n_bytes = rng.choice([1.0, 1e3, 1e6, 1e9]) * rng.random()
+            want = _stepwise_time_s(op, n_bytes, factors, cluster)
+            assert a * n_bytes + c == pytest.approx(want, rel=1e-12)
+            assert linear_form(op, factors, cluster) == pytest.approx((a, c), rel=1e-15)
+
+
+def test_translated_ranks_have_the_same_group_splits():
+    """:func:`nest.cost.groups.translated` moves a rank's devices by whole top-level child
+    blocks; every group kind keeps its level splits (what lets the DP share one RankGroups
+    between, e.g., pipeline ranks in different scalable units)."""
+    import random
+
+    from nest.cost.groups import GROUP_KINDS, RankGroups, translated
+
+    rng = random.Random(5)
+    for fanouts in [(4,), (2, 4), (4, 2, 4), (2, 2, 2, 2)]:
+        cluster = make_cluster(fanouts=fanouts, bws_gbps=(100,) * len(fanouts))
+        n = cluster.num_devices
+        for _ in range(25):
+            tp, cp, dp = rng.choice([1, 2]), rng.choice([1, 2]), rng.choice([1, 2])
+            if tp * cp * dp > n:
+                continue
+            ids = rng.sample(range(n), tp * cp * dp)
+            devices = np.array(ids).reshape(dp, cp, tp)
+            moved = translated(devices, cluster)
+            assert moved.min() >= 0 and (devices - moved).min() == (devices - moved).max()
+            a, b = RankGroups(devices, 1, cluster), RankGroups(moved, 1, cluster)
+            for kind in GROUP_KINDS:
+                assert a.splits(kind) == b.splits(kind), (fanouts, ids, kind)

@@ -33,7 +33,7 @@ def _scaled(problem, *, bw=1.0, hbm=1.0):
 def test_worked_example_by_hand():
     """pp=2, dp=2, tp=1 on two 2-device nodes with the Megatron order: each stage's replicas
     sit in different nodes... computed term by term from the layer costs and the formulas of
-    DESIGN.md §5: ``T = t0 + t1 + (m-1) max(t0, t1) + exposed + optimizer``."""
+    :mod:`nest.cost.pipeline`: ``T = t0 + t1 + (m-1) max(t0, t1) + exposed + optimizer``."""
     spec = make_spec(layers=2)
     cluster = make_cluster(fanouts=(2, 2), bws_gbps=(100, 10), lat_us=(1, 10))
     problem = make_problem(spec, cluster, global_batch=8)
@@ -204,16 +204,17 @@ def test_zero_paper_worked_example():
     """Rajbhandari et al. (ZeRO, SC20) Figure 1: a 7.5B-parameter model on 64 data-parallel
     devices with mixed-precision Adam needs 120 GB of model states per device without ZeRO,
     31.4 GB with P_os (stage 1), 16.6 GB with P_os+g (stage 2), 1.88 GB with P_os+g+p (stage 3)."""
-    from nest.cost.memory import rank_memory
+    from nest.cost.state import ModelState
 
     spec = make_spec()
     problem = make_problem(spec, make_cluster(fanouts=(8, 8)), global_batch=64)
     expected = [120e9, 31.4e9, 16.6e9, 1.88e9]
     for stage, want in enumerate(expected):
-        plan = FixedPlanner(dp=64, microbatch_size=1, zero_stage=stage).solve(problem)
-        mem = rank_memory(problem, plan, [], [], dense_params=7.5e9, expert_params=0.0, in_flight=1)
-        states = mem.weights_bytes + mem.grads_bytes + mem.optimizer_bytes
+        state = ModelState.of(problem, zero_stage=stage, dp=64, cp=1, ep=1)
+        states = state.state_bytes(7.5e9, 0.0)
         assert states == pytest.approx(want, rel=0.01)
+        parts = state.weights_bytes(7.5e9, 0.0) + state.grads_bytes(7.5e9, 0.0)
+        assert parts + state.optimizer_bytes(7.5e9, 0.0) == pytest.approx(states, rel=1e-12)
 
 
 def test_rank_order_decides_which_groups_use_fast_links():

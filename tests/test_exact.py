@@ -129,12 +129,26 @@ def _brute_general(problem, options: dict) -> float | None:
     blocks = {i for i, ref in enumerate(problem.model.chain) if ref.kind.value == "block"}
     best, seen = None, set()
     for c in configurations(problem, space):
-        key = (c.tp, c.cp, c.ep, c.dp, c.pp, c.mbs, c.zero, c.schedule, c.v)
+        key = (
+            c.tp,
+            c.cp,
+            c.ep,
+            c.dp,
+            c.pp,
+            c.microbatch_size,
+            c.zero_stage,
+            c.schedule,
+            c.virtual_stages,
+        )
         if key in seen:
             continue
         seen.add(key)
-        m = problem.training.global_batch // (c.mbs * c.dp)
-        splits = [interleaved_chunks(n, c.pp, c.v)] if c.interleaved else list(partitions(n, c.pp))
+        m = problem.training.global_batch // (c.microbatch_size * c.dp)
+        splits = (
+            [interleaved_chunks(n, c.pp, c.virtual_stages)]
+            if c.interleaved
+            else list(partitions(n, c.pp))
+        )
         ranks = c.pp * c.dp * c.cp * c.tp
         for devices in permutations(range(problem.cluster.num_devices), ranks):
             grid = np.asarray(devices).reshape(c.pp, c.dp, c.cp, c.tp)
@@ -152,11 +166,11 @@ def _brute_general(problem, options: dict) -> float | None:
                         pp=c.pp,
                         layer_counts=[j - i + 1 for i, j in parts],
                         recompute=combo,
-                        microbatch_size=c.mbs,
+                        microbatch_size=c.microbatch_size,
                         num_microbatches=m,
-                        zero_stage=c.zero,
+                        zero_stage=c.zero_stage,
                         schedule=c.schedule,
-                        virtual_stages=c.v,
+                        virtual_stages=c.virtual_stages,
                         sequence_parallel=problem.training.sequence_parallel,
                         rank_order=None,
                         grid=grid,

@@ -9,7 +9,7 @@ from baselines.brute import BrutePlanner, count_plans
 from nest.axes import Optimizer
 from nest.cost import evaluate
 from nest.dp.planner import NestPlanner
-from nest.dp.space import SearchConfig, SpaceOptions
+from nest.dp.space import SpaceOptions
 from nest.dp.stages import StageModel
 from nest.errors import Infeasible
 from nest.model import ModelSpec
@@ -25,7 +25,7 @@ def test_stage_model_equals_the_evaluator(seed):
     problem, planner = random_case(seed, hbm_gib=100)
     plan = planner.solve(problem)
     report = evaluate(problem, plan)
-    config = SearchConfig.of_plan(plan)
+    config = plan.config
     sm = StageModel(problem, config)
     for r, stage in enumerate(plan.stages):
         terms = sm.stage(r, stage.first_layer, stage.last_layer, stage.recompute)

@@ -8,17 +8,20 @@ import numpy as np
 import pytest
 
 from baselines.brute import BrutePlanner, count_plans
-from nest.axes import Optimizer, Recompute, Schedule
+from nest.axes import Axis, Optimizer, Recompute, Schedule
 from nest.cost import evaluate
-from nest.cost.collectives import COLLECTIVE_TIME
+from nest.cost.collectives import collective_time_s
+from nest.cost.groups import RankGroups
+from nest.cost.memory import rank_memory_bytes
 from nest.dp.bounds import Floors
 from nest.dp.interleaved import RankChunks
 from nest.dp.planner import NestPlanner, plan_from_choices
-from nest.dp.rows import linear_form, stage_row
+from nest.dp.rows import stage_row
 from nest.dp.space import SpaceOptions, configurations, families, interleaved_chunks
 from nest.dp.stages import StageModel
 from nest.errors import Infeasible, UserError
 from nest.model import ModelSpec
+from nest.plan import place
 
 from .conftest import make_cluster, make_device, make_problem
 from .test_nest_dp import tiny_case
@@ -113,7 +116,7 @@ def test_interleaved_rank_terms_equal_the_evaluator(seed):
     config = rng.choice([c for c in configurations(problem, space)])
     sm = StageModel(problem, config)
     modes = tuple(Recompute)
-    chunks = interleaved_chunks(problem.num_layers, config.pp, config.v)
+    chunks = interleaved_chunks(problem.num_layers, config.pp, config.virtual_stages)
     picked = [rng.choice(modes) for _ in chunks]
     report = evaluate(
         problem,
@@ -132,7 +135,7 @@ def test_interleaved_rank_terms_equal_the_evaluator(seed):
         assert cost[r][idx[0], 1] == pytest.approx(report.stages[r].bwd_s, rel=1e-9)
         assert rc.sync_s == pytest.approx(rank.dp_sync_s, rel=1e-9, abs=1e-18)
         assert rc.opt_s == pytest.approx(rank.optimizer_s, rel=1e-9)
-        memory = rc.static_bytes + rc.in_flight * act + peak
+        memory = rank_memory_bytes(rc.state_bytes, act, rc.in_flight, peak, sm.reserve_bytes)
         assert memory == pytest.approx(rank.memory.total_bytes, rel=1e-9)
 
 
@@ -168,17 +171,30 @@ def test_nest_equals_brute_force_on_interleaved_spaces():
     assert won["both"] >= 5 and won["interleaved only"] >= 10 and infeasible >= 5, won
 
 
-def test_linear_form_is_the_collective_time():
-    """``a S + c`` of :func:`linear_form` equals :mod:`nest.cost.collectives` for every op on
-    random splits and sizes (what the vectorised rows rely on)."""
+def test_rank_groups_price_rows_as_the_slowest_explicit_group():
+    """What the vectorised rows rely on: :meth:`RankGroups.time_s` on an array of byte counts
+    equals, element by element, the slowest of the rank's explicit groups priced one by one
+    (:func:`nest.cost.collectives.collective_time_s`), zero bytes costing nothing."""
     rng = random.Random(3)
     cluster = make_cluster(fanouts=(4, 2, 8), bws_gbps=(400, 100, 200), lat_us=(1, 4, 9))
-    for _ in range(300):
-        factors = tuple(rng.randint(1, f) for f in (4, 2, 8))
-        n_bytes = rng.choice([1.0, 1e3, 1e6, 1e9]) * rng.random()
-        for op, fn in COLLECTIVE_TIME.items():
-            a, c = linear_form(op, factors, cluster)
-            assert a * n_bytes + c == pytest.approx(fn(n_bytes, factors, cluster), rel=1e-12)
+    for _ in range(40):
+        tp, cp, dp = rng.choice([1, 2, 4]), rng.choice([1, 2]), rng.choice([1, 2, 4, 8])
+        order = rng.choice(
+            [(Axis.TP, Axis.CP, Axis.DP, Axis.PP), (Axis.TP, Axis.DP, Axis.CP, Axis.PP)]
+        )
+        grid = place(tp=tp, cp=cp, dp=dp, pp=1, rank_order=order)
+        groups = RankGroups(grid[0], 1, cluster)
+        n_bytes = np.array([0.0, 1.0, 1e3, 1e6, 1e9 * rng.random()])
+        for kind in ("tp", "cp", "dense_dp"):
+            for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+                row = groups.time_s(op, n_bytes, kind)
+                for x, got in zip(n_bytes, row, strict=True):
+                    want = max(
+                        collective_time_s(op, float(x), list(g), cluster)
+                        for g in groups.arrays[kind]
+                    )
+                    assert got == pytest.approx(want, rel=1e-12, abs=0.0)
+                    assert groups.time_s(op, float(x), kind) == pytest.approx(want, rel=1e-12)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -221,7 +237,7 @@ def test_floors_are_below_every_plan():
             zero, order = rng.choice(family.zeros), rng.choice(family.orders)
             config = family.config(schedule, zero, order)
             if config.interleaved:
-                parts = interleaved_chunks(problem.num_layers, config.pp, config.v)
+                parts = interleaved_chunks(problem.num_layers, config.pp, config.virtual_stages)
             else:
                 cuts = sorted(rng.sample(range(1, problem.num_layers), config.pp - 1))
                 bounds = [0, *cuts, problem.num_layers]

@@ -1,31 +1,82 @@
-"""Alpha-beta costs of collectives on the hierarchy (DESIGN.md §5).
+"""Alpha-beta costs of collectives on the hierarchy: the one definition every planner uses.
 
-Every function takes a byte count, how the group splits over the levels (``k[l]`` peers per
-level, from :meth:`nest.topology.Cluster.group_factors`) and the cluster, and returns seconds;
-:func:`collective_time_s` takes an explicit group. Hierarchical algorithms:
+A group's placement enters only through its *level split* ``k`` (``k[l]`` peers per level, from
+:meth:`nest.topology.Cluster.group_factors`). For a fixed split every collective of ``S > 0``
+bytes costs ``a S + c`` seconds (:func:`linear_forms`), and nothing for ``S = 0`` or a group of
+one. Hierarchical algorithms (Thakur, Rabenseifner and Gropp, "Optimization of Collective
+Communication Operations in MPICH", IJHPCA 2005; Patarasuk and Yuan, "Bandwidth Optimal
+All-reduce Algorithms for Clusters of Workstations", JPDC 2009):
 
 - reduce-scatter of a buffer of ``S`` bytes: level 0 first, among ``k0`` peers, moving
   ``(k0-1)/k0 * S``; then level 1 on the remaining ``S/k0``, and so on up the tree. Each level
-  costs ``(k-1)/k * S_l / bw_l + (k-1) * alpha_l`` (ring within the level).
+  costs ``(k-1)/k * S_l / bw_l + (k-1) * alpha_l`` (ring within the level), so
+  ``a = sum_l (k_l - 1) / k_l / prod_{j<l} k_j / bw_l`` and ``c = sum_l (k_l - 1) alpha_l``.
 - all-gather (output ``S`` bytes): the mirror image, the same cost.
 - all-reduce: reduce-scatter up the levels + all-gather down = twice the reduce-scatter. Inside one
-  level this is the ring's ``2 (n-1)/n * S / B + 2 (n-1) alpha`` (Thakur et al. 2005; Patarasuk and
-  Yuan 2009).
+  level this is the ring's ``2 (n-1)/n * S / B + 2 (n-1) alpha``.
 - all-to-all, ``S`` bytes sent by each device (``S/n`` to each member): the share of the buffer
   whose destination first differs at level ``l`` crosses level ``l``; pairwise exchange costs one
-  alpha per peer. Levels are charged one after another (no overlap between levels).
-- p2p: ``S / bw + alpha`` at the lowest level the two devices share.
+  alpha per peer: ``a = sum_l crossing_l / n / bw_l``, ``c = sum_l crossing_l alpha_l`` with
+  ``crossing_l = (k_l - 1) prod_{j<l} k_j`` the peers first reached at level ``l``. Levels are
+  charged one after another (no overlap between levels).
+- p2p: ``S / bw + alpha`` at the lowest level the two devices share (:func:`p2p_time_s`).
 
 ``bw_l`` is the bottleneck per-device bandwidth (:meth:`Cluster.path_bw_bytes_per_s`); a level
-where the group has a single member costs nothing. Concurrent groups do not contend.
+where the group has a single member costs nothing. Concurrent groups do not contend (one NIC per
+device, rail-optimised networks: a stated simplification).
+
+The affine form is what lets the DP cost a whole row of stage ends at once
+(:class:`nest.cost.groups.RankGroups` evaluates it on numpy arrays of bytes) and what the
+search's floors minimise over every possible split (:mod:`nest.dp.bounds`).
 """
 
 from collections.abc import Sequence
-from math import prod
+
+import numpy as np
 
 from nest.topology import Cluster
 
 Factors = tuple[int, ...]
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+def linear_forms(op: str, splits, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+    """``(a, c)`` for every row of ``splits`` (shape ``[n, levels]``): a collective ``op`` of
+    ``S > 0`` bytes on a group split so costs ``a S + c`` seconds (module docstring)."""
+    k = np.asarray(splits, dtype=float).reshape(-1, cluster.num_levels)
+    bw = np.array([cluster.path_bw_bytes_per_s(lv) for lv in range(cluster.num_levels)])
+    alpha = np.array([lv.latency_s for lv in cluster.levels])
+    below = np.cumprod(np.hstack([np.ones((len(k), 1)), k[:, :-1]]), axis=1)  # prod_{j<l} k_j
+    if op == "all_to_all":
+        crossing = below * (k - 1)  # peers first reached at each level
+        return (crossing / k.prod(axis=1)[:, None] / bw).sum(axis=1), (crossing * alpha).sum(axis=1)
+    if op not in OPS:
+        raise ValueError(f"unknown collective {op!r}; one of {OPS}")
+    a = ((k - 1) / k / below / bw).sum(axis=1)
+    c = ((k - 1) * alpha).sum(axis=1)
+    return (2 * a, 2 * c) if op == "all_reduce" else (a, c)
+
+
+def linear_form(op: str, factors: Factors, cluster: Cluster) -> tuple[float, float]:
+    """``(a, c)`` of one level split: ``time(S) = a S + c`` seconds for ``S > 0`` bytes."""
+    a, c = linear_forms(op, [factors], cluster)
+    return float(a[0]), float(c[0])
+
+
+def affine_time_s(a, c, n_bytes):
+    """``a S + c`` where ``S > 0`` bytes, else 0 (scalars or numpy arrays alike)."""
+    if np.ndim(n_bytes) == 0:
+        return a * n_bytes + c if n_bytes > 0 else 0.0
+    n_bytes = np.asarray(n_bytes, dtype=float)
+    return np.where(n_bytes > 0, a * n_bytes + c, 0.0)
+
+
+def split_time_s(op: str, n_bytes: float, factors: Factors, cluster: Cluster) -> float:
+    """Collective ``op`` of ``n_bytes`` on a group split as ``factors``, seconds."""
+    if n_bytes <= 0:
+        return 0.0
+    a, c = linear_form(op, factors, cluster)
+    return a * n_bytes + c
 
 
 def reduce_scatter_time_s(n_bytes: float, factors: Factors, cluster: Cluster) -> float:
@@ -33,54 +84,22 @@ def reduce_scatter_time_s(n_bytes: float, factors: Factors, cluster: Cluster) ->
 
     ``factors`` is :meth:`Cluster.group_factors` of the group. Returns seconds.
     """
-    if n_bytes <= 0:
-        return 0.0
-    time_s = 0.0
-    remaining = float(n_bytes)
-    for level, k in enumerate(factors):
-        if k > 1:
-            bw = cluster.path_bw_bytes_per_s(level)
-            alpha = cluster.levels[level].latency_s
-            time_s += (k - 1) / k * remaining / bw + (k - 1) * alpha
-            remaining /= k
-    return time_s
+    return split_time_s("reduce_scatter", n_bytes, factors, cluster)
 
 
 def all_gather_time_s(n_bytes: float, factors: Factors, cluster: Cluster) -> float:
     """Hierarchical all-gather producing ``n_bytes`` on every member, seconds."""
-    return reduce_scatter_time_s(n_bytes, factors, cluster)
+    return split_time_s("all_gather", n_bytes, factors, cluster)
 
 
 def all_reduce_time_s(n_bytes: float, factors: Factors, cluster: Cluster) -> float:
     """Hierarchical all-reduce of ``n_bytes`` (reduce-scatter up, all-gather down), seconds."""
-    return 2.0 * reduce_scatter_time_s(n_bytes, factors, cluster)
+    return split_time_s("all_reduce", n_bytes, factors, cluster)
 
 
 def all_to_all_time_s(n_bytes: float, factors: Factors, cluster: Cluster) -> float:
     """All-to-all where each member sends ``n_bytes`` in total (``n_bytes/n`` to each member)."""
-    n = prod(factors)
-    if n_bytes <= 0 or n <= 1:
-        return 0.0
-    time_s = 0.0
-    inside = 1  # members reachable below the current level (oneself included)
-    for level, k in enumerate(factors):
-        reach = inside * k
-        crossing = reach - inside  # peers first reached at this level
-        if crossing > 0:
-            bw = cluster.path_bw_bytes_per_s(level)
-            time_s += crossing / n * n_bytes / bw + crossing * cluster.levels[level].latency_s
-        inside = reach
-    return time_s
-
-
-def p2p_time_s(n_bytes: float, level: int, cluster: Cluster) -> float:
-    """Point-to-point transfer of ``n_bytes`` between devices whose common level is ``level``.
-
-    ``level`` -1 (the same device) costs nothing.
-    """
-    if n_bytes <= 0 or level < 0:
-        return 0.0
-    return n_bytes / cluster.path_bw_bytes_per_s(level) + cluster.levels[level].latency_s
+    return split_time_s("all_to_all", n_bytes, factors, cluster)
 
 
 COLLECTIVE_TIME = {
@@ -95,4 +114,24 @@ def collective_time_s(op: str, n_bytes: float, group: Sequence[int], cluster: Cl
     """Time of collective ``op`` over an explicit group of device ids, seconds."""
     if len(group) <= 1:
         return 0.0
-    return COLLECTIVE_TIME[op](n_bytes, cluster.group_factors(group), cluster)
+    return split_time_s(op, n_bytes, cluster.group_factors(group), cluster)
+
+
+def p2p_time_s(n_bytes, level: int, cluster: Cluster):
+    """Point-to-point transfer of ``n_bytes`` (scalar or array) between devices whose common
+    level is ``level``: ``S / bw + alpha``; level -1 (the same device) costs nothing."""
+    if level < 0:
+        return 0.0 if np.ndim(n_bytes) == 0 else np.zeros(np.shape(n_bytes))
+    return affine_time_s(
+        1.0 / cluster.path_bw_bytes_per_s(level), cluster.levels[level].latency_s, n_bytes
+    )
+
+
+def pair_p2p_time_s(n_bytes, levels: Sequence[int], cluster: Cluster):
+    """A stage boundary: every device pair of two pipeline ranks sends ``n_bytes`` (scalar or
+    array) at once, and the slowest pair sets the time (``levels``: the common levels of the
+    pairs)."""
+    times = [p2p_time_s(n_bytes, int(lv), cluster) for lv in levels]
+    if np.ndim(n_bytes) == 0:
+        return max(times, default=0.0)
+    return np.maximum.reduce(times) if times else np.zeros(np.shape(n_bytes))

@@ -1,17 +1,20 @@
 """``evaluate(problem, plan) -> Report``: the one scoring path for every planner.
 
-Per chunk (pipeline stage) and microbatch, seconds:
-``f = compute_fwd + TP/CP/EP collectives + ZeRO-3 weight gather + p2p send of the output``;
-``b = compute_bwd + recompute (+ its collectives) + TP/CP/EP collectives + ZeRO-3 gather and
-gradient reduce-scatter + p2p send of the input gradient``. A collective's time is that of its
-slowest group (all groups of a stage run at once); a p2p transfer is charged at the slowest pair of
-the two stages' devices. Synchronous data parallelism makes every stage run at the pace of its
-slowest replica, so these maxima are what a replica sees. A pipeline rank's ``t_r`` sums its
-chunks; the pipeline, exposed-sync and in-flight formulas are in :mod:`nest.cost.pipeline`.
+A short composition of the cost model's public terms, which the planners call too:
 
-``T_iter = T_pipe + exposed DP sync + optimizer step``; the optimizer step is memory-bound (bytes
-of state, gradients and weights touched / HBM bandwidth). Memory per device is in
-:mod:`nest.cost.memory`.
+- per chunk (pipeline stage) and microbatch, seconds (:func:`_stage_report`):
+  ``f = compute_fwd + TP/CP/EP collectives + ZeRO-3 weight gather + p2p send of the output``;
+  ``b = compute_bwd + recompute (+ its collectives) + TP/CP/EP collectives + ZeRO-3 gather and
+  gradient reduce-scatter + p2p send of the input gradient``. Layer terms:
+  :mod:`nest.cost.compute`; collectives on the rank's groups, each costing its slowest group:
+  :mod:`nest.cost.groups` over :mod:`nest.cost.collectives`; ZeRO-3 traffic:
+  :meth:`nest.cost.state.ModelState.zero3_traffic_s`; p2p at the slowest device pair of the two
+  chunks: :func:`nest.cost.collectives.pair_p2p_time_s`. Synchronous data parallelism makes
+  every stage run at the pace of its slowest replica, so these maxima are what a replica sees.
+- per pipeline rank (:func:`_rank_report`): ``t_r`` sums its chunks; its DP sync and optimizer
+  step (:class:`nest.cost.state.ModelState`); its memory (:mod:`nest.cost.memory`).
+- the iteration: ``T_iter = T_pipe + exposed DP sync + optimizer step`` with the pipeline,
+  exposed-sync and in-flight formulas of :mod:`nest.cost.pipeline`.
 
 Not modelled (documented simplifications): the all-reduce of tied-embedding gradients between the
 first and last stage; overlap of TP/CP/EP communication with compute; contention between
@@ -19,41 +22,26 @@ concurrent groups (one NIC per device).
 """
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from nest.axes import LayerKind, Schedule
-from nest.cost.collectives import COLLECTIVE_TIME, p2p_time_s
-from nest.cost.memory import local_params, rank_memory
+from nest.axes import LayerKind, Recompute, Schedule
+from nest.cost.collectives import pair_p2p_time_s
+from nest.cost.compute import bwd_collectives, fwd_collectives, hardware_flops, recompute_s
+from nest.cost.groups import AXES, RankGroups
+from nest.cost.memory import rank_memory
 from nest.cost.pipeline import exposed_sync_s, in_flight_microbatches, pipeline_time_s
+from nest.cost.state import ModelState
 from nest.errors import UserError
-from nest.layers import LayerCost, Shard
-from nest.plan import Plan
+from nest.layers import Collective, LayerCost, Shard
+from nest.plan import Plan, StagePlan
 from nest.problem import Problem
 from nest.report import RankReport, Report, StageReport
 
 
-@dataclass(slots=True)
-class ChunkSum:
-    """Per-device totals of one chunk's layers, per microbatch."""
-
-    layer_costs: list[LayerCost]
-    dense_params: float
-    expert_params: float
-    fwd_s: float
-    bwd_s: float
-    recompute_s: float
-    hardware_flops: float
-    """FLOPs one device executes for one microbatch: 3 x forward + recompute."""
-    fwd_coll: Counter
-    bwd_coll: Counter
-
-
 def shard_of(plan: Plan) -> Shard:
-    return Shard(
-        tp=plan.tp, cp=plan.cp, ep=plan.ep, sp=plan.sequence_parallel, mbs=plan.microbatch_size
-    )
+    return plan.config.shard(plan.sequence_parallel)
 
 
 def check_plan(problem: Problem, plan: Plan) -> None:
@@ -114,222 +102,180 @@ def check_plan(problem: Problem, plan: Plan) -> None:
             )
 
 
-def _chunk_sum(problem: Problem, plan: Plan, k: int, shard: Shard) -> ChunkSum:
-    stage = plan.stages[k]
+@dataclass(slots=True)
+class Chunk:
+    """One chunk's layers on one device: (cost, the chunk's mode, is a block) per layer."""
+
+    layers: list[tuple[LayerCost, Recompute, bool]]
+
+    @property
+    def dense_params(self) -> float:
+        return sum(cost.dense_params for cost, _, _ in self.layers)
+
+    @property
+    def expert_params(self) -> float:
+        return sum(cost.expert_params for cost, _, _ in self.layers)
+
+    @property
+    def boundary_bytes(self) -> float:
+        """Bytes each device sends to the next chunk's devices (its last layer's output)."""
+        return self.layers[-1][0].boundary_bytes
+
+    def collectives(self, direction: str) -> list[tuple[Collective, int]]:
+        """The chunk's collectives of one direction (``f`` or ``b``), with multiplicities."""
+        counter: Counter = Counter()
+        for cost, mode, blk in self.layers:
+            counter.update(
+                fwd_collectives(cost) if direction == "f" else bwd_collectives(cost, mode, blk)
+            )
+        return list(counter.items())
+
+
+def _chunks(problem: Problem, plan: Plan) -> list[Chunk]:
     model, device = problem.model, problem.cluster.device
-    costs = [model.layer_cost(model.chain[i], shard, device) for i in stage.layers]
-    mode = stage.recompute
-    fwd_coll: Counter = Counter()
-    bwd_coll: Counter = Counter()
-    recompute_s = 0.0
-    hardware_flops = 0.0
-    for ref_index, cost in zip(stage.layers, costs, strict=True):
-        fwd_coll.update(cost.fwd_collectives)
-        bwd_coll.update(cost.bwd_collectives)
-        hardware_flops += 3.0 * cost.fwd_flops
-        if model.chain[ref_index].kind is LayerKind.BLOCK:
-            recompute_s += cost.recompute_s.get(mode, 0.0)
-            hardware_flops += cost.recompute_flops.get(mode, 0.0)
-            bwd_coll.update(cost.recompute_collectives.get(mode, ()))
-    return ChunkSum(
-        layer_costs=costs,
-        dense_params=sum(c.dense_params for c in costs),
-        expert_params=sum(c.expert_params for c in costs),
-        fwd_s=sum(c.fwd_s for c in costs),
-        bwd_s=sum(c.bwd_s for c in costs),
-        recompute_s=recompute_s,
-        hardware_flops=hardware_flops,
-        fwd_coll=fwd_coll,
-        bwd_coll=bwd_coll,
+    shard = shard_of(plan)
+    chain = model.chain
+    return [
+        Chunk(
+            [
+                (
+                    model.layer_cost(chain[i], shard, device),
+                    stage.recompute,
+                    chain[i].kind is LayerKind.BLOCK,
+                )
+                for i in stage.layers
+            ]
+        )
+        for stage in plan.stages
+    ]
+
+
+def _stage_report(
+    problem: Problem, plan: Plan, k: int, chunks: list[Chunk], groups: RankGroups, state: ModelState
+) -> StageReport:
+    """Chunk ``k``'s forward and backward per microbatch, term by term."""
+    cluster = problem.cluster
+    stage, chunk = plan.stages[k], chunks[k]
+    fwd_colls, bwd_colls = chunk.collectives("f"), chunk.collectives("b")
+    comm = {
+        axis: (groups.axis_time_s(fwd_colls, axis), groups.axis_time_s(bwd_colls, axis))
+        for axis in AXES
+    }
+    zero3_fwd, zero3_bwd = state.zero3_traffic_s(groups, chunk.dense_params, chunk.expert_params)
+    p2p_fwd = p2p_bwd = 0.0
+    if k + 1 < len(chunks):  # the output to the next chunk's devices
+        levels = _common_levels(cluster, stage, plan.stages[k + 1])
+        p2p_fwd = pair_p2p_time_s(chunk.boundary_bytes, levels, cluster)
+    if k > 0:  # the gradient of the input back to the previous chunk's devices
+        levels = _common_levels(cluster, stage, plan.stages[k - 1])
+        p2p_bwd = pair_p2p_time_s(chunks[k - 1].boundary_bytes, levels, cluster)
+    compute_fwd = sum(cost.fwd_s for cost, _, _ in chunk.layers)
+    compute_bwd = sum(cost.bwd_s for cost, _, _ in chunk.layers)
+    redo = sum(recompute_s(cost, mode, blk) for cost, mode, blk in chunk.layers)
+    fwd = compute_fwd + sum(f for f, _ in comm.values()) + zero3_fwd + p2p_fwd
+    bwd = compute_bwd + redo + sum(b for _, b in comm.values()) + zero3_bwd + p2p_bwd
+    return StageReport(
+        index=k,
+        pp_rank=k % plan.pp,
+        first_layer=stage.first_layer,
+        last_layer=stage.last_layer,
+        recompute=str(stage.recompute),
+        compute_fwd_s=compute_fwd,
+        compute_bwd_s=compute_bwd,
+        recompute_s=redo,
+        tp_comm_s=sum(comm["tp"]),
+        cp_comm_s=sum(comm["cp"]),
+        ep_comm_s=sum(comm["ep"]),
+        zero3_comm_s=zero3_fwd + zero3_bwd,
+        p2p_fwd_s=p2p_fwd,
+        p2p_bwd_s=p2p_bwd,
+        fwd_s=fwd,
+        bwd_s=bwd,
     )
 
 
-class _Groups:
-    """The communication groups of one pipeline rank and how each group kind splits over the
-    levels (computed once per rank, on first use)."""
-
-    def __init__(self, devices: np.ndarray, ep: int, cluster) -> None:
-        dp, cp, tp = devices.shape
-        flat = devices.reshape(dp * cp, tp)  # row j = replica * cp + context rank
-        blocks = flat.reshape(dp * cp // ep, ep, tp)
-        self.cluster = cluster
-        self.arrays = {
-            "tp": flat,
-            "cp": devices.transpose(0, 2, 1).reshape(-1, cp),
-            "ep": blocks.transpose(0, 2, 1).reshape(-1, ep),
-            "dense_dp": flat.T,  # gradient sync of dense weights: all dp x cp ranks
-            "expert_dp": blocks.transpose(1, 2, 0).reshape(-1, dp * cp // ep),
-        }
-        self._factors: dict[str, set] = {}
-
-    def factors(self, kind: str) -> set[tuple[int, ...]]:
-        """Distinct level splits of the groups of ``kind`` (empty for single-member groups)."""
-        if kind not in self._factors:
-            arr = self.arrays[kind]
-            self._factors[kind] = (
-                set() if arr.shape[1] <= 1 else self.cluster.distinct_group_factors(arr)
-            )
-        return self._factors[kind]
-
-    def time_s(self, op: str, n_bytes: float, kind: str) -> float:
-        """One collective over every group of ``kind`` at once: its slowest group, seconds."""
-        if n_bytes <= 0:
-            return 0.0
-        return max(
-            (COLLECTIVE_TIME[op](n_bytes, f, self.cluster) for f in self.factors(kind)),
-            default=0.0,
-        )
+def _common_levels(cluster, a: StagePlan, b: StagePlan) -> list[int]:
+    """The levels the device pairs of two chunks share (same replica, context and tensor rank)."""
+    return np.unique(cluster.common_levels(a.devices, b.devices)).tolist()
 
 
-def _collectives_time_s(counter: Counter, groups: _Groups) -> dict:
-    """Seconds per axis for a multiset of collectives (slowest group of each axis)."""
-    out = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
-    by_axis: dict[str, list] = {}
-    for coll, count in counter.items():
-        by_axis.setdefault(coll.axis, []).append((coll, count))
-    for axis, items in by_axis.items():
-        out[axis] = max(
-            (
-                sum(
-                    count * COLLECTIVE_TIME[c.op](c.n_bytes, f, groups.cluster)
-                    for c, count in items
-                )
-                for f in groups.factors(axis)
-            ),
-            default=0.0,
-        )
-    return out
+def rank_params(plan: Plan, r: int, chunks: list[Chunk]) -> tuple[float, float]:
+    """Dense (with Megatron's copy of a tied word embedding when the head's rank does not hold
+    the embedding) and expert parameters of pipeline rank ``r``, per device."""
+    ks = plan.pp_rank_chunks[r]
+    dense = sum(chunks[k].dense_params for k in ks)
+    expert = sum(chunks[k].expert_params for k in ks)
+    head_rank = (len(plan.stages) - 1) % plan.pp
+    if r == head_rank and r != 0:
+        dense += chunks[-1].layers[-1][0].tied_copy_params
+    return dense, expert
 
 
-def _p2p_s(n_bytes: float, src: np.ndarray, dst: np.ndarray, cluster) -> float:
-    if n_bytes <= 0:
-        return 0.0
-    levels = np.unique(cluster.common_levels(src, dst))
-    return max(p2p_time_s(n_bytes, int(level), cluster) for level in levels)
+def _rank_report(
+    problem: Problem, plan: Plan, r: int, chunks, stages, groups: RankGroups, state: ModelState
+) -> RankReport:
+    """Rank ``r``'s times, its DP sync and optimizer step, and its memory (exposed sync is
+    filled in by the caller, which needs every rank's sync)."""
+    device = problem.cluster.device
+    dense, expert = rank_params(plan, r, chunks)
+    ks = plan.pp_rank_chunks[r]
+    in_flight = in_flight_microbatches(
+        r, plan.pp, plan.num_microbatches, plan.schedule, plan.virtual_stages
+    )
+    memory = rank_memory(
+        state,
+        [layer for k in ks for layer in chunks[k].layers],
+        dense_params=dense,
+        expert_params=expert,
+        in_flight=in_flight,
+        reserve_bytes=device.memory_reserve_bytes,
+        capacity_bytes=device.hbm_bytes,
+    )
+    return RankReport(
+        pp_rank=r,
+        fwd_s=sum(stages[k].fwd_s for k in ks),
+        bwd_s=sum(stages[k].bwd_s for k in ks),
+        dp_sync_s=state.sync_s(groups, dense, expert),
+        dp_sync_exposed_s=0.0,
+        optimizer_s=state.optimizer_step_s(dense, expert, device.hbm_bw_bytes_per_s),
+        memory=memory,
+    )
 
 
 def evaluate(problem: Problem, plan: Plan) -> Report:
-    """Score ``plan`` on ``problem`` with the shared cost model (DESIGN.md §5)."""
+    """Score ``plan`` on ``problem`` with the shared cost model (module docstring)."""
     check_plan(problem, plan)
-    cluster, training = problem.cluster, problem.training
-    model = problem.model
-    shard = shard_of(plan)
-    p_bytes = model.spec.dtype_bytes
-    g_bytes = training.grad_bytes
-    n_chunks = len(plan.stages)
-    arrays = [np.asarray(stage.devices, dtype=np.int64) for stage in plan.stages]
-    groups = [_Groups(arrays[r], plan.ep, cluster) for r in range(plan.pp)]
-    sums = [_chunk_sum(problem, plan, k, shard) for k in range(n_chunks)]
-
-    stage_reports = []
-    for k, (stage, cs) in enumerate(zip(plan.stages, sums, strict=True)):
-        g = groups[k % plan.pp]
-        fwd_comm = _collectives_time_s(cs.fwd_coll, g)
-        bwd_comm = _collectives_time_s(cs.bwd_coll, g)
-        zero3_fwd = zero3_bwd = 0.0
-        if plan.zero_stage == 3:
-            gather = g.time_s("all_gather", p_bytes * cs.dense_params, "dense_dp")
-            gather += g.time_s("all_gather", p_bytes * cs.expert_params, "expert_dp")
-            scatter = g.time_s("reduce_scatter", g_bytes * cs.dense_params, "dense_dp")
-            scatter += g.time_s("reduce_scatter", g_bytes * cs.expert_params, "expert_dp")
-            zero3_fwd, zero3_bwd = gather, gather + scatter
-        out_bytes = cs.layer_costs[-1].boundary_bytes
-        p2p_fwd = _p2p_s(out_bytes, arrays[k], arrays[k + 1], cluster) if k + 1 < n_chunks else 0.0
-        p2p_bwd = 0.0
-        if k > 0:
-            in_bytes = sums[k - 1].layer_costs[-1].boundary_bytes
-            p2p_bwd = _p2p_s(in_bytes, arrays[k], arrays[k - 1], cluster)
-        fwd = cs.fwd_s + sum(fwd_comm.values()) + zero3_fwd + p2p_fwd
-        bwd = cs.bwd_s + cs.recompute_s + sum(bwd_comm.values()) + zero3_bwd + p2p_bwd
-        stage_reports.append(
-            StageReport(
-                index=k,
-                pp_rank=k % plan.pp,
-                first_layer=stage.first_layer,
-                last_layer=stage.last_layer,
-                recompute=str(stage.recompute),
-                compute_fwd_s=cs.fwd_s,
-                compute_bwd_s=cs.bwd_s,
-                recompute_s=cs.recompute_s,
-                tp_comm_s=fwd_comm["tp"] + bwd_comm["tp"],
-                cp_comm_s=fwd_comm["cp"] + bwd_comm["cp"],
-                ep_comm_s=fwd_comm["ep"] + bwd_comm["ep"],
-                zero3_comm_s=zero3_fwd + zero3_bwd,
-                p2p_fwd_s=p2p_fwd,
-                p2p_bwd_s=p2p_bwd,
-                fwd_s=fwd,
-                bwd_s=bwd,
-            )
-        )
-
-    m, v = plan.num_microbatches, plan.virtual_stages
-    chunks_of = plan.pp_rank_chunks
-    embedding_rank = 0
-    head_rank = (n_chunks - 1) % plan.pp
-    rank_fwd = [sum(stage_reports[k].fwd_s for k in chunks_of[r]) for r in range(plan.pp)]
-    rank_bwd = [sum(stage_reports[k].bwd_s for k in chunks_of[r]) for r in range(plan.pp)]
-    sync, opt, memories = [], [], []
-    for r in range(plan.pp):
-        dense = sum(sums[k].dense_params for k in chunks_of[r])
-        expert = sum(sums[k].expert_params for k in chunks_of[r])
-        if r == head_rank and r != embedding_rank:
-            dense += sums[-1].layer_costs[-1].tied_copy_params
-        g = groups[r]
-        if plan.zero_stage == 0:
-            s = g.time_s("all_reduce", g_bytes * dense, "dense_dp")
-            s += g.time_s("all_reduce", g_bytes * expert, "expert_dp")
-        elif plan.zero_stage in (1, 2):
-            s = g.time_s("reduce_scatter", g_bytes * dense, "dense_dp")
-            s += g.time_s("all_gather", p_bytes * dense, "dense_dp")
-            s += g.time_s("reduce_scatter", g_bytes * expert, "expert_dp")
-            s += g.time_s("all_gather", p_bytes * expert, "expert_dp")
-        else:
-            s = 0.0  # ZeRO-3 reduce-scatters every microbatch (charged in the backward)
-        sync.append(s)
-        local = local_params(plan, dense, expert, plan.zero_stage >= 1)  # optimizer state shard
-        touched = 2 * training.optimizer_state_bytes_per_param + g_bytes + p_bytes
-        if training.optimizer_state_bytes_per_param == 0:
-            touched = g_bytes + 2 * p_bytes  # SGD: read gradient, read and write weight
-        opt.append(local * touched / cluster.device.hbm_bw_bytes_per_s)
-        in_flight = in_flight_microbatches(r, plan.pp, m, plan.schedule, v)
-        memories.append(
-            rank_memory(
-                problem,
-                plan,
-                [plan.stages[k] for k in chunks_of[r]],
-                [sums[k].layer_costs for k in chunks_of[r]],
-                dense_params=dense,
-                expert_params=expert,
-                in_flight=in_flight,
-            )
-        )
+    cluster, training, model = problem.cluster, problem.training, problem.model
+    state = ModelState.of(problem, zero_stage=plan.zero_stage, dp=plan.dp, cp=plan.cp, ep=plan.ep)
+    groups = [RankGroups(plan.stages[r].devices, plan.ep, cluster) for r in range(plan.pp)]
+    chunks = _chunks(problem, plan)
+    stages = [
+        _stage_report(problem, plan, k, chunks, groups[k % plan.pp], state)
+        for k in range(len(chunks))
+    ]
+    ranks = [
+        _rank_report(problem, plan, r, chunks, stages, groups[r], state) for r in range(plan.pp)
+    ]
     # Rank r's last backward is on chunk r (its first chunk, also under interleaving); after it
     # only chunks r-1 .. 0 still run, and their backward hides rank r's synchronisation.
-    last_bwd = [stage_reports[r].bwd_s for r in range(plan.pp)]
-    exposed = exposed_sync_s(sync, last_bwd, training.overlap_grad_sync)
-    rank_times = [f + b for f, b in zip(rank_fwd, rank_bwd, strict=True)]
-    t_pipe = pipeline_time_s(rank_times, m, plan.schedule, v)
-    t_exposed = max(exposed)
-    t_opt = max(opt)
-    t_iter = t_pipe + t_exposed + t_opt
-    ranks = tuple(
-        RankReport(
-            pp_rank=r,
-            fwd_s=rank_fwd[r],
-            bwd_s=rank_bwd[r],
-            dp_sync_s=sync[r],
-            dp_sync_exposed_s=exposed[r],
-            optimizer_s=opt[r],
-            memory=memories[r],
-        )
-        for r in range(plan.pp)
+    exposed = exposed_sync_s(
+        [rk.dp_sync_s for rk in ranks],
+        [stages[r].bwd_s for r in range(plan.pp)],
+        training.overlap_grad_sync,
     )
-    over = [rk for rk in ranks if not rk.memory.fits]
+    ranks = [replace(rk, dp_sync_exposed_s=e) for rk, e in zip(ranks, exposed, strict=True)]
+    m = plan.num_microbatches
+    rank_times = [rk.time_s for rk in ranks]
+    t_pipe = pipeline_time_s(rank_times, m, plan.schedule, plan.virtual_stages)
+    t_exposed, t_opt = max(exposed), max(rk.optimizer_s for rk in ranks)
+    t_iter = t_pipe + t_exposed + t_opt
     flops = model.model_flops_per_sample() * training.global_batch
     # per-device FLOPs of a microbatch, x the devices of a stage, x the microbatches
-    hardware_flops = sum(cs.hardware_flops for cs in sums) * plan.tp * plan.cp * plan.dp * m
+    per_device = sum(hardware_flops(*layer) for chunk in chunks for layer in chunk.layers)
     used = plan.devices_used
-    report_kwargs = dict(
+    report = Report(
+        feasible=True,
+        violation=None,
         iteration_time_s=t_iter,
         pipeline_time_s=t_pipe,
         bubble_s=t_pipe - m * max(rank_times),
@@ -339,16 +285,15 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
         tokens_per_s=training.global_batch * model.seq_len / t_iter,
         mfu=flops / (t_iter * used * cluster.device.peak_flops_per_s),
         model_flops_per_iteration=flops,
-        hardware_flops_per_iteration=hardware_flops,
+        hardware_flops_per_iteration=per_device * plan.tp * plan.cp * plan.dp * m,
         devices_used=used,
         devices_idle=cluster.num_devices - used,
         peak_memory_bytes=max(rk.memory.total_bytes for rk in ranks),
-        stages=tuple(stage_reports),
-        ranks=ranks,
+        stages=tuple(stages),
+        ranks=tuple(ranks),
     )
-    report = Report(feasible=not over, violation=None, **report_kwargs)
-    if over:
-        report = Report(
-            feasible=False, violation="out of memory: " + report.memory_summary(), **report_kwargs
+    if any(not rk.memory.fits for rk in ranks):
+        report = replace(
+            report, feasible=False, violation="out of memory: " + report.memory_summary()
         )
     return report

@@ -1,83 +1,74 @@
-"""Per-device memory of one pipeline rank (DESIGN.md §5).
+"""Per-device memory of one pipeline rank.
 
-``weights + gradients + optimizer state + activations x in-flight microbatches + transient +
-reserve``. Mixed-precision Adam keeps ``2 + 2 + 12 = 16`` bytes per parameter (Rajbhandari et al.,
-"ZeRO", SC20, §3.1); ZeRO stage 1 shards the 12 optimizer bytes over the data-parallel group,
-stage 2 also the gradients, stage 3 also the weights (§5). Dense weights are replicated over the
-``dp x cp`` ranks (Megatron-Core shards the distributed optimizer over data x context ranks);
-expert weights over the ``dp x cp / ep`` expert-data-parallel ranks.
+``state + stored activations x in-flight microbatches + transient + reserve``
+(:func:`rank_memory_bytes`):
 
-Transient: the largest single-layer buffer alive at the rank's peak: a recomputed block's full
-activations during its backward (``act_none - act_mode``), the bf16 logits of the head, and, under
-ZeRO-3, the largest layer's gathered weights.
+- state: weights, gradients and optimizer state of the rank's parameters as ZeRO shards them
+  (:meth:`nest.cost.state.ModelState.state_bytes`);
+- stored activations: per layer, what its mode keeps for the backward (Korthikanti et al.,
+  "Reducing Activation Recomputation in Large Transformer Models", MLSys 2023, §4-5), times the
+  microbatches in flight (:func:`nest.cost.pipeline.in_flight_microbatches`);
+- transient: the largest single-layer buffer alive at the rank's peak (:func:`peak_bytes`): a
+  recomputed block's full activations during its backward (``act_none - act_mode``), the bf16
+  logits of the head, and, under ZeRO-3, the layer's weights gathered beyond the device's shard;
+- reserve: the framework's and allocator's overhead (the device preset's ``memory_reserve``).
 """
 
-from nest.axes import LayerKind, Recompute
+from nest.axes import Recompute
+from nest.cost.compute import layer_mode
+from nest.cost.state import ModelState
 from nest.layers import LayerCost
-from nest.plan import Plan, StagePlan
-from nest.problem import Problem
 from nest.report import MemoryReport
 
 
-def local_params(plan: Plan, dense_params: float, expert_params: float, sharded: bool) -> float:
-    """Parameters a device keeps of some state: all of them, or its shard when ZeRO shards that
-    state (dense over the ``dp x cp`` ranks, experts over the ``dp x cp / ep`` ranks)."""
-    if not sharded:
-        return dense_params + expert_params
-    return dense_params / (plan.dp * plan.cp) + expert_params / (plan.dp * plan.cp // plan.ep)
+def stored_bytes(cost: LayerCost, mode: Recompute, is_block: bool) -> float:
+    """Activation bytes this layer keeps per microbatch until its backward."""
+    return cost.act_bytes[layer_mode(mode, is_block)]
+
+
+def peak_bytes(cost: LayerCost, mode: Recompute, is_block: bool, state: ModelState) -> float:
+    """Bytes alive only while this layer runs, beyond the stored activations (module
+    docstring)."""
+    lm = layer_mode(mode, is_block)
+    peak = cost.transient_bytes
+    if lm is not Recompute.NONE:
+        peak += cost.act_bytes[Recompute.NONE] - cost.act_bytes[lm]
+    return peak + state.gathered_bytes(cost.dense_params, cost.expert_params)
+
+
+def rank_memory_bytes(state_bytes, stored, in_flight, peak, reserve_bytes):
+    """Per-device total (scalars or numpy arrays): state + stored x in-flight + peak + reserve."""
+    return state_bytes + stored * in_flight + peak + reserve_bytes
 
 
 def rank_memory(
-    problem: Problem,
-    plan: Plan,
-    chunks: list[StagePlan],
-    chunk_costs: list[list[LayerCost]],
+    state: ModelState,
+    layers: list[tuple[LayerCost, Recompute, bool]],
     *,
     dense_params: float,
     expert_params: float,
     in_flight: float,
+    reserve_bytes: float,
+    capacity_bytes: float,
 ) -> MemoryReport:
-    """Memory of one device of a pipeline rank holding ``chunks``."""
-    training, device = problem.training, problem.cluster.device
-    p = problem.model.spec.dtype_bytes
-
-    weights = p * local_params(plan, dense_params, expert_params, plan.zero_stage >= 3)
-    grads = training.grad_bytes * local_params(
-        plan, dense_params, expert_params, plan.zero_stage >= 2
-    )
-    optimizer = training.optimizer_state_bytes_per_param * local_params(
-        plan, dense_params, expert_params, plan.zero_stage >= 1
-    )
-    stored = 0.0
-    transient = 0.0
-    chain = problem.model.chain
-    for stage, costs in zip(chunks, chunk_costs, strict=True):
-        mode = stage.recompute
-        for index, cost in zip(stage.layers, costs, strict=True):
-            is_block = chain[index].kind is LayerKind.BLOCK
-            layer_mode = mode if is_block else Recompute.NONE
-            stored += cost.act_bytes[layer_mode]
-            peak = cost.transient_bytes
-            if layer_mode is not Recompute.NONE:
-                peak += cost.act_bytes[Recompute.NONE] - cost.act_bytes[layer_mode]
-            if plan.zero_stage >= 3:
-                # the layer's weights gathered beyond this device's own shard
-                full = local_params(plan, cost.dense_params, cost.expert_params, False)
-                own = local_params(plan, cost.dense_params, cost.expert_params, True)
-                peak += p * (full - own)
-            transient = max(transient, peak)
-    # in_flight counts whole-rank microbatches (interleaved: chunk-microbatches / v)
-    activations = stored * in_flight
-    reserve = device.memory_reserve_bytes
-    total = weights + grads + optimizer + activations + transient + reserve
+    """Memory of one device of a pipeline rank holding ``layers`` ((cost, stage mode, is block)
+    per layer of all its chunks) and these parameters (dense with a tied-embedding copy)."""
+    stored = sum(stored_bytes(cost, mode, blk) for cost, mode, blk in layers)
+    transient = max(peak_bytes(cost, mode, blk, state) for cost, mode, blk in layers)
     return MemoryReport(
-        weights_bytes=weights,
-        grads_bytes=grads,
-        optimizer_bytes=optimizer,
-        activations_bytes=activations,
+        weights_bytes=state.weights_bytes(dense_params, expert_params),
+        grads_bytes=state.grads_bytes(dense_params, expert_params),
+        optimizer_bytes=state.optimizer_bytes(dense_params, expert_params),
+        activations_bytes=stored * in_flight,
         transient_bytes=transient,
-        reserve_bytes=reserve,
-        total_bytes=total,
-        capacity_bytes=device.hbm_bytes,
+        reserve_bytes=reserve_bytes,
+        total_bytes=rank_memory_bytes(
+            state.state_bytes(dense_params, expert_params),
+            stored,
+            in_flight,
+            transient,
+            reserve_bytes,
+        ),
+        capacity_bytes=capacity_bytes,
         in_flight_microbatches=in_flight,
     )

@@ -1,4 +1,4 @@
-"""Pipeline-schedule formulas on per-rank times (DESIGN.md §5), shared by evaluator and planners.
+"""Pipeline-schedule formulas on per-rank times, shared by the evaluator and the planners.
 
 ``t_r = f_r + b_r`` is pipeline rank ``r``'s forward plus backward time for one microbatch, ``m``
 the microbatches per replica, ``v`` the model chunks per device.
@@ -23,13 +23,21 @@ from collections.abc import Sequence
 from nest.axes import Schedule
 
 
+def pipeline_coefficients(
+    num_microbatches: int, schedule: Schedule, virtual_stages: int
+) -> tuple[float, float]:
+    """``(a, b)`` with ``T_pipe = a sum_r t_r + b max_r t_r``: 1F1B and GPipe ``(1, m - 1)``,
+    interleaved ``(1/v, m - 1/v)`` (the module docstring's formulas, regrouped)."""
+    if schedule is Schedule.INTERLEAVED:
+        return 1.0 / virtual_stages, num_microbatches - 1.0 / virtual_stages
+    return 1.0, float(num_microbatches - 1)
+
+
 def pipeline_time_s(
     rank_times_s: Sequence[float], num_microbatches: int, schedule: Schedule, virtual_stages: int
 ) -> float:
-    total, slowest = sum(rank_times_s), max(rank_times_s)
-    if schedule is Schedule.INTERLEAVED:
-        return num_microbatches * slowest + (total - slowest) / virtual_stages
-    return total + (num_microbatches - 1) * slowest
+    sum_coef, max_coef = pipeline_coefficients(num_microbatches, schedule, virtual_stages)
+    return sum_coef * sum(rank_times_s) + max_coef * max(rank_times_s)
 
 
 def in_flight_microbatches(
@@ -43,11 +51,17 @@ def in_flight_microbatches(
     return float(min(pp - rank, num_microbatches))
 
 
+def rank_exposed_sync_s(sync_s: float, hidden_s: float, own_bwd_s: float, overlap: bool) -> float:
+    """The exposed part of one rank's DP synchronisation: ``max(0, sync - hidden [- own])``,
+    ``hidden`` the backward left on the ranks before it, ``own`` its own last backward (with
+    overlap)."""
+    return max(0.0, sync_s - hidden_s - (own_bwd_s if overlap else 0.0))
+
+
 def exposed_sync_s(sync_s: Sequence[float], bwd_s: Sequence[float], overlap: bool) -> list[float]:
     """Per-rank exposed part of the DP synchronisation (see the module docstring)."""
     out, hidden = [], 0.0
     for sync, bwd in zip(sync_s, bwd_s, strict=True):
-        cover = hidden + (bwd if overlap else 0.0)
-        out.append(max(0.0, sync - cover))
+        out.append(rank_exposed_sync_s(sync, hidden, bwd, overlap))
         hidden += bwd
     return out

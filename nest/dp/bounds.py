@@ -4,7 +4,7 @@ Every number here is a *floor*: no plan of the space takes less. The search visi
 configurations in increasing :meth:`Floors.config_bound_s` and stops at the first whose bound
 exceeds the best plan found; the recurrence drops a partial plan whose completion floor exceeds
 it. Both are exact as long as each floor is a true lower bound, which this docstring proves term
-by term against the shared evaluator (:mod:`nest.cost.evaluate`, DESIGN.md §5).
+by term against the shared evaluator (:mod:`nest.cost.evaluate` and the terms it composes).
 
 **Group splits.** A communication group of ``n`` distinct devices has level split ``k``
 (:meth:`~nest.topology.Cluster.group_factors`) with ``1 <= k_l <= fanout_l`` and
@@ -14,9 +14,18 @@ bounds from below its time on every group of ``n`` devices, whatever the rank or
 collective of :mod:`nest.cost.collectives` costs ``a(k) S + c(k)`` for ``S > 0`` bytes with
 ``a, c >= 0`` (reduce-scatter / all-gather: ``a = sum_l (k_l-1)/k_l / prod_{j<l} k_j / bw_l``,
 ``c = sum_l (k_l - 1) alpha_l``; all-reduce twice that; all-to-all the analogous sums), which is
-what :class:`Floors` evaluates on all of ``T(n)`` at once. Tensor groups are exact instead: ``tp``
-is innermost in every rank order, so every tensor group is an aligned block of ``tp`` ids
+what :class:`Floors` evaluates on all of ``T(n)`` at once
+(:func:`nest.cost.collectives.linear_forms`). Tensor groups are exact instead: ``tp`` is innermost
+in every rank order, so every tensor group is an aligned block of ``tp`` ids
 (:func:`tp_group_splits`).
+
+**The cost model's own terms on floor groups.** The data-parallel terms (ZeRO-3 traffic, DP
+sync) are those of :class:`nest.cost.state.ModelState`, evaluated on :class:`FloorGroups`, which
+prices each collective on a kind of group at its least over ``T(n)``. Every term is a sum of
+group times with non-negative coefficients and each real group time is at least that minimum, so
+the term on the floor groups is a floor of the term on any placement. Without latency
+(``with_latency=False``, ``a_min S``) the floor is also linear in the bytes, hence additive over
+a stage's layers.
 
 **Per layer** (:meth:`Floors.layer_floors_s`): a stage's forward plus backward is the sum over
 its layers of compute (and the recompute of its mode), plus per axis the slowest group's
@@ -26,29 +35,34 @@ floor is its compute, plus the cheapest allowed recompute with its collectives, 
 minimum over ``T(n)`` of each direction's collectives. ZeRO-3 all-gathers the stage's weights
 twice and reduce-scatters its gradients once per microbatch over the ``dp x cp`` (dense) and
 ``dp x cp / ep`` (expert) groups; ``a(k) S + c(k) >= a_min S`` and ``S`` is additive over the
-stage's layers, so each layer adds ``(2 p + g) a_min (n) params``. Hence every stage takes at
-least the sum of its layers' floors.
+stage's layers, so each layer adds the latency-free floor of that traffic for its parameters
+(``(2 p + g) a_min (n)`` per parameter). Hence every stage takes at least the sum of its layers'
+floors.
 
 **Per configuration** (:meth:`Floors.config_bound_s`), with ``F`` the sum of the layer floors:
 
 - p2p: a stage boundary sends the boundary activation forward and its gradient backward between
-  distinct devices, each at least ``bytes / bw_0 + min_l alpha_l`` (the bottleneck bandwidth
-  never exceeds level 0's); with ``b_min`` the smallest boundary of the chain, the ``pp - 1``
-  boundaries (``pp v - 1`` interleaved) add ``2 (pp - 1) p2p(b_min)`` to ``sum_r t_r``;
+  distinct devices, so at some level ``l >= 0``: each transfer takes at least
+  ``min_l p2p_l(bytes)`` (:func:`~nest.cost.collectives.p2p_time_s`); with ``b_min`` the smallest
+  boundary of the chain, the ``pp - 1`` boundaries (``pp v - 1`` interleaved) add
+  ``2 (pp - 1) p2p(b_min)`` to ``sum_r t_r``;
 - ``S = sum_r t_r >= F + p2p`` and ``M = max_r t_r >= max(S / pp, largest single-layer floor)``
   (1F1B: the stage holding that layer); interleaved: ``M >= max_r`` of rank ``r``'s own floor,
   since its chunks are fixed;
 - exposed sync ``E >= sync_0`` without overlap: rank 0 finishes its backward last
   (``B_0 = 0``), and it holds at least the embedding (all of the model when ``pp = 1``; its exact
-  chunks when interleaved); the sync is monotone in bytes, so its minimum over ``T(dp cp)`` with
-  those parameters bounds it. With overlap, ``E >= 0``;
-- optimizer ``O = max_r opt_r >= sum_r opt_r / pp`` (it is linear in the parameters held);
+  chunks when interleaved); the sync is monotone in bytes, so :meth:`ModelState.sync_s` of
+  those parameters on the floor groups bounds it. With overlap, ``E >= 0``;
+- optimizer ``O = max_r opt_r >= sum_r opt_r / pp`` (:meth:`ModelState.optimizer_step_s` is
+  linear in the parameters held);
 - ``T = S + (m-1) M + E + O`` (1F1B) or ``S / v + (m - 1/v) M + E + O`` (interleaved), every
   coefficient positive, so the bound is the same expression on the floors.
 
 **Memory floor** (:meth:`Floors.memory_floor_bytes`; configurations above the device's memory are
 skipped, as no plan of theirs fits). A rank needs ``state(D_r, X_r) + f_r A_r + T_r + reserve``
-(:mod:`nest.cost.memory`): ``state`` linear in its parameters, ``f_r >= 1`` in-flight
+(:mod:`nest.cost.memory`): ``state`` linear in its parameters
+(:meth:`ModelState.state_bytes`, so ``state(1, 0)`` and ``state(0, 1)`` are its per-parameter
+coefficients), ``f_r >= 1`` in-flight
 microbatches, ``A_r`` its stored activations, ``T_r >= 0`` its largest transient buffer. Each
 layer stores at least its least-storing allowed mode's activations and holds at least its
 least transient. So the peak rank needs at least the average over ranks,
@@ -65,8 +79,12 @@ from itertools import product
 import numpy as np
 
 from nest.axes import LayerKind, Recompute, Schedule
-from nest.cost.collectives import COLLECTIVE_TIME
+from nest.cost.collectives import OPS, linear_forms, p2p_time_s
+from nest.cost.compute import bwd_collectives, fwd_collectives, recompute_s
+from nest.cost.groups import collectives_time_s
+from nest.cost.memory import peak_bytes, stored_bytes
 from nest.cost.pipeline import in_flight_microbatches
+from nest.cost.state import ModelState
 from nest.dp.space import Family, interleaved_chunks
 from nest.layers import Shard
 from nest.problem import Problem
@@ -79,6 +97,34 @@ def tp_group_splits(cluster, tp: int) -> set:
         return set()
     n = cluster.num_devices - cluster.num_devices % tp
     return cluster.distinct_group_factors(np.arange(n).reshape(-1, tp))
+
+
+class FloorGroups:
+    """A stand-in for :class:`nest.cost.groups.RankGroups` that prices a collective at its least
+    over every split a group of that kind's size can have (``T(n)``), so the cost model's own
+    terms (:class:`nest.cost.state.ModelState`) evaluated on it are floors. ``with_latency``
+    False drops the ``c`` of ``a S + c``: then the floor is additive over a stage's layers."""
+
+    def __init__(self, floors: "Floors", sizes: dict[str, int], *, with_latency: bool) -> None:
+        self.floors, self.sizes, self.with_latency = floors, sizes, with_latency
+
+    def time_s(self, op: str, n_bytes: float, kind: str) -> float:
+        n = self.sizes[kind]
+        if n <= 1 or n_bytes <= 0:
+            return 0.0
+        if self.with_latency:
+            return self.floors.min_time_s(((op, n_bytes),), n)
+        return self.floors.min_per_byte_s(op, n) * n_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StatePerParam:
+    """:class:`ModelState`'s terms are linear in the parameters: their coefficients per dense and
+    per expert parameter, for the bounds' many configurations."""
+
+    state_bytes: tuple[float, float]
+    gathered_bytes: tuple[float, float]
+    optimizer_s: tuple[float, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,40 +169,37 @@ class Floors:
         self.cluster = cluster
         tuples = np.array(list(product(*[range(1, lv.fanout + 1) for lv in cluster.levels])))
         self._prod = tuples.prod(axis=1)
-        self._coef = self._coefficients(tuples)
+        self._coef = {op: linear_forms(op, tuples, cluster) for op in OPS}
         self._min_cache: dict = {}
         self._shards: dict = {}
         self._tp_splits: dict = {}
-        training = problem.training
-        self.p_bytes = problem.model.spec.dtype_bytes
-        self.g_bytes = training.grad_bytes
-        touched = 2 * training.optimizer_state_bytes_per_param + self.g_bytes + self.p_bytes
-        if training.optimizer_state_bytes_per_param == 0:
-            touched = self.g_bytes + 2 * self.p_bytes
-        self.opt_s_per_param = touched / cluster.device.hbm_bw_bytes_per_s
+        # no sharding and no gathers: the shard-independent parts of the memory floors
+        self._unsharded = ModelState.of(problem, zero_stage=0, dp=1, cp=1, ep=1)
 
-    def _coefficients(self, tuples: np.ndarray) -> dict:
-        """Per op, ``(a, c)`` over every tuple: time = a * bytes + c (module docstring)."""
-        cluster = self.cluster
-        k = tuples.astype(float)
-        bw = np.array([cluster.path_bw_bytes_per_s(lv) for lv in range(cluster.num_levels)])
-        alpha = np.array([lv.latency_s for lv in cluster.levels])
-        below = np.cumprod(np.hstack([np.ones((len(k), 1)), k[:, :-1]]), axis=1)
-        rs_a = ((k - 1) / k / below / bw).sum(axis=1)
-        rs_c = ((k - 1) * alpha).sum(axis=1)
-        n = k.prod(axis=1)
-        crossing = below * (k - 1)  # peers first reached at each level
-        a2a_a = (crossing / n[:, None] / bw).sum(axis=1)
-        a2a_c = (crossing * alpha).sum(axis=1)
-        return {
-            "reduce_scatter": (rs_a, rs_c),
-            "all_gather": (rs_a, rs_c),
-            "all_reduce": (2 * rs_a, 2 * rs_c),
-            "all_to_all": (a2a_a, a2a_c),
-        }
+    def state(self, dp: int, cp: int, ep: int, zero: int) -> ModelState:
+        """The configuration's :class:`ModelState` (it depends on ``dp x cp`` and ``ep``)."""
+        return ModelState.of(self.problem, zero_stage=zero, dp=dp, cp=cp, ep=ep)
+
+    def per_param(self, dp: int, cp: int, ep: int, zero: int) -> StatePerParam:
+        """The configuration's linear state terms per dense and per expert parameter."""
+        key = ("per param", zero, dp * cp, ep)
+        got = self._min_cache.get(key)
+        if got is None:
+            state = self.state(dp, cp, ep, zero)
+            hbm = self.cluster.device.hbm_bw_bytes_per_s
+            got = self._min_cache[key] = StatePerParam(
+                state_bytes=(state.state_bytes(1.0, 0.0), state.state_bytes(0.0, 1.0)),
+                gathered_bytes=(state.gathered_bytes(1.0, 0.0), state.gathered_bytes(0.0, 1.0)),
+                optimizer_s=(
+                    state.optimizer_step_s(1.0, 0.0, hbm),
+                    state.optimizer_step_s(0.0, 1.0, hbm),
+                ),
+            )
+        return got
 
     def min_time_s(self, ops: tuple[tuple[str, float], ...], n: int) -> float:
-        """Least time of the collectives ``(op, bytes)`` run on one group of ``n`` devices."""
+        """Least time of the collectives ``(op, bytes)`` run one after another on one group of
+        ``n`` devices: :func:`nest.cost.groups.collectives_time_s` minimised over ``T(n)``."""
         if n <= 1 or not ops:
             return 0.0
         key = (ops, n)
@@ -172,29 +215,48 @@ class Floors:
             self._min_cache[key] = got
         return got
 
-    def beta(self, n: int) -> float:
-        """Least seconds per byte of a reduce-scatter / all-gather over ``n`` devices."""
+    def min_per_byte_s(self, op: str, n: int) -> float:
+        """Least seconds per byte (the ``a`` of ``a S + c``) of ``op`` over ``n`` devices."""
         if n <= 1:
             return 0.0
-        key = ("beta", n)
+        key = ("per byte", op, n)
         if key not in self._min_cache:
-            self._min_cache[key] = float(self._coef["reduce_scatter"][0][self._prod >= n].min())
+            self._min_cache[key] = float(self._coef[op][0][self._prod >= n].min())
         return self._min_cache[key]
 
+    def groups(self, dp: int, cp: int, ep: int, *, with_latency: bool) -> FloorGroups:
+        """Floor groups of the data-parallel kinds (the sizes the configuration gives them)."""
+        sizes = {"dense_dp": dp * cp, "expert_dp": dp * cp // ep}
+        return FloorGroups(self, sizes, with_latency=with_latency)
+
     def _axis_s(self, colls, shard: Shard, tp_splits) -> float:
-        """Floor of a list of collectives, per axis the cheapest group split."""
+        """Floor of a layer's collectives, per axis the cheapest group split."""
         total = 0.0
+        pairs = [(c, 1) for c in colls]
         for axis, n in (("tp", shard.tp), ("cp", shard.cp), ("ep", shard.ep)):
             ops = tuple((c.op, c.n_bytes) for c in colls if c.axis == axis)
             if not ops or n <= 1:
                 continue
             if axis == "tp" and tp_splits is not None:
-                total += min(
-                    sum(COLLECTIVE_TIME[op](b, f, self.cluster) for op, b in ops) for f in tp_splits
-                )
+                total += min(collectives_time_s(pairs, axis, f, self.cluster) for f in tp_splits)
             else:
                 total += self.min_time_s(ops, n)
         return total
+
+    def _layer_base_s(self, x, is_block: bool, shard: Shard, splits) -> float:
+        """Compute, the cheapest allowed recompute with its collectives, and the cheapest
+        collectives of both directions, of one layer."""
+        modes = self.modes if is_block else (Recompute.NONE,)
+        return (
+            x.fwd_s
+            + x.bwd_s
+            + self._axis_s(fwd_collectives(x), shard, splits)
+            + min(
+                recompute_s(x, md, is_block)
+                + self._axis_s(bwd_collectives(x, md, is_block), shard, splits)
+                for md in modes
+            )
+        )
 
     def shard(self, shard: Shard) -> ShardFloors:
         got = self._shards.get(shard)
@@ -213,31 +275,17 @@ class Floors:
             is_block = ref.kind is LayerKind.BLOCK
             key = (id(x), is_block)
             if key not in per_cost:
-                v = x.fwd_s + x.bwd_s + self._axis_s(x.fwd_collectives, shard, splits)
-                v += self._axis_s(x.bwd_collectives, shard, splits)
-                if is_block:
-                    v += min(
-                        x.recompute_s.get(md, 0.0)
-                        + self._axis_s(x.recompute_collectives.get(md, ()), shard, splits)
-                        for md in self.modes
-                    )
-                per_cost[key] = v
+                per_cost[key] = self._layer_base_s(x, is_block, shard, splits)
             base.append(per_cost[key])
             dense.append(x.dense_params)
             expert.append(x.expert_params)
             if ref.kind is not LayerKind.HEAD:
                 boundary.append(x.boundary_bytes)
             modes = self.modes if is_block else (Recompute.NONE,)
-            act.append(min(x.act_bytes[md] for md in modes))
-            transient.append(
-                x.transient_bytes
-                + min(x.act_bytes[Recompute.NONE] - x.act_bytes[md] for md in modes)
-            )
+            act.append(min(stored_bytes(x, md, is_block) for md in modes))
+            transient.append(min(peak_bytes(x, md, is_block, self._unsharded) for md in modes))
         small = min(boundary)
-        p2p = 0.0
-        if small > 0:
-            alpha = min(lv.latency_s for lv in cluster.levels)
-            p2p = small / cluster.path_bw_bytes_per_s(0) + alpha
+        p2p = min(p2p_time_s(small, lv, cluster) for lv in range(cluster.num_levels))
         tied = model.layer_cost(model.chain[-1], shard, cluster.device).tied_copy_params
         got = ShardFloors(
             np.array(base),
@@ -260,42 +308,49 @@ class Floors:
     def layer_floors_s(self, shard: Shard, dp: int, ep: int, zero: int) -> np.ndarray:
         """Per chain layer, the least share of any stage time holding it (module docstring)."""
         sf = self.shard(shard)
-        zd, zx = self._z3_coefs(dp * shard.cp, dp * shard.cp // ep, zero)
+        zd, zx = self._z3_coefs(dp, shard.cp, ep, zero)
         return sf.base_s + zd * sf.dense + zx * sf.expert
 
-    def _z3_coefs(self, nd: int, ne: int, zero: int) -> tuple[float, float]:
-        """Seconds per dense and per expert parameter of ZeRO-3's per-microbatch traffic."""
+    def _z3_coefs(self, dp: int, cp: int, ep: int, zero: int) -> tuple[float, float]:
+        """Seconds per dense and per expert parameter of ZeRO-3's per-microbatch traffic (both
+        directions): :meth:`ModelState.zero3_traffic_s` on floor groups without latency, so
+        that it adds up over a stage's layers."""
         if zero < 3:
             return 0.0, 0.0
-        z3 = 2 * self.p_bytes + self.g_bytes
-        return z3 * self.beta(nd), z3 * self.beta(ne)
+        key = ("zero3", dp * cp, ep)
+        got = self._min_cache.get(key)
+        if got is None:
+            state = self.state(dp, cp, ep, zero)
+            groups = self.groups(dp, cp, ep, with_latency=False)
+            got = self._min_cache[key] = (
+                sum(state.zero3_traffic_s(groups, 1.0, 0.0)),
+                sum(state.zero3_traffic_s(groups, 0.0, 1.0)),
+            )
+        return got
 
-    def _sync_floor_s(self, dense: float, expert: float, nd: int, ne: int, zero: int) -> float:
-        """Least DP sync time of a rank holding at least these parameters (monotone in bytes)."""
+    def _sync_floor_s(self, family: Family, dense: float, expert: float, zero: int) -> float:
+        """Least DP sync time of a rank holding at least these parameters (monotone in bytes):
+        :meth:`ModelState.sync_s` on the floor groups."""
         if zero >= 3 or self.problem.training.overlap_grad_sync:
             return 0.0
-        key = ("sync", dense, expert, nd, ne, zero > 0)
+        nd = family.dp * family.cp
+        key = ("sync", dense, expert, nd, nd // family.ep, zero > 0)
         got = self._min_cache.get(key)
-        if got is not None:
-            return got
-        p, g = self.p_bytes, self.g_bytes
-        if zero == 0:
-            got = self.min_time_s((("all_reduce", g * dense),), nd) + self.min_time_s(
-                (("all_reduce", g * expert),), ne
-            )
-        else:
-            got = self.min_time_s(
-                (("reduce_scatter", g * dense), ("all_gather", p * dense)), nd
-            ) + self.min_time_s((("reduce_scatter", g * expert), ("all_gather", p * expert)), ne)
-        self._min_cache[key] = got
+        if got is None:
+            f = family
+            groups = self.groups(f.dp, f.cp, f.ep, with_latency=True)
+            state = self.state(f.dp, f.cp, f.ep, zero)
+            got = self._min_cache[key] = float(state.sync_s(groups, dense, expert))
         return got
 
     def _shard_of(self, family: Family) -> ShardFloors:
-        key = (family.tp, family.cp, family.ep, family.mbs)
+        key = (family.tp, family.cp, family.ep, family.microbatch_size)
         got = self._shards.get(key)
         if got is None:
             sp = self.problem.training.sequence_parallel and family.tp > 1
-            shard = Shard(tp=family.tp, cp=family.cp, ep=family.ep, sp=sp, mbs=family.mbs)
+            shard = Shard(
+                tp=family.tp, cp=family.cp, ep=family.ep, sp=sp, mbs=family.microbatch_size
+            )
             got = self._shards[key] = self.shard(shard)
         return got
 
@@ -303,26 +358,24 @@ class Floors:
         """No plan of these configurations (any rank order) is faster (module docstring)."""
         sf = self._shard_of(family)
         pp, m = family.pp, family.m
-        nd = family.dp * family.cp
-        ne = nd // family.ep
-        zd, zx = self._z3_coefs(nd, ne, zero)
-        sharded = zero >= 1
-        held = (sf.dense_sum + (sf.tied_copy if pp > 1 else 0.0)) / (nd if sharded else 1)
-        held += sf.expert_sum / (ne if sharded else 1)
-        optimizer = self.opt_s_per_param * held / pp
+        f = family
+        zd, zx = self._z3_coefs(f.dp, f.cp, f.ep, zero)
+        tied = sf.tied_copy if pp > 1 else 0.0
+        opt_d, opt_x = self.per_param(f.dp, f.cp, f.ep, zero).optimizer_s
+        optimizer = (opt_d * (sf.dense_sum + tied) + opt_x * sf.expert_sum) / pp
         kind, v = schedule
         if kind is Schedule.INTERLEAVED:
             base, dense, expert = self._interleaved_ranks(sf, pp, v)
             ranks = [b + zd * d + zx * x for b, d, x in zip(base, dense, expert, strict=True)]
-            sync = self._sync_floor_s(dense[0], expert[0], nd, ne, zero)
+            sync = self._sync_floor_s(family, dense[0], expert[0], zero)
             return sum(ranks) / v + (m - 1 / v) * max(ranks) + sync + optimizer
         total = sf.base_sum_s + zd * sf.dense_sum + zx * sf.expert_sum + 2 * (pp - 1) * sf.p2p_s
         largest = sf.base_max_s if zero < 3 else max(b + zd * d + zx * x for b, d, x in sf.kinds)
         top = max(total / pp, largest)
         if pp == 1:
-            sync = self._sync_floor_s(sf.dense_sum, sf.expert_sum, nd, ne, zero)
+            sync = self._sync_floor_s(family, sf.dense_sum, sf.expert_sum, zero)
         else:
-            sync = self._sync_floor_s(float(sf.dense[0]), float(sf.expert[0]), nd, ne, zero)
+            sync = self._sync_floor_s(family, float(sf.dense[0]), float(sf.expert[0]), zero)
         return total + (m - 1) * top + sync + optimizer
 
     def _interleaved_ranks(self, sf: ShardFloors, pp: int, v: int):
@@ -358,17 +411,10 @@ class Floors:
         the fixed ranks of an interleaved partition)."""
         sf = self._shard_of(family)
         pp = family.pp
-        nd = family.dp * family.cp
-        ne = nd // family.ep
-        p, g = self.p_bytes, self.g_bytes
-        s = self.problem.training.optimizer_state_bytes_per_param
-        per_d = p / (nd if zero >= 3 else 1) + g / (nd if zero >= 2 else 1)
-        per_d += s / (nd if zero >= 1 else 1)
-        per_x = p / (ne if zero >= 3 else 1) + g / (ne if zero >= 2 else 1)
-        per_x += s / (ne if zero >= 1 else 1)
-        gathered_d = p * (1 - 1 / nd) if zero >= 3 else 0.0
-        gathered_x = p * (1 - 1 / ne) if zero >= 3 else 0.0
-        reserve = self.cluster.device.memory_reserve_bytes
+        per_param = self.per_param(family.dp, family.cp, family.ep, zero)
+        per_d, per_x = per_param.state_bytes
+        gathered_d, gathered_x = per_param.gathered_bytes
+        reserve_bytes = self.cluster.device.memory_reserve_bytes
         kind, v = schedule
         if kind is Schedule.INTERLEAVED:
             dense, expert, act, transient = self._interleaved_memory(sf, pp, v)
@@ -377,14 +423,14 @@ class Floors:
                 flight = in_flight_microbatches(r, pp, family.m, kind, v)
                 need = per_d * dense[r] + per_x * expert[r] + flight * act[r] + transient[r]
                 worst = max(worst, need)
-            return worst + reserve
+            return worst + reserve_bytes
         tied = sf.tied_copy if pp > 1 else 0.0
         total = per_d * (sf.dense_sum + tied) + per_x * sf.expert_sum + float(sf.act_min.sum())
         single = max(
             per_d * d + per_x * x + a + t + gathered_d * d + gathered_x * x
             for d, x, a, t in sf.mem_kinds
         )
-        return max(total / pp, single) + reserve
+        return max(total / pp, single) + reserve_bytes
 
     def _interleaved_memory(self, sf: ShardFloors, pp: int, v: int):
         """Per rank of the interleaved partition: dense (with the tied copy), expert, least

@@ -33,7 +33,9 @@ from itertools import combinations_with_replacement
 
 import numpy as np
 
-from nest.axes import Recompute
+from nest.axes import Recompute, Schedule
+from nest.cost.memory import rank_memory_bytes
+from nest.cost.pipeline import pipeline_coefficients, rank_exposed_sync_s
 from nest.dp.recurrence import DPStats, Front, GreedyFront, Label, backtrack, objective_s
 from nest.dp.space import interleaved_chunks
 from nest.dp.stages import StageModel
@@ -75,7 +77,7 @@ class RankChunks:
     """Per-mode costs of the chunks of one rank (first chunk apart, the others grouped)."""
 
     def __init__(self, sm: StageModel, r: int, modes: tuple[Recompute, ...]) -> None:
-        pp, v = sm.config.pp, sm.config.v
+        pp, v = sm.config.pp, sm.config.virtual_stages
         chunks = interleaved_chunks(sm.n_layers, pp, v)
         last = len(chunks) - 1
         self.ks = list(range(r, len(chunks), pp))
@@ -97,13 +99,13 @@ class RankChunks:
             rows = []
             for mode in modes:
                 fwd, bwd = sm.chunk_times(r, i, j, mode, prev, nxt)
-                act = sm.p_act[mode][j + 1] - sm.p_act[mode][i]
-                rows.append((fwd + bwd, bwd, act, sm.peak[mode][i, j]))
+                act = sm.stored_bytes(i, j, mode)
+                rows.append((fwd + bwd, bwd, act, sm.chain.peak_bytes[mode][i, j]))
             self.cost[k] = np.array(rows)
         dense = sum(sm.params(r, *chunks[k])[2] for k in self.ks)
         expert = sum(sm.params(r, *chunks[k])[1] for k in self.ks)
         self.sync_s, self.opt_s = sm.rank_sync_opt(r, dense, expert)
-        self.static_bytes = sm.state_bytes_of(dense, expert) + sm.reserve
+        self.state_bytes = sm.state_bytes(dense, expert)
         self.in_flight = sm.in_flight[r]
 
     def assignments(self):
@@ -140,9 +142,15 @@ def rank_options(sm: StageModel, rc: RankChunks) -> tuple[list[RankOption], floa
     first = rc.cost[rc.ks[0]]
     found, least = [], np.inf
     for c in range(len(rc.modes)):
-        memory = rc.static_bytes + rc.in_flight * (act + first[c, 2]) + np.maximum(tr, first[c, 3])
+        memory = rank_memory_bytes(
+            rc.state_bytes,
+            act + first[c, 2],
+            rc.in_flight,
+            np.maximum(tr, first[c, 3]),
+            sm.reserve_bytes,
+        )
         least = min(least, float(memory.min()))
-        fits = np.flatnonzero(memory <= sm.capacity)
+        fits = np.flatnonzero(memory <= sm.capacity_bytes)
         if fits.size:
             best = fits[np.argmin(t[fits])]
             found.append((float(t[best] + first[c, 0]), float(first[c, 1]), c, picks[best]))
@@ -161,7 +169,9 @@ def rank_options(sm: StageModel, rc: RankChunks) -> tuple[list[RankOption], floa
 def _rank_floors(sm: StageModel, modes) -> list[float]:
     prefix = sm.min_compute_s(modes)
     out = [0.0] * sm.config.pp
-    for k, (i, j) in enumerate(interleaved_chunks(sm.n_layers, sm.config.pp, sm.config.v)):
+    for k, (i, j) in enumerate(
+        interleaved_chunks(sm.n_layers, sm.config.pp, sm.config.virtual_stages)
+    ):
         out[k % sm.config.pp] += prefix[j + 1] - prefix[i]
     return out
 
@@ -176,8 +186,8 @@ def solve_interleaved(
 ):
     """Best (objective, [(first, last, mode) per chunk]) of an interleaved configuration, or
     None when nothing fits or nothing beats ``incumbent_s``."""
-    pp, v, m = sm.config.pp, sm.config.v, sm.m
-    s_coef, m_coef = 1.0 / v, m - 1.0 / v
+    pp, v, m = sm.config.pp, sm.config.virtual_stages, sm.m
+    s_coef, m_coef = pipeline_coefficients(m, Schedule.INTERLEAVED, v)
     floors = _rank_floors(sm, modes)
     labels = [Label(0.0, 0.0, 0.0, 0.0, 0.0)]
     for r in range(pp):
@@ -192,11 +202,11 @@ def solve_interleaved(
         stats.stages_scored += len(modes) * len(rc.cost)
         front = Front(m_coef, s_coef) if exact else GreedyFront(m_coef, s_coef)
         for opt in options:
-            own = opt.first_bwd_s if sm.overlap else 0.0
             for lab in labels:
                 total = lab.total_s + opt.t_s
                 mx = max(lab.max_s, opt.t_s)
-                exposed = max(lab.exposed_s, rc.sync_s - lab.bwd_sum_s - own, 0.0)
+                own = rank_exposed_sync_s(rc.sync_s, lab.bwd_sum_s, opt.first_bwd_s, sm.overlap)
+                exposed = max(lab.exposed_s, own)
                 step = max(lab.opt_s, rc.opt_s)
                 stats.labels_created += 1
                 bound = s_coef * (total + rest_sum) + m_coef * max(mx, rest_max) + exposed + step

@@ -29,10 +29,10 @@ import numpy as np
 from nest.dp.bounds import Floors
 from nest.dp.interleaved import smallest_peak_interleaved, solve_interleaved
 from nest.dp.recurrence import DPStats, solve_config
-from nest.dp.space import SearchConfig, SpaceOptions, SpacePlanner, families
+from nest.dp.space import SpaceOptions, SpacePlanner, families
 from nest.dp.stages import StageModel
 from nest.errors import UserError
-from nest.plan import Plan, make_structured_plan
+from nest.plan import ParallelConfig, Plan, make_structured_plan
 from nest.planner import finish, infeasible_memory
 from nest.problem import Problem
 
@@ -41,7 +41,7 @@ BOUND_SLACK = 1e-12
 the evaluator's, in another order, so an exactly tight floor may exceed the value by rounding."""
 
 
-def plan_from_choices(problem: Problem, config: SearchConfig, choices) -> Plan:
+def plan_from_choices(problem: Problem, config: ParallelConfig, choices) -> Plan:
     """The structured plan of a configuration and its (first, last, mode) stages or chunks."""
     training = problem.training
     return make_structured_plan(
@@ -52,13 +52,13 @@ def plan_from_choices(problem: Problem, config: SearchConfig, choices) -> Plan:
         pp=config.pp,
         layer_counts=[j - i + 1 for i, j, _ in choices],
         recompute=[mode for _, _, mode in choices],
-        microbatch_size=config.mbs,
-        num_microbatches=training.global_batch // (config.mbs * config.dp),
-        zero_stage=config.zero,
+        microbatch_size=config.microbatch_size,
+        num_microbatches=training.global_batch // (config.microbatch_size * config.dp),
+        zero_stage=config.zero_stage,
         schedule=config.schedule,
-        virtual_stages=config.v,
+        virtual_stages=config.virtual_stages,
         sequence_parallel=training.sequence_parallel,
-        rank_order=config.order,
+        rank_order=config.rank_order,
     )
 
 
@@ -87,15 +87,7 @@ def smallest_peak_bytes(sm: StageModel, modes) -> float:
 def _space_rules(problem: Problem, options: SpaceOptions) -> list[str]:
     """The divisibility rules of :func:`nest.dp.space.families` that apply to this problem."""
     model, spec = problem.model, problem.model.spec
-    widths = getattr(model, "widths", None)
-    if widths is not None:  # a measured profile: its widths, not head counts, decide
-        shown = ", ".join(f"(tp={t}, cp={c}, ep={e})" for t, c, e in widths)
-        rules = [f"(tp, cp, ep) must be a measured width: {shown}"]
-    else:
-        rules = [f"tp must divide heads={spec.heads} and the FFN size"]
-        if spec.is_moe:
-            rules.append(f"ep must divide num_experts={spec.num_experts} and dp*cp")
-    rules.append("dp must divide the global batch")
+    rules = [*model.shard_rules(), "dp must divide the global batch"]
     if "interleaved" in options.schedules:
         rules.append(
             f"interleaved needs pp*v to divide the {spec.layers} blocks and pp the microbatches"

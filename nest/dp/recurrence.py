@@ -1,6 +1,6 @@
 """The recurrence: optimal partition and per-stage recompute for one configuration.
 
-Objective (the shared evaluator's, DESIGN.md §5, 1F1B):
+Objective (the shared evaluator's, :mod:`nest.cost.pipeline`, 1F1B):
 ``T = sum_r t_r + (m - 1) max_r t_r + max_r max(0, sync_r - B_r [- b_r]) + max_r opt_r`` with
 ``t_r = f_r + b_r`` and ``B_r = sum_{q<r} b_q``. It is not additive over stages, so the DP keeps,
 per state, a Pareto set of labels instead of one value.
@@ -40,7 +40,8 @@ sums) times the kept-set sizes, which stay small because identical blocks give i
 
 from dataclasses import dataclass, field
 
-from nest.axes import Recompute
+from nest.axes import Recompute, Schedule
+from nest.cost.pipeline import pipeline_coefficients
 from nest.dp.rows import stage_common, stage_row
 from nest.dp.stages import StageModel
 
@@ -179,8 +180,9 @@ def solve_config(
     """Best (objective, [(first, last, mode) per rank]) of this configuration, or None when
     nothing fits or nothing beats ``incumbent_s``."""
     pp, n, m = sm.config.pp, sm.n_layers, sm.m
+    _, m_coef = pipeline_coefficients(m, Schedule.ONE_F_ONE_B, 1)  # T = S + (m - 1) M + E + O
     min_compute = sm.min_compute_s(modes)
-    start = Front(m - 1)
+    start = Front(m_coef)
     start.insert(Label(0.0, 0.0, 0.0, 0.0, 0.0), stats)
     fronts: dict[int, Front] = {0: start}
     for r in range(pp):
@@ -202,7 +204,7 @@ def solve_config(
                 # the stage takes at least its layers' floors, the later ones theirs
                 t_low = min_compute[j + 1] - min_compute[i]
                 spread = remaining / rest if rest else 0.0
-                low = low_s + t_low + remaining + low_eo + (m - 1) * max(low_m, t_low, spread)
+                low = low_s + t_low + remaining + low_eo + m_coef * max(low_m, t_low, spread)
                 if low > incumbent_s:
                     stats.labels_bounded += len(labels)
                     if t_low >= spread:
@@ -229,6 +231,7 @@ def solve_config(
                     for lab in labels:
                         total = lab.total_s + t
                         top = lab.max_s if lab.max_s > t else t
+                        # rank_exposed_sync_s (nest.cost.pipeline) inlined: the hottest loop
                         exposed = sync - lab.bwd_sum_s - own
                         exposed = lab.exposed_s if lab.exposed_s > exposed else exposed
                         exposed = exposed if exposed > 0.0 else 0.0
@@ -237,7 +240,7 @@ def solve_config(
                         bound = (
                             total
                             + remaining
-                            + (m - 1) * (top if top > per_rank else per_rank)
+                            + m_coef * (top if top > per_rank else per_rank)
                             + exposed
                             + step
                         )
@@ -247,7 +250,7 @@ def solve_config(
                         if front is None:
                             front = new_fronts.get(j + 1)
                             if front is None:
-                                front = Front(m - 1) if exact else GreedyFront(m - 1)
+                                front = Front(m_coef) if exact else GreedyFront(m_coef)
                                 new_fronts[j + 1] = front
                         front.insert(
                             Label(total, top, lab.bwd_sum_s + b, exposed, step, lab, (i, j, mode)),
@@ -259,8 +262,8 @@ def solve_config(
     finals = fronts[n].labels if n in fronts else []
     if not finals:
         return None
-    best = min(finals, key=lambda lab: objective_s(lab, m - 1))
-    value = objective_s(best, m - 1)
+    best = min(finals, key=lambda lab: objective_s(lab, m_coef))
+    value = objective_s(best, m_coef)
     if value > incumbent_s:
         return None
     return value, backtrack(best)

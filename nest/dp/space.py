@@ -1,12 +1,12 @@
 """The structured search space shared by the NEST DP, the brute-force oracle and the exact solvers.
 
 This module is the single definition of the space: :func:`configurations` yields every
-:class:`SearchConfig`, and a plan of the space is a configuration plus its partition and recompute
-modes as stated below. Planners that must search "the same space" iterate over it rather than
-re-deriving the rules.
+configuration (:class:`~nest.plan.ParallelConfig`), and a plan of the space is a configuration
+plus its partition and recompute modes as stated below. Planners that must search "the same
+space" iterate over it rather than re-deriving the rules.
 
-**A configuration** (:class:`SearchConfig`) fixes everything but the layer partition and the
-recompute modes:
+**A configuration** (:class:`~nest.plan.ParallelConfig`) fixes everything but the layer
+partition and the recompute modes:
 
 - ``tp`` divides the devices, ``cp`` divides ``devices / tp``, ``pp`` is 1 .. chain length, and
   ``tp * cp * pp * dp`` is at most the devices (the rest stay idle);
@@ -48,58 +48,16 @@ enumeration.
 """
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import permutations
 
 from nest.axes import Axis, Recompute, Schedule, parse_rank_order
 from nest.errors import UserError
 from nest.layers import Shard
+from nest.plan import ParallelConfig
 from nest.problem import Problem
 
 ONE_F_ONE_B = (Schedule.ONE_F_ONE_B, 1)
-
-
-@dataclass(frozen=True, slots=True)
-class SearchConfig:
-    tp: int
-    cp: int
-    ep: int
-    dp: int
-    pp: int
-    mbs: int
-    zero: int
-    order: tuple[Axis, ...]
-    schedule: Schedule = Schedule.ONE_F_ONE_B
-    v: int = 1
-    """Virtual stages (chunks per pipeline rank); 1 unless ``schedule`` is interleaved."""
-
-    @property
-    def devices(self) -> int:
-        return self.tp * self.cp * self.dp * self.pp
-
-    @property
-    def interleaved(self) -> bool:
-        return self.schedule is Schedule.INTERLEAVED
-
-    @classmethod
-    def of_plan(cls, plan) -> "SearchConfig":
-        """The configuration a plan belongs to (its rank order as recorded, None if explicit)."""
-        return cls(
-            plan.tp,
-            plan.cp,
-            plan.ep,
-            plan.dp,
-            plan.pp,
-            plan.microbatch_size,
-            plan.zero_stage,
-            plan.rank_order,
-            plan.schedule,
-            plan.virtual_stages,
-        )
-
-    def unordered(self) -> "SearchConfig":
-        """The same configuration with the placement left out (the rank order cleared)."""
-        return replace(self, order=())
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,20 +70,29 @@ class Family:
     ep: int
     dp: int
     pp: int
-    mbs: int
+    microbatch_size: int
     m: int
     """Microbatches per replica."""
     schedules: tuple[tuple[Schedule, int], ...]
     zeros: tuple[int, ...]
     orders: tuple[tuple[Axis, ...], ...]
 
-    def config(self, schedule: tuple[Schedule, int], zero: int, order) -> SearchConfig:
+    def config(self, schedule: tuple[Schedule, int], zero: int, order) -> ParallelConfig:
         kind, v = schedule
-        return SearchConfig(
-            self.tp, self.cp, self.ep, self.dp, self.pp, self.mbs, zero, order, kind, v
+        return ParallelConfig(
+            tp=self.tp,
+            cp=self.cp,
+            ep=self.ep,
+            dp=self.dp,
+            pp=self.pp,
+            microbatch_size=self.microbatch_size,
+            zero_stage=zero,
+            schedule=kind,
+            virtual_stages=v,
+            rank_order=order,
         )
 
-    def configs(self) -> Iterator[SearchConfig]:
+    def configs(self) -> Iterator[ParallelConfig]:
         for schedule in self.schedules:
             for zero in self.zeros:
                 for order in self.orders:
@@ -283,7 +250,7 @@ def _families(problem, options, orders, kinds, tp, cp, ep, dp, pp) -> Iterator[F
             yield Family(tp, cp, ep, dp, pp, mbs, m, schedules, zeros, tuple(placed_orders))
 
 
-def configurations(problem: Problem, options: SpaceOptions) -> Iterator[SearchConfig]:
+def configurations(problem: Problem, options: SpaceOptions) -> Iterator[ParallelConfig]:
     """Every configuration of the space, deduplicated (see the module docstring)."""
     for family in families(problem, options):
         yield from family.configs()

@@ -221,7 +221,7 @@ def solve_cpsat(
         p.max_deterministic_time = float(deterministic_time)  # reproducible stop (§2.5)
     p.num_workers = int(workers)
     p.random_seed = int(seed)
-    p.presolve_inclusion_work_limit = 0  # CP-SAT 9.15 #5293 (ECOSYSTEM.md §2.7)
+    p.presolve_inclusion_work_limit = 0  # CP-SAT 9.15 presolve bug, google/or-tools issue #5293
     if workers > 1:
         p.interleave_search = True  # deterministic for any number of workers
     status = solver.solve(model)

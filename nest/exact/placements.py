@@ -28,11 +28,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from nest.cost.evaluate import _Groups
+from nest.cost.groups import GROUP_KINDS, group_arrays
 from nest.errors import UserError
 from nest.topology import Cluster
-
-GROUP_KINDS = ("tp", "cp", "ep", "dense_dp", "expert_dp")
 
 
 def orderly_assignments(
@@ -130,7 +128,7 @@ def signature(cluster: Cluster, grid: np.ndarray, ep: int, cache: dict | None = 
     for r in range(pp):
         key = grid[r].tobytes()
         if key not in cache:
-            arrays = _Groups(grid[r], ep, cluster).arrays
+            arrays = group_arrays(grid[r], ep)
             cache[key] = tuple(
                 _kind_factors(cluster, arrays[kind].tolist(), groups_cache) for kind in GROUP_KINDS
             )

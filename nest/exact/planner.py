@@ -4,7 +4,7 @@
 configurations, rank orders, partitions, recompute modes and interleaved chunks), so its optimum
 must equal the DP's; ``mode=general`` lets every configuration take any placement of its ranks on
 the cluster (:mod:`nest.exact.placements`), so its optimum is the best plan of the plan contract
-(DESIGN.md §4: uniform ``dp x cp x tp`` stages) over all placements, and
+(the plan contract of :mod:`nest.plan`: uniform ``dp x cp x tp`` stages) over all placements, and
 ``general <= restricted`` shows what the structured space leaves on the table.
 
 Both build the same linear model (:mod:`nest.exact.model`) from the same tables
@@ -24,7 +24,7 @@ import numpy as np
 
 from nest.cost import evaluate
 from nest.dp.planner import NestPlanner
-from nest.dp.space import SearchConfig, SpacePlanner
+from nest.dp.space import SpacePlanner
 from nest.errors import Infeasible, SolverTimeout, UserError
 from nest.exact.model import build, solve_cpsat, solve_milp
 from nest.exact.placements import signature
@@ -40,7 +40,7 @@ MODES = ("restricted", "general")
 def _find_hint(problem: Problem, groups: list[Group], plan: Plan) -> tuple[int, list[int]] | None:
     """The group and choices of ``plan`` (a plan of the restricted space) in the model."""
     grid = np.asarray([plan.stages[r].devices for r in range(plan.pp)], dtype=np.int64)
-    wanted = SearchConfig.of_plan(plan).unordered()
+    wanted = plan.config.unordered()
     key, cache = None, {}
     for g, group in enumerate(groups):
         c = group.config

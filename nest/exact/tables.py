@@ -33,10 +33,12 @@ from itertools import product
 import numpy as np
 
 from nest.axes import Recompute, Schedule
-from nest.dp.space import SearchConfig, SpaceOptions, configurations, interleaved_chunks
+from nest.cost.memory import rank_memory_bytes
+from nest.cost.pipeline import pipeline_coefficients
+from nest.dp.space import SpaceOptions, configurations, interleaved_chunks
 from nest.dp.stages import StageModel
 from nest.exact.placements import placement_classes
-from nest.plan import Plan, make_structured_plan
+from nest.plan import ParallelConfig, Plan, make_structured_plan
 from nest.problem import Problem
 
 SLACK = 1e-9
@@ -57,7 +59,7 @@ class Choice:
 
 @dataclass(slots=True)
 class Group:
-    config: SearchConfig
+    config: ParallelConfig
     grid: np.ndarray
     """``[pp][dp][cp][tp] -> device``."""
     general: bool
@@ -73,7 +75,7 @@ class Group:
         """The plan of one choice per rank."""
         c = self.config
         if c.schedule is Schedule.INTERLEAVED:
-            chunks = interleaved_chunks(problem.num_layers, c.pp, c.v)
+            chunks = interleaved_chunks(problem.num_layers, c.pp, c.virtual_stages)
             modes = [picks[k % c.pp].modes[k // c.pp] for k in range(len(chunks))]
         else:
             chunks = [pick.span for pick in picks]
@@ -86,13 +88,13 @@ class Group:
             pp=c.pp,
             layer_counts=[j - i + 1 for i, j in chunks],
             recompute=modes,
-            microbatch_size=c.mbs,
+            microbatch_size=c.microbatch_size,
             num_microbatches=self.m,
-            zero_stage=c.zero,
+            zero_stage=c.zero_stage,
             schedule=c.schedule,
-            virtual_stages=c.v,
+            virtual_stages=c.virtual_stages,
             sequence_parallel=problem.training.sequence_parallel,
-            rank_order=None if self.general else c.order,
+            rank_order=None if self.general else c.rank_order,
             grid=self.grid,
         )
 
@@ -123,7 +125,7 @@ def _one_f_one_b(sm: StageModel, modes) -> list[list[Choice]]:
 
 def _interleaved(sm: StageModel, modes) -> list[list[Choice]]:
     c = sm.config
-    chunks = interleaved_chunks(sm.n_layers, c.pp, c.v)
+    chunks = interleaved_chunks(sm.n_layers, c.pp, c.virtual_stages)
     last = len(chunks) - 1
     ranks = []
     for r in range(c.pp):
@@ -131,7 +133,7 @@ def _interleaved(sm: StageModel, modes) -> list[list[Choice]]:
         dense = sum(sm.params(r, *chunks[k])[2] for k in ks)
         expert = sum(sm.params(r, *chunks[k])[1] for k in ks)
         sync, opt = sm.rank_sync_opt(r, dense, expert)
-        static = sm.state_bytes_of(dense, expert) + sm.reserve
+        state_bytes = sm.state_bytes(dense, expert)
         per_chunk = []
         for k in ks:
             i, j = chunks[k]
@@ -140,27 +142,31 @@ def _interleaved(sm: StageModel, modes) -> list[list[Choice]]:
             rows = {}
             for mode in sm.modes_for(i, j, modes):
                 fwd, bwd = sm.chunk_times(r, i, j, mode, prev, nxt)
-                act = sm.p_act[mode][j + 1] - sm.p_act[mode][i]
-                rows[mode] = (fwd + bwd, bwd, act, sm.peak[mode][i, j])
+                act = sm.stored_bytes(i, j, mode)
+                rows[mode] = (fwd + bwd, bwd, act, sm.chain.peak_bytes[mode][i, j])
             per_chunk.append(rows)
         out = []
         for combo in product(*(list(rows) for rows in per_chunk)):
             terms = [rows[mode] for rows, mode in zip(per_chunk, combo, strict=True)]
-            memory = static + sm.in_flight[r] * sum(x[2] for x in terms) + max(x[3] for x in terms)
-            if memory <= sm.capacity:
+            memory = rank_memory_bytes(
+                state_bytes,
+                sum(x[2] for x in terms),
+                sm.in_flight[r],
+                max(x[3] for x in terms),
+                sm.reserve_bytes,
+            )
+            if memory <= sm.capacity_bytes:
                 out.append(Choice(sum(x[0] for x in terms), terms[0][1], sync, opt, None, combo))
         ranks.append(out)
     return ranks
 
 
-def _coefficients(config: SearchConfig, m: int) -> tuple[float, float]:
-    if config.schedule is Schedule.INTERLEAVED:
-        return 1.0 / config.v, m - 1.0 / config.v
-    return 1.0, float(m - 1)
+def _coefficients(config: ParallelConfig, m: int) -> tuple[float, float]:
+    return pipeline_coefficients(m, config.schedule, config.virtual_stages)
 
 
 def _config_floor_s(
-    problem: Problem, config: SearchConfig, shared: dict, modes, general: bool
+    problem: Problem, config: ParallelConfig, shared: dict, modes, general: bool
 ) -> float:
     """A lower bound on ``T`` of every plan of ``config``, whatever its partition (and, with
     ``general``, its placement).
@@ -214,8 +220,8 @@ def build_groups(
     for config in configurations(problem, options):
         if general:
             # the rank order is part of the placement here
-            key = (config.tp, config.cp, config.ep, config.dp, config.pp, config.mbs)
-            key += (config.zero, config.schedule, config.v)
+            key = (config.tp, config.cp, config.ep, config.dp, config.pp, config.microbatch_size)
+            key += (config.zero_stage, config.schedule, config.virtual_stages)
             if key in seen_configs:
                 continue
             seen_configs.add(key)

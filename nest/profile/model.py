@@ -123,7 +123,7 @@ class ProfileModel:
             is_moe=max(eps) > 1 or any(ref.moe for ref in self.chain),
         )
         self.widths = sorted({m.width for m in profile.measurements})
-        self.notes = profile.notes
+        self.notes = tuple(profile.notes)
         self._cache: dict = {}
 
     @property
@@ -136,6 +136,10 @@ class ProfileModel:
         return self.profile.seq_len or 0
 
     # ------------------------------------------------------------------ validity
+    def shard_rules(self) -> list[str]:
+        shown = ", ".join(f"(tp={t}, cp={c}, ep={e})" for t, c, e in self.widths)
+        return [f"(tp, cp, ep) must be a measured width: {shown}"]
+
     def shard_problem(self, shard: Shard) -> str | None:
         if (shard.tp, shard.cp, shard.ep) in self.widths:
             return None

@@ -1,0 +1,46 @@
+"""What one layer adds to its stage's time per microbatch, under the stage's recompute mode.
+
+The model (:class:`nest.layers.AnalyticModel`, or a measured
+:class:`nest.profile.model.ProfileModel`) gives each layer's :class:`~nest.layers.LayerCost` on one
+device for one shard; a stage's terms
+are sums over its layers of the functions here (collectives: summed per group split, then the
+slowest split, :meth:`nest.cost.groups.RankGroups.axis_time_s`). Only transformer blocks are
+recomputed: the embedding and the head always run in mode ``none`` and add no recompute.
+
+- forward: ``fwd_s`` and the forward collectives;
+- backward: ``bwd_s``, the mode's recompute seconds (full: the forward again; selective: the
+  attention core, Korthikanti et al. 2022 §5; ``none`` may still recompute FlashAttention's
+  scores) and the backward collectives plus those the recomputation repeats;
+- hardware FLOPs (what the devices execute, for MFU-with-recompute metrics): three forwards'
+  matmuls plus the recomputed ones.
+"""
+
+from nest.axes import Recompute
+from nest.layers import Collective, LayerCost
+
+
+def layer_mode(mode: Recompute, is_block: bool) -> Recompute:
+    """The mode a layer of a stage in ``mode`` runs in (only blocks are recomputed)."""
+    return mode if is_block else Recompute.NONE
+
+
+def recompute_s(cost: LayerCost, mode: Recompute, is_block: bool) -> float:
+    """Extra backward seconds of recomputing this layer."""
+    return cost.recompute_s.get(mode, 0.0) if is_block else 0.0
+
+
+def hardware_flops(cost: LayerCost, mode: Recompute, is_block: bool) -> float:
+    """FLOPs one device executes for this layer and one microbatch: forward, backward (twice
+    the forward) and the recomputation."""
+    return 3.0 * cost.fwd_flops + (cost.recompute_flops.get(mode, 0.0) if is_block else 0.0)
+
+
+def fwd_collectives(cost: LayerCost) -> tuple[Collective, ...]:
+    return cost.fwd_collectives
+
+
+def bwd_collectives(cost: LayerCost, mode: Recompute, is_block: bool) -> tuple[Collective, ...]:
+    """The backward's collectives and those its recomputation repeats."""
+    if not is_block:
+        return cost.bwd_collectives
+    return tuple(cost.bwd_collectives) + tuple(cost.recompute_collectives.get(mode, ()))

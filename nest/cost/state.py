@@ -1,0 +1,136 @@
+"""Model state: where a device's weights, gradients and optimizer state live, and what keeping,
+synchronising and updating them costs.
+
+Mixed-precision Adam keeps ``p + g + 12`` bytes per parameter (bf16 weights, bf16 gradients, fp32
+master weights, m and v: Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
+Parameter Models", SC20, §3.1); SGD keeps no optimizer state. Dense weights are replicated over
+the ``dp x cp`` ranks (Megatron-Core shards its distributed optimizer over data x context
+ranks), expert weights over the ``dp x cp / ep`` expert-data-parallel ranks. ZeRO (SC20, §5)
+shards over those groups: stage 1 the optimizer state, stage 2 also the gradients, stage 3 also
+the weights.
+
+- **Synchronisation** per iteration (:meth:`ModelState.sync_s`): ZeRO-0 all-reduces the
+  gradients; ZeRO-1/2 reduce-scatter the gradients and all-gather the updated weights
+  (Megatron-Core's distributed optimizer); ZeRO-3 reduce-scatters every microbatch instead
+  (:meth:`ModelState.zero3_traffic_s`), so its end-of-iteration sync is 0. Dense and expert
+  weights sync over their own groups (:class:`nest.cost.groups.RankGroups`), the two one after
+  the other.
+- **ZeRO-3 traffic** per microbatch: the stage's weights all-gathered before the forward and
+  again before the backward, the gradients reduce-scattered after it.
+- **Optimizer step** (:meth:`ModelState.optimizer_step_s`): memory-bound, the bytes the update
+  touches per parameter of the device's shard over HBM bandwidth: Adam reads and writes the fp32
+  state (``2 x 12``), reads the gradient and writes the bf16 weight (``g + p``); SGD reads the
+  gradient and reads and writes the weight (``g + 2 p``).
+
+Every method is linear in the parameter counts and works on scalars and numpy arrays alike: the
+evaluator calls it on one stage, the DP on a row of candidate stages, the bounds on one
+parameter.
+"""
+
+from dataclasses import dataclass
+
+from nest.cost.groups import RankGroups
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelState:
+    """The state terms of one configuration (module docstring)."""
+
+    zero_stage: int
+    dense_replicas: int
+    """Ranks holding the same dense weights: ``dp x cp``."""
+    expert_replicas: int
+    """Ranks holding the same experts: ``dp x cp / ep``."""
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes_per_param: int
+    """Optimizer state per parameter (12 for mixed-precision Adam, 0 for SGD)."""
+
+    @classmethod
+    def of(cls, problem, *, zero_stage: int, dp: int, cp: int, ep: int) -> "ModelState":
+        training = problem.training
+        return cls(
+            zero_stage=zero_stage,
+            dense_replicas=dp * cp,
+            expert_replicas=dp * cp // ep,
+            param_bytes=problem.model.spec.dtype_bytes,
+            grad_bytes=training.grad_bytes,
+            optimizer_bytes_per_param=training.optimizer_state_bytes_per_param,
+        )
+
+    def local_params(self, dense, expert, sharded: bool):
+        """Parameters of some state one device keeps: all of them, or its shard when ZeRO
+        shards that state."""
+        if not sharded:
+            return dense + expert
+        return dense / self.dense_replicas + expert / self.expert_replicas
+
+    def weights_bytes(self, dense, expert):
+        return self.param_bytes * self.local_params(dense, expert, self.zero_stage >= 3)
+
+    def grads_bytes(self, dense, expert):
+        return self.grad_bytes * self.local_params(dense, expert, self.zero_stage >= 2)
+
+    def optimizer_bytes(self, dense, expert):
+        return self.optimizer_bytes_per_param * self.local_params(
+            dense, expert, self.zero_stage >= 1
+        )
+
+    def state_bytes(self, dense, expert):
+        """Weights + gradients + optimizer state one device keeps for these parameters."""
+        return (
+            self.weights_bytes(dense, expert)
+            + self.grads_bytes(dense, expert)
+            + self.optimizer_bytes(dense, expert)
+        )
+
+    def gathered_bytes(self, dense, expert):
+        """ZeRO-3: a layer's weights gathered beyond the device's own shard while it runs
+        (0 below stage 3)."""
+        if self.zero_stage < 3:
+            return 0.0 * (dense + expert)
+        own = self.local_params(dense, expert, True)
+        return self.param_bytes * (self.local_params(dense, expert, False) - own)
+
+    def bytes_touched_per_param(self) -> int:
+        """HBM bytes the optimizer step reads and writes per parameter of the shard."""
+        if self.optimizer_bytes_per_param == 0:
+            return self.grad_bytes + 2 * self.param_bytes  # SGD: read g, read and write w
+        return 2 * self.optimizer_bytes_per_param + self.grad_bytes + self.param_bytes
+
+    def optimizer_step_s(self, dense, expert, hbm_bw_bytes_per_s: float):
+        """Seconds of the optimizer step of a device holding these parameters."""
+        local = self.local_params(dense, expert, self.zero_stage >= 1)
+        return local * self.bytes_touched_per_param() / hbm_bw_bytes_per_s
+
+    def sync_s(self, groups: RankGroups, dense, expert):
+        """End-of-iteration data-parallel synchronisation of a rank holding these parameters
+        (dense including a tied-embedding copy), seconds."""
+        g, p = self.grad_bytes, self.param_bytes
+        if self.zero_stage == 0:
+            return groups.time_s("all_reduce", g * dense, "dense_dp") + groups.time_s(
+                "all_reduce", g * expert, "expert_dp"
+            )
+        if self.zero_stage in (1, 2):
+            return (
+                groups.time_s("reduce_scatter", g * dense, "dense_dp")
+                + groups.time_s("all_gather", p * dense, "dense_dp")
+                + groups.time_s("reduce_scatter", g * expert, "expert_dp")
+                + groups.time_s("all_gather", p * expert, "expert_dp")
+            )
+        return 0.0 * (dense + expert)  # ZeRO-3 reduce-scatters every microbatch
+
+    def zero3_traffic_s(self, groups: RankGroups, dense, expert):
+        """``(forward, backward)`` seconds of ZeRO-3's per-microbatch traffic for a stage of
+        these parameters; ``(0, 0)`` below stage 3."""
+        if self.zero_stage < 3:
+            zero = 0.0 * (dense + expert)
+            return zero, zero
+        p, g = self.param_bytes, self.grad_bytes
+        gather = groups.time_s("all_gather", p * dense, "dense_dp") + groups.time_s(
+            "all_gather", p * expert, "expert_dp"
+        )
+        scatter = groups.time_s("reduce_scatter", g * dense, "dense_dp") + groups.time_s(
+            "reduce_scatter", g * expert, "expert_dp"
+        )
+        return gather, gather + scatter
