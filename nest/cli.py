@@ -64,6 +64,8 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
     try:
         problem = build_problem(cfg)
         base["model"] = problem.model.name
+        base["seq_len"] = problem.model.seq_len or None
+        base["seq_len_source"] = getattr(problem.model, "seq_len_source", "model.seq_len")
         export_targets = targets_of(cfg.get("export"))
         planner = build_planner(cfg.solver)
         plan = planner.solve(problem)
