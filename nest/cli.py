@@ -28,7 +28,7 @@ from nest.planner import build_planner
 from nest.results import run_recorded
 from nest.serialize import plan_to_dict, report_to_dict
 from nest.simulate import plot_timeline, simulate
-from nest.summary import format_summary
+from nest.summary import format_summary, seq_len_source
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -65,7 +65,7 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
         problem = build_problem(cfg)
         base["model"] = problem.model.name
         base["seq_len"] = problem.model.seq_len or None
-        base["seq_len_source"] = getattr(problem.model, "seq_len_source", "model.seq_len")
+        base["seq_len_source"] = seq_len_source(problem.model)
         export_targets = targets_of(cfg.get("export"))
         planner = build_planner(cfg.solver)
         plan = planner.solve(problem)

@@ -30,10 +30,16 @@ def _placement(problem: Problem, plan: Plan) -> list[str]:
     return lines
 
 
+def seq_len_source(model) -> str:
+    """The rule that gave the model's training length: set by :func:`nest.config.build_model`
+    (a Hugging Face config's may be a default, nest/hf.py); a model built directly from a spec
+    takes its ``seq_len`` as given."""
+    return getattr(model, "seq_len_source", "model.seq_len")
+
+
 def sequence_line(model) -> str:
-    """The training length in use and the rule that gave it (``seq_len_source``, set by
-    :func:`nest.config.build_model`; a Hugging Face config's may be a default, nest/hf.py)."""
-    source = getattr(model, "seq_len_source", "model.seq_len")
+    """The training length in use and where it came from."""
+    source = seq_len_source(model)
     if not model.seq_len:
         return "sequence length not given (tokens/s n/a; set model.seq_len)"
     return f"sequence length {model.seq_len:,} tokens ({source})"

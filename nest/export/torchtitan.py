@@ -141,12 +141,12 @@ def _ep_candidates(problem: Problem, plan: Plan) -> list[int]:
     divides ``dp x cp`` and the experts, is a multiple of ``cp``, or is 1."""
     if _ep_ok(plan.dp, plan.cp, plan.ep):
         return [plan.ep]
-    experts = getattr(getattr(problem.model, "spec", None), "num_experts", None)
+    experts = problem.model.spec.num_experts
     width = plan.dp * plan.cp
     return [
         e
         for e in range(1, width + 1)
-        if width % e == 0 and (experts is None or experts % e == 0) and _ep_ok(plan.dp, plan.cp, e)
+        if width % e == 0 and experts % e == 0 and _ep_ok(plan.dp, plan.cp, e)
     ]
 
 
