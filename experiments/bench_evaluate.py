@@ -41,7 +41,7 @@ CASES = [
 
 
 def main(repeats: int = 20) -> None:
-    from hydra.utils import instantiate
+    from nest.planner import build_planner
 
     register_schemas()
     print(f"{'case':<34} {'cold ms':>9} {'warm ms':>9} {'cold/warm':>9}")
@@ -51,7 +51,7 @@ def main(repeats: int = 20) -> None:
                 config_name="config", overrides=[f"model={model}", f"cluster={cluster}", *overrides]
             )
         problem = build_problem(cfg)
-        plan = instantiate(cfg.solver, _convert_="all").build(problem)
+        plan = build_planner(cfg.solver).build(problem)
         start = time.perf_counter()
         evaluate(problem, plan)
         cold = time.perf_counter() - start

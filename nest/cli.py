@@ -1,8 +1,9 @@
 """The Hydra entry point: ``python run.py solver=<name> cluster=<name> model=<name> [k=v ...]``.
 
-A run builds the problem, instantiates the planner from ``cfg.solver``, scores the plan with the
-shared evaluator, prints the summary and writes ``plan.json``, ``report.json`` and ``summary.txt``
-into the Hydra run directory. User mistakes (``UserError``) and infeasible problems
+A run builds the problem, builds the planner from ``cfg.solver`` (:func:`nest.planner.build_planner`
+calls the config's ``_target_`` only if it is a planner class), scores the plan with the shared
+evaluator, prints the summary and writes ``plan.json``, ``report.json`` and ``summary.txt`` into the
+Hydra run directory. User mistakes (``UserError``) and infeasible problems
 (``Infeasible``) print one line, never a traceback; a configuration given as data that cannot run
 as given (``InvalidConfiguration``, e.g. a published table row) is reported with status
 ``invalid``.
@@ -16,7 +17,6 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from nest.config import build_problem, register_schemas
@@ -24,10 +24,11 @@ from nest.cost import evaluate
 from nest.errors import Infeasible, InvalidConfiguration, NotPublished, SolverTimeout, UserError
 from nest.explain import explain_report, format_explain
 from nest.export import export_plan, format_export, targets_of, write_export
+from nest.planner import build_planner
 from nest.results import run_recorded
 from nest.serialize import plan_to_dict, report_to_dict
 from nest.simulate import plot_timeline, simulate
-from nest.summary import format_summary
+from nest.summary import format_summary, seq_len_source
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -63,8 +64,10 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
     try:
         problem = build_problem(cfg)
         base["model"] = problem.model.name
+        base["seq_len"] = problem.model.seq_len or None
+        base["seq_len_source"] = seq_len_source(problem.model)
         export_targets = targets_of(cfg.get("export"))
-        planner = instantiate(cfg.solver, _convert_="all")
+        planner = build_planner(cfg.solver)
         plan = planner.solve(problem)
     except (InvalidConfiguration, NotPublished, SolverTimeout) as exc:
         status = {InvalidConfiguration: "invalid", NotPublished: "unpublished"}.get(

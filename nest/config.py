@@ -79,9 +79,11 @@ class HfModelConfig:
     source: str = "hf"
     config_path: str | None = None
     name: str | None = None
-    """Default: the config's ``_name_or_path`` (or its folder's name)."""
+    """Default: the config's ``_name_or_path``, else its folder (``config.json``) or file name."""
     seq_len: int | None = None
-    """Default: ``max_position_embeddings`` (``n_positions`` for GPT-2)."""
+    """Training length. Default: the config's pre-training context when it states one, else
+    ``max_position_embeddings`` (``n_positions`` for GPT-2) up to 4096, with a notice when the
+    model accepts more (:mod:`nest.hf`)."""
 
 
 @dataclass
@@ -241,21 +243,29 @@ def build_model_spec(cfg: Any) -> ModelSpec:
     return ModelSpec(**c)
 
 
+def _with_provenance(model, seq_len_source: str, notes=()):
+    """Attach where the model's sequence length came from (``seq_len_source``, printed in the
+    summary and written to report.json) and one-line notices (``notes``, printed after the
+    summary) to a built model."""
+    model.seq_len_source = seq_len_source
+    model.notes = tuple(getattr(model, "notes", ())) + tuple(notes)
+    return model
+
+
 def build_model(cfg: Any, training: Training):
     """The model a problem uses: a preset spec, a Hugging Face config, or a measured profile."""
     c = _plain(cfg)
     source = c.pop("source", "spec")
     if source == "hf":
-        from nest.hf import spec_from_hf_config
+        from nest.hf import load_hf_model
 
-        spec = spec_from_hf_config(
-            c.get("config_path"), name=c.get("name"), seq_len=c.get("seq_len")
-        )
-        return AnalyticModel(spec, flash_attention=training.flash_attention)
+        hf = load_hf_model(c.get("config_path"), name=c.get("name"), seq_len=c.get("seq_len"))
+        model = AnalyticModel(hf.spec, flash_attention=training.flash_attention)
+        return _with_provenance(model, hf.seq_len_source, hf.notes)
     if source == "profile":
         from nest.profile import load_profile_model
 
-        return load_profile_model(
+        model = load_profile_model(
             c.get("path"),
             name=c.get("name"),
             seq_len=c.get("seq_len"),
@@ -263,7 +273,10 @@ def build_model(cfg: Any, training: Training):
             head_in_blocks=c.get("head_in_blocks", "auto"),
             microbatch_scaling=c.get("microbatch_scaling", "linear"),
         )
-    return AnalyticModel(build_model_spec(c), flash_attention=training.flash_attention)
+        given = "model.seq_len" if c.get("seq_len") else "the profile file"
+        return _with_provenance(model, given if model.seq_len else "not given")
+    model = AnalyticModel(build_model_spec(c), flash_attention=training.flash_attention)
+    return _with_provenance(model, "model.seq_len")
 
 
 def build_training(cfg: Any) -> Training:

@@ -20,9 +20,23 @@ bert       hidden_size, num_hidden_layers, num_attention_heads, intermediate_siz
            learned positions, tied MLM decoder, pooler, dropout if hidden_dropout_prob > 0
 =========  ========================================================================================
 
-Sequence length: ``max_position_embeddings`` (``n_positions`` for GPT-2), the longest context the
-model was built for, unless ``model.seq_len`` overrides it (do so for training runs shorter than the
-model's context, e.g. Mistral's 32768).
+Name: ``model.name``, else the config's ``_name_or_path``, else the file: its folder for a
+``config.json`` (``org/name`` inside a Hugging Face cache, ``models--org--name/snapshots/REV/``),
+its stem for any other file name. Published hub configs carry no ``_name_or_path``.
+
+Sequence length (the training length every cost depends on), first that applies:
+
+1. ``model.seq_len``, when given;
+2. the pre-training context the config states, ``rope_scaling.original_max_position_embeddings``,
+   when it is below ``max_position_embeddings`` (Llama 3.1: 8192 of 131072; that is the length its
+   base pre-training ran at before the RoPE context extension);
+3. ``max_position_embeddings`` (``n_positions`` for GPT-2) when it is at most
+   :data:`DEFAULT_TRAINING_SEQ_LEN` (4096);
+4. :data:`DEFAULT_TRAINING_SEQ_LEN` otherwise (Qwen2.5-7B's 131072, Mistral's 32768).
+
+The longest context a model accepts is not the length it is trained at; rules 2 and 4 print a
+one-line notice saying so and how to change it, and the summary always says which rule gave the
+length. A ``model.seq_len`` beyond a learned position table (GPT-2, BERT) is an error.
 
 Approximations, stated: Qwen2's Q/K/V projections carry biases but its other linears do not; the
 spec's ``bias`` is all-or-nothing, so Qwen2 is read without biases (``(h + 2 g d)`` parameters per
@@ -31,6 +45,7 @@ block, 0.006 % of Qwen2-0.5B). Mistral's sliding-window attention is costed as f
 """
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from nest.errors import UserError
@@ -38,6 +53,25 @@ from nest.model import ModelSpec
 
 GATED = {"silu", "swiglu"}
 GELU = {"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu"}
+
+DEFAULT_TRAINING_SEQ_LEN = 4096
+"""Training length when neither ``model.seq_len`` nor the config's pre-training context says one and
+``max_position_embeddings`` is longer. 4096 is the length Llama 2 was pre-trained at (Touvron et al.
+2023, arXiv 2307.09288, §2.2 and Table 1) and the main pre-training stage of Qwen2 and Qwen2.5
+before their long-context stages (Qwen2 report arXiv 2407.10671 §3.2; Qwen2.5 report arXiv
+2412.15115 §3.3), and no longer than any shipped decoder's published pre-training length (Llama 3
+and Mistral 7B trained at 8192)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HfModel:
+    """A config's spec with where its name and sequence length came from."""
+
+    spec: ModelSpec
+    seq_len_source: str
+    """Which rule gave ``spec.seq_len`` (module docstring), in words."""
+    notes: tuple[str, ...] = ()
+    """One-line notices for the user (a sequence length the config did not state as trained)."""
 
 
 def _where(path: Path) -> str:
@@ -238,16 +272,72 @@ def family_of(cfg: dict, path: Path) -> str:
     )
 
 
-def spec_from_hf_config(
-    path_like, *, name: str | None = None, seq_len: int | None = None
-) -> ModelSpec:
-    """The spec of a Hugging Face config file; ``seq_len`` overrides ``max_position_embeddings``."""
-    cfg, path = read_config(path_like)
-    family = family_of(cfg, path)
-    fields = FAMILIES[family](cfg, path, family)
+def default_name(cfg: dict, path: Path) -> str:
+    """``_name_or_path``, else the folder of a ``config.json`` (``org/name`` in a Hugging Face
+    cache), else the file's stem."""
+    given = cfg.get("_name_or_path")
+    if isinstance(given, str) and given.strip():
+        return given.strip()
+    if path.name != "config.json":
+        return path.stem
+    folder = path.resolve().parent
+    repo = folder.parent.parent.name  # .../models--org--name/snapshots/<revision>/config.json
+    if folder.parent.name == "snapshots" and repo.startswith("models--"):
+        return repo.removeprefix("models--").replace("--", "/")
+    return folder.name or path.stem
+
+
+def _training_seq_len(
+    cfg: dict, path: Path, family: str, fields: dict, name: str, seq_len
+) -> tuple[int, str, tuple[str, ...]]:
+    """The training length, the rule that gave it, and the notice to print (module docstring)."""
+    key = "n_positions" if family == "gpt2" else "max_position_embeddings"
+    context = fields["seq_len"]
+    learned = fields.get("position") == "learned"
     if seq_len is not None:
         if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
             raise UserError(f"model.seq_len={seq_len!r} must be a positive integer")
-        fields["seq_len"] = seq_len
-    default_name = str(cfg.get("_name_or_path") or path.parent.name or family)
-    return ModelSpec(name=name or default_name, **fields)
+        if learned and seq_len > context:
+            raise UserError(
+                f"model.seq_len={seq_len} exceeds {_where(path)}'s {key}={context} (a learned "
+                f"position table has {context} rows); use model.seq_len <= {context}"
+            )
+        notes = ()
+        if seq_len > context:
+            notes = (
+                f"model.seq_len={seq_len:,} is beyond {name}'s {key} of {context:,} (the longest "
+                "context it was built for)",
+            )
+        return seq_len, "model.seq_len", notes
+    rope = cfg.get("rope_scaling")
+    original = rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None
+    if isinstance(original, int) and not isinstance(original, bool) and 0 < original < context:
+        chosen = original
+        rule = "its pre-training context, rope_scaling.original_max_position_embeddings"
+    elif context > DEFAULT_TRAINING_SEQ_LEN:
+        chosen, rule = DEFAULT_TRAINING_SEQ_LEN, "the default training length"
+    else:
+        return context, f"the config's {key}", ()
+    notice = (
+        f"model.seq_len not set: {name} is planned at {chosen:,} tokens per sequence ({rule}), "
+        f"not at its {key} of {context:,}; set model.seq_len=N to plan another training length"
+    )
+    return chosen, f"{rule}; the config's {key} is {context:,}", (notice,)
+
+
+def load_hf_model(path_like, *, name: str | None = None, seq_len: int | None = None) -> HfModel:
+    """The spec of a Hugging Face config file, named and with its training length chosen as the
+    module docstring says."""
+    cfg, path = read_config(path_like)
+    family = family_of(cfg, path)
+    fields = FAMILIES[family](cfg, path, family)
+    name = name or default_name(cfg, path)
+    fields["seq_len"], source, notes = _training_seq_len(cfg, path, family, fields, name, seq_len)
+    return HfModel(spec=ModelSpec(name=name, **fields), seq_len_source=source, notes=notes)
+
+
+def spec_from_hf_config(
+    path_like, *, name: str | None = None, seq_len: int | None = None
+) -> ModelSpec:
+    """The spec of a Hugging Face config file (:func:`load_hf_model` without the provenance)."""
+    return load_hf_model(path_like, name=name, seq_len=seq_len).spec

@@ -4,16 +4,23 @@ A planner is built from its Hydra config (keyword hyper-parameters only, stored 
 ``solve(problem) -> Plan`` or raises :class:`nest.errors.Infeasible`. Whatever a planner optimises
 internally, the objective it reports is ``evaluate(problem, plan).iteration_time_s``: :func:`finish`
 sets it, so no planner keeps a private scoring path.
+
+:func:`build_planner` is the one way a run turns a solver config into a planner: it resolves the
+config's ``_target_`` first and calls it only if it is a planner class (the :class:`Planner`
+protocol), so a solver YAML on the search path cannot make a run call any other Python callable.
 """
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+from hydra.utils import get_object, instantiate
+from omegaconf import DictConfig, OmegaConf
 
 from nest.axes import Recompute
 from nest.cost import evaluate
 from nest.cost.state import ModelState
-from nest.errors import Infeasible
+from nest.errors import Infeasible, UserError
 from nest.plan import Plan
 from nest.problem import Problem
 from nest.report import Report
@@ -25,6 +32,70 @@ class Planner(Protocol):
     name: str
 
     def solve(self, problem: Problem) -> Plan: ...
+
+
+def _nested_targets(node: Any, where: str) -> list[str]:
+    """Paths of every ``_target_`` below the top of a solver config (in dicts and lists)."""
+    found = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "_target_":
+                found.append(f"{where}._target_")
+            found += _nested_targets(value, f"{where}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += _nested_targets(value, f"{where}[{i}]")
+    return found
+
+
+def build_planner(solver_cfg: DictConfig | Mapping) -> Planner:
+    """The planner a solver config names, after checking that its ``_target_`` is a planner class.
+
+    Hydra's ``instantiate`` calls whatever ``_target_`` names (``_target_: shutil.copy`` copies a
+    file), so the target is resolved first and refused unless it is a class with a ``solve``
+    method; nested ``_target_`` keys (which ``instantiate`` would call before the planner) and
+    ``_partial_`` are refused outright. Planner classes in the user's own packages work as before:
+    ``_target_: mypackage.MyPlanner`` with ``mypackage`` importable.
+    """
+    cfg = solver_cfg if isinstance(solver_cfg, DictConfig) else OmegaConf.create(dict(solver_cfg))
+    target = cfg.get("_target_")
+    if not isinstance(target, str) or not target.strip():
+        raise UserError(
+            f"solver._target_={target!r}; a solver config names its planner class, e.g. "
+            "_target_: baselines.fixed.FixedPlanner"
+        )
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+    except Exception as exc:  # an interpolation that does not resolve is a config mistake
+        raise UserError(f"solver config does not resolve: {' '.join(str(exc).split())}") from None
+    nested = _nested_targets({k: v for k, v in plain.items() if k != "_target_"}, "solver")
+    if nested:
+        raise UserError(
+            f"{nested[0]}: a solver config may name one class (its top-level _target_); nested "
+            "targets are not instantiated. Give the planner its settings as plain values"
+        )
+    if plain.get("_partial_"):
+        raise UserError("solver._partial_=true; a solver config builds a planner, not a partial")
+    try:
+        obj = get_object(target)
+    except Exception as exc:
+        raise UserError(
+            f"solver._target_={target!r} cannot be imported ({' '.join(str(exc).split())[:200]}); "
+            "name a planner class importable from this Python environment"
+        ) from None
+    if not isinstance(obj, type) or not callable(getattr(obj, "solve", None)):
+        kind = "a class without solve()" if isinstance(obj, type) else type(obj).__name__
+        raise UserError(
+            f"solver._target_={target!r} is not a planner class (a class with solve(problem), "
+            f"nest.planner.Planner) but {kind}; refusing to call it"
+        )
+    planner = instantiate(cfg, _convert_="all")
+    if not isinstance(planner, Planner):
+        raise UserError(
+            f"solver._target_={target!r} built a {type(planner).__name__} without a 'name' "
+            "attribute; a planner has name and solve(problem) (nest.planner.Planner)"
+        )
+    return planner
 
 
 def finish(

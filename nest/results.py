@@ -9,7 +9,8 @@ Row columns (:data:`ROW_COLUMNS`), units in the names:
 
 - identity: ``job`` (Hydra job number, null in single runs), ``solver`` (the solver's ``name``),
   ``planner`` (``solver`` plus any ``solver.*`` overrides, e.g. ``fixed(tp=2)``: the label tables
-  and plots use), ``model``, ``cluster``, ``devices``, ``level_fanouts`` (innermost first, e.g.
+  and plots use), ``model``, ``seq_len`` (tokens per sequence, the training length the run planned
+  at), ``cluster``, ``devices``, ``level_fanouts`` (innermost first, e.g.
   ``8x4x32``), ``hbm_bytes`` (per device), ``global_batch``, ``microbatch_candidates``
   (``training.microbatch_sizes``, e.g. ``1`` or ``1,2,4``);
 - outcome: ``status`` (the planner's ``optimal`` / ``feasible`` / ``timeout``, or ``infeasible``,
@@ -49,6 +50,7 @@ IDENTITY_COLUMNS = (
     "solver",
     "planner",
     "model",
+    "seq_len",
     "cluster",
     "devices",
     "level_fanouts",
@@ -135,6 +137,7 @@ def _case(cfg: DictConfig) -> dict:
     sizes = cfg.training.get("microbatch_sizes", None) if "training" in cfg else None
     out = {
         "model": _model_label(cfg),
+        "seq_len": None,
         "cluster": str(cfg.cluster.get("name", "?")) if "cluster" in cfg else None,
         "devices": None,
         "level_fanouts": None,
@@ -152,6 +155,7 @@ def _case(cfg: DictConfig) -> dict:
         return out
     cluster = problem.cluster
     out["model"] = problem.model.name
+    out["seq_len"] = problem.model.seq_len or None
     out["devices"] = cluster.num_devices
     out["level_fanouts"] = "x".join(str(lv.fanout) for lv in cluster.levels)
     out["hbm_bytes"] = cluster.device.hbm_bytes

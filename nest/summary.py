@@ -30,10 +30,26 @@ def _placement(problem: Problem, plan: Plan) -> list[str]:
     return lines
 
 
+def seq_len_source(model) -> str:
+    """The rule that gave the model's training length: set by :func:`nest.config.build_model`
+    (a Hugging Face config's may be a default, nest/hf.py); a model built directly from a spec
+    takes its ``seq_len`` as given."""
+    return getattr(model, "seq_len_source", "model.seq_len")
+
+
+def sequence_line(model) -> str:
+    """The training length in use and where it came from."""
+    source = seq_len_source(model)
+    if not model.seq_len:
+        return "sequence length not given (tokens/s n/a; set model.seq_len)"
+    return f"sequence length {model.seq_len:,} tokens ({source})"
+
+
 def format_summary(problem: Problem, plan: Plan, report: Report) -> str:
     cluster, model = problem.cluster, problem.model
     out = [
         f"{plan.solver or 'plan'}: {model.name} on {cluster.describe()}",
+        sequence_line(model),
         f"status {plan.status}; solved in {plan.solve_time_s:.3f} s",
         (
             f"degrees tp={plan.tp} cp={plan.cp} ep={plan.ep} dp={plan.dp} pp={plan.pp}"

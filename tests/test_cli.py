@@ -16,12 +16,11 @@ from pathlib import Path
 import hydra
 import pytest
 from hydra.core.global_hydra import GlobalHydra
-from hydra.utils import instantiate
 
 import nest.cli
 from nest.config import build_problem
 from nest.cost import evaluate
-from nest.planner import Planner
+from nest.planner import Planner, build_planner
 from nest.serialize import plan_from_dict
 
 CONF_DIR = nest.cli.CONF_DIR
@@ -455,7 +454,7 @@ def test_default_config_is_frozen():
 def test_every_solver_instantiates_a_planner(solver):
     cfg = compose(f"solver={solver}")
     assert cfg.solver.name == solver
-    planner = instantiate(cfg.solver, _convert_="all")
+    planner = build_planner(cfg.solver)  # the CLI's checked path: every shipped solver passes it
     assert isinstance(planner, Planner)
     assert planner.name == solver
 
@@ -508,3 +507,56 @@ def test_exact_solver_general_mode_from_the_command_line(tmp_path):
         "cluster.levels.1.fanout=1",
     )
     assert report["status"] == "optimal" and plan["rank_order"] is None
+
+
+# ------------------------------------------------------------------------------------------------
+# A solver config names a planner class, never any other callable
+# ------------------------------------------------------------------------------------------------
+
+
+def _solver_dir(tmp_path: Path, name: str, text: str) -> Path:
+    """A config directory with ``solver/<name>.yaml``, to put on Hydra's search path."""
+    conf = tmp_path / "extra_conf"
+    (conf / "solver").mkdir(parents=True, exist_ok=True)
+    (conf / "solver" / f"{name}.yaml").write_text(text)
+    return conf
+
+
+def test_a_solver_yaml_cannot_call_an_arbitrary_callable(tmp_path):
+    """``_target_: shutil.copy`` on the search path: refused before it is called (the file is not
+    copied), one-line error naming the target; a nested target is refused the same way."""
+    src, dst = tmp_path / "secret.txt", tmp_path / "copied.txt"
+    src.write_text("x")
+    conf = _solver_dir(tmp_path, "evil", f"_target_: shutil.copy\nsrc: {src}\ndst: {dst}\n")
+    _solver_dir(
+        tmp_path,
+        "nested",
+        "_target_: baselines.fixed.FixedPlanner\nname: fixed\n"
+        f"extra:\n  _target_: shutil.copy\n  src: {src}\n  dst: {dst}\n",
+    )
+    search = f"hydra.searchpath=[file://{conf}]"
+    _, result, report, plan, lines = run_case(tmp_path / "out1", search, "solver=evil")
+    assert not dst.exists()
+    assert result["status"] == report["status"] == "error" and plan is None
+    assert "solver._target_='shutil.copy' is not a planner class" in result["error"]
+    assert lines == [f"error: {result['error']}"]
+    _, result, _, _, lines = run_case(tmp_path / "out2", search, "solver=nested")
+    assert not dst.exists()
+    assert result["status"] == "error" and "solver.extra._target_" in result["error"]
+
+
+def test_a_planner_class_from_the_users_own_package_still_runs(tmp_path, monkeypatch):
+    package = tmp_path / "pkg" / "my_planners"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "from baselines.fixed import FixedPlanner\n\n\nclass Mine(FixedPlanner):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    conf = _solver_dir(
+        tmp_path, "mine", "_target_: my_planners.Mine\nname: mine\ntp: 1\npp: 1\ndp: 8\n"
+    )
+    _, result, report, plan, _ = run_case(
+        tmp_path / "out", f"hydra.searchpath=[file://{conf}]", "solver=mine", "model=tiny"
+    )
+    assert result["status"] == "feasible" and report["solver"] == "mine"
+    assert (plan["tp"], plan["pp"], plan["dp"]) == (1, 1, 8)

@@ -4,6 +4,10 @@ Flag names are the upstream ones (NVIDIA/Megatron-LM megatron/training/arguments
 pytorch/torchtitan torchtitan/config/job_config.py @ 000204a4a8bf). Expected values are derived
 from the plan (degrees, microbatches, blocks per stage), and the warning path's evaluated cost is
 recomputed here from an independently built plan.
+
+:func:`torchtitan_runs` and :func:`megatron_runs` restate, from the upstream sources, what each
+framework derives from the exported values (its batch arithmetic, its refusals, and what its
+data parallelism keeps per device in ZeRO terms); the tests check that this is the exported plan.
 """
 
 import json
@@ -28,6 +32,7 @@ MEGATRON_FLAGS = {
     "--expert-model-parallel-size",
     "--micro-batch-size",
     "--global-batch-size",
+    "--seq-length",
     "--sequence-parallel",
     "--recompute-granularity",
     "--recompute-method",
@@ -73,6 +78,7 @@ def test_megatron_uniform_plan(problem):
         "--expert-model-parallel-size": "1",
         "--micro-batch-size": "1",
         "--global-batch-size": str(plan.microbatch_size * plan.num_microbatches * plan.dp),
+        "--seq-length": str(problem.model.seq_len),
         "--sequence-parallel": "",
         "--recompute-granularity": "full",
         "--recompute-method": "uniform",
@@ -148,50 +154,266 @@ def toml_of(exp) -> dict:
 
 
 def test_torchtitan_fsdp_plan(problem):
-    plan = fixed(problem, tp=2, pp=2, dp=4, zero_stage=3, recompute="selective")
+    plan = fixed(problem, tp=2, pp=2, dp=4, zero_stage=1, recompute="selective")
     exp = export_plan(problem, plan, "torchtitan")
     assert not exp.warnings
     t = toml_of(exp)
     par = t["parallelism"]
     assert (par["data_parallel_shard_degree"], par["data_parallel_replicate_degree"]) == (4, 1)
+    assert par["fsdp_reshard_after_forward"] == "never"
     assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"]) == (2, 2)
     assert par["pipeline_parallel_split_points"] == ["layers.4"]
     assert par["pipeline_parallel_schedule"] == "1F1B"
+    assert par["pipeline_parallel_microbatch_size"] == plan.microbatch_size
     assert t["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
     assert t["training"]["global_batch_size"] == 32
-    assert t["training"]["local_batch_size"] == 32 // 4
+    assert t["training"]["local_batch_size"] == 32 // 4  # the whole per-rank batch: pipelined
+    zero3 = toml_of(
+        export_plan(problem, fixed(problem, tp=2, pp=1, dp=8, zero_stage=3), "torchtitan")
+    )
+    assert zero3["parallelism"]["fsdp_reshard_after_forward"] == "always"
+    assert zero3["training"]["local_batch_size"] == 1  # one microbatch per accumulation step
 
 
-def test_torchtitan_zero1_exports_the_better_of_ddp_and_fsdp(problem):
-    plan = fixed(problem, tp=1, pp=2, dp=8, zero_stage=1, schedule="interleaved", virtual_stages=2)
+def test_torchtitan_zero1_without_pipelining_exports_the_better_of_fsdp_modes(problem):
+    """No DDP beside tensor parallelism, and FSDP without pipelining is ZeRO-2 or ZeRO-3."""
+    plan = fixed(problem, tp=2, pp=1, dp=8, zero_stage=1)
     exp = export_plan(problem, plan, "torchtitan")
-    options = {
-        z: evaluate(
-            problem,
-            fixed(
-                problem, tp=1, pp=2, dp=8, zero_stage=z, schedule="interleaved", virtual_stages=2
-            ),
-        )
-        for z in (0, 3)
-    }
+    options = {z: evaluate(problem, fixed(problem, tp=2, pp=1, dp=8, zero_stage=z)) for z in (2, 3)}
     best = min(options, key=lambda z: (not options[z].feasible, options[z].iteration_time_s))
     assert exp.exported_iteration_time_s == pytest.approx(options[best].iteration_time_s, rel=1e-12)
     assert "ZeRO-1" in exp.warnings[0] and f"used ZeRO-{best}" in exp.warnings[0]
+    assert exp.exported_plan["zero_stage"] == best
+
+
+def test_torchtitan_zero3_with_pipelining_is_exported_as_zero1(problem):
+    """PyTorch's pipeline stage keeps full weights and gradients until the last microbatch, so
+    torchtitan's FSDP under pipelining is ZeRO-1 (and DDP is refused): ZeRO-3 is not expressible."""
+    for zero in (0, 3):
+        plan = fixed(problem, tp=1, pp=2, dp=8, zero_stage=zero)
+        exp = export_plan(problem, plan, "torchtitan")
+        nearest = fixed(problem, tp=1, pp=2, dp=8, zero_stage=1)
+        assert exp.exported_iteration_time_s == pytest.approx(
+            evaluate(problem, nearest).iteration_time_s, rel=1e-12
+        )
+        assert f"ZeRO-{zero}" in exp.warnings[0] and "used ZeRO-1" in exp.warnings[0]
+        assert toml_of(exp)["parallelism"]["fsdp_reshard_after_forward"] == "never"
+
+
+def test_torchtitan_interleaved_plan_exports_split_points_per_chunk(problem):
+    plan = fixed(problem, tp=1, pp=2, dp=8, zero_stage=1, schedule="interleaved", virtual_stages=2)
+    exp = export_plan(problem, plan, "torchtitan")
+    assert not exp.warnings
     par = toml_of(exp)["parallelism"]
     assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
     assert par["pipeline_parallel_split_points"] == ["layers.2", "layers.4", "layers.6"]
 
 
 def test_torchtitan_moves_a_head_only_stage(problem):
-    plan = fixed(problem, tp=1, pp=3, dp=4, layer_partition=[5, 4, 1])  # chain layers
+    plan = fixed(problem, tp=1, pp=3, dp=4, zero_stage=1, layer_partition=[5, 4, 1])  # chain
     exp = export_plan(problem, plan, "torchtitan")
     assert "starts without a transformer block" in exp.warnings[0]
     assert exp.exported_plan["blocks_per_stage"] == [4, 3, 1]
     assert toml_of(exp)["parallelism"]["pipeline_parallel_split_points"] == ["layers.4", "layers.7"]
-    nearest = fixed(problem, tp=1, pp=3, dp=4, layer_partition=[5, 3, 2])
+    nearest = fixed(problem, tp=1, pp=3, dp=4, zero_stage=1, layer_partition=[5, 3, 2])
     assert exp.exported_iteration_time_s == pytest.approx(
         evaluate(problem, nearest).iteration_time_s, rel=1e-12
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# What the frameworks do with the exported values
+# ------------------------------------------------------------------------------------------------
+
+
+def torchtitan_runs(t: dict, world: int) -> dict:
+    """What torchtitan @ 000204a4a8bf runs from a job config on ``world`` ranks.
+
+    ``distributed/parallel_dims.py``: ``dp_shard = -1`` takes the leftover ranks; the degrees must
+    multiply to the world; EP needs ``ep % cp == 0`` and ``(dp_shard cp) % ep == 0``; FSDP is on
+    when ``dp_shard > 1`` or ``cp > 1``. ``models/llama3/infra/parallelize.py``: DDP only as the one
+    parallelism. ``train.py``: ``dp = dp_replicate dp_shard``, ``global % (local dp) == 0``,
+    ``gradient_accumulation_steps = global / (local dp)``. ``distributed/pipeline_parallel.py``:
+    ``n_microbatches = local / pipeline_parallel_microbatch_size``; PyTorch's
+    ``ScheduleInterleaved1F1B`` needs ``n % max(1, n // pp) == 0``. ZeRO terms: DDP keeps
+    everything (0); FSDP reshards after forward (``always``, or ``default`` without pipelining: 3)
+    or not (2); under pipelining PyTorch's stage skips the reduce-scatter and the reshard until the
+    last microbatch, so FSDP keeps full weights and gradients (1).
+    """
+    par, tr = t["parallelism"], t["training"]
+    rep = par.get("data_parallel_replicate_degree", 1)
+    shard = par.get("data_parallel_shard_degree", -1)
+    tp, cp, pp, ep = (
+        par.get(f"{k}_parallel_degree", 1) for k in ("tensor", "context", "pipeline", "expert")
+    )
+    if shard == -1:
+        shard = world // (rep * cp * tp * pp)
+    assert rep * shard * cp * tp * pp == world
+    assert ep == 1 or (ep % cp == 0 and (shard * cp) % ep == 0)
+    fsdp = shard > 1 or cp > 1
+    if rep > 1 and not fsdp:
+        assert rep == world, "DDP has not supported > 1D parallelism"
+    dp = rep * shard
+    local, global_batch = tr["local_batch_size"], tr["global_batch_size"]
+    assert global_batch % (local * dp) == 0
+    steps = global_batch // (local * dp)
+    if pp > 1:
+        mbs = par.get("pipeline_parallel_microbatch_size", 1)
+        assert local % mbs == 0
+        n = local // mbs
+        if par.get("pipeline_parallel_schedule") == "Interleaved1F1B":
+            assert n % max(1, n // pp) == 0
+    else:
+        mbs, n = local, 1
+    reshard = par.get("fsdp_reshard_after_forward", "default")
+    if not fsdp:
+        zero = 0 if rep > 1 else None  # None: no data parallelism, every stage is the same
+    elif pp > 1:
+        zero = 1
+    else:
+        zero = 2 if reshard == "never" else 3
+    return dict(
+        tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, microbatch_size=mbs, num_microbatches=steps * n,
+        global_batch=global_batch, zero_stage=zero, seq_len=tr.get("seq_len"),
+    )  # fmt: skip
+
+
+def megatron_runs(flags: dict, world: int) -> dict:
+    """What Megatron-LM @ 000c4ac24f61 runs from its arguments on ``world`` ranks.
+
+    ``validate_args``: ``world % (tp pp cp) == 0``, ``dp = world / (tp pp cp)``; ``--seq-length``
+    a multiple of ``2 cp`` when ``cp > 1``. ``num_microbatches_calculator.py``: ``global % (micro
+    dp) == 0``, ``num_microbatches = global / (micro dp)``. ``pipeline_parallel/schedules.py``
+    (interleaved): groups of ``pp`` microbatches, so ``num_microbatches % pp == 0``. ZeRO terms:
+    ``--use-distributed-optimizer`` 1, Megatron FSDP ``optim_grads`` 2 / ``optim_grads_params`` 3.
+    """
+    tp, pp, cp, ep = (
+        int(
+            flags[f"--{k}-model-parallel-size"]
+            if k != "context"
+            else flags["--context-parallel-size"]
+        )
+        for k in ("tensor", "pipeline", "context", "expert")
+    )
+    assert world % (tp * pp * cp) == 0
+    dp = world // (tp * pp * cp)
+    micro, global_batch = int(flags["--micro-batch-size"]), int(flags["--global-batch-size"])
+    assert global_batch % (micro * dp) == 0
+    n = global_batch // (micro * dp)
+    layout = flags.get("--pipeline-model-parallel-layout")
+    stages = layout.count("|") + 1 if layout else pp
+    if "--num-layers-per-virtual-pipeline-stage" in flags or stages > pp:
+        assert n % pp == 0
+    seq = int(flags["--seq-length"])
+    assert cp == 1 or seq % (2 * cp) == 0
+    strategy = flags.get("--data-parallel-sharding-strategy")
+    zero = {"optim_grads": 2, "optim_grads_params": 3}.get(strategy)
+    if zero is None:
+        zero = 1 if "--use-distributed-optimizer" in flags else 0
+    return dict(
+        tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, microbatch_size=micro, num_microbatches=n,
+        global_batch=global_batch, zero_stage=zero, seq_len=seq,
+    )  # fmt: skip
+
+
+def megatron_flags(text: str) -> dict:
+    """``--flag value`` lines of an exported megatron_args.sh."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("--"):
+            name, _, value = line.rstrip(" \\").partition(" ")
+            out[name] = value.strip('"')
+    return out
+
+
+def check_runs(problem, exp, ran: dict) -> None:
+    """The framework runs the exported plan: degrees, batch arithmetic and ZeRO stage."""
+    want = exp.exported_plan
+    for key in ("tp", "cp", "ep", "pp", "dp", "microbatch_size", "num_microbatches"):
+        assert ran[key] == want[key], key
+    assert ran["global_batch"] == problem.training.global_batch
+    assert ran["seq_len"] == problem.model.seq_len
+    if ran["zero_stage"] is not None:
+        assert ran["zero_stage"] == want["zero_stage"]
+    else:
+        assert want["dp"] * want["cp"] == 1
+
+
+FRAMEWORK_CASES = [
+    dict(tp=1, pp=1, dp=16, zero_stage=0),
+    dict(tp=1, pp=1, dp=16, zero_stage=1, microbatch_size=2),
+    dict(tp=2, pp=1, dp=8, zero_stage=2),
+    dict(tp=2, pp=1, dp=8, zero_stage=3),
+    dict(tp=2, cp=2, pp=1, dp=4, zero_stage=0),
+    dict(tp=1, pp=2, dp=8, zero_stage=1),
+    dict(tp=2, pp=4, dp=2, zero_stage=3, recompute="full"),
+    dict(tp=1, pp=2, dp=8, zero_stage=1, schedule="interleaved", virtual_stages=2),
+    dict(tp=4, pp=4, dp=1, zero_stage=2),
+]
+
+
+@pytest.mark.parametrize(
+    "settings", FRAMEWORK_CASES, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items())
+)
+@pytest.mark.parametrize("target", ["torchtitan", "megatron"])
+def test_the_framework_runs_the_exported_plan(problem, settings, target):
+    """From the exported values alone, each framework's own formulas give the exported plan's
+    microbatch size and count, degrees and ZeRO stage; without a warning that is the chosen plan."""
+    plan = fixed(problem, **settings)
+    exp = export_plan(problem, plan, target)
+    world = plan.devices_used  # the exporters never change tp, cp, dp or pp
+    if target == "torchtitan":
+        ran = torchtitan_runs(toml_of(exp), world)
+    else:
+        ran = megatron_runs(megatron_flags(exp.text), world)
+    check_runs(problem, exp, ran)
+    if not exp.warnings:
+        assert (ran["microbatch_size"], ran["num_microbatches"], ran["dp"]) == (
+            plan.microbatch_size,
+            plan.num_microbatches,
+            plan.dp,
+        )
+
+
+def test_torchtitan_runs_the_planned_microbatch_of_the_readme_command(tmp_path):
+    """The README's export command (nest, llama2_7b, dgx_8x8): a data-parallel plan of 16
+    microbatches of 1; torchtitan must run 16 accumulation steps of 1 sequence, not 16 at once."""
+    _, result, report, plan, _ = run_case(
+        tmp_path,
+        "solver=nest",
+        "cluster=dgx_8x8",
+        "model=llama2_7b",
+        "export=[torchtitan,megatron]",
+    )
+    world = report["devices_used"]
+    ran = torchtitan_runs(tomllib.loads((tmp_path / "torchtitan.toml").read_text()), world)
+    want = (plan["microbatch_size"], plan["num_microbatches"])
+    assert want == (1, 16) and ran["global_batch"] == 1024  # the issue's plan, 64 replicas
+    assert (ran["microbatch_size"], ran["num_microbatches"]) == want
+    ran = megatron_runs(megatron_flags((tmp_path / "megatron_args.sh").read_text()), world)
+    assert (ran["microbatch_size"], ran["num_microbatches"]) == want
+
+
+def test_torchtitan_expert_parallelism_needs_ep_a_multiple_of_cp():
+    """torchtitan's EP borrows all context ranks: ep=2 with cp=4 is refused; the nearest plan
+    takes the best ep it can lay out (here 1 or 4) by the evaluator."""
+    moe = make_problem(
+        make_spec(layers=4, heads=8, num_experts=4, top_k=2, seq_len=128),
+        make_cluster(fanouts=(4, 4)),
+        global_batch=32,
+    )
+    plan = fixed(moe, tp=1, cp=4, pp=1, dp=4, ep=2, zero_stage=3)
+    exp = export_plan(moe, plan, "torchtitan")
+    options = {
+        (ep, z): evaluate(moe, fixed(moe, tp=1, cp=4, pp=1, dp=4, ep=ep, zero_stage=z))
+        for ep in (1, 4)  # divide dp x cp = 16 and the 4 experts; 1 or a multiple of cp = 4
+        for z in (2, 3)  # FSDP without pipelining (cp > 1: no DDP)
+    }
+    best = min(options, key=lambda k: (not options[k].feasible, options[k].iteration_time_s))
+    assert "ep % cp == 0" in exp.warnings[0]
+    assert (exp.exported_plan["ep"], exp.exported_plan["zero_stage"]) == best
+    assert exp.exported_iteration_time_s == pytest.approx(options[best].iteration_time_s, rel=1e-12)
+    torchtitan_runs(toml_of(exp), plan.devices_used)  # accepted by torchtitan's rules
 
 
 def test_targets_and_cli(tmp_path):

@@ -7,6 +7,8 @@ Published sizes (the model cards / papers, as cited in data/README.md):
 - Qwen2-0.5B: 0.49B, 0.35B non-embedding (Qwen2 technical report, arXiv 2407.10671, Table 1).
 - GPT-2 small: 124M (Hugging Face openai-community/gpt2, "124M parameters").
 - BERT-base: 110M (Devlin et al. 2019, §3).
+- Llama-3.1-8B: 8.03B (Hugging Face meta-llama/Llama-3.1-8B, safetensors 8.03B).
+- Qwen2.5-7B: 7.61B, 6.53B non-embedding (Hugging Face Qwen/Qwen2.5-7B model card).
 """
 
 import json
@@ -16,8 +18,9 @@ import pytest
 
 import nest.cli
 from nest.errors import UserError
-from nest.hf import FAMILIES, spec_from_hf_config
+from nest.hf import DEFAULT_TRAINING_SEQ_LEN, FAMILIES, load_hf_model, spec_from_hf_config
 from nest.layers import AnalyticModel
+from nest.results import ROW_FILE, run_recorded
 
 from .test_cli import compose, run_case
 
@@ -31,6 +34,8 @@ PUBLISHED = {
     "qwen2_0.5b.json": (0.49e9, 0.01),
     "gpt2.json": (124e6, 0.005),
     "bert_base_uncased.json": (110e6, 0.01),
+    "llama3.1_8b.json": (8.03e9, 0.001),
+    "qwen2.5_7b.json": (7.61e9, 0.001),
 }
 
 
@@ -75,7 +80,7 @@ def test_fields_map_to_the_spec():
         "rmsnorm",
         "rope",
     )
-    assert s.seq_len == 32768 and not s.tied_embeddings
+    assert not s.tied_embeddings
     g = spec_from_hf_config(DATA / "gpt2.json")
     assert (g.ffn_hidden, g.tied_embeddings, g.position, g.max_position) == (
         3072,
@@ -221,3 +226,87 @@ def test_no_code_from_the_model_folder_runs(tmp_path):
     spec = spec_from_hf_config(_write(tmp_path, cfg))
     assert spec.hidden == 4096
     assert not marker.exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# The training length and the name: never a silent choice
+# ------------------------------------------------------------------------------------------------
+
+
+def _published(name: str) -> dict:
+    return json.loads((DATA / name).read_text())
+
+
+def test_a_long_context_config_is_planned_at_a_training_length_with_a_notice():
+    """Qwen2.5-7B accepts 131,072 tokens; without model.seq_len it is planned at the default
+    training length and says so; Llama-3.1-8B states its pre-training context (rope_scaling)."""
+    qwen_cfg = _published("qwen2.5_7b.json")
+    qwen = load_hf_model(DATA / "qwen2.5_7b.json")
+    assert qwen_cfg["max_position_embeddings"] > DEFAULT_TRAINING_SEQ_LEN
+    assert qwen.spec.seq_len == DEFAULT_TRAINING_SEQ_LEN
+    (notice,) = qwen.notes
+    assert "model.seq_len" in notice and f"{qwen_cfg['max_position_embeddings']:,}" in notice
+    assert "\n" not in notice and "default training length" in qwen.seq_len_source
+
+    llama_cfg = _published("llama3.1_8b.json")
+    llama = load_hf_model(DATA / "llama3.1_8b.json")
+    pretrain = llama_cfg["rope_scaling"]["original_max_position_embeddings"]
+    assert pretrain < llama_cfg["max_position_embeddings"]
+    assert llama.spec.seq_len == pretrain and len(llama.notes) == 1
+    assert "original_max_position_embeddings" in llama.seq_len_source
+
+    # a config whose context is a training length: used as is, silently
+    llama2 = load_hf_model(DATA / "llama2_7b.json")
+    assert llama2.spec.seq_len == _published("llama2_7b.json")["max_position_embeddings"]
+    assert llama2.notes == () and llama2.seq_len_source == "the config's max_position_embeddings"
+
+
+def test_model_seq_len_is_the_users_training_length():
+    got = load_hf_model(DATA / "qwen2.5_7b.json", seq_len=32768)
+    assert (got.spec.seq_len, got.seq_len_source, got.notes) == (32768, "model.seq_len", ())
+    beyond = load_hf_model(DATA / "llama2_7b.json", seq_len=8192)  # RoPE: runs, but says so
+    assert beyond.spec.seq_len == 8192 and "beyond" in beyond.notes[0]
+    with pytest.raises(UserError, match="model.seq_len=2048 exceeds .*n_positions=1024"):
+        load_hf_model(DATA / "gpt2.json", seq_len=2048)  # learned positions: 1024 rows
+
+
+def test_the_run_prints_and_records_the_length_and_where_it_came_from(tmp_path):
+    _, result, report, _, lines = run_case(
+        tmp_path, "model=hf", f"model.config_path={DATA / 'qwen2.5_7b.json'}"
+    )
+    assert report["seq_len"] == DEFAULT_TRAINING_SEQ_LEN
+    assert "default training length" in report["seq_len_source"]
+    summary = lines[0].splitlines()
+    assert f"sequence length {DEFAULT_TRAINING_SEQ_LEN:,} tokens (" in summary[1]
+    assert any(line.startswith("note: model.seq_len not set: ") for line in summary)
+    # tokens/s are the evaluator's samples/s times the length in use
+    assert report["tokens_per_s"] == pytest.approx(
+        report["throughput_samples_per_s"] * DEFAULT_TRAINING_SEQ_LEN, rel=1e-12
+    )
+    qwen = f"model.config_path={DATA / 'qwen2.5_7b.json'}"
+    cfg = compose("model=hf", qwen, "print_summary=false")
+    run_recorded(nest.cli.run, cfg, tmp_path / "row")
+    row = json.loads((tmp_path / "row" / ROW_FILE).read_text())
+    assert (row["model"], row["seq_len"]) == ("qwen2.5_7b", DEFAULT_TRAINING_SEQ_LEN)
+
+
+def test_a_config_without_name_or_path_is_named_after_its_file(tmp_path):
+    """Published hub configs carry no _name_or_path: the model is named after the file, its
+    folder (config.json), or the repository of a Hugging Face cache snapshot; never 'hf'."""
+    published = _published("qwen2.5_7b.json")
+    assert "_name_or_path" not in published
+    assert load_hf_model(DATA / "qwen2.5_7b.json").spec.name == "qwen2.5_7b"
+    folder = tmp_path / "Qwen2.5-7B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(published))
+    assert load_hf_model(folder).spec.name == "Qwen2.5-7B"
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen2.5-7B" / "snapshots" / "a09a3545"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(published))
+    assert load_hf_model(snapshot / "config.json").spec.name == "Qwen/Qwen2.5-7B"
+    assert load_hf_model(folder, name="mine").spec.name == "mine"
+    _, result, report, _, lines = run_case(
+        tmp_path / "run", "model=hf", f"model.config_path={DATA / 'qwen2.5_7b.json'}"
+    )
+    assert result["model"] == report["model"] == "qwen2.5_7b"
+    assert lines[0].splitlines()[0].split(": ")[1].startswith("qwen2.5_7b on ")

@@ -86,6 +86,7 @@ def rebuild(
     schedule=None,
     virtual_stages=None,
     layer_counts=None,
+    ep=None,
 ) -> Plan:
     """The plan with some choices changed (placement rebuilt from ``rank_order`` at offset 0)."""
     counts = layer_counts or [s.last_layer - s.first_layer + 1 for s in plan.stages]
@@ -96,7 +97,7 @@ def rebuild(
     return make_structured_plan(
         tp=plan.tp,
         cp=plan.cp,
-        ep=plan.ep,
+        ep=plan.ep if ep is None else ep,
         dp=plan.dp,
         pp=plan.pp,
         layer_counts=counts,
@@ -151,8 +152,10 @@ def finish_export(
     text: str,
     notes: list[str],
     report: Report | None = None,
+    warnings: list[str] = (),
 ) -> Export:
-    """Score the exported plan and phrase the warning when it differs from the chosen one."""
+    """Score the exported plan and phrase the warning when it differs from the chosen one;
+    ``warnings`` are further ones (what the target may refuse or run differently)."""
     base = report or evaluate(problem, plan)
     if issues:
         got = evaluate(problem, exported)
@@ -162,10 +165,11 @@ def finish_export(
             f"{target} cannot express this plan: {'; '.join(issues)}. Exported the nearest "
             f"expressible plan instead ({describe(exported, blocks_per_chunk(problem, exported))})"
             f": evaluated iteration {got.iteration_time_s:.4f} s vs {base.iteration_time_s:.4f} s "
-            f"for the chosen plan ({ratio:.3f}x){fit}"
+            f"for the chosen plan ({ratio:.3f}x){fit}",
+            *warnings,
         ]
     else:
-        got, warnings = base, []
+        got, warnings = base, list(warnings)
     return Export(
         target=target,
         checked_against=checked_against,

@@ -1,16 +1,25 @@
 """A plan as Megatron-LM (Megatron-Core) command-line arguments.
 
-Flag names and their meaning were checked against ``megatron/training/arguments.py`` of
-NVIDIA/Megatron-LM at commit 000c4ac24f61 (2025, the Megatron-Core 0.14/0.15 development line):
-``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``, ``--context-parallel-size``,
-``--expert-model-parallel-size``, ``--micro-batch-size``, ``--global-batch-size``,
-``--sequence-parallel``, ``--recompute-granularity {full,selective}``, ``--recompute-method
-{uniform,block}``, ``--recompute-num-layers``, ``--use-distributed-optimizer``,
-``--use-megatron-fsdp`` with ``--data-parallel-sharding-strategy {no_shard,optim,optim_grads,
-optim_grads_params}`` (which requires ``--ckpt-format fsdp_dtensor``),
+**Target.** ``pretrain_gpt.py`` arguments of NVIDIA/Megatron-LM, checked against
+``megatron/training/arguments.py`` at commit 000c4ac24f61 (2025, the Megatron-Core 0.14/0.15
+development line): ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
+``--context-parallel-size``, ``--expert-model-parallel-size``, ``--micro-batch-size``,
+``--global-batch-size``, ``--seq-length``, ``--sequence-parallel``, ``--recompute-granularity
+{full,selective}``, ``--recompute-method {uniform,block}``, ``--recompute-num-layers``,
+``--use-distributed-optimizer``, ``--use-megatron-fsdp`` with ``--data-parallel-sharding-strategy
+{no_shard,optim,optim_grads,optim_grads_params}`` (which requires ``--ckpt-format fsdp_dtensor``),
 ``--num-layers-per-virtual-pipeline-stage``, ``--decoder-first-pipeline-num-layers`` /
 ``--decoder-last-pipeline-num-layers``, ``--pipeline-model-parallel-layout`` (``E`` embedding,
 ``t`` transformer layer, ``L`` loss, stages split by ``|``) and ``--use-tp-pp-dp-mapping``.
+
+**Batch** (``validate_args`` and ``megatron/core/num_microbatches_calculator.py``): the
+data-parallel size is ``world / (tp x pp x cp)`` and the microbatches per iteration
+``global_batch_size / (micro_batch_size x dp)``, which must divide; every rank runs them as
+gradient accumulation (``pp = 1``) or through the pipeline schedule. So ``--micro-batch-size b``
+and ``--global-batch-size m b dp`` give the plan's ``m`` microbatches of ``b``. The interleaved
+schedule (``megatron/core/pipeline_parallel/schedules.py``) groups ``pp`` microbatches per virtual
+stage and refuses a microbatch count that is not a multiple of ``pp``, and ``--seq-length`` with
+``cp > 1`` must be a multiple of ``2 cp``: the evaluator requires both of every plan.
 
 Mapping of our plan:
 
@@ -66,14 +75,14 @@ ZERO_FLAGS = {
 def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     """The plan Megatron can run that differs least from ``plan``, and what had to change."""
     issues, changes = [], {}
-    modes = {s.recompute for s in plan.stages}
-    if len(modes) > 1:
+    modes = [s.recompute for s in plan.stages]
+    if len(set(modes)) > 1:
         strongest = strongest_recompute(plan)
         issues.append(
             f"per-stage recompute {[str(s.recompute) for s in plan.stages]} (Megatron applies one "
             f"mode to every stage; used {strongest} everywhere)"
         )
-        changes["recompute"] = [strongest] * len(plan.stages)
+        changes["recompute"] = [strongest] * len(modes)
     if plan.schedule is Schedule.GPIPE:
         issues.append("the GPipe schedule (Megatron runs 1F1B; used 1F1B)")
         changes["schedule"] = Schedule.ONE_F_ONE_B
@@ -122,6 +131,8 @@ def megatron_args(problem: Problem, plan: Plan) -> list[str]:
         f"--micro-batch-size {plan.microbatch_size}",
         f"--global-batch-size {global_batch(plan)}",
     ]
+    if problem.model.seq_len:
+        args.append(f"--seq-length {problem.model.seq_len}")
     if plan.sequence_parallel and plan.tp > 1:
         args.append("--sequence-parallel")
     mode = plan.stages[0].recompute
@@ -150,13 +161,22 @@ def export_megatron(problem: Problem, plan: Plan, report=None):
     ]
     if problem.cluster.num_devices > n:
         notes.append(f"{problem.cluster.num_devices - n} devices of the cluster stay idle")
+    notes.append(
+        f"{exported.num_microbatches} microbatches of {exported.microbatch_size} per iteration: "
+        f"global_batch_size / (micro_batch_size x dp) = {global_batch(exported)} / "
+        f"({exported.microbatch_size} x {exported.dp})"
+    )
     if exported.zero_stage >= 2:
         notes.append("ZeRO-2/3 use Megatron FSDP (--use-megatron-fsdp), newer than the other flags")
+    elif exported.tp > 1 or exported.cp > 1:
+        notes.append(
+            "set CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron asserts it with tp or cp > 1 on Hopper "
+            "and older GPUs)"
+        )
     text = (
         f"# Megatron-LM arguments for {plan.solver or 'the plan'} ({CHECKED}).\n"
-        "# Add your model's shape flags (--num-layers, --hidden-size, ...) and data flags.\n"
-        + " \\\n".join(args)
-        + "\n"
+        "# Add your model's shape flags (--num-layers, --hidden-size, --max-position-embeddings\n"
+        "# >= --seq-length, ...) and data flags.\n" + " \\\n".join(args) + "\n"
     )
     return finish_export(
         problem,

@@ -1,25 +1,58 @@
 """A plan as the parallelism part of a torchtitan job config (TOML).
 
-Field names checked against ``torchtitan/config/job_config.py`` of pytorch/torchtitan at commit
-000204a4a8bf (2025): ``[parallelism]`` ``data_parallel_replicate_degree``,
-``data_parallel_shard_degree``, ``fsdp_reshard_after_forward`` (``default|always|never``),
-``tensor_parallel_degree``, ``context_parallel_degree``, ``expert_parallel_degree`` (constraint
-``cp <= ep <= dp_shard * cp``), ``pipeline_parallel_degree``, ``pipeline_parallel_split_points``
-(module names starting each stage after the first, e.g. ``layers.4``),
-``pipeline_parallel_schedule`` (``1F1B``, ``Interleaved1F1B``, ``GPipe``),
-``pipeline_parallel_microbatch_size``; ``[training]`` ``local_batch_size``, ``global_batch_size``,
-``seq_len``; ``[activation_checkpoint]`` ``mode`` (``none|selective|full``) and
-``selective_ac_option``. The mesh (``torchtitan/distributed/parallel_dims.py``) is
-``[pp, dp_replicate, dp_shard, cp, tp]``, outermost first: our rank order ``tp,cp,dp,pp``.
+**Target.** torchtitan's TOML job configs, which it read up to release v0.2.2 (February 2026);
+PR pytorch/torchtitan#2386 then replaced them with Python dataclass configs (``config_registry``),
+where the same settings keep their meaning. Everything below was checked against pytorch/torchtitan
+at commit 000204a4a8bf (2025):
 
-Mapping: ZeRO-0 = DDP (``data_parallel_replicate_degree = dp``); ZeRO-3 = FSDP2
-(``data_parallel_shard_degree = dp``, reshard after forward ``always``, as our model gathers the
-weights again for the backward pass). ZeRO-1 and ZeRO-2 have no torchtitan equivalent: nearest =
-the better of ZeRO-0 and ZeRO-3 by the shared evaluator (a plan that fits first). One recompute
-mode for all stages (nearest: the strongest mode used); selective maps to torchtitan's per-op
-selective checkpointing, whose saved set differs from the cost model's attention-core recompute.
-Stages after the first must start with a transformer block (a split point); a stage holding only
-the head is moved one block back.
+- ``torchtitan/config/job_config.py``: ``[parallelism]`` ``data_parallel_replicate_degree``,
+  ``data_parallel_shard_degree``, ``fsdp_reshard_after_forward`` (``default|always|never``),
+  ``tensor_parallel_degree``, ``context_parallel_degree``, ``expert_parallel_degree``,
+  ``pipeline_parallel_degree``, ``pipeline_parallel_split_points`` (module names starting each
+  stage after the first, e.g. ``layers.4``), ``pipeline_parallel_schedule`` (``1F1B``,
+  ``Interleaved1F1B``, ``GPipe``), ``pipeline_parallel_microbatch_size``; ``[training]``
+  ``local_batch_size``, ``global_batch_size``, ``seq_len``; ``[activation_checkpoint]`` ``mode``
+  (``none|selective|full``) and ``selective_ac_option``.
+- Batch (``torchtitan/train.py``): the data-parallel degree is ``dp_replicate x dp_shard`` (context
+  ranks share a batch); ``gradient_accumulation_steps = global_batch_size / (local_batch_size x
+  dp)``, each step one forward/backward of ``local_batch_size`` sequences. With pipeline
+  parallelism that step is one pipeline schedule over ``local_batch_size /
+  pipeline_parallel_microbatch_size`` microbatches (``distributed/pipeline_parallel.py``).
+  So a plan of ``m`` microbatches of ``b`` sequences is exported as ``local_batch_size = b`` (``m``
+  accumulation steps) without pipelining and as ``local_batch_size = m b``,
+  ``pipeline_parallel_microbatch_size = b`` (one step) with it.
+- Mesh (``torchtitan/distributed/parallel_dims.py``): ``[pp, dp_replicate, dp_shard, cp, tp]``,
+  outermost first, which is our rank order ``tp,cp,dp,pp``; expert parallelism borrows all context
+  ranks and part of the shard ranks: ``ep % cp == 0`` and ``(dp_shard x cp) % ep == 0``. FSDP is on
+  whenever ``dp_shard > 1`` or ``cp > 1`` and shards over ``dp_shard x cp`` (as our ZeRO shards
+  over ``dp x cp``); DDP (``dp_replicate`` alone) is refused unless data parallelism is the only
+  parallelism ("DDP has not supported > 1D parallelism", ``parallelize.py``).
+
+**ZeRO stages.** What each torchtitan data-parallel setting keeps per device, in our terms:
+
+- no data parallelism (``dp = cp = 1``): every ZeRO stage is the same plan;
+- DDP: ZeRO-0 (only with ``tp = cp = pp = ep = 1``);
+- FSDP without pipelining: ``fsdp_reshard_after_forward = "always"`` gathers the weights for the
+  forward and again for the backward and reduce-scatters every microbatch: ZeRO-3, as our model;
+  ``"never"`` keeps the gathered weights from the forward to the backward: ZeRO-2;
+- FSDP with pipelining: PyTorch's pipeline stage runs every backward but the last with
+  ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)``
+  (``torch/distributed/pipelining/stage.py``, ``backward_maybe_with_nosync``), so full weights and
+  full gradients stay on the device until the last microbatch's reduce-scatter: ZeRO-1 (exported
+  with ``"never"``, torchtitan's default under pipelining: one weight gather per step). ZeRO-0, 2
+  and 3 are not expressible with pipelining.
+
+A plan whose stage torchtitan cannot run is exported as the best expressible stage by the shared
+evaluator (a plan that fits first), with a warning. torchtitan's accumulation loop has no
+``no_sync``: without pipelining DDP and FSDP synchronise gradients after every accumulation step,
+which a note says when the evaluated plan counts one synchronisation per iteration (ZeRO-0/2).
+
+One recompute mode for all stages (nearest: the strongest mode used); selective maps to
+torchtitan's per-op selective checkpointing, whose saved set differs from the cost model's
+attention-core recompute. Stages after the first must start with a transformer block (a split
+point); a stage holding only the head is moved one block back. ``Interleaved1F1B`` needs the
+microbatch count to be a multiple of ``max(1, m // pp)`` (PyTorch's ``ScheduleInterleaved1F1B``),
+which every plan meets: the evaluator requires ``m`` to be a multiple of ``pp`` under interleaving.
 """
 
 from nest.axes import Axis, LayerKind, Recompute, Schedule
@@ -35,31 +68,67 @@ from nest.export.common import (
 from nest.plan import Plan
 from nest.problem import Problem
 
-CHECKED = "pytorch/torchtitan torchtitan/config/job_config.py @ 000204a4a8bf (2025)"
+CHECKED = (
+    "pytorch/torchtitan @ 000204a4a8bf (2025): config/job_config.py, train.py, "
+    "distributed/parallel_dims.py; TOML job configs as read up to v0.2.2"
+)
 ORDER = (Axis.TP, Axis.CP, Axis.DP, Axis.PP)
 SCHEDULES = {
     Schedule.ONE_F_ONE_B: "1F1B",
     Schedule.INTERLEAVED: "Interleaved1F1B",
     Schedule.GPIPE: "GPipe",
 }
+REPLICATE, SHARD, RESHARD = (
+    "data_parallel_replicate_degree",
+    "data_parallel_shard_degree",
+    "fsdp_reshard_after_forward",
+)
 
 
-def _ep_ok(plan: Plan, zero: int) -> bool:
-    shard = plan.dp if zero == 3 else 1
-    return plan.ep == 1 or plan.cp <= plan.ep <= shard * plan.cp
+def _ep_ok(dp_shard: int, cp: int, ep: int) -> bool:
+    """torchtitan's expert-parallel rule: EP borrows all context ranks and part of the shards."""
+    return ep == 1 or (ep % cp == 0 and (dp_shard * cp) % ep == 0)
 
 
-def _split_ok(problem: Problem, plan: Plan) -> list[int] | None:
+def data_parallel_modes(plan: Plan, ep: int | None = None) -> dict[int, dict]:
+    """ZeRO stage -> the ``[parallelism]`` data-parallel fields that run it, for this plan's shape
+    (module docstring); a stage missing from the dict is not expressible."""
+    ep = plan.ep if ep is None else ep
+    dp, cp = plan.dp, plan.cp
+    if dp * cp == 1:
+        return {z: {REPLICATE: 1, SHARD: 1} for z in range(4)}
+    modes = {}
+    if plan.tp == cp == plan.pp == ep == 1:
+        modes[0] = {REPLICATE: dp, SHARD: 1}
+    if _ep_ok(dp, cp, ep):
+        fsdp = {REPLICATE: 1, SHARD: dp}
+        if plan.pp == 1:
+            modes[2] = {**fsdp, RESHARD: "never"}
+            modes[3] = {**fsdp, RESHARD: "always"}
+        else:
+            modes[1] = {**fsdp, RESHARD: "never"}
+    return modes
+
+
+def _menu(plan: Plan) -> str:
+    """What torchtitan offers for this shape, for the warning."""
+    if plan.pp > 1:
+        return (
+            "with pipelining its FSDP keeps full gradients until the last microbatch (ZeRO-1) "
+            "and DDP needs data parallelism alone"
+        )
+    ddp = "DDP (ZeRO-0) only when data parallelism is alone, " if plan.tp * plan.cp > 1 else ""
+    return f"{ddp}DDP = ZeRO-0, FSDP resharding after forward = ZeRO-3, FSDP keeping it = ZeRO-2"
+
+
+def _split_counts(problem: Problem, counts: list[int]) -> list[int] | None:
     """Layer counts with every stage after the first starting at a block (None: already so)."""
     chain = problem.model.chain
-    counts = [s.last_layer - s.first_layer + 1 for s in plan.stages]
-    bad = [
-        k
-        for k in range(1, len(counts))
-        if chain[plan.stages[k].first_layer].kind is not LayerKind.BLOCK
-    ]
+    starts = [sum(counts[:k]) for k in range(len(counts))]
+    bad = [k for k in range(1, len(counts)) if chain[starts[k]].kind is not LayerKind.BLOCK]
     if not bad:
         return None
+    counts = list(counts)
     for k in bad:
         if counts[k - 1] > 1:
             counts[k - 1] -= 1
@@ -67,35 +136,54 @@ def _split_ok(problem: Problem, plan: Plan) -> list[int] | None:
     return counts
 
 
+def _ep_candidates(problem: Problem, plan: Plan) -> list[int]:
+    """Expert degrees torchtitan can lay out for this plan: the plan's, else every ``ep`` that
+    divides ``dp x cp`` and the experts, is a multiple of ``cp``, or is 1."""
+    if _ep_ok(plan.dp, plan.cp, plan.ep):
+        return [plan.ep]
+    experts = problem.model.spec.num_experts
+    width = plan.dp * plan.cp
+    return [
+        e
+        for e in range(1, width + 1)
+        if width % e == 0 and experts % e == 0 and _ep_ok(plan.dp, plan.cp, e)
+    ]
+
+
 def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     issues, changes = [], {}
-    if len({s.recompute for s in plan.stages}) > 1:
+    modes = [s.recompute for s in plan.stages]
+    if len(set(modes)) > 1:
         strongest = strongest_recompute(plan)
         issues.append(f"per-stage recompute (used {strongest} everywhere)")
-        changes["recompute"] = [strongest] * len(plan.stages)
+        changes["recompute"] = [strongest] * len(modes)
     if placement_order(plan, (ORDER,)) is None:
         issues.append("a rank order other than torchtitan's mesh pp,dp,cp,tp (used it)")
         changes["rank_order"] = ORDER
-    counts = _split_ok(problem, plan)
-    if counts is not None:
+    moved = _split_counts(problem, [s.last_layer - s.first_layer + 1 for s in plan.stages])
+    if moved is not None:
         issues.append("a stage that starts without a transformer block (moved one block into it)")
-        changes["layer_counts"] = counts
-    zero_ok = plan.zero_stage in (0, 3) and _ep_ok(plan, plan.zero_stage)
-    if not zero_ok:
-        candidates = [z for z in (0, 3) if _ep_ok(plan, z)] or [3]
+        changes["layer_counts"] = moved
+    if plan.zero_stage not in data_parallel_modes(plan):
         scored = []
-        for z in candidates:
-            option = rebuild(plan, zero_stage=z, **changes)
-            report = evaluate(problem, option)
-            scored.append((not report.feasible, report.iteration_time_s, z))
-        best = min(scored)[2]
-        if best != plan.zero_stage:
-            issues.append(
-                f"ZeRO-{plan.zero_stage} (torchtitan has DDP = ZeRO-0 and FSDP = ZeRO-3"
-                + (f" and needs cp <= ep <= dp_shard x cp for ep={plan.ep}" if plan.ep > 1 else "")
-                + f"; used ZeRO-{best})"
+        for ep in _ep_candidates(problem, plan):
+            for z in data_parallel_modes(plan, ep):
+                option = rebuild(plan, zero_stage=z, ep=ep, **changes)
+                report = evaluate(problem, option)
+                scored.append((not report.feasible, report.iteration_time_s, z, ep))
+        _, _, zero, ep = min(scored)
+        issues.append(
+            f"ZeRO-{plan.zero_stage} (torchtitan: {_menu(plan)}"
+            + (
+                f"; its expert parallelism needs ep % cp == 0 and (dp x cp) % ep == 0, so ep={ep}"
+                if ep != plan.ep
+                else ""
             )
-            changes["zero_stage"] = best
+            + f"; used ZeRO-{zero})"
+        )
+        changes["zero_stage"] = zero
+        if ep != plan.ep:
+            changes["ep"] = ep
     if not changes:
         return plan, []
     return rebuild(plan, **changes), issues
@@ -111,19 +199,24 @@ def _toml(value) -> str:
     return str(value)
 
 
+def local_batch_size(plan: Plan) -> int:
+    """Sequences per forward/backward step of a data-parallel rank (module docstring): the whole
+    per-rank batch under pipelining (the schedule splits it), one microbatch without (torchtitan
+    accumulates ``num_microbatches`` steps)."""
+    per_rank = plan.microbatch_size * plan.num_microbatches
+    return per_rank if plan.pp > 1 else plan.microbatch_size
+
+
 def torchtitan_sections(problem: Problem, plan: Plan) -> dict:
+    """The TOML sections of an expressible plan (its ZeRO stage in :func:`data_parallel_modes`)."""
     chain = problem.model.chain
-    fsdp = plan.zero_stage == 3
     parallelism = {
-        "data_parallel_replicate_degree": 1 if fsdp else plan.dp,
-        "data_parallel_shard_degree": plan.dp if fsdp else 1,
+        **data_parallel_modes(plan)[plan.zero_stage],
         "tensor_parallel_degree": plan.tp,
         "context_parallel_degree": plan.cp,
         "expert_parallel_degree": plan.ep,
         "pipeline_parallel_degree": plan.pp,
     }
-    if fsdp:
-        parallelism["fsdp_reshard_after_forward"] = "always"
     if plan.pp > 1:
         blocks = [i for i, ref in enumerate(chain) if ref.kind is LayerKind.BLOCK]
         parallelism["pipeline_parallel_split_points"] = [
@@ -132,7 +225,7 @@ def torchtitan_sections(problem: Problem, plan: Plan) -> dict:
         parallelism["pipeline_parallel_schedule"] = SCHEDULES[plan.schedule]
         parallelism["pipeline_parallel_microbatch_size"] = plan.microbatch_size
     training = {
-        "local_batch_size": plan.microbatch_size * plan.num_microbatches,
+        "local_batch_size": local_batch_size(plan),
         "global_batch_size": global_batch(plan),
     }
     if problem.model.seq_len:
@@ -144,6 +237,21 @@ def torchtitan_sections(problem: Problem, plan: Plan) -> dict:
     return {"parallelism": parallelism, "training": training, "activation_checkpoint": checkpoint}
 
 
+def _batch_note(plan: Plan) -> str:
+    m, b = plan.num_microbatches, plan.microbatch_size
+    if plan.pp > 1:
+        how = (
+            f"the pipeline schedule splits local_batch_size {m * b} into {m} microbatches of "
+            f"pipeline_parallel_microbatch_size {b} (one accumulation step)"
+        )
+    else:
+        how = (
+            f"torchtitan accumulates global_batch_size / (local_batch_size x dp) = "
+            f"{global_batch(plan)} / ({b} x {plan.dp}) = {m} steps of {b}"
+        )
+    return f"each data-parallel rank runs {m} microbatches (microbatch size {b}) per step: {how}"
+
+
 def export_torchtitan(problem: Problem, plan: Plan, report=None):
     exported, issues = nearest_expressible(problem, plan)
     sections = torchtitan_sections(problem, exported)
@@ -152,8 +260,19 @@ def export_torchtitan(problem: Problem, plan: Plan, report=None):
         lines += ["", f"[{name}]"] + [f"{k} = {_toml(v)}" for k, v in values.items()]
     notes = [
         f"run on {exported.devices_used} ranks (NGPU x nodes); blocks per stage "
-        f"{blocks_per_chunk(problem, exported)}; split points name torchtitan's 'layers.N' blocks"
+        f"{blocks_per_chunk(problem, exported)}; split points name torchtitan's 'layers.N' blocks",
+        _batch_note(exported),
+        "TOML job configs are read by torchtitan up to v0.2.2; later versions (PR #2386) take "
+        "the same settings in a Python config",
     ]
+    warnings = []
+    m = exported.num_microbatches
+    if exported.pp == 1 and m > 1 and exported.dp * exported.cp > 1 and exported.zero_stage < 3:
+        warnings.append(
+            f"torchtitan synchronises gradients (and FSDP gathers weights) in each of the {m} "
+            f"accumulation steps (its loop has no no_sync); the evaluated "
+            f"ZeRO-{exported.zero_stage} plan counts one synchronisation per iteration"
+        )
     return finish_export(
         problem,
         plan,
@@ -165,4 +284,5 @@ def export_torchtitan(problem: Problem, plan: Plan, report=None):
         text="\n".join(lines) + "\n",
         notes=notes,
         report=report,
+        warnings=warnings,
     )
