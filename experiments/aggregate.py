@@ -3,7 +3,8 @@
 Reads every job's ``row.json`` (:mod:`nest.results`) under ``DIR``; a job directory without one
 (killed, timed out, still running) or with one that cannot be read (not JSON, cut short: a note
 lists them) and a job listed in ``sweep.json`` that never started each become a ``missing`` row,
-so the table always has one row per job. Writes into ``DIR``:
+and one without a row but with an ``error.txt`` (its worker process died: the ``parallel``
+launcher wrote why) a ``crashed`` row, so the table always has one row per job. Writes into ``DIR``:
 
 - ``results.csv`` and ``results.parquet`` (every column; parquet needs the optional ``parquet``
   extra, pyarrow, and is skipped with a note without it), ``results.md`` (readable tables);
@@ -28,7 +29,15 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from experiments import tables
-from nest.results import ROW_COLUMNS, ROW_FILE, SWEEP_FILE, one_line, planner_label
+from nest.results import (
+    ERROR_FILE,
+    FAILED_STATUSES,
+    ROW_COLUMNS,
+    ROW_FILE,
+    SWEEP_FILE,
+    one_line,
+    planner_label,
+)
 
 PLOTS_DIR = "plots"
 DEFAULT_BASELINE = "megatron"
@@ -56,6 +65,11 @@ class Aggregate:
     files: tuple[Path, ...]
     plots: tuple[Path, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def failed(self) -> dict[str, int]:
+        """Jobs per failed status (:data:`nest.results.FAILED_STATUSES`): no answer."""
+        return {s: n for s, n in sorted(self.status_counts.items()) if s in FAILED_STATUSES}
 
     def describe(self) -> str:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(self.status_counts.items()))
@@ -137,6 +151,21 @@ def _missing_job(job_dir: Path, why: str) -> dict:
     return _missing_row(overrides, num, why)
 
 
+def _rowless_job(job_dir: Path) -> dict:
+    """A job directory without ``row.json``: ``crashed`` when it holds an ``error.txt`` (the
+    ``parallel`` launcher writes one for a job that killed its worker process; the last line of a
+    traceback otherwise), else ``missing``."""
+    error = job_dir / ERROR_FILE
+    lines = error.read_text(errors="replace").strip().splitlines() if error.is_file() else []
+    if not lines:
+        return _missing_job(
+            job_dir, "no row.json: the job was killed, timed out or is still running"
+        )
+    row = _missing_job(job_dir, one_line(lines[-1]))
+    row["status"] = "crashed"
+    return row
+
+
 def load_rows(sweep_dir: Path, notes: list[str] | None = None) -> pd.DataFrame:
     """One row per job of the sweep, ``missing`` rows included, sorted by job number.
 
@@ -153,9 +182,7 @@ def load_rows(sweep_dir: Path, notes: list[str] | None = None) -> pd.DataFrame:
                     job_dir, f"row.json is unreadable ({problem}); rerun the job to rewrite it"
                 )
         else:
-            row = _missing_job(
-                job_dir, "no row.json: the job was killed, timed out or is still running"
-            )
+            row = _rowless_job(job_dir)
         row["job_dir"] = str(where)
         rows.append(row)
     if unreadable and notes is not None:

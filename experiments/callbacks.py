@@ -5,15 +5,24 @@
   still get a ``missing`` row when the sweep is aggregated.
 - ``on_job_end`` (in the worker, with any launcher): with ``plots=true`` draws the run's
   ``memory.png`` and ``placement.png``; in a multirun logs the progress, e.g.
-  ``sweep progress: 12/50 jobs done, 1 failed (1 infeasible)``, counted from the ``row.json``
-  files already written (so it holds across joblib workers and SLURM jobs).
-- ``on_multirun_end``: aggregates the sweep (:func:`experiments.aggregate.aggregate`) and prints
-  where the tables and plots are. Jobs never raise (:func:`nest.results.run_recorded`), so Hydra
-  always reaches this point.
+  ``sweep progress: 12/50 jobs done, 1 failed (1 crashed), 2 without a plan (2 infeasible)``,
+  counted from the ``row.json`` files already written (so it holds across worker processes and
+  SLURM jobs).
+- ``on_multirun_end``: aggregates the sweep (:func:`experiments.aggregate.aggregate`), prints
+  where the tables and plots are, and exits with status 1 when a job failed
+  (:data:`nest.results.FAILED_STATUSES`: ``timeout``, ``error``, ``crashed``, ``missing``; not
+  ``infeasible``, ``invalid`` or ``unpublished``, which are answers) or when the aggregation
+  itself failed. Jobs never raise (:func:`nest.results.run_recorded`) and the ``parallel``
+  launcher survives a dead worker, so Hydra reaches this point; when it does not (Ctrl-C, a
+  launcher that gives up, e.g. submitit on a job SLURM killed), the process prints at exit the
+  command that builds the tables from the rows written so far.
 """
 
+import atexit
 import json
 import logging
+import shlex
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -23,7 +32,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from nest.results import FAILED_STATUSES, ROW_FILE, SWEEP_FILE
+from nest.results import FAILED_STATUSES, NO_PLAN_STATUSES, ROW_FILE, SWEEP_FILE
 
 log = logging.getLogger(__name__)
 
@@ -48,22 +57,59 @@ def expand_sweep(params: dict[str, str], task_overrides: list[str]) -> list[list
     return BasicSweeper.split_arguments(parser.parse_overrides(args), None)[0]
 
 
+def write_sweep_record(config: DictConfig) -> dict:
+    """``sweep.json`` in the sweep directory: ``total_jobs`` and each job's overrides (null when
+    the sweeper is not the basic one); returns it."""
+    sweep_dir = Path(config.hydra.sweep.dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    jobs = None
+    if config.hydra.sweeper.get("_target_") == BASIC_SWEEPER:
+        params = config.hydra.sweeper.get("params")
+        params = OmegaConf.to_container(params, resolve=True) if params else {}
+        try:
+            jobs = expand_sweep(
+                {str(k): str(v) for k, v in params.items()}, list(config.hydra.overrides.task)
+            )
+        except Exception as exc:  # the sweeper will report a bad override itself
+            log.warning("could not count the sweep's jobs: %s", exc)
+    record = {"total_jobs": len(jobs) if jobs is not None else None, "jobs": jobs}
+    (sweep_dir / SWEEP_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def sweep_total(sweep_dir: Path) -> int | None:
+    """The number of jobs ``sweep.json`` lists, None when unknown."""
+    path = sweep_dir / SWEEP_FILE
+    return json.loads(path.read_text()).get("total_jobs") if path.exists() else None
+
+
+def aggregate_command(sweep_dir: Path) -> str:
+    """The shell command that (re)builds a sweep's tables and plots."""
+    return f"python -m experiments.aggregate {shlex.quote(str(sweep_dir))}"
+
+
+def _counts(statuses: dict[str, int]) -> str:
+    return ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
+
+
 def sweep_progress(sweep_dir: Path) -> str:
-    """``12/50 jobs done, 1 failed (1 infeasible)`` from the rows written so far."""
+    """``12/50 jobs done, 1 failed (1 crashed), 2 without a plan (2 infeasible)`` from the rows
+    written so far: failed as in :data:`nest.results.FAILED_STATUSES`."""
     statuses = Counter()
     for path in sweep_dir.rglob(ROW_FILE):
         try:
             statuses[json.loads(path.read_text()).get("status")] += 1
         except (OSError, ValueError):  # a row being replaced right now
             continue
-    total = None
-    if (sweep_dir / SWEEP_FILE).exists():
-        total = json.loads((sweep_dir / SWEEP_FILE).read_text()).get("total_jobs")
+    total = sweep_total(sweep_dir)
     done = sum(statuses.values())
     failed = {s: n for s, n in statuses.items() if s in FAILED_STATUSES}
+    no_plan = {s: n for s, n in statuses.items() if s in NO_PLAN_STATUSES - FAILED_STATUSES}
     text = f"{done}/{total if total is not None else '?'} jobs done, {sum(failed.values())} failed"
     if failed:
-        text += " (" + ", ".join(f"{n} {s}" for s, n in sorted(failed.items())) + ")"
+        text += f" ({_counts(failed)})"
+    if no_plan:
+        text += f", {sum(no_plan.values())} without a plan ({_counts(no_plan)})"
     return text
 
 
@@ -77,22 +123,12 @@ class SweepCallback(Callback):
     def __init__(self, baseline: str = "megatron", plots: bool = True) -> None:
         self.baseline = baseline
         self.plots = plots
+        self._ended = False
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        jobs = None
-        if config.hydra.sweeper.get("_target_") == BASIC_SWEEPER:
-            params = config.hydra.sweeper.get("params")
-            params = OmegaConf.to_container(params, resolve=True) if params else {}
-            try:
-                jobs = expand_sweep(
-                    {str(k): str(v) for k, v in params.items()}, list(config.hydra.overrides.task)
-                )
-            except Exception as exc:  # the sweeper will report a bad override itself
-                log.warning("could not count the sweep's jobs: %s", exc)
-        record = {"total_jobs": len(jobs) if jobs is not None else None, "jobs": jobs}
-        (sweep_dir / SWEEP_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        atexit.register(self._note_if_not_ended, sweep_dir)
+        record = write_sweep_record(config)
         log.info("sweep of %s jobs into %s", record["total_jobs"] or "?", sweep_dir)
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
@@ -109,7 +145,42 @@ class SweepCallback(Callback):
             log.info("sweep progress: %s", sweep_progress(Path(config.hydra.sweep.dir)))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """Aggregate, then exit 1 if a job failed or the tables could not be built."""
         from experiments.aggregate import aggregate
 
-        result = aggregate(Path(config.hydra.sweep.dir), baseline=self.baseline, plots=self.plots)
+        sweep_dir = Path(config.hydra.sweep.dir)
+        self._ended = True
+        try:
+            result = aggregate(sweep_dir, baseline=self.baseline, plots=self.plots)
+        except Exception as exc:  # Hydra would turn it into a warning and exit 0
+            log.exception("aggregating %s failed", sweep_dir)
+            print(
+                f"error: the sweep's tables could not be built ({type(exc).__name__}: {exc}); "
+                f"once fixed, build them with: {aggregate_command(sweep_dir)}",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(1) from exc
         print(result.describe(), flush=True)
+        if result.failed:
+            print(
+                f"error: {sum(result.failed.values())} of {result.jobs} jobs failed "
+                f"({_counts(result.failed)}): the status and error columns of results.md say "
+                "why; exit status 1",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(1)
+
+    def _note_if_not_ended(self, sweep_dir: Path) -> None:
+        """At exit of a multirun that never reached ``on_multirun_end``: how to get the tables."""
+        if self._ended or not sweep_dir.is_dir():
+            return
+        if not (any(sweep_dir.rglob(ROW_FILE)) or any(sweep_dir.rglob(".hydra"))):
+            return  # no job started: nothing to aggregate
+        print(
+            "note: the sweep stopped before its end-of-sweep step; build the tables and plots "
+            f"from the rows written so far with: {aggregate_command(sweep_dir)}",
+            file=sys.stderr,
+            flush=True,
+        )

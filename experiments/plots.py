@@ -2,7 +2,8 @@
 
 - :func:`plot_throughput_lines`: throughput against devices (the shape of the NEST paper's
   Figure 5) or against the microbatch size (Figure 6), one panel per model, one line per planner;
-  jobs without a feasible plan are drawn as crosses on the x axis.
+  a job without a feasible plan is a marker on the x axis saying why (out of memory, invalid
+  published configuration, failed job).
 - :func:`plot_stage_memory`: per pipeline rank, the memory terms of the shared evaluator stacked
   (GiB) with the device's HBM as a dashed line.
 - :func:`plot_placement`: the devices laid out on the network hierarchy (one row per block of an
@@ -27,6 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from nest.results import FAILED_STATUSES
 from nest.units import GiB
 
 DPI = 110
@@ -57,9 +59,30 @@ def _grid(n: int, max_cols: int = 3) -> tuple[int, int]:
 # ------------------------------------------------------------------------------------------------
 
 
-def plot_throughput_lines(
+NO_PLAN_MARKERS = {
+    "oom": ({"marker": "x", "ms": 8, "mew": 2}, "out of memory"),
+    "invalid": ({"marker": "s", "ms": 7, "mew": 1.5, "mfc": "none"}, "invalid published config"),
+    "failed": ({"marker": "$?$", "ms": 9, "mew": 0.5}, "job failed"),
+}
+"""How a job without a feasible plan is drawn on the x axis, by :func:`no_plan_kind`."""
+
+
+def no_plan_kind(status) -> str | None:
+    """``oom`` (nothing fits memory: ``infeasible``, or a plan that does not fit), ``invalid``
+    (a published configuration that cannot run as published), ``failed`` (no answer:
+    :data:`nest.results.FAILED_STATUSES`), or None for ``unpublished`` (the paper has no such
+    row: nothing to draw)."""
+    if status == "unpublished":
+        return None
+    if status == "invalid":
+        return "invalid"
+    if status in FAILED_STATUSES:
+        return "failed"
+    return "oom"
+
+
+def throughput_figure(
     comp: pd.DataFrame,
-    path: Path,
     *,
     x: str,
     xlabel: str,
@@ -69,25 +92,33 @@ def plot_throughput_lines(
     planners: Sequence[str],
     panel_keys: Sequence[str],
     panel_title=None,
-) -> Path:
+) -> Figure:
     """One panel per value of ``panel_keys``, one line per planner: ``value`` against ``x``.
 
     ``panel_title(key)`` names a panel from its ``panel_keys`` values (default: joined).
 
-    Rows whose ``feasible`` is false are drawn as crosses on the x axis (no feasible plan).
+    A row whose ``feasible`` is false is a marker on the x axis that says why
+    (:data:`NO_PLAN_MARKERS`: out of memory, invalid published configuration, failed job);
+    ``unpublished`` rows are not drawn. The legend lists the kinds present.
     """
     panels = list(comp.groupby(list(panel_keys), sort=False, dropna=False))
     rows, cols = _grid(len(panels))
     fig = Figure(figsize=(4.6 * cols, 3.5 * rows + 1.0), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     colors = planner_colors(planners)
+    kinds_drawn = set()
     for ax, (key, part) in zip(axes, panels, strict=False):
         for planner in planners:
             mine = part[part["planner"] == planner].sort_values(x)
             ok = mine[mine["feasible"] & mine[value].notna()]
             ax.plot(ok[x], ok[value], "o-", color=colors[planner], lw=1.6, ms=4.5)
             bad = mine[~mine["feasible"]]
-            ax.plot(bad[x], np.zeros(len(bad)), "x", color=colors[planner], ms=8, mew=2)
+            kinds = bad["status"].map(no_plan_kind)
+            for kind, (style, _) in NO_PLAN_MARKERS.items():
+                here = bad[kinds == kind]
+                if len(here):
+                    kinds_drawn.add(kind)
+                    ax.plot(here[x], np.zeros(len(here)), ls="", color=colors[planner], **style)
         xs = sorted(part[x].dropna().unique())
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [f"{v:g}" for v in xs])
@@ -102,12 +133,20 @@ def plot_throughput_lines(
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
     handles = [Line2D([], [], color=colors[p], marker="o", label=p) for p in planners]
-    handles.append(
-        Line2D([], [], color="k", marker="x", ls="", mew=2, label="no feasible plan (OOM/error)")
-    )
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6))
+    handles += [
+        Line2D([], [], color="k", ls="", label=label, **style)
+        for kind, (style, label) in NO_PLAN_MARKERS.items()
+        if kind in kinds_drawn
+    ]
+    per_row = max(2, int(4.6 * cols / 1.8))  # about 1.8 inches an entry: the legend fits
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), per_row))
     fig.suptitle(title)
-    fig.savefig(path, dpi=DPI)
+    return fig
+
+
+def plot_throughput_lines(comp: pd.DataFrame, path: Path, **kwargs) -> Path:
+    """:func:`throughput_figure` saved as ``path`` (PNG)."""
+    throughput_figure(comp, **kwargs).savefig(path, dpi=DPI)
     return path
 
 
@@ -294,6 +333,8 @@ def plot_job(job_dir: Path) -> list[Path]:
 
 
 __all__ = [
+    "NO_PLAN_MARKERS",
+    "no_plan_kind",
     "placement_grid",
     "plot_job",
     "plot_placement",
@@ -301,4 +342,5 @@ __all__ = [
     "plot_throughput_lines",
     "save_memory_figure",
     "save_placement_figure",
+    "throughput_figure",
 ]

@@ -46,6 +46,15 @@ def pivot(
     return table.reset_index()
 
 
+def schedule_cell(schedule, virtual_stages) -> str:
+    """``1f1b``, ``gpipe``, ``interleaved v=2`` (model chunks per device); empty without a plan."""
+    if not isinstance(schedule, str) or not schedule:
+        return ""
+    if schedule == "interleaved" and pd.notna(virtual_stages):
+        return f"{schedule} v={int(virtual_stages)}"
+    return schedule
+
+
 def _all_jobs(df: pd.DataFrame) -> pd.DataFrame:
     show = pd.DataFrame(
         {
@@ -60,6 +69,10 @@ def _all_jobs(df: pd.DataFrame) -> pd.DataFrame:
                 for _, r in df.iterrows()
             ],
             "mbs": df["microbatch_size"],
+            "schedule": [
+                schedule_cell(s, v)
+                for s, v in zip(df["schedule"], df["virtual_stages"], strict=True)
+            ],
             "ZeRO": df["zero_stage"],
             "recompute": df["recompute"],
             "iteration s": df["iteration_time_s"].map(lambda v: f"{v:.4g}" if pd.notna(v) else ""),

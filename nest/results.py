@@ -15,8 +15,9 @@ Row columns (:data:`ROW_COLUMNS`), units in the names:
   (``training.microbatch_sizes``, e.g. ``1`` or ``1,2,4``);
 - outcome: ``status`` (the planner's ``optimal`` / ``feasible`` / ``timeout``, or ``infeasible``,
   ``error`` for a user mistake, ``crashed`` for an unexpected exception; the aggregator adds
-  ``missing`` for a job that never wrote its row), ``feasible`` (a plan that fits memory),
-  ``error`` (one line);
+  ``missing`` for a job that never wrote its row, and ``crashed`` for one whose worker process
+  died, from the ``error.txt`` the ``parallel`` launcher wrote); ``feasible`` (a plan that fits
+  memory), ``error`` (one line);
 - the plan: ``tp, cp, ep, dp, pp, devices_used, microbatch_size, num_microbatches, zero_stage,
   schedule, virtual_stages, rank_order, recompute`` (run-length per stage, e.g. ``full*3,none``);
 - the shared evaluator's numbers: ``iteration_time_s, throughput_samples_per_s, tokens_per_s,
@@ -44,6 +45,8 @@ ROW_FILE = "row.json"
 SWEEP_FILE = "sweep.json"
 """Written into a sweep directory at the start of a multirun: the jobs it will launch."""
 ERROR_FILE = "error.txt"
+"""A crashed job's traceback; the ``parallel`` launcher writes it alone (one line) for a job that
+killed its worker process (``hydra_plugins/nest_launcher``), which therefore has no row."""
 
 IDENTITY_COLUMNS = (
     "job",
@@ -93,11 +96,17 @@ ROW_COLUMNS = (
     "error",
 )
 
-FAILED_STATUSES = frozenset(
-    {"infeasible", "invalid", "unpublished", "timeout", "error", "crashed", "missing"}
-)
-"""Statuses of a job that produced no usable plan (``infeasible`` may still carry one that does
-not fit; ``feasible`` is the column to filter on)."""
+FAILED_STATUSES = frozenset({"timeout", "error", "crashed", "missing"})
+"""Jobs that gave no answer: the planner ran out of time (``timeout``), the settings are wrong
+(``error``), the job raised or killed its process (``crashed``) or never wrote its row
+(``missing``). Any of them makes a multirun exit with status 1 (``experiments.callbacks``): the
+comparison has a hole that a rerun (with a longer ``time_limit_s``, fixed settings, the bug
+fixed) fills."""
+NO_PLAN_STATUSES = FAILED_STATUSES | {"infeasible", "invalid", "unpublished"}
+"""Jobs without a usable plan: the failed ones and the answers that no plan runs (``infeasible``:
+nothing fits memory, and it may carry the plan that does not fit; ``invalid``: a published
+configuration cannot run as published; ``unpublished``: the paper has no such row). Those three
+are results of a comparison, not failures. ``feasible`` is the column to filter on."""
 
 
 def one_line(text: str, limit: int = 400) -> str:
@@ -268,7 +277,9 @@ def run_recorded(
 
 
 __all__ = [
+    "ERROR_FILE",
     "FAILED_STATUSES",
+    "NO_PLAN_STATUSES",
     "ROW_COLUMNS",
     "ROW_FILE",
     "SWEEP_FILE",

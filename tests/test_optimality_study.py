@@ -2,9 +2,11 @@
 summary; the summary's numbers follow from the rows."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -13,6 +15,7 @@ import pytest
 from experiments.optimality.aggregate import main as aggregate_main
 from experiments.optimality.aggregate import summarise
 from experiments.optimality.instances import instance
+from experiments.optimality.run import still_running
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,6 +42,8 @@ def study(tmp_path_factory):
             "-m",
             "seed=1,4,8",
             "solvers=[nest,brute,cpsat_restricted,milp_restricted,cpsat_general]",
+            "hydra/launcher=parallel",  # the README's command
+            "hydra.launcher.n_jobs=2",
             f"hydra.sweep.dir={sweep}",
         ],
         cwd=tmp_path_factory.mktemp("cwd"),
@@ -48,7 +53,7 @@ def study(tmp_path_factory):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return sweep, proc.stdout
+    return sweep, proc.stdout + proc.stderr
 
 
 def test_study_sweep_writes_table_histogram_and_summary(study):
@@ -70,6 +75,43 @@ def test_study_sweep_writes_table_histogram_and_summary(study):
     assert summary["instances"] == 3
     assert summary["nest_agrees_with"]["cpsat_restricted"]["equal"] == len(feasible)
     assert "# Optimality study" in stdout  # the callback printed the summary
+
+
+def test_study_sweep_shows_progress_per_instance(study):
+    """Each finished instance logs its values and time, and the sweep how many are done."""
+    sweep, output = study
+    for seed in (1, 4, 8):
+        assert f"seed {seed} done in " in output
+    assert "optimality progress: 3/3 instances done" in output
+    done = [line for line in output.splitlines() if "optimality progress:" in line]
+    assert len(done) == 3  # once per instance
+    assert json.loads((sweep / "sweep.json").read_text())["total_jobs"] == 3
+
+
+def test_a_long_solve_logs_that_it_is_still_running(caplog):
+    """``still_running`` logs while its block runs (here: until the first notice arrives) and
+    stops with the block."""
+    seen = threading.Event()
+
+    class Notice(logging.Handler):
+        def emit(self, record):
+            if "still running" in record.getMessage():
+                seen.set()
+
+    handler = Notice()
+    run_log = logging.getLogger("experiments.optimality.run")
+    run_log.addHandler(handler)
+    caplog.set_level(logging.INFO, logger="experiments.optimality.run")
+    try:
+        with still_running("seed 7: cpsat_general (limit 60 s)", every_s=0.01):
+            assert seen.wait(timeout=60)  # a solve that lasts until it has been reported
+    finally:
+        run_log.removeHandler(handler)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages and all(
+        m.startswith("seed 7: cpsat_general (limit 60 s) still running after ") for m in messages
+    )
+    assert not any(t.name == "still-running" for t in threading.enumerate())
 
 
 def test_aggregate_again_gives_the_same_tables(study, capsys):

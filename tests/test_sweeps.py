@@ -1,9 +1,10 @@
 """Sweeps: every job leaves a row, aggregation, plots, the paper's experiment configs, launchers.
 
-The module fixture runs one real multirun in a subprocess (``run.py -m`` with the joblib launcher,
-two workers): the tiny model, three planners (``nest``, ``megatron`` and the test-only ``flaky``,
-which raises an unexpected exception on one cluster size), two clusters and two sizes. Everything
-is written under pytest's ``tmp_path`` directories.
+The module fixture runs one real multirun in a subprocess (``run.py -m`` with the project's
+``parallel`` launcher, two workers): the tiny model, three planners (``nest``, ``megatron`` and
+the test-only ``flaky``, which raises an unexpected exception on one cluster size and kills its
+own worker process with SIGKILL on another), two clusters and two sizes. Everything is written
+under pytest's ``tmp_path`` directories.
 """
 
 import json
@@ -23,7 +24,7 @@ from omegaconf import OmegaConf
 import nest.cli
 from experiments import aggregate as agg
 from experiments.callbacks import expand_sweep, sweep_progress
-from experiments.plots import placement_grid, plot_job
+from experiments.plots import NO_PLAN_MARKERS, placement_grid, plot_job, throughput_figure
 from experiments.published import load_published, published_speedups, published_table
 from nest.results import ROW_COLUMNS, make_row, planner_label, run_recorded
 
@@ -41,6 +42,8 @@ _target_: tests.flaky.FlakyPlanner
 name: flaky
 crash_cluster: h100_spineleaf
 crash_devices: 64
+kill_cluster: tpuv4_fattree
+kill_devices: 32
 """
 SWEEP_ARGS = [
     "model=tiny",
@@ -48,10 +51,11 @@ SWEEP_ARGS = [
     "cluster=tpuv4_fattree,h100_spineleaf",
     "cluster.devices=32,64",
     "print_summary=false",
-    "hydra/launcher=joblib",
+    "hydra/launcher=parallel",
     "hydra.launcher.n_jobs=2",
 ]
 N_JOBS = 12
+KILLED_JOB = 8  # flaky on tpuv4_fattree with 32 devices (the first key varies slowest)
 
 
 def _env() -> dict:
@@ -81,7 +85,8 @@ def small_sweep(tmp_path_factory):
     proc = run_multirun(
         tmp, f"--config-dir={tmp / 'conf'}", *SWEEP_ARGS, f"hydra.sweep.dir={sweep_dir}"
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # two jobs crashed (one raised, one killed its worker): the sweep says so in its exit status
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     return sweep_dir, proc.stdout + proc.stderr
 
 
@@ -99,7 +104,7 @@ def test_small_multirun_has_a_row_per_job_and_marks_the_crash(small_sweep):
     df = pd.read_csv(sweep_dir / "results.csv")
     assert list(df.columns[: len(ROW_COLUMNS)]) == list(ROW_COLUMNS)
     assert sorted(df["job"]) == list(range(N_JOBS))
-    crashed = df[df["status"] == "crashed"]
+    crashed = df[(df["status"] == "crashed") & (df["job"] != KILLED_JOB)]
     assert len(crashed) == 1
     bad = crashed.iloc[0]
     assert (bad["planner"], bad["cluster"], bad["devices"]) == ("flaky", "h100_spineleaf", 64)
@@ -109,6 +114,7 @@ def test_small_multirun_has_a_row_per_job_and_marks_the_crash(small_sweep):
     assert "Traceback" in (job_dir / "error.txt").read_text()
     # every other job planned, and its row holds the shared evaluator's numbers from report.json
     ok = df[df["status"] != "crashed"]
+    assert len(ok) == N_JOBS - 2
     assert set(ok["status"]) <= {"optimal", "feasible"} and ok["feasible"].all()
     for _, row in ok.iterrows():
         report = json.loads((sweep_dir / str(row["job_dir"]) / "report.json").read_text())
@@ -120,11 +126,113 @@ def test_small_multirun_has_a_row_per_job_and_marks_the_crash(small_sweep):
         assert f"solver={row['solver']}" in row["overrides"].split()
         assert f"cluster.devices={row['devices']}" in row["overrides"].split()
     assert set(df["planner"]) == {"nest", "megatron", "flaky"}
-    # progress and the final pointers were printed
-    assert "12/12 jobs done, 1 failed (1 crashed)" in output
+    # progress and the final pointers were printed (the killed job never wrote a row)
+    assert "11/12 jobs done, 1 failed (1 crashed)" in output
     assert str(sweep_dir / "results.csv") in output and str(sweep_dir / "plots") in output
+    assert "error: 2 of 12 jobs failed (2 crashed)" in output
     md = (sweep_dir / "results.md").read_text()
     assert "| crashed " in md and "RuntimeError: forced crash" in md
+
+
+def test_a_job_that_kills_its_worker_is_a_crashed_row_and_the_rest_run(small_sweep):
+    """The ``parallel`` launcher: one job SIGKILLs its own worker process (Hydra's joblib launcher
+    stops the whole sweep there with TerminatedWorkerError); every other job still runs and
+    writes its row, the dead one is a ``crashed`` row saying so, and the sweep is aggregated."""
+    sweep_dir, output = small_sweep
+    df = pd.read_csv(sweep_dir / "results.csv")
+    dead = df[df["job"] == KILLED_JOB].iloc[0]
+    assert (dead["planner"], dead["cluster"], dead["devices"]) == ("flaky", "tpuv4_fattree", 32)
+    assert dead["status"] == "crashed" and not dead["feasible"]
+    assert dead["error"].startswith("worker process died (SIGKILL(-9))")
+    job_dir = sweep_dir / str(dead["job_dir"])
+    assert not (job_dir / "row.json").exists()
+    assert (job_dir / "error.txt").read_text().startswith("worker process died")
+    assert f"job #{KILLED_JOB} killed its worker process" in output
+    rows = sorted(int(p.parent.name) for p in sweep_dir.glob("*/row.json"))
+    assert rows == [n for n in range(N_JOBS) if n != KILLED_JOB]
+    assert not (sweep_dir / ".launcher").exists()  # the start markers are cleaned up
+    assert "worker process died" in (sweep_dir / "results.md").read_text()
+
+
+def _sweep_conf(tmp: Path, **flaky) -> Path:
+    conf = tmp / "conf"
+    (conf / "solver").mkdir(parents=True)
+    fields = "".join(f"{k}: {v}\n" for k, v in flaky.items())
+    (conf / "solver/flaky.yaml").write_text(
+        f"_target_: tests.flaky.FlakyPlanner\nname: flaky\n{fields}"
+    )
+    return conf
+
+
+SMALL_CLUSTER = ["cluster=dgx_8x8", "cluster.levels.1.fanout=2", "cluster.devices=null"]
+
+
+@pytest.mark.parametrize(
+    "tp, returncode, counts",
+    [("1", 0, "1 feasible, 1 infeasible"), ("1,3", 1, "2 error, 1 feasible, 1 infeasible")],
+)
+def test_sweep_exit_status_counts_failures_not_infeasible_answers(tmp_path, tp, returncode, counts):
+    """A model that does not fit (``infeasible``) is an answer: the sweep exits 0. A job with a
+    bad setting (``error``: tp=3 does not divide the heads) is a failure: the sweep exits 1,
+    after writing every row and the tables."""
+    sweep_dir = tmp_path / "multirun"
+    proc = run_multirun(
+        tmp_path,
+        "solver=fixed",
+        f"solver.tp={tp}",
+        "model=tiny,gpt3_175b",
+        *SMALL_CLUSTER,
+        "print_summary=false",
+        "hydra.callbacks.sweep.plots=false",
+        f"hydra.sweep.dir={sweep_dir}",
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == returncode, output
+    assert f"({counts})" in output  # aggregated either way
+    df = pd.read_csv(sweep_dir / "results.csv")
+    assert len(df) == (2 if tp == "1" else 4)
+    assert ("jobs failed" in proc.stderr) == bool(returncode)
+    if returncode:
+        assert "error: 2 of 4 jobs failed (2 error)" in proc.stderr
+
+
+def test_an_interrupted_sweep_prints_the_aggregate_command(tmp_path):
+    """A sweep that stops before its end (Ctrl-C: KeyboardInterrupt in the second job) exits
+    non-zero and says how to build the tables from the rows written so far; that command works."""
+    conf = _sweep_conf(tmp_path, interrupt_cluster="dgx_8x8", interrupt_devices=16)
+    sweep_dir = tmp_path / "multirun"
+    proc = run_multirun(
+        tmp_path,
+        f"--config-dir={conf}",
+        "solver=flaky",
+        "model=tiny",
+        "cluster=dgx_8x8",
+        "cluster.devices=8,16,32",
+        "print_summary=false",
+        f"hydra.sweep.dir={sweep_dir}",
+    )
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert not (sweep_dir / "results.csv").exists()
+    assert "note: the sweep stopped before its end-of-sweep step" in proc.stderr
+    assert f"python -m experiments.aggregate {sweep_dir}" in proc.stderr
+    assert agg.main([str(sweep_dir), "--no-plots"]) == 0
+    df = pd.read_csv(sweep_dir / "results.csv")
+    assert df["status"].tolist()[0] == "feasible"
+    assert df["status"].tolist()[1:] == ["missing", "missing"]  # interrupted, never started
+
+
+def test_a_failed_aggregation_exits_1_with_the_command(tmp_path, capsys):
+    """Hydra turns an exception in ``on_multirun_end`` into a warning and exits 0; the callback
+    reports it in one line with the command to rerun and exits 1."""
+    from experiments.callbacks import SweepCallback
+
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    with pytest.raises(SystemExit) as exit_info:
+        SweepCallback().on_multirun_end(config)  # an empty directory: nothing to aggregate
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "error: the sweep's tables could not be built (FileNotFoundError" in err
+    assert f"python -m experiments.aggregate {tmp_path}" in err
 
 
 def test_sweep_json_lists_the_jobs_hydra_ran(small_sweep):
@@ -134,7 +242,7 @@ def test_sweep_json_lists_the_jobs_hydra_ran(small_sweep):
     for num, overrides in enumerate(record["jobs"]):
         ran = list(OmegaConf.load(sweep_dir / str(num) / ".hydra/overrides.yaml"))
         assert ran == overrides
-    assert sweep_progress(sweep_dir).startswith(f"{N_JOBS}/{N_JOBS} jobs done, 1 failed")
+    assert sweep_progress(sweep_dir).startswith(f"{N_JOBS - 1}/{N_JOBS} jobs done, 1 failed")
 
 
 def test_comparison_normalises_to_the_baseline(small_sweep):
@@ -174,7 +282,7 @@ def test_aggregate_of_an_existing_dir_is_idempotent(small_sweep, tmp_path, capsy
         assert sorted(p.relative_to(sweep_dir) for p in sweep_dir.rglob("*")) == listing
         pd.testing.assert_frame_equal(pd.read_parquet(sweep_dir / "results.parquet"), parquet)
     out = capsys.readouterr().out
-    assert f"aggregated {N_JOBS} jobs (1 crashed" in out and "results.csv" in out
+    assert f"aggregated {N_JOBS} jobs (2 crashed" in out and "results.csv" in out
 
 
 def test_aggregate_marks_killed_and_unstarted_jobs_missing(small_sweep, tmp_path):
@@ -263,6 +371,88 @@ def test_sweep_plots_are_drawn(small_sweep):
         assert f"placement_tiny_{cluster}_64.png" in names
     for name in names:
         _check_png(plots / name)
+
+
+def test_throughput_plot_says_why_a_job_has_no_plan():
+    """An ``invalid`` published row is not drawn as out of memory: each kind of job without a
+    plan has its own marker and legend entry; ``unpublished`` rows are not drawn."""
+    rows = [
+        ("megatron", 32, "feasible", True, 10.0),
+        ("megatron", 64, "feasible", True, 18.0),
+        ("paper_mcmc", 32, "invalid", False, None),
+        ("paper_mcmc", 64, "infeasible", False, None),
+        ("paper_phaze", 32, "unpublished", False, None),
+        ("paper_phaze", 64, "crashed", False, None),
+    ]
+    comp = pd.DataFrame(
+        [
+            {"planner": p, "devices": d, "status": st, "feasible": ok, "tput": v, "model": "m"}
+            for p, d, st, ok, v in rows
+        ]
+    )
+    planners = ["megatron", "paper_mcmc", "paper_phaze"]
+    fig = throughput_figure(
+        comp,
+        x="devices",
+        xlabel="devices",
+        ylabel="samples/s",
+        value="tput",
+        title="t",
+        planners=planners,
+        panel_keys=["model"],
+    )
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[:3] == planners
+    assert labels[3:] == [NO_PLAN_MARKERS[k][1] for k in ("oom", "invalid", "failed")]
+    assert not any("OOM/error" in label for label in labels)
+    drawn = {}  # marker -> the devices drawn with it on the x axis
+    for line in fig.axes[0].get_lines():
+        if len(line.get_xdata()) and line.get_marker() != "o":
+            drawn.setdefault(line.get_marker(), []).extend(line.get_xdata())
+    assert drawn == {
+        NO_PLAN_MARKERS["oom"][0]["marker"]: [64],
+        NO_PLAN_MARKERS["invalid"][0]["marker"]: [32],
+        NO_PLAN_MARKERS["failed"][0]["marker"]: [64],
+    }
+
+
+def test_results_md_lists_each_jobs_schedule(tmp_path):
+    """The "Every job" table of results.md has the plan's pipeline schedule (and the model chunks
+    per device of an interleaved one), as plan.json has it."""
+    schedules = [
+        ["solver.pp=2"],
+        ["solver.pp=2", "solver.schedule=interleaved", "solver.virtual_stages=2"],
+        ["solver.pp=2", "solver.schedule=gpipe"],
+    ]
+    for num, knobs in enumerate(schedules):
+        overrides = ["solver=fixed", *knobs, "model=tiny", *SMALL_CLUSTER]
+        cfg = compose(*overrides, "print_summary=false")
+        run_recorded(
+            lambda c, d: nest.cli.run(c, d, echo=lambda _: None),
+            cfg,
+            tmp_path / str(num),
+            overrides=overrides,
+            job=num,
+        )
+    agg.aggregate(tmp_path, baseline="fixed", plots=False)
+    md = (tmp_path / "results.md").read_text().split("## Every job", 1)[1]
+    lines = [line for line in md.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    assert "schedule" in header and len(cells) == len(schedules)
+    for num, row in enumerate(cells):
+        plan = json.loads((tmp_path / str(num) / "plan.json").read_text())
+        assert plan["pp"] == 2
+        expected = plan["schedule"]
+        if plan["schedule"] == "interleaved":
+            expected += f" v={plan['virtual_stages']}"
+        assert row[header.index("job")] == str(num)
+        assert row[header.index("schedule")] == expected
+    assert sorted(r[header.index("schedule")] for r in cells) == [
+        "1f1b",
+        "gpipe",
+        "interleaved v=2",
+    ]
 
 
 def test_placement_grid_puts_every_device_where_the_plan_does(small_sweep):

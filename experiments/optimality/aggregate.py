@@ -10,26 +10,38 @@ and what the warm start changed). The Hydra callback runs it at the end of the s
 """
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
 
 ROW_FILE = "row.json"
 REL = 1e-6
 
 
 def load_rows(sweep_dir: Path) -> list[dict]:
+    """Every instance's row; an instance directory without one (killed, or its worker process
+    died: the ``parallel`` launcher's ``error.txt`` says so) is named in a note on stderr."""
     rows = []
     for path in sorted(sweep_dir.glob(f"*/{ROW_FILE}"), key=lambda p: p.parent.name):
         try:
             rows.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             print(f"note: {path} is not a readable row; skipped", file=sys.stderr)
+    for job_dir in sorted(p.parent for p in sweep_dir.glob("*/.hydra")):
+        if not (job_dir / ROW_FILE).exists():
+            error = job_dir / "error.txt"
+            why = error.read_text().strip().splitlines()[-1] if error.is_file() else "killed?"
+            print(f"note: {job_dir} has no {ROW_FILE} ({why}); skipped", file=sys.stderr)
     return rows
 
 
@@ -197,7 +209,42 @@ def aggregate(sweep_dir: Path) -> dict:
     return summary
 
 
+def study_progress(sweep_dir: Path) -> str:
+    """``12/300 instances done`` (plus ``, 1 with a solver crashed`` or errored) from the rows
+    written so far and the total of ``sweep.json``."""
+    from experiments.callbacks import sweep_total
+
+    done, troubled = 0, 0
+    for path in sweep_dir.glob(f"*/{ROW_FILE}"):
+        try:
+            row = json.loads(path.read_text())
+        except (OSError, ValueError):  # being written
+            continue
+        done += 1
+        statuses = {r.get("status") for r in row.get("solvers", {}).values()}
+        troubled += bool(statuses & {"crashed", "error"} or "error" in row)
+    total = sweep_total(sweep_dir)
+    text = f"{done}/{total if total is not None else '?'} instances done"
+    return text + (f", {troubled} with a solver crashed or in error" if troubled else "")
+
+
 class StudyCallback(Callback):
+    """Progress after each instance; the table, histogram and summary at the end."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from experiments.callbacks import write_sweep_record
+
+        record = write_sweep_record(config)
+        log.info(
+            "optimality study: %s instances into %s",
+            record["total_jobs"] or "?",
+            config.hydra.sweep.dir,
+        )
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            log.info("optimality progress: %s", study_progress(Path(config.hydra.sweep.dir)))
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         aggregate(sweep_dir)

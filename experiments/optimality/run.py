@@ -1,6 +1,6 @@
 """The optimality study: one seeded small instance per job, solved by every exact planner.
 
-    python -m experiments.optimality.run -m 'seed=range(0,300)' hydra/launcher=joblib
+    python -m experiments.optimality.run -m 'seed=range(0,300)' hydra/launcher=parallel
 
 Per job (one seed, :mod:`experiments.optimality.instances`) it runs ``nest`` (the DP), ``brute``
 (when the space has at most ``brute_max_plans`` plans), ``cpsat`` and ``milp`` in the restricted
@@ -9,11 +9,20 @@ with each solver's value (shared evaluator), status, proven bound and wall time,
 restricted-vs-general gap. A solver that fails writes its status and error instead; the job
 never raises. At the end of the sweep :mod:`experiments.optimality.aggregate` builds the table,
 the histogram and the summary.
+
+Progress (Hydra's logging: the console and each job's ``run.log``): a solve still running after
+``progress_every_s`` logs ``seed 131: cpsat_general still running after 10 s (limit 60 s)``, and
+again every ``progress_every_s``; a finished instance logs its values and time; the sweep
+callback logs ``optimality progress: 12/300 instances done`` after each.
 """
 
 import json
+import logging
+import threading
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
@@ -29,6 +38,8 @@ from nest.exact.planner import ExactPlanner
 
 CONF_DIR = str(Path(__file__).parent / "conf")
 ROW_FILE = "row.json"
+
+log = logging.getLogger("experiments.optimality.run")  # also under python -m
 
 SOLVERS = {
     "nest": lambda o, cfg: NestPlanner(**o),
@@ -80,6 +91,25 @@ def solve_one(name: str, problem, options: dict, cfg) -> dict:
     return out
 
 
+@contextmanager
+def still_running(what: str, every_s: float) -> Iterator[None]:
+    """Log ``<what> still running after N s`` every ``every_s`` until the block ends."""
+    done = threading.Event()
+    started = time.perf_counter()
+
+    def watch() -> None:
+        while not done.wait(every_s):
+            log.info("%s still running after %.3g s", what, time.perf_counter() - started)
+
+    watcher = threading.Thread(target=watch, name="still-running", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+
+
 def study_row(seed: int, cfg) -> dict:
     problem, options = instance(seed, max_devices=cfg.max_devices, restrict=cfg.restrict)
     row = {"seed": seed, "restrict": bool(cfg.restrict), **describe(problem)}
@@ -92,7 +122,9 @@ def study_row(seed: int, cfg) -> dict:
         if name == "brute" and plans > cfg.brute_max_plans:
             results[name] = {"status": "skipped", "value_s": None, "time_s": 0.0}
             continue
-        results[name] = solve_one(name, problem, options, cfg)
+        limit = f" (limit {cfg.time_limit_s} s)" if name not in ("nest", "brute") else ""
+        with still_running(f"seed {seed}: {name}{limit}", float(cfg.progress_every_s)):
+            results[name] = solve_one(name, problem, options, cfg)
     row["solvers"] = results
     restricted = results.get("cpsat_restricted", {}).get("value_s")
     general = results.get("cpsat_general", {}).get("value_s")
@@ -105,14 +137,25 @@ def study_row(seed: int, cfg) -> dict:
 @hydra.main(config_path=CONF_DIR, config_name="optimality", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
+    started = time.perf_counter()
     try:
         row = study_row(int(cfg.seed), cfg)
     except UserError as exc:
         row = {"seed": cfg.seed, "error": str(exc)}
-        print(f"error: {exc}")
+        log.error("error: %s", exc)
     (out_dir / ROW_FILE).write_text(json.dumps(row, indent=1, default=str) + "\n")
-    values = {k: v.get("value_s") for k, v in row.get("solvers", {}).items()}
-    print(f"seed {cfg.seed}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+    log.info(
+        "seed %s done in %.1f s: %s",
+        cfg.seed,
+        time.perf_counter() - started,
+        ", ".join(f"{k}={_outcome(v)}" for k, v in row.get("solvers", {}).items()),
+    )
+
+
+def _outcome(result: dict) -> str:
+    """A solver's value (seconds per iteration) when it has one, else its status."""
+    value = result.get("value_s")
+    return f"{value:.6g}" if value is not None else str(result.get("status"))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Hydra plugins of the NEST planner project (found by Hydra's scan of ``hydra_plugins``)."""
