@@ -24,6 +24,7 @@ from nest.cost import evaluate
 from nest.errors import Infeasible, InvalidConfiguration, NotPublished, SolverTimeout, UserError
 from nest.explain import explain_report, format_explain
 from nest.export import export_plan, format_export, targets_of, write_export
+from nest.progress import Progress
 from nest.results import run_recorded
 from nest.serialize import plan_to_dict, report_to_dict
 from nest.simulate import plot_timeline, simulate
@@ -65,7 +66,8 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
         base["model"] = problem.model.name
         export_targets = targets_of(cfg.get("export"))
         planner = instantiate(cfg.solver, _convert_="all")
-        plan = planner.solve(problem)
+        with Progress(f"planning with {solver_name}"):
+            plan = planner.solve(problem)
     except (InvalidConfiguration, NotPublished, SolverTimeout) as exc:
         status = {InvalidConfiguration: "invalid", NotPublished: "unpublished"}.get(
             type(exc), "timeout"
@@ -107,7 +109,8 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
             "peak_in_flight": list(sim.peak_in_flight),
         }
         _write_json(out_dir / "report.json", result)
-        plot_timeline(sim, out_dir / "timeline.png")
+        with Progress("drawing timeline.png"):
+            plot_timeline(sim, out_dir / "timeline.png")
     summary = format_summary(problem, plan, report)
     summary += "".join(f"\nnote: {n}" for n in getattr(problem.model, "notes", ()))
     if "simulation" in result:
