@@ -297,11 +297,12 @@ def plot_timeline(sim: SimResult, path, *, title: str = "") -> TimelineView:
     windows = timeline_windows(sim)
     scale, unit = (1.0, "s") if sim.makespan_s >= 1 else (1e3, "ms")
     colors = {"F": "#4c72b0", "B": "#dd8452", "sync": "#8c8c8c", "opt": "#55a868"}
+    n = len(sim.tasks)
     kinds = np.array([t.kind for t in sim.tasks])
-    rank_of = np.array([t.rank for t in sim.tasks])
-    start = np.array([t.start_s for t in sim.tasks])
-    end = np.array([t.end_s for t in sim.tasks])
-    microbatch = np.array([t.microbatch for t in sim.tasks])
+    rank_of = np.fromiter((t.rank for t in sim.tasks), int, n)
+    start = np.fromiter((t.start_s for t in sim.tasks), float, n)
+    end = np.fromiter((t.end_s for t in sim.tasks), float, n)
+    microbatch = np.fromiter((t.microbatch for t in sim.tasks), int, n)
     height = min(0.5 * ranks, 24.0) + 1.6
     bar_in = 0.8 * (height - 1.6) / ranks
     fig, axes = plt.subplots(
@@ -314,14 +315,16 @@ def plot_timeline(sim: SimResult, path, *, title: str = "") -> TimelineView:
     )
     axes = axes[0]
     bars = 0
+    inch_s = sum(b - a for a, b in windows) / AXES_WIDTH_IN  # seconds per inch of axis
     for ax, (lo, hi) in zip(axes, windows, strict=True):
+        ax.set_xlim(lo * scale, hi * scale)
+        ax.set_autoscale_on(False)
         inside = (end > lo) & (start < hi) | ((start == end) & (start >= lo) & (start <= hi))
-        inch_s = sum(b - a for a, b in windows) / AXES_WIDTH_IN  # seconds per inch of axis
+        visible = np.flatnonzero(inside)
         for kind, color in colors.items():
-            for r in range(ranks):
-                sel = inside & (kinds == kind) & (rank_of == r)
-                if not sel.any():
-                    continue
+            of_kind = visible[kinds[visible] == kind]
+            for r in np.unique(rank_of[of_kind]).tolist():
+                sel = of_kind[rank_of[of_kind] == r]
                 s, e = start[sel], end[sel]
                 ax.broken_barh(
                     list(zip(s * scale, (e - s) * scale, strict=True)),
@@ -332,7 +335,7 @@ def plot_timeline(sim: SimResult, path, *, title: str = "") -> TimelineView:
                 )
                 if kind not in ("F", "B"):
                     continue
-                bars += int(sel.sum())
+                bars += len(sel)
                 if ranks > 32:
                     continue  # rows too thin for numbers
                 digits = np.floor(np.log10(np.maximum(microbatch[sel], 1))) + 1
@@ -358,7 +361,6 @@ def plot_timeline(sim: SimResult, path, *, title: str = "") -> TimelineView:
                         color="white",
                         clip_on=True,
                     )
-        ax.set_xlim(lo * scale, hi * scale)
     first = axes[0]
     step = max(1, ranks // 32)
     first.set_yticks(range(0, ranks, step), [f"rank {r}" for r in range(0, ranks, step)])
