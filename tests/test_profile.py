@@ -161,6 +161,24 @@ def _artifact(blocks: int = 2) -> dict:
     return {"nodes": {"1": nodes}, "edges": {"1": edges}}
 
 
+@pytest.mark.parametrize(("ep", "microbatches", "batch"), [(1, 4096, 4096), (4, 1024, 4096)])
+def test_an_artifact_instance_hints_its_global_batch_in_sequences(
+    tmp_path, ep, microbatches, batch
+):
+    """``mbsInBatch`` is the artifact's ``M = global_batch / (mbs * ep)`` (NEST_NOTES §2): its
+    Mixtral instances (ep 4, 1024 microbatches) ran a batch of 4096 sequences, as every other."""
+    path = tmp_path / "inst.json"
+    data = _artifact() | {"ep_degree": ep, "mbsInBatch": float(microbatches)}
+    data |= {"optimizerAlgorithm": "SGD"}
+    path.write_text(json.dumps(data))
+    notes = read_profile(path).notes
+    assert f"global batch {batch} sequences" in notes[0]
+    assert notes[1] == (
+        f"to mirror it: training.global_batch={batch} training.microbatch_sizes=[1] "
+        "training.optimizer=sgd"
+    )
+
+
 def _drop(node: dict, key: str) -> dict:
     return {k: v for k, v in node.items() if k != key}
 

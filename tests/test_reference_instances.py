@@ -25,6 +25,7 @@ from nest.errors import UserError
 from nest.export.common import rebuild
 from nest.problem import Problem
 from nest.profile import ProfileModel, read_profile
+from nest.profile.artifact import global_batch
 
 from .conftest import make_cluster, make_device
 from .test_cli import REPO_ROOT, compose
@@ -64,7 +65,7 @@ def instance_problem(name: str) -> Problem:
         "cluster=tpuv4_fattree",
         f"cluster.devices={raw['maxDevices']}",
         "training.microbatch_sizes=[1]",
-        f"training.global_batch={int(raw['mbsInBatch'])}",
+        f"training.global_batch={global_batch(raw)}",
         "training.optimizer=sgd",
     ]
     from nest.config import build_problem
