@@ -85,6 +85,14 @@ def test_every_instance_reads_with_seconds_and_its_widths():
     assert llama.layers[1].fwd_s == pytest.approx(218.51191714285716e-3)  # ms in the file
 
 
+def test_the_shipped_instance_reads_as_the_original():
+    """data/profiles/nest_artifact_llama2_64.json keeps only the fields the reader uses: the
+    profile it gives is the original's, name aside."""
+    shipped = read_profile(REPO_ROOT / "data" / "profiles" / "nest_artifact_llama2_64.json")
+    original = read_profile(DIR / "llama2_64.json")
+    assert replace(shipped, name=original.name) == original
+
+
 @pytest.mark.parametrize(
     "name, published, rel",
     [
