@@ -23,6 +23,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from nest.progress import Progress
 from nest.results import FAILED_STATUSES, ROW_FILE, SWEEP_FILE
 
 log = logging.getLogger(__name__)
@@ -111,5 +112,7 @@ class SweepCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from experiments.aggregate import aggregate
 
-        result = aggregate(Path(config.hydra.sweep.dir), baseline=self.baseline, plots=self.plots)
+        sweep_dir = Path(config.hydra.sweep.dir)
+        with Progress(f"aggregating {sweep_dir}"):
+            result = aggregate(sweep_dir, baseline=self.baseline, plots=self.plots)
         print(result.describe(), flush=True)
