@@ -32,6 +32,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from nest.progress import Progress
 from nest.results import FAILED_STATUSES, NO_PLAN_STATUSES, ROW_FILE, SWEEP_FILE
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,8 @@ class SweepCallback(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         self._ended = True
         try:
-            result = aggregate(sweep_dir, baseline=self.baseline, plots=self.plots)
+            with Progress(f"aggregating {sweep_dir}"):
+                result = aggregate(sweep_dir, baseline=self.baseline, plots=self.plots)
         except Exception as exc:  # Hydra would turn it into a warning and exit 0
             log.exception("aggregating %s failed", sweep_dir)
             print(

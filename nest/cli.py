@@ -25,6 +25,7 @@ from nest.errors import Infeasible, InvalidConfiguration, NotPublished, SolverTi
 from nest.explain import explain_report, format_explain
 from nest.export import export_plan, format_export, targets_of, write_export
 from nest.planner import build_planner
+from nest.progress import Progress
 from nest.results import run_recorded
 from nest.serialize import plan_to_dict, report_to_dict
 from nest.simulate import plot_timeline, simulate
@@ -68,7 +69,8 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
         base["seq_len_source"] = seq_len_source(problem.model)
         export_targets = targets_of(cfg.get("export"))
         planner = build_planner(cfg.solver)
-        plan = planner.solve(problem)
+        with Progress(f"planning with {solver_name}"):
+            plan = planner.solve(problem)
     except (InvalidConfiguration, NotPublished, SolverTimeout) as exc:
         status = {InvalidConfiguration: "invalid", NotPublished: "unpublished"}.get(
             type(exc), "timeout"
@@ -110,7 +112,8 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
             "peak_in_flight": list(sim.peak_in_flight),
         }
         _write_json(out_dir / "report.json", result)
-        plot_timeline(sim, out_dir / "timeline.png")
+        with Progress("drawing timeline.png"):
+            plot_timeline(sim, out_dir / "timeline.png")
     summary = format_summary(problem, plan, report)
     summary += "".join(f"\nnote: {n}" for n in problem.model.notes)
     if "simulation" in result:

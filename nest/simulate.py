@@ -23,17 +23,19 @@ Returns the makespan, each rank's busy and idle time, the task timeline and the 
 in-flight microbatches per rank; :func:`plot_timeline` draws the timeline as in the 1F1B papers.
 """
 
+import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from nest.axes import Schedule
 from nest.cost import evaluate
 from nest.plan import Plan
 from nest.problem import Problem
+from nest.progress import Progress
 from nest.report import Report
 
 
-@dataclass(frozen=True, slots=True)
-class Task:
+class Task(NamedTuple):
     """One piece of work on one pipeline rank; times in seconds from the iteration start."""
 
     rank: int
@@ -116,54 +118,73 @@ def simulate_schedule(
     overlap_grad_sync: bool = False,
     analytic_s: float = float("nan"),
 ) -> SimResult:
-    """The simulation on given per-chunk forward/backward and per-rank sync/step seconds."""
-    n_chunks = len(plan.stages)
-    duration = {"F": list(fwd_s), "B": list(bwd_s)}
-    orders = [rank_order(plan, r) for r in range(plan.pp)]
-    done: dict[tuple[str, int, int], float] = {}
-    next_task = [0] * plan.pp
-    free_at = [0.0] * plan.pp
-    tasks: list[Task] = []
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for r in range(plan.pp):
-            while next_task[r] < len(orders[r]):
-                kind, k, j = orders[r][next_task[r]]
-                deps = [("F", k - 1, j)] if kind == "F" and k > 0 else []
-                if kind == "B":
-                    deps = [("F", k, j)] + ([("B", k + 1, j)] if k + 1 < n_chunks else [])
-                if any(d not in done for d in deps):
-                    break
-                start = max([free_at[r]] + [done[d] for d in deps])
-                end = start + duration[kind][k]
-                done[(kind, k, j)] = end
-                free_at[r] = end
-                tasks.append(Task(r, kind, k, j, start, end))
-                next_task[r] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise AssertionError(f"schedule {plan.schedule} deadlocked; this is a bug")
+    """The simulation on given per-chunk forward/backward and per-rank sync/step seconds.
+
+    List scheduling, round by round: each rank runs its next tasks in order until one waits for
+    a task of another rank. A task's start is the latest of its rank's free time and its
+    dependencies' ends; the loop only decides the order in which these are computed.
+    """
+    n_chunks, m, pp = len(plan.stages), plan.num_microbatches, plan.pp
+    fwd, bwd = [float(x) for x in fwd_s], [float(x) for x in bwd_s]
+    orders = [rank_order(plan, r) for r in range(pp)]
+    total = sum(len(o) for o in orders)
+    # end time of F(k, j) / B(k, j), None until it ran; B of chunk n_chunks counts as done at 0
+    f_end: list[list[float | None]] = [[None] * m for _ in range(n_chunks)]
+    b_end: list[list[float | None]] = [[None] * m for _ in range(n_chunks)] + [[0.0] * m]
+    next_task = [0] * pp
+    free_at = [0.0] * pp
+    raw: list[tuple[int, str, int, int, float, float]] = []
+    record = raw.append
+    with Progress(f"simulating {total:,} tasks on {pp} pipeline ranks", total=total) as progress:
+        while len(raw) < total:
+            before = len(raw)
+            for r in range(pp):
+                order, i, free = orders[r], next_task[r], free_at[r]
+                n = len(order)
+                while i < n:
+                    kind, k, j = order[i]
+                    if kind == "F":
+                        dep = f_end[k - 1][j] if k else free
+                        if dep is None:
+                            break
+                        start = free if free >= dep else dep
+                        end = start + fwd[k]
+                        f_end[k][j] = end
+                    else:
+                        dep, later = f_end[k][j], b_end[k + 1][j]
+                        if dep is None or later is None:
+                            break
+                        start = max(free, dep, later)
+                        end = start + bwd[k]
+                        b_end[k][j] = end
+                    record((r, kind, k, j, start, end))
+                    free = end
+                    i += 1
+                next_task[r], free_at[r] = i, free
+            if len(raw) == before:
+                raise AssertionError(f"schedule {plan.schedule} deadlocked; this is a bug")
+            progress.done = len(raw)
+    tasks = list(map(Task._make, raw))
     pipeline_s = max(free_at)
+    last = {}
+    for t in tasks:
+        last[t.rank] = t
     sync_end = []
-    for r in range(plan.pp):
-        last = next(t for t in reversed(tasks) if t.rank == r)
-        start = last.start_s if overlap_grad_sync else last.end_s
-        end = max(last.end_s, start + sync_s[r])
+    for r in range(pp):
+        start = last[r].start_s if overlap_grad_sync else last[r].end_s
+        end = max(last[r].end_s, start + sync_s[r])
         tasks.append(Task(r, "sync", -1, -1, start, start + sync_s[r]))
         sync_end.append(end)
     step_start = max(sync_end)
-    for r in range(plan.pp):
+    for r in range(pp):
         tasks.append(Task(r, "opt", -1, -1, step_start, step_start + optimizer_s[r]))
     makespan = step_start + max(optimizer_s)
-    busy = [0.0] * plan.pp
-    events: list[list[tuple[float, int]]] = [[] for _ in range(plan.pp)]
-    for t in tasks:
-        if t.kind in ("F", "B"):
-            busy[t.rank] += t.end_s - t.start_s
-            # a forward holds its activations from its start until its backward ends
-            events[t.rank].append((t.start_s, 1) if t.kind == "F" else (t.end_s, -1))
+    busy = [0.0] * pp
+    events: list[list[tuple[float, int]]] = [[] for _ in range(pp)]
+    for r, kind, _, _, start, end in raw:
+        busy[r] += end - start
+        # a forward holds its activations from its start until its backward ends
+        events[r].append((start, 1) if kind == "F" else (end, -1))
     peak = []
     for rank_events in events:
         held = best = 0
@@ -182,45 +203,197 @@ def simulate_schedule(
     )
 
 
-def plot_timeline(sim: SimResult, path, *, title: str = "") -> None:
-    """Draw the iteration as one row per pipeline rank (forward blue, backward orange)."""
+AXES_WIDTH_IN = 12 * 0.9
+"""Inches of time axis in the 12-inch-wide figure (both panels together)."""
+CHAR_IN = 0.045
+"""Inches a digit of the bars' 5.5 pt labels takes."""
+BARS_PER_ROW = 40
+"""About how many forward / backward bars a row of one window of the timeline shows: more and
+they become stripes too thin to tell apart at the figure's width."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineView:
+    """What :func:`plot_timeline` drew."""
+
+    windows: tuple[tuple[float, float], ...]
+    """The time windows shown, in seconds: the whole iteration, or its start and its end."""
+    microbatches: int
+    """Microbatches in the iteration."""
+    shown_microbatches: int
+    """Microbatches whose first forward starts within the first window (all when one window)."""
+    bars: int
+    """Forward and backward bars drawn (whole or clipped by a window)."""
+    unit: str
+    """``s`` or ``ms``: the unit of the time axis."""
+    title: str
+
+
+def format_duration(seconds: float) -> str:
+    """``63.09 s``, ``6,275 s`` or ``88.31 ms``: never an exponent."""
+    if seconds >= 1000:
+        return f"{seconds:,.0f} s"
+    if seconds >= 1:
+        return f"{seconds:.4g} s"
+    return f"{seconds * 1e3:.4g} ms"
+
+
+def timeline_windows(sim: SimResult) -> tuple[tuple[float, float], ...]:
+    """The time windows the timeline shows: the whole iteration, or its start and its end.
+
+    Rank 0 has the longest warm-up (1F1B ``p - 1`` forwards, interleaved ``2 (p - 1) + (v - 1) p``
+    chunk forwards). The first window runs to the end of rank 0's ``N``-th task: its warm-up and
+    ``K`` forward-backward pairs of the steady state, ``K`` the most (at least 2) that keep ``N``
+    near :data:`BARS_PER_ROW`; so it shows the fill of every rank and the first backwards. The
+    last window starts at rank 0's ``N``-th task from the end and runs to the end of the
+    optimizer step: the last steady pairs, the drain, the DP sync and the step. GPipe's warm-up
+    is every forward, so there ``N = BARS_PER_ROW``. Each window is widened, if needed and up to
+    twice its width, to hold every rank's first (last) task. When the two windows would cover
+    most of rank 0's tasks, or meet, the whole iteration is shown.
+    """
+    rank0 = [t for t in sim.tasks if t.rank == 0 and t.kind in ("F", "B")]
+    whole = ((0.0, sim.makespan_s),)
+    warm = next((i for i, t in enumerate(rank0) if t.kind == "B"), len(rank0))
+    steady = warm + 2 * max(2, (BARS_PER_ROW - warm) // 2)
+    n = BARS_PER_ROW if 2 * warm >= len(rank0) else steady  # GPipe: every forward first
+    if len(rank0) <= BARS_PER_ROW or 2 * n >= 0.8 * len(rank0):
+        return whole
+    by_rank: dict[int, list[Task]] = {}
+    for t in sim.tasks:
+        if t.kind in ("F", "B"):
+            by_rank.setdefault(t.rank, []).append(t)
+    # every rank's first and last task (unequal stages end at different times), up to twice
+    # rank 0's width (GPipe's fast ranks end long before the slow ones)
+    first_end = min(
+        2 * rank0[n - 1].end_s,
+        max([rank0[n - 1].end_s] + [ts[0].end_s for ts in by_rank.values()]),
+    )
+    last_start = max(
+        sim.makespan_s - 2 * (sim.makespan_s - rank0[-n].start_s),
+        min([rank0[-n].start_s] + [ts[-1].start_s for ts in by_rank.values()]),
+    )
+    if first_end >= last_start:
+        return whole
+    return ((0.0, first_end), (last_start, sim.makespan_s))
+
+
+def plot_timeline(sim: SimResult, path, *, title: str = "") -> TimelineView:
+    """Draw the iteration as one row per pipeline rank (forward blue, backward orange, DP sync
+    grey, optimizer step green), microbatch numbers on the bars wide enough to hold them.
+
+    A long iteration (more bars than a row can show) is drawn as two panels, its first and its
+    last seconds (:func:`timeline_windows`): the pipeline's fill, a few steady-state
+    microbatches, and its drain, sync and optimizer step; the title says how much is shown.
+    Bars are drawn as one collection per rank and kind, so the cost grows with the tasks shown.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
     from matplotlib.patches import Patch
 
     ranks = 1 + max(t.rank for t in sim.tasks)
-    fig, ax = plt.subplots(figsize=(12, 0.5 * ranks + 1.6))
+    windows = timeline_windows(sim)
+    scale, unit = (1.0, "s") if sim.makespan_s >= 1 else (1e3, "ms")
     colors = {"F": "#4c72b0", "B": "#dd8452", "sync": "#8c8c8c", "opt": "#55a868"}
-    scale = 1e3  # milliseconds on the axis
-    for t in sim.tasks:
-        ax.broken_barh(
-            [(t.start_s * scale, (t.end_s - t.start_s) * scale)],
-            (t.rank - 0.4, 0.8),
-            facecolors=colors[t.kind],
-            edgecolors="white",
-            linewidth=0.3,
-        )
-        width = (t.end_s - t.start_s) * scale
-        if t.kind in "FB" and width > sim.makespan_s * scale / 120:
-            ax.text(
-                (t.start_s + t.end_s) / 2 * scale,
-                t.rank,
-                str(t.microbatch),
-                ha="center",
-                va="center",
-                fontsize=6,
-                color="white",
-            )
-    ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)])
-    ax.invert_yaxis()
-    ax.set_xlabel("time within the iteration (ms)")
-    ax.set_title(
-        title
-        or f"simulated iteration {sim.makespan_s * 1e3:.4g} ms; analytic formula "
-        f"{sim.analytic_s * 1e3:.4g} ms ({100 * sim.relative_error:+.2f} %)"
+    n = len(sim.tasks)
+    kinds = np.array([t.kind for t in sim.tasks])
+    rank_of = np.fromiter((t.rank for t in sim.tasks), int, n)
+    start = np.fromiter((t.start_s for t in sim.tasks), float, n)
+    end = np.fromiter((t.end_s for t in sim.tasks), float, n)
+    microbatch = np.fromiter((t.microbatch for t in sim.tasks), int, n)
+    height = min(0.5 * ranks, 24.0) + 1.6
+    bar_in = 0.8 * (height - 1.6) / ranks
+    fig, axes = plt.subplots(
+        1,
+        len(windows),
+        figsize=(12, height),
+        sharey=True,
+        squeeze=False,
+        gridspec_kw={"wspace": 0.04, "width_ratios": [hi - lo for lo, hi in windows]},
     )
+    axes = axes[0]
+    bars = 0
+    inch_s = sum(b - a for a, b in windows) / AXES_WIDTH_IN  # seconds per inch of axis
+    for ax, (lo, hi) in zip(axes, windows, strict=True):
+        ax.set_xlim(lo * scale, hi * scale)
+        ax.set_autoscale_on(False)
+        inside = (end > lo) & (start < hi) | ((start == end) & (start >= lo) & (start <= hi))
+        visible = np.flatnonzero(inside)
+        for kind, color in colors.items():
+            of_kind = visible[kinds[visible] == kind]
+            for r in np.unique(rank_of[of_kind]).tolist():
+                sel = of_kind[rank_of[of_kind] == r]
+                s, e = start[sel], end[sel]
+                ax.broken_barh(
+                    list(zip(s * scale, (e - s) * scale, strict=True)),
+                    (r - 0.4, 0.8),
+                    facecolors=color,
+                    edgecolors="white",
+                    linewidth=0.3,
+                )
+                if kind not in ("F", "B"):
+                    continue
+                bars += len(sel)
+                if ranks > 32:
+                    continue  # rows too thin for numbers
+                digits = np.floor(np.log10(np.maximum(microbatch[sel], 1))) + 1
+                text_in = 0.02 + CHAR_IN * digits
+                width_in = (np.minimum(e, hi) - np.maximum(s, lo)) / inch_s
+                across = width_in > text_in  # the number fits across the bar
+                upright = ~across & (width_in > 1.6 * CHAR_IN) & (text_in < bar_in)
+                for a, b, j, turn in zip(
+                    s[across | upright],
+                    e[across | upright],
+                    microbatch[sel][across | upright],
+                    upright[across | upright],
+                    strict=True,
+                ):
+                    ax.text(
+                        (max(a, lo) + min(b, hi)) / 2 * scale,
+                        r,
+                        str(j),
+                        ha="center",
+                        va="center",
+                        rotation=90 if turn else 0,
+                        fontsize=5.5,
+                        color="white",
+                        clip_on=True,
+                    )
+    first = axes[0]
+    step = max(1, ranks // 32)
+    first.set_yticks(range(0, ranks, step), [f"rank {r}" for r in range(0, ranks, step)])
+    first.set_ylim(ranks - 0.5, -0.5)
+    compute = np.isin(kinds, ("F", "B"))
+    m = 1 + int(microbatch[compute].max())
+    shown = m
+    if len(windows) == 2:
+        axes[0].spines["right"].set_visible(False)
+        axes[1].spines["left"].set_visible(False)
+        axes[1].tick_params(left=False)
+        marks = {"marker": [(-1, -2.5), (1, 2.5)], "markersize": 10, "linestyle": "none"}
+        marks |= {"color": "k", "mec": "k", "mew": 1, "clip_on": False}
+        axes[0].plot([1, 1], [0, 1], transform=axes[0].transAxes, **marks)
+        axes[1].plot([0, 0], [0, 1], transform=axes[1].transAxes, **marks)
+        started = compute & (kinds == "F") & (start < windows[0][1])
+        shown = len(set(microbatch[started].tolist()))
+        (_, first_s), (last_from, _) = windows
+        axes[0].set_xlabel(f"the first {format_duration(first_s)} of the iteration ({unit})")
+        axes[1].set_xlabel(f"its last {format_duration(sim.makespan_s - last_from)} ({unit})")
+    else:
+        first.set_xlabel(f"time within the iteration ({unit})")
+    title = title or (
+        f"simulated iteration {format_duration(sim.makespan_s)}"
+        + (
+            f"; analytic formula {format_duration(sim.analytic_s)} "
+            f"({100 * sim.relative_error:+.2f} %)"
+            if math.isfinite(sim.analytic_s)
+            else ""
+        )
+        + ("" if len(windows) == 1 else f"; {m:,} microbatches, start and end shown")
+    )
+    fig.suptitle(title, fontsize=11)
     legend = [
         Patch(color=c, label=k)
         for k, c in (
@@ -230,9 +403,15 @@ def plot_timeline(sim: SimResult, path, *, title: str = "") -> None:
             ("optimizer step", colors["opt"]),
         )
     ]
-    ax.legend(
-        handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, frameon=False
-    )
-    fig.tight_layout()
+    fig.legend(handles=legend, loc="lower center", ncol=4, frameon=False, fontsize=9)
+    fig.subplots_adjust(left=0.08, right=0.98, top=1 - 0.6 / height, bottom=0.95 / height)
     fig.savefig(path, dpi=130)
     plt.close(fig)
+    return TimelineView(
+        windows=windows,
+        microbatches=m,
+        shown_microbatches=shown,
+        bars=bars,
+        unit=unit,
+        title=title,
+    )

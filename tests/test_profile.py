@@ -24,7 +24,7 @@ from nest.profile.schema import profile_from_dict
 
 from .conftest import make_cluster, make_problem, make_spec
 from .randomcase import random_case
-from .test_cli import compose, run_case
+from .test_cli import REPO_ROOT, compose, run_case
 
 
 def tiny_profile(**kw):
@@ -160,6 +160,39 @@ def _artifact(blocks: int = 2) -> dict:
     nodes = [dict(node, id=k, parameterSize=1e6 if k < 0 else 2e6) for k in range(-1, blocks)]
     edges = [dict(sourceId=k, destId=k + 1, communicationCost=1e5) for k in range(-1, blocks - 1)]
     return {"nodes": {"1": nodes}, "edges": {"1": edges}}
+
+
+@pytest.mark.parametrize(("ep", "microbatches", "batch"), [(1, 4096, 4096), (4, 1024, 4096)])
+def test_an_artifact_instance_hints_its_global_batch_in_sequences(
+    tmp_path, ep, microbatches, batch
+):
+    """``mbsInBatch`` is the artifact's ``M = global_batch / (mbs * ep)`` (NEST_NOTES §2): its
+    Mixtral instances (ep 4, 1024 microbatches) ran a batch of 4096 sequences, as every other."""
+    path = tmp_path / "inst.json"
+    data = _artifact() | {"ep_degree": ep, "mbsInBatch": float(microbatches)}
+    data |= {"optimizerAlgorithm": "SGD"}
+    path.write_text(json.dumps(data))
+    notes = read_profile(path).notes
+    assert f"global batch {batch} sequences" in notes[0]
+    assert notes[1] == (
+        f"to mirror it: training.global_batch={batch} training.microbatch_sizes=[1] "
+        "training.optimizer=sgd"
+    )
+
+
+def test_the_shipped_artifact_instance_is_llama2_7b():
+    """data/profiles/nest_artifact_llama2_64.json (the artifact's llama2_64 instance, reduced to
+    the fields read; data/README.md): 32 blocks in seconds, Llama-2 7B's 6.74 B parameters once
+    the head copied into every block is held once, and the hint of the artifact's settings."""
+    path = REPO_ROOT / "data" / "profiles" / "nest_artifact_llama2_64.json"
+    profile = read_profile(path)
+    assert len(profile.measurements[0].layers) == 1 + 32 + 1
+    assert profile.measurements[0].layers[1].fwd_s == pytest.approx(218.51191714285716e-3)
+    assert ProfileModel(profile).total_params() == pytest.approx(6.74e9, rel=1e-3)
+    assert (
+        "training.global_batch=4096 training.microbatch_sizes=[1] training.optimizer=sgd"
+        in (profile.notes[1])
+    )
 
 
 def _drop(node: dict, key: str) -> dict:

@@ -26,6 +26,7 @@ from nest.errors import UserError
 from nest.export.common import rebuild
 from nest.problem import Problem
 from nest.profile import ProfileModel, read_profile
+from nest.profile.artifact import global_batch
 
 from .conftest import make_cluster, make_device
 from .test_cli import REPO_ROOT, compose
@@ -66,7 +67,7 @@ def instance_problem(name: str) -> Problem:
         "cluster=tpuv4_fattree",
         f"cluster.devices={raw['maxDevices']}",
         "training.microbatch_sizes=[1]",
-        f"training.global_batch={int(raw['mbsInBatch'])}",
+        f"training.global_batch={global_batch(raw)}",
         "training.optimizer=sgd",
     ]
     from nest.config import build_problem
@@ -84,6 +85,14 @@ def test_every_instance_reads_with_seconds_and_its_widths():
         assert {e for _, _, e in model.widths} == {ep}
     llama = read_profile(DIR / "llama2_64.json").measurements[0]
     assert llama.layers[1].fwd_s == pytest.approx(218.51191714285716e-3)  # ms in the file
+
+
+def test_the_shipped_instance_reads_as_the_original():
+    """data/profiles/nest_artifact_llama2_64.json keeps only the fields the reader uses: the
+    profile it gives is the original's, name aside."""
+    shipped = read_profile(REPO_ROOT / "data" / "profiles" / "nest_artifact_llama2_64.json")
+    original = read_profile(DIR / "llama2_64.json")
+    assert replace(shipped, name=original.name) == original
 
 
 @pytest.mark.parametrize(

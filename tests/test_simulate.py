@@ -157,3 +157,109 @@ def test_run_with_simulate_writes_the_timeline(tmp_path):
     assert sim["analytic_s"] == result["iteration_time_s"]
     assert sim["relative_error"] == pytest.approx(sim["analytic_s"] / sim["makespan_s"] - 1)
     assert "simulated iteration" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "v", "pp", "m"), [("1f1b", 1, 8, 1024), ("interleaved", 4, 8, 256)]
+)
+def test_long_schedules_match_the_textbook_formulas(schedule, v, pp, m):
+    """The largest preset cases have around a thousand microbatches (GPT-3 at batch 65536 on
+    1024 devices: 1024); the event loop gives the closed form there too."""
+    f, b = 0.25, 0.5
+    plan = bare_plan(pp, m, schedule, v)
+    n = pp * v
+    sim = simulate_schedule(
+        plan, fwd_s=[f] * n, bwd_s=[b] * n, sync_s=[0] * pp, optimizer_s=[0] * pp
+    )
+    t = v * (f + b)
+    assert sim.pipeline_s == pytest.approx(m * t + (pp - 1) * t / v, rel=1e-12)
+    assert len(sim.tasks) == 2 * m * n + 2 * pp
+
+
+def test_the_simulation_reports_its_progress(monkeypatch):
+    """A long simulation says how far it is (nest.progress); the count it reports reaches every
+    task."""
+    import nest.simulate
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, what, *, total):
+            seen.append(self)
+            self.what, self.total, self.done = what, total, 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(nest.simulate, "Progress", Recorder)
+    plan = bare_plan(4, 64)
+    simulate_schedule(plan, fwd_s=[1.0] * 4, bwd_s=[2.0] * 4, sync_s=[0] * 4, optimizer_s=[0] * 4)
+    (progress,) = seen
+    assert progress.total == progress.done == 2 * 64 * 4
+    assert "512 tasks on 4 pipeline ranks" in progress.what
+
+
+def long_sim(m=1024, schedule="1f1b", v=1, pp=8):
+    plan = bare_plan(pp, m, schedule, v)
+    n = pp * v
+    return simulate_schedule(
+        plan,
+        fwd_s=[0.02 * (1 + k % 3) for k in range(n)],
+        bwd_s=[0.04 * (1 + k % 3) for k in range(n)],
+        sync_s=[0.3] * pp,
+        optimizer_s=[0.01] * pp,
+        analytic_s=63.09,
+    )
+
+
+def test_format_duration_never_uses_an_exponent():
+    from nest.simulate import format_duration
+
+    assert format_duration(63.09) == "63.09 s"  # was "6.309e+04 ms" in the timeline's title
+    assert format_duration(6274.8) == "6,275 s"
+    assert format_duration(0.08831) == "88.31 ms"
+
+
+@pytest.mark.parametrize(
+    ("schedule", "v", "m"), [("1f1b", 1, 1024), ("interleaved", 4, 256), ("gpipe", 1, 512)]
+)
+def test_a_long_timeline_shows_its_start_and_its_end(schedule, v, m):
+    """At 1024 microbatches the whole timeline is stripes: two windows are shown instead, the
+    first holding every rank's fill and first backward, the last every rank's last backward, DP
+    sync and the optimizer step, each with a bounded number of bars per row."""
+    from nest.simulate import BARS_PER_ROW, timeline_windows
+
+    sim = long_sim(m, schedule, v)
+    (lo1, hi1), (lo2, hi2) = timeline_windows(sim)
+    assert lo1 == 0 and hi2 == sim.makespan_s and hi1 < lo2
+    compute = [t for t in sim.tasks if t.kind in ("F", "B")]
+    for r in range(8):
+        mine = [t for t in compute if t.rank == r]
+        assert mine[0].start_s < hi1
+        # GPipe: every forward comes first, and the fast ranks end long before the slow ones
+        if schedule != "gpipe":
+            assert next(t for t in mine if t.kind == "B").end_s <= hi1
+            assert mine[-1].start_s >= lo2
+        for lo, hi in ((lo1, hi1), (lo2, hi2)):
+            shown = [t for t in mine if t.end_s > lo and t.start_s < hi]
+            assert len(shown) <= 3 * BARS_PER_ROW
+
+
+def test_a_short_timeline_is_shown_whole():
+    from nest.simulate import timeline_windows
+
+    sim = long_sim(m=8)
+    assert timeline_windows(sim) == ((0.0, sim.makespan_s),)
+
+
+def test_the_timeline_of_1024_microbatches_is_a_readable_summary(tmp_path):
+    sim = long_sim(1024)
+    view = plot_timeline(sim, tmp_path / "timeline.png")
+    assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(view.windows) == 2 and view.unit == "s"
+    assert view.bars < len(sim.tasks) / 10
+    assert "e+" not in view.title and "1,024 microbatches" in view.title
+    assert 2 <= view.shown_microbatches < 1024

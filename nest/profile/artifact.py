@@ -24,11 +24,13 @@ bugs (docs/nest_paper.md §4):
   block: the tied word embedding) are not pipeline boundaries; the shared evaluator charges p2p
   between neighbouring stages only, so they are ignored.
 - Unknown in the format and left to the run's config: the optimizer (the file says SGD; ours
-  defaults to Adam: ``training.optimizer=sgd`` mirrors it), the global batch (``mbsInBatch``
-  microbatches of 1), the sequence length (``model.seq_len``), whether the parameters held under
-  ``ep_degree`` are expert or dense ones (all are taken as dense), the microbatch size of the
-  measurement (taken as 1, as in the artifact's file names). The instance's cluster fields are not
-  read: choose the cluster with ``cluster=...``.
+  defaults to Adam: ``training.optimizer=sgd`` mirrors it), the global batch (``mbsInBatch`` is
+  the artifact's ``M = global_batch / (mbs * ep)``, NEST_NOTES §2, so the batch is
+  ``mbsInBatch * ep_degree`` sequences of microbatch 1: 4096 for every instance, Mixtral's
+  ``1024 * 4`` included; :func:`global_batch`), the sequence length (``model.seq_len``),
+  whether the parameters held under ``ep_degree`` are expert or dense ones (all are taken as
+  dense), the microbatch size of the measurement (taken as 1, as in the artifact's file names).
+  The instance's cluster fields are not read: choose the cluster with ``cluster=...``.
 """
 
 import math
@@ -208,22 +210,35 @@ def _measurement(nodes: dict, edges: dict, d: dict, width: str, head: bool, wher
     )
 
 
+def global_batch(d: dict) -> int | None:
+    """The instance's global batch in sequences: ``mbsInBatch * ep_degree`` (the artifact's
+    ``M = global_batch / (mbs * ep)`` microbatches of ``mbs = 1``, NEST_NOTES §2); None when the
+    file does not say or the product is not an integer."""
+    batch, ep = _as_number(d.get("mbsInBatch")), _as_int(d.get("ep_degree", 1) or 1)
+    if batch is None or ep is None or ep < 1 or not (batch * ep).is_integer():
+        return None
+    return int(batch * ep)
+
+
 def _notes(d: dict, head: bool) -> tuple[str, ...]:
     mem = d.get("maxMemoryPerDevice")
-    batch = d.get("mbsInBatch")
+    batch = global_batch(d)
     facts = [
         f"{d.get('maxDevices', '?')} devices",
         f"{mem / GiB:g} GiB per device" if isinstance(mem, int | float) else "memory ?",
-        f"global batch {batch:g} sequences" if isinstance(batch, int | float) else "batch ?",
+        f"global batch {batch} sequences ({d['mbsInBatch']:g} microbatches x ep "
+        f"{d.get('ep_degree', 1) or 1})"
+        if batch is not None
+        else "batch ?",
         f"optimizer {d.get('optimizerAlgorithm', '?')}",
         f"recomputation {'on' if d.get('activationRecomputation') else 'off'}",
         f"ep {d.get('ep_degree', 1)}",
     ]
     notes = ["NEST artifact instance: " + ", ".join(facts)]
-    if isinstance(batch, int | float) and float(batch).is_integer():
+    if batch is not None:
         opt = str(d.get("optimizerAlgorithm", "")).lower()
         notes.append(
-            f"to mirror it: training.global_batch={int(batch)} training.microbatch_sizes=[1]"
+            f"to mirror it: training.global_batch={batch} training.microbatch_sizes=[1]"
             + (" training.optimizer=sgd" if opt == "sgd" else "")
         )
     if head:

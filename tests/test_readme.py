@@ -1,0 +1,355 @@
+"""The README's commands run as written on a clone.
+
+Every shell command of the README is checked: each line of a fenced ``bash`` block and each
+inline code span that starts with ``python``, ``pip`` or ``pytest``.
+
+- ``python run.py ...`` (one run) is run in-process (:func:`nest.cli.run`, outputs in a tmp
+  directory) and must plan, unless it is in :data:`SLOW_RUNS`; then, like every job of a multirun
+  (``-m``, each value of each swept key, the experiment's own sweep included), its config is
+  composed with the same overrides, the problem built and the planner instantiated.
+- ``python -m MODULE ...`` runs in-process with ``sys.argv`` as written, except the long
+  benchmarks in :data:`SLOW_MODULES`, whose ``--help`` must list every flag the command uses; a
+  module that is a Hydra app composes its own config instead.
+- Every input file a command names (a ``*_path`` / ``path`` config value, a ``python -m``
+  argument) exists in the repository; ``outputs/...`` and ``multirun/...`` directories are the
+  ones an earlier command of the same block wrote (``hydra.run.dir`` / ``hydra.sweep.dir``).
+- Fenced commands hold no placeholders (``<time>``, ``DIR``, ``[--flag]``); an inline span with
+  one is a synopsis: its module must exist and know its flags.
+- ``pip install`` extras exist in ``pyproject.toml``; ``pytest`` is this suite.
+"""
+
+import contextlib
+import importlib
+import importlib.util
+import io
+import re
+import runpy
+import shlex
+import sys
+import tomllib
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+import nest.cli
+from nest.config import build_problem
+
+REPO_ROOT = Path(nest.cli.CONF_DIR).parent
+README = REPO_ROOT / "README.md"
+
+SLOW_RUNS = {
+    # 1024 microbatches simulated and drawn: 6 s of CPU, more than the rest of this file
+    "solver=nest model=gpt3_175b cluster=tpuv4_fattree cluster.devices=1024 "
+    "training.global_batch=65536 training.microbatch_sizes=[1] simulate=true",
+}
+SLOW_MODULES = {
+    "experiments.bench_search": "minutes: the NEST search on 14 large cases",
+    "experiments.fig5_baselines": "minutes: every planner on 50 cases",
+    "experiments.optimality.scaling": "minutes: exact solvers up to their 60 s limit",
+}
+OUTPUT_PREFIXES = ("outputs/", "multirun/")
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+PLACEHOLDER = re.compile(r"<[^>]*>|^\[|^[A-Z][A-Z_]+\]?$|/[A-Z][A-Z_]+(/|$)")
+"""``<time>``, ``[--json]`` (or ``[--baseline NAME]``), ``DIR``, ``PATH/TO/file``."""
+
+
+@dataclass(frozen=True)
+class Command:
+    tokens: tuple[str, ...]
+    line: int
+    fenced: bool
+
+    def __str__(self) -> str:
+        return shlex.join(self.tokens)
+
+
+def fenced_blocks(text: str) -> list[list[Command]]:
+    """The commands of each ``bash`` block, in order (a trailing backslash continues a line,
+    ``&&`` separates two commands, ``#`` starts a comment)."""
+    blocks = []
+    for match in FENCE.finditer(text):
+        if match.group(1) != "bash":
+            continue
+        first = text[: match.start()].count("\n") + 2
+        commands = []
+        lines = match.group(2).split("\n")
+        joined, start = "", first
+        for k, raw in enumerate(lines):
+            if not joined:
+                start = first + k
+            joined += raw
+            if raw.endswith("\\"):
+                joined = joined[:-1] + " "
+                continue
+            for part in _split_and(shlex.split(joined, comments=True)):
+                commands.append(Command(tuple(part), start, True))
+            joined = ""
+        blocks.append(commands)
+    return blocks
+
+
+def inline_commands(text: str) -> list[Command]:
+    """Inline code spans (possibly wrapped over lines) that are shell commands."""
+    prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    commands = []
+    for match in re.finditer(r"(?<!`)`([^`]+)`(?!`)", prose):
+        span = " ".join(match.group(1).split())
+        if span.startswith(("python ", "pip ", "pytest")):
+            line = prose[: match.start()].count("\n") + 1
+            for part in _split_and(shlex.split(span)):
+                commands.append(Command(tuple(part), line, False))
+    return commands
+
+
+def _split_and(tokens: list[str]) -> list[list[str]]:
+    parts, current = [], []
+    for token in tokens:
+        if token == "&&":
+            parts.append(current)
+            current = []
+        else:
+            current.append(token)
+    return [p for p in parts + [current] if p]
+
+
+def placeholders(command: Command) -> list[str]:
+    return [t for t in command.tokens[1:] if "=" not in t and PLACEHOLDER.search(t)]
+
+
+# ------------------------------------------------------------------------------ the checkers
+class Checker:
+    """Runs or checks the commands of one block in order; outputs go under ``tmp``."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.written: dict[str, bool] = {}  # output dir -> really written (False: composed only)
+        self.count = 0
+
+    def check(self, command: Command) -> None:
+        tokens = list(command.tokens)
+        if command.fenced:
+            assert not placeholders(command), f"line {command.line}: placeholder in {command}"
+        if tokens[0] == "pip":
+            self._pip(tokens)
+        elif tokens[0] == "pytest":
+            assert tokens == ["pytest"], command
+        elif tokens[:2] == ["python", "run.py"]:
+            self._run_py(tokens[2:], str(command))
+        elif tokens[:2] == ["python", "-m"]:
+            self._module(tokens[2], tokens[3:], synopsis=bool(placeholders(command)))
+        else:
+            raise AssertionError(f"line {command.line}: not a command this check knows: {command}")
+
+    def _pip(self, tokens: list[str]) -> None:
+        extras = set(
+            tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"][
+                "optional-dependencies"
+            ]
+        )
+        for token in tokens:
+            if match := re.fullmatch(r"\.\[(.*)\]", token):
+                assert set(match.group(1).split(",")) <= extras, token
+
+    # -- python run.py
+    def _run_py(self, args: list[str], text: str) -> None:
+        multirun = bool({"-m", "--multirun"} & set(args))
+        overrides = [a for a in args if a not in ("-m", "--multirun")]
+        out = self._output(overrides, "hydra.sweep.dir" if multirun else "hydra.run.dir")
+        plain = " ".join(o for o in overrides if not o.startswith(("hydra.", "hydra/")))
+        if multirun or plain in SLOW_RUNS:
+            for job in self._jobs(nest.cli.CONF_DIR, "config", overrides):
+                self._build(job)
+            if out:
+                self.written[out] = False
+            return
+        cfg = self._compose(nest.cli.CONF_DIR, "config", overrides)
+        self._files(cfg)
+        self.count += 1
+        run_dir = self.tmp / (out or f"run{self.count}")
+        result = nest.cli.run(cfg, run_dir, echo=lambda line: None)
+        assert result["status"] in ("optimal", "feasible"), (text, result.get("error"))
+        if out:
+            self.written[out] = True
+
+    def _output(self, overrides: list[str], key: str) -> str | None:
+        for o in overrides:
+            if o.startswith(key + "="):
+                value = o.split("=", 1)[1]
+                assert value.startswith(OUTPUT_PREFIXES), f"{o}: write under outputs/ or multirun/"
+                return value
+        return None
+
+    def _compose(self, conf_dir: str, name: str, overrides: list[str], hydra_cfg=False):
+        with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+            return compose(config_name=name, overrides=overrides, return_hydra_config=hydra_cfg)
+
+    def _jobs(self, conf_dir: str, name: str, overrides: list[str]):
+        """The composed configs of a multirun: each value of each swept key (the command's and
+        the experiment's ``hydra.sweeper.params``), the other keys at their first value."""
+        parser = OverridesParser.create()
+        fixed, swept = [], {}
+        for o in parser.parse_overrides(overrides):
+            if o.is_sweep_override():
+                swept[o.key_or_group] = list(o.sweep_string_iterator())
+            else:
+                fixed.append(o.input_line)
+        whole = self._compose(conf_dir, name, fixed, hydra_cfg=True)
+        params = whole.hydra.sweeper.get("params")
+        params = OmegaConf.to_container(params, resolve=True) if params else {}
+        for key, value in params.items():
+            if key not in swept:
+                (o,) = parser.parse_overrides([f"{key}={value}"])
+                swept[key] = list(o.sweep_string_iterator()) if o.is_sweep_override() else [value]
+        # a long range (seeds) is checked at its ends; a list of names value by value
+        swept = {k: v if len(v) <= 20 else [v[0], v[-1]] for k, v in swept.items()}
+        firsts = {k: v[0] for k, v in swept.items()}
+        seen = set()
+        for key, values in swept.items():
+            for value in values:
+                job = {**firsts, key: value}
+                frozen = tuple(sorted(job.items()))
+                if frozen not in seen:
+                    seen.add(frozen)
+                    yield self._compose(
+                        conf_dir, name, fixed + [f"{k}={v}" for k, v in job.items()]
+                    )
+
+    def _build(self, cfg) -> None:
+        self._files(cfg)
+        build_problem(cfg)
+        instantiate(cfg.solver, _convert_="all")
+
+    def _files(self, cfg) -> None:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+        for key, value in _leaves(plain):
+            if isinstance(value, str) and (
+                key.endswith("path") or value.endswith((".json", ".csv"))
+            ):
+                assert (REPO_ROOT / value).exists(), f"{key}={value} is not in the repository"
+
+    # -- python -m
+    def _module(self, module: str, args: list[str], synopsis: bool) -> None:
+        spec = importlib.util.find_spec(module)
+        assert spec is not None, f"no module {module}"
+        source = Path(spec.origin).read_text()
+        if "@hydra.main" in source:
+            conf_dir = importlib.import_module(module).CONF_DIR
+            name = re.search(r'config_name="(\w+)"', source).group(1)
+            for job in self._jobs(conf_dir, name, [a for a in args if a not in ("-m",)]):
+                assert job is not None
+            return
+        outputs_missing = any(
+            a.startswith(OUTPUT_PREFIXES) and not self.written.get(a.rstrip("/"), False)
+            for a in args
+        )
+        for arg in args:
+            if arg.startswith(OUTPUT_PREFIXES):
+                assert arg.rstrip("/") in self.written, f"{arg}: no earlier command writes it"
+            elif _is_input_path(arg):
+                assert (REPO_ROOT / arg).exists(), f"{arg} is not in the repository"
+        if synopsis or module in SLOW_MODULES or outputs_missing:
+            flags = [re.sub(r"[\[\]]", "", a) for a in args if a.lstrip("[").startswith("--")]
+            if not flags:
+                importlib.import_module(module)
+                return
+            help_text = self._main(module, ["--help"], expect_exit=0)
+            for flag in flags:
+                assert flag in help_text, f"{module} has no {flag}"
+            return
+        argv = [str(self.tmp / a) if a.startswith(OUTPUT_PREFIXES) else a for a in args]
+        self._main(module, argv)
+
+    def _main(self, module: str, argv: list[str], expect_exit: int | None = None) -> str:
+        saved = sys.argv
+        sys.argv = [module, *argv]
+        buffer = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(buffer), warnings.catch_warnings():
+                # runpy warns that the module was imported before: running it again as
+                # __main__ is what ``python -m`` does in a fresh process
+                warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
+                runpy.run_module(module, run_name="__main__", alter_sys=False)
+        except SystemExit as stop:
+            assert stop.code in (0, None) if expect_exit is None else stop.code == expect_exit, (
+                module,
+                argv,
+                stop.code,
+            )
+        else:
+            assert expect_exit is None, f"{module} {argv}: expected exit {expect_exit}"
+        finally:
+            sys.argv = saved
+        return buffer.getvalue()
+
+
+def _is_input_path(arg: str) -> bool:
+    looks = "/" in arg or arg.endswith((".csv", ".json"))
+    return looks and not arg.startswith("-") and not PLACEHOLDER.search(arg)
+
+
+def _leaves(tree, prefix=""):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _leaves(v, f"{prefix}{k}.")
+    elif isinstance(tree, list):
+        for v in tree:
+            yield from _leaves(v, prefix)
+    else:
+        yield prefix.rstrip("."), tree
+
+
+TEXT = README.read_text()
+BLOCKS = fenced_blocks(TEXT)
+INLINE = inline_commands(TEXT)
+
+
+def test_the_readme_has_the_commands_this_check_expects():
+    """The extraction itself: the main command, multi-line blocks and wrapped inline spans."""
+    fenced = [str(c) for block in BLOCKS for c in block]
+    assert "python run.py solver=megatron cluster=dgx_8x8 model=llama2_7b" in fenced
+    assert "pip install -e '.[dev]'" in fenced
+    assert any("cluster.devices=64 training.global_batch=4096" in c for c in fenced)
+    inline = [str(c) for c in INLINE]
+    assert any(
+        c.startswith("python run.py -m solver=nest,megatron,phaze,mcmc,alpa") for c in inline
+    )
+    assert len(fenced) >= 10 and len(inline) >= 10
+
+
+@pytest.mark.parametrize(
+    "block", BLOCKS, ids=[f"line{b[0].line}" if b else "empty" for b in BLOCKS]
+)
+def test_fenced_block_runs_as_written(block, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)
+    checker = Checker(tmp_path)
+    for command in block:
+        checker.check(command)
+
+
+@pytest.mark.parametrize("command", INLINE, ids=[f"line{c.line}" for c in INLINE])
+def test_inline_command_runs_as_written(command, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)
+    Checker(tmp_path).check(command)
+
+
+@pytest.mark.parametrize(
+    "text, found",
+    [
+        (
+            "python -m nest.explain outputs/<date>/<time> [--json]",
+            ["outputs/<date>/<time>", "[--json]"],
+        ),
+        ("python -m experiments.aggregate DIR", ["DIR"]),
+        ("python -m experiments.aggregate d [--baseline NAME]", ["[--baseline", "NAME]"]),
+        ("python -m nest.validate experiments/validation/cases.csv", []),
+        ("python run.py model.path=my_profile.json", []),
+    ],
+)
+def test_placeholders_are_recognised(text, found):
+    assert placeholders(Command(tuple(shlex.split(text)), 0, True)) == found
