@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from nest.cost.collectives import OPS, linear_form, linear_forms
+from nest.cost.collectives import OPS, linear_forms
 from nest.layers import Collective
 from nest.topology import Cluster
 
@@ -57,6 +57,23 @@ def translated(devices, cluster: Cluster) -> np.ndarray:
     return devices - (int(devices.min()) // child) * child
 
 
+def distinct_splits(groups, cluster: Cluster) -> tuple[tuple[int, ...], ...]:
+    """The distinct level splits of a 2-D array of groups (one per row), sorted; empty for
+    groups of one. Rows are first moved as :func:`translated` moves a rank (the splits do not
+    change) and deduplicated, which leaves few rows for the periodic groups of a structured
+    placement."""
+    groups = np.asarray(groups, dtype=np.int64)
+    if groups.shape[1] <= 1:
+        return ()
+    child = cluster.block_size(cluster.num_levels - 2)
+    moved = np.ascontiguousarray(groups - (groups.min(axis=1, keepdims=True) // child) * child)
+    moved.sort(axis=1)
+    # one opaque item per row: deduplicating bytes is much faster than np.unique(axis=0)
+    as_bytes = moved.view(np.dtype((np.void, moved.dtype.itemsize * moved.shape[1])))
+    _, first = np.unique(as_bytes.ravel(), return_index=True)
+    return tuple(sorted(cluster.distinct_group_factors(moved[first])))
+
+
 class RankGroups:
     """The groups of one pipeline rank, their level splits and collective costs (module
     docstring). Splits and forms are computed on first use and kept."""
@@ -72,11 +89,7 @@ class RankGroups:
         one member: they never communicate)."""
         got = self._splits.get(kind)
         if got is None:
-            arr = self.arrays[kind]
-            got = (
-                () if arr.shape[1] <= 1 else tuple(sorted(self.cluster.distinct_group_factors(arr)))
-            )
-            self._splits[kind] = got
+            got = self._splits[kind] = distinct_splits(self.arrays[kind], self.cluster)
         return got
 
     def forms(self, kind: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -108,26 +121,34 @@ class RankGroups:
     def axis_time_s(self, collectives: Iterable[tuple[Collective, int]], axis: str) -> float:
         """The collectives of ``axis`` among ``(collective, count)`` pairs (a stage's, over
         all its layers), run one after another on every group of ``axis`` at once: the slowest
-        group's total, seconds."""
+        group's total, seconds (:func:`collectives_time_s` on each split's forms)."""
         collectives = list(collectives)
+        forms = self.forms(axis)
         return max(
             (
-                collectives_time_s(collectives, axis, split, self.cluster)
-                for split in self.splits(axis)
+                collectives_time_s(collectives, axis, forms, k)
+                for k in range(len(self.splits(axis)))
             ),
             default=0.0,
         )
 
 
+def split_forms(split, cluster: Cluster) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per collective op, the ``(a, c)`` of one split (as length-1 arrays, the layout of
+    :meth:`RankGroups.forms`)."""
+    return {op: linear_forms(op, [split], cluster) for op in OPS}
+
+
 def collectives_time_s(
-    collectives: Iterable[tuple[Collective, int]], axis: str, split, cluster: Cluster
+    collectives: Iterable[tuple[Collective, int]], axis: str, forms: dict, k: int = 0
 ) -> float:
     """Seconds of the collectives of ``axis`` among ``(collective, count)`` pairs, one after
-    another, on one group split as ``split``. A stage sums this over its layers per split and
-    takes the slowest split (:meth:`RankGroups.axis_time_s`)."""
+    another, on one group whose split has the forms ``forms[op][0][k], forms[op][1][k]``
+    (:meth:`RankGroups.forms` or :func:`split_forms`). A stage sums this over its layers per
+    split and takes the slowest split (:meth:`RankGroups.axis_time_s`)."""
     total = 0.0
     for coll, count in collectives:
-        if coll.axis == axis and coll.n_bytes > 0:
-            a, c = linear_form(coll.op, split, cluster)
-            total += count * (a * coll.n_bytes + c)
+        if coll.axis == axis and coll.n_bytes > 0 and forms[coll.op] is not None:
+            a, c = forms[coll.op]
+            total += count * (float(a[k]) * coll.n_bytes + float(c[k]))
     return total

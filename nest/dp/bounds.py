@@ -81,7 +81,7 @@ import numpy as np
 from nest.axes import LayerKind, Recompute, Schedule
 from nest.cost.collectives import OPS, linear_forms, p2p_time_s
 from nest.cost.compute import bwd_collectives, fwd_collectives, recompute_s
-from nest.cost.groups import collectives_time_s
+from nest.cost.groups import collectives_time_s, split_forms
 from nest.cost.memory import peak_bytes, stored_bytes
 from nest.cost.pipeline import in_flight_microbatches
 from nest.cost.state import ModelState
@@ -238,7 +238,9 @@ class Floors:
             if not ops or n <= 1:
                 continue
             if axis == "tp" and tp_splits is not None:
-                total += min(collectives_time_s(pairs, axis, f, self.cluster) for f in tp_splits)
+                total += min(
+                    collectives_time_s(pairs, axis, split_forms(f, self.cluster)) for f in tp_splits
+                )
             else:
                 total += self.min_time_s(ops, n)
         return total
@@ -307,9 +309,13 @@ class Floors:
 
     def layer_floors_s(self, shard: Shard, dp: int, ep: int, zero: int) -> np.ndarray:
         """Per chain layer, the least share of any stage time holding it (module docstring)."""
+        return self.shard(shard).base_s + self.zero3_floors_s(shard, dp, ep, zero)
+
+    def zero3_floors_s(self, shard: Shard, dp: int, ep: int, zero: int) -> np.ndarray:
+        """Per chain layer, the latency-free floor of its ZeRO-3 traffic (0 below stage 3)."""
         sf = self.shard(shard)
         zd, zx = self._z3_coefs(dp, shard.cp, ep, zero)
-        return sf.base_s + zd * sf.dense + zx * sf.expert
+        return zd * sf.dense + zx * sf.expert
 
     def _z3_coefs(self, dp: int, cp: int, ep: int, zero: int) -> tuple[float, float]:
         """Seconds per dense and per expert parameter of ZeRO-3's per-microbatch traffic (both

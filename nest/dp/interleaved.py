@@ -167,7 +167,7 @@ def rank_options(sm: StageModel, rc: RankChunks) -> tuple[list[RankOption], floa
 
 
 def _rank_floors(sm: StageModel, modes) -> list[float]:
-    prefix = sm.min_compute_s(modes)
+    prefix = sm.placed_floor_s(modes)
     out = [0.0] * sm.config.pp
     for k, (i, j) in enumerate(
         interleaved_chunks(sm.n_layers, sm.config.pp, sm.config.virtual_stages)

@@ -181,7 +181,7 @@ def solve_config(
     nothing fits or nothing beats ``incumbent_s``."""
     pp, n, m = sm.config.pp, sm.n_layers, sm.m
     _, m_coef = pipeline_coefficients(m, Schedule.ONE_F_ONE_B, 1)  # T = S + (m - 1) M + E + O
-    min_compute = sm.min_compute_s(modes)
+    min_compute = sm.placed_floor_s(modes)
     start = Front(m_coef)
     start.insert(Label(0.0, 0.0, 0.0, 0.0, 0.0), stats)
     fronts: dict[int, Front] = {0: start}

@@ -26,7 +26,15 @@ import numpy as np
 from nest.axes import LayerKind, Recompute
 from nest.cost.collectives import pair_p2p_time_s
 from nest.cost.compute import bwd_collectives, fwd_collectives, recompute_s
-from nest.cost.groups import AXES, RankGroups, collectives_time_s, translated
+from nest.cost.groups import (
+    AXES,
+    RankGroups,
+    collectives_time_s,
+    distinct_splits,
+    group_arrays,
+    split_forms,
+    translated,
+)
 from nest.cost.memory import peak_bytes, rank_memory_bytes, stored_bytes
 from nest.cost.pipeline import in_flight_microbatches
 from nest.cost.state import ModelState
@@ -171,7 +179,7 @@ class StageModel:
         key = (self.shard, axis, split, direction, mode)
         got = self._shared.get(key)
         if got is None:
-            cluster = self.problem.cluster
+            forms = split_forms(split, self.problem.cluster)
             per_cost: dict = {}
             vals = []
             for x, blk in zip(self.costs, self.is_block, strict=True):
@@ -180,7 +188,7 @@ class StageModel:
                     colls = (
                         fwd_collectives(x) if direction == "f" else bwd_collectives(x, mode, blk)
                     )
-                    v = collectives_time_s([(cl, 1) for cl in colls], axis, split, cluster)
+                    v = collectives_time_s([(cl, 1) for cl in colls], axis, forms)
                     per_cost[(id(x), blk)] = v
                 vals.append(v)
             got = prefix(vals)
@@ -324,6 +332,64 @@ class StageModel:
             return tuple(allowed)
         return (Recompute.NONE,)
 
+    def placed_floor_s(self, allowed) -> np.ndarray:
+        """Prefix sums of per-layer floors that also know this configuration's placement: a
+        stage's collectives on an axis cost the slowest of its rank's splits summed over its
+        layers, ``max_f sum_l c_fl >= sum_l min_f c_fl``, and every rank's splits are among the
+        placement's, so the minimum over all of them per layer is a floor for every rank (with
+        the cheapest allowed recompute mode per layer, as :meth:`min_compute_s`). Element-wise
+        at least the placement-independent floors (the larger of two floors is a floor)."""
+        key = ("placed floor", tuple(allowed))
+        got = self._rank_cache.get(key)
+        if got is None:
+            base = np.diff(self.min_compute_s(allowed))
+            ch, n = self.chain, self.n_layers
+            layer = ch.fwd_s[1:] - ch.fwd_s[:-1] + ch.bwd_s[1:] - ch.bwd_s[:-1]
+            layer = layer + self._placed_comm_s("f", Recompute.NONE)
+            has_block = np.asarray(self.is_block)
+            redo = np.full(n, np.inf)
+            for mode in allowed:
+                rec = ch.recompute_s[mode][1:] - ch.recompute_s[mode][:-1]
+                redo = np.minimum(redo, rec + self._placed_comm_s("b", mode))
+            none_b = self._placed_comm_s("b", Recompute.NONE)
+            layer = layer + np.where(has_block, redo, none_b)
+            c = self.config
+            z3 = self._floors(allowed, True).zero3_floors_s(self.shard, c.dp, c.ep, c.zero_stage)
+            got = self._rank_cache[key] = prefix(np.maximum(base, layer + z3))
+        return got
+
+    def _placed_comm_s(self, direction: str, mode: Recompute) -> np.ndarray:
+        """Per layer, per axis the least over every split of the placement of its collectives
+        of one direction, summed over the axes."""
+        total = np.zeros(self.n_layers)
+        for axis in AXES:
+            splits = self._placement_splits(axis)
+            if not splits:
+                continue
+            per = [np.diff(self._axis_prefix(axis, f, direction, mode)) for f in splits]
+            total += np.min(per, axis=0)
+        return total
+
+    def _placement_splits(self, axis: str) -> tuple:
+        """Every split of the groups of ``axis`` over all ranks of the placement (one pass over
+        all ranks' groups; shared by the configurations of this placement)."""
+        key = ("splits", axis)
+        got = self._levels.get(key)
+        if got is None:
+            arrays = [
+                group_arrays(self.grid[r], self.config.ep)[axis] for r in range(len(self.grid))
+            ]
+            got = distinct_splits(np.concatenate(arrays), self.problem.cluster)
+            self._levels[key] = got
+        return got
+
+    def _floors(self, allowed, aligned_tp: bool) -> Floors:
+        key = ("floors", tuple(allowed), aligned_tp)
+        floors = self._shared.get(key)
+        if floors is None:
+            floors = self._shared[key] = Floors(self.problem, allowed, aligned_tp=aligned_tp)
+        return floors
+
     def min_compute_s(self, allowed, *, aligned_tp: bool = True) -> np.ndarray:
         """Prefix sums of the layers' floors (:meth:`nest.dp.bounds.Floors.layer_floors_s`): a
         lower bound on the time of any stage holding those layers (``aligned_tp=False``: under
@@ -332,11 +398,7 @@ class StageModel:
         key = ("floor", self.shard, tuple(allowed), c.zero_stage >= 3, c.dp, c.ep, aligned_tp)
         got = self._shared.get(key)
         if got is None:
-            floors_key = ("floors", tuple(allowed), aligned_tp)
-            floors = self._shared.get(floors_key)
-            if floors is None:
-                floors = Floors(self.problem, allowed, aligned_tp=aligned_tp)
-                self._shared[floors_key] = floors
+            floors = self._floors(allowed, aligned_tp)
             got = prefix(floors.layer_floors_s(self.shard, c.dp, c.ep, c.zero_stage))
             self._shared[key] = got
         return got
