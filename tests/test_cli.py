@@ -53,6 +53,7 @@ SOLVERS = {
     "paper_phaze",
     "paper_table",
     "phaze",
+    "recipes",
 }
 REQUIRED_MODELS = {
     "bert_large",
