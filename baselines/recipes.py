@@ -10,9 +10,13 @@ Two sources, both data in ``conf/recipes.yaml`` with the source of every number:
    model, and as the fallback when no published layout can run on the problem.
 
 **Which entry.** The entries for the run's model preset whose architecture (blocks, hidden size)
-and sequence length are the run's, nearest in device count first (``|log2(devices / gpus)|``;
-a tie goes to the entry published for the run's device preset, then to the file order). The
-first that can run is used; the reasons the nearer ones could not are kept.
+and sequence length are the run's. Each is adapted to the run (below) and scored by the shared
+evaluator; the fastest is kept (``solver.pick=fastest``, the default: a team holding several
+published layouts for its model tries them, and the baseline is then the strongest published
+practice, not an arbitrary one). ``solver.pick=nearest`` takes instead the entry nearest in device
+count that runs (``|log2(devices / gpus)|``; a tie goes to the entry published for the run's
+device preset, then to the file order). ``search["entries_scored"]`` lists each entry's time and
+``search["entries_skipped"]`` why the others could not run.
 
 **Adapting a published layout** to another scale (every change is listed in
 ``report.json["search"]["adapted"]``; nothing is changed silently):
@@ -85,6 +89,7 @@ from nest.units import GiB
 RECIPES_FILE = Path(__file__).resolve().parent.parent / "conf" / "recipes.yaml"
 MODES = ("none", "selective", "full")
 SOURCES = ("auto", "rules")
+PICKS = ("fastest", "nearest")
 RANK_ORDER = "tp,cp,dp,pp"
 
 
@@ -162,6 +167,7 @@ class RecipesPlanner:
         *,
         name: str = "recipes",
         source: str = "auto",
+        pick: str = "fastest",
         entry: str | None = None,
         recipes_file: str | None = None,
     ) -> None:
@@ -169,6 +175,9 @@ class RecipesPlanner:
         self.source = source
         """``auto``: the nearest published layout that runs, else the rule table; ``rules``: the
         rule table only."""
+        self.pick = pick
+        """``fastest``: every published layout of the model is adapted and scored, the fastest
+        kept; ``nearest``: the one nearest in device count that runs."""
         self.entry = entry
         """An entry id of ``conf/recipes.yaml`` to use (None: chosen by device count)."""
         self.recipes_file = recipes_file
@@ -458,13 +467,16 @@ class RecipesPlanner:
         started = time.perf_counter()
         if self.source not in SOURCES:
             raise UserError(f"solver.source={self.source!r}; use one of {list(SOURCES)}")
+        if self.pick not in PICKS:
+            raise UserError(f"solver.pick={self.pick!r}; use one of {list(PICKS)}")
         data = load_recipes(self.recipes_file)
         search: dict = {}
         peaks: list[float] = []
         tried = 0
         if self.source == "auto":
             entries, why_none = self.entries_for(problem, data)
-            skipped = []
+            skipped, scored_entries = [], []
+            best = None  # (time, plan, entry, scored)
             for e in entries:
                 scored = Scored()
                 self.score(problem, self.entry_layout(e), scored)
@@ -472,17 +484,13 @@ class RecipesPlanner:
                 if scored.peak_bytes is not None:
                     peaks.append(scored.peak_bytes)
                 if scored.best is not None:
-                    plan = scored.best[1]
-                    vp_why = [p for p in scored.problems if p.startswith("vp=")]
-                    search = {
-                        "source": "published",
-                        "entry": e["id"],
-                        "published": self.published(e),
-                        "adapted": self.adaptations(problem, e, plan, vp_why),
-                    }
-                    if skipped:
-                        search["entries_skipped"] = skipped
-                    return self._finish(problem, plan, started, tried, search)
+                    t = scored.best[0]
+                    scored_entries.append({"entry": e["id"], "iteration_time_s": t})
+                    if best is None or t < best[0]:
+                        best = (t, scored.best[1], e, scored)
+                    if self.pick == "nearest":
+                        break
+                    continue
                 reasons = [p for p in scored.problems if not p.startswith("vp=")]
                 if scored.peak_bytes is not None and not reasons:
                     hbm = problem.cluster.device.hbm_bytes
@@ -491,6 +499,19 @@ class RecipesPlanner:
                         f"{scored.peak_bytes / GiB:.1f} GiB of {hbm / GiB:.1f} GiB)"
                     )
                 skipped.append("; ".join(reasons) or f"{e['id']}: no candidate")
+            if best is not None:
+                _, plan, e, scored = best
+                vp_why = [p for p in scored.problems if p.startswith("vp=")]
+                search = {
+                    "source": "published",
+                    "entry": e["id"],
+                    "published": self.published(e),
+                    "adapted": self.adaptations(problem, e, plan, vp_why),
+                    "entries_scored": scored_entries,
+                }
+                if skipped:
+                    search["entries_skipped"] = skipped
+                return self._finish(problem, plan, started, tried, search)
             if self.entry is not None:
                 raise InvalidConfiguration(f"solver.entry={skipped[0]}")
             search["fallback"] = "; ".join([*([why_none] if why_none else []), *skipped])

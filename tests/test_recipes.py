@@ -179,6 +179,26 @@ def test_the_entry_nearest_in_device_count_is_tried_first():
     assert a100[0] == "torchtitan_llama3_70b_a100"
 
 
+def test_the_fastest_published_layout_is_kept_and_each_is_the_one_scored():
+    """Llama-3.1 405B on 2,048 GPUs: every entry for its sequence length is adapted and scored;
+    the plan is the fastest, and each entry's time is what running that entry alone gives."""
+    case = ["model=llama3_405b", "cluster=dgx_8x8", "cluster.devices=2048"]
+    case += ["training.global_batch=1024", "training.microbatch_sizes=[1]"]
+    problem, plan = solve(*case)
+    times = {s["entry"]: s["iteration_time_s"] for s in plan.search["entries_scored"]}
+    skipped = plan.search.get("entries_skipped", [])
+    at_8k = [e for e in ENTRIES if e["model"] == "llama3_405b" and e["seq_len"] == 8192]
+    assert len(times) + len(skipped) == len(at_8k) >= 4
+    assert plan.search["entry"] == min(times, key=times.get)
+    assert plan.objective_s == min(times.values())
+    for entry, t in times.items():
+        _, alone = solve(*case, solver=[f"solver.entry={entry}"])
+        assert alone.objective_s == pytest.approx(t, rel=1e-12)
+    _, near = solve(*case, solver=["solver.pick=nearest"])
+    first = nearest(case)[0]  # 1024 and 4096 tie on scale: the file order decides
+    assert near.search["entry"] == first if first in times else near.search["entry"] in times
+
+
 # ------------------------------------------------------------------------------- adaptation
 
 
@@ -215,6 +235,7 @@ def test_a_published_microbatch_the_run_does_not_offer_is_replaced_and_recorded(
         "device@cluster.device=a100_80gb",
         "training.global_batch=64",
         "training.microbatch_sizes=[1,2]",
+        solver=["solver.entry=torchtitan_llama3_70b_a100"],
     )
     assert plan.search["entry"] == "torchtitan_llama3_70b_a100"
     assert plan.microbatch_size in (1, 2)
@@ -245,6 +266,8 @@ def test_a_chosen_entry_must_fit_the_model_and_run_or_say_why():
         solve("model=llama3_405b", solver=["solver.entry=nemo_llama31_405b_h100"])
     with pytest.raises(UserError, match="solver.source='best'"):
         solve("model=llama2_7b", solver=["solver.source=best"])
+    with pytest.raises(UserError, match="solver.pick='best'"):
+        solve("model=llama2_7b", solver=["solver.pick=best"])
 
 
 def test_nothing_fits_is_infeasible_with_the_memory_it_would_need():
