@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter
 
 from experiments.plots import DPI, planner_colors
 
@@ -33,15 +34,27 @@ GROUP_KEYS = ("model", "cluster", "variant", "global_batch", "microbatch")
 def _metrics(gpu_hour_usd: float | None) -> list[tuple[str, str, float]]:
     """(column, axis label, scale) of the three panels."""
     cost = (
-        ("usd_per_mtok", f"$ per million tokens (at ${gpu_hour_usd:g} per device-hour)", 1.0)
+        ("usd_per_mtok", f"\\$ per million tokens (at \\${gpu_hour_usd:g}/device-hour)", 1.0)
         if gpu_hour_usd is not None
         else ("gpu_hours_per_mtok", "device-hours per million tokens", 1.0)
     )
     return [
-        ("tokens_per_s", "throughput (million tokens/s)", 1e-6),
+        ("tokens_per_s", "throughput (million tokens/s, log scale)", 1e-6),
         ("mfu", "MFU (%)", 100.0),
         cost,
     ]
+
+
+def _linear_reference(ax, part: pd.DataFrame, values: pd.Series, planners: Sequence[str]) -> None:
+    """A dotted line of perfect scaling from the first planner's smallest feasible point."""
+    for planner in planners:
+        ok = (part["planner"] == planner) & part["feasible"] & values.notna()
+        if ok.any():
+            first = part[ok].sort_values("devices").index[0]
+            d0, v0 = part.loc[first, "devices"], values[first]
+            xs = np.array(sorted(part["devices"].dropna().unique()), dtype=float)
+            ax.plot(xs, v0 * xs / d0, ":", color="grey", lw=1.2)
+            return
 
 
 def plot_scaling(
@@ -80,13 +93,19 @@ def plot_scaling(
                 ax.plot(bad["devices"], np.zeros(len(bad)), "x", color=colors[planner], mew=2)
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs, [f"{v:g}" for v in xs])
+            if column == "tokens_per_s":
+                _linear_reference(ax, part, values, planners)
+                ax.set_yscale("log", base=2)
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            else:
+                ax.set_ylim(bottom=0)
             ax.minorticks_off()
-            ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
             ax.set_xlabel("devices")
             ax.set_ylabel(label)
-            ax.set_title(where)
+            ax.set_title(f"{where}: {label.split(' (')[0]}")
     handles = [Line2D([], [], color=colors[p], marker="o", label=p) for p in planners]
+    handles.append(Line2D([], [], color="grey", ls=":", label="linear scaling"))
     handles.append(Line2D([], [], color="k", marker="x", ls="", mew=2, label="no feasible plan"))
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6))
     billed = "every device billed, idle ones included"

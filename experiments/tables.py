@@ -169,7 +169,12 @@ def results_markdown(
         _md(pivot(comp, "gpu_hours_per_mtok", lambda v: f"{v:.4g}", planners)),
         "",
         *(
-            [_md(pivot(comp, "usd_per_mtok", lambda v: f"${v:.4g}", planners)), ""]
+            [
+                f"Dollars per million tokens at ${gpu_hour_usd:g} per device-hour:",
+                "",
+                _md(pivot(comp, "usd_per_mtok", lambda v: f"${v:.4g}", planners)),
+                "",
+            ]
             if gpu_hour_usd is not None
             else []
         ),
