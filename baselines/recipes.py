@@ -9,13 +9,15 @@ Two sources, both data in ``conf/recipes.yaml`` with the source of every number:
 2. **NVIDIA's rule table** (Megatron-Bridge "Parallelism Strategy Selection") for every other
    model, and as the fallback when no published layout can run on the problem.
 
-**Which entry.** The entries for the run's model preset whose architecture (blocks, hidden size)
-and sequence length are the run's. Each is adapted to the run (below) and scored by the shared
-evaluator; the fastest is kept (``solver.pick=fastest``, the default: a team holding several
-published layouts for its model tries them, and the baseline is then the strongest published
-practice, not an arbitrary one). ``solver.pick=nearest`` takes instead the entry nearest in device
-count that runs (``|log2(devices / gpus)|``; a tie goes to the entry published for the run's
-device preset, then to the file order). ``search["entries_scored"]`` lists each entry's time and
+**Which entry.** The entries for the run's model preset (or for a preset with the run's
+architecture: hidden size, blocks, heads, FFN size, vocabulary, experts, so ``model=hf`` on the
+same card finds them) whose blocks, hidden size and sequence length are the run's. Each is
+adapted to the run (below) and scored by the shared evaluator; the fastest is kept
+(``solver.pick=fastest``, the default: a team holding several published layouts for its model
+tries them, and the baseline is then the strongest published practice, not an arbitrary one).
+``solver.pick=nearest`` takes instead the entry nearest in device count that runs
+(``|log2(devices / gpus)|``; a tie goes to the entry published for the run's device preset, then
+to the file order). ``search["entries_scored"]`` lists each entry's time and
 ``search["entries_skipped"]`` why the others could not run.
 
 **Adapting a published layout** to another scale (every change is listed in
@@ -73,6 +75,7 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -87,6 +90,7 @@ from nest.problem import Problem
 from nest.units import GiB
 
 RECIPES_FILE = Path(__file__).resolve().parent.parent / "conf" / "recipes.yaml"
+MODEL_DIR = RECIPES_FILE.parent / "model"
 MODES = ("none", "selective", "full")
 SOURCES = ("auto", "rules")
 PICKS = ("fastest", "nearest")
@@ -99,6 +103,26 @@ def load_recipes(path: Path | str | None = None) -> dict:
     if not path.is_file():
         raise UserError(f"solver.recipes_file={str(path)!r} does not exist; give a YAML file")
     return yaml.safe_load(path.read_text())
+
+
+ARCHITECTURE = {"hidden": None, "layers": None, "heads": None, "ffn_hidden": None, "vocab": None}
+"""Fields that identify a model's architecture (with ``num_experts``, 1 when absent)."""
+
+
+@cache
+def preset_architecture(name: str) -> tuple | None:
+    """The architecture fields of ``conf/model/<name>.yaml`` (None if there is no such preset)."""
+    path = MODEL_DIR / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    preset = yaml.safe_load(path.read_text())
+    return (*(preset.get(k) for k in ARCHITECTURE), preset.get("num_experts", 1))
+
+
+def same_architecture(spec, preset: str) -> bool:
+    """Whether a run's model (e.g. ``model=hf`` on the same card) is the preset's architecture."""
+    mine = (*(getattr(spec, k, None) for k in ARCHITECTURE), getattr(spec, "num_experts", 1))
+    return None not in mine and mine == preset_architecture(preset)
 
 
 def chunk_split(blocks: int, chunks: int) -> list[int] | None:
@@ -197,11 +221,15 @@ class RecipesPlanner:
                     f"solver.entry={self.entry!r} is not in the recipes; use one of {ids}"
                 )
         else:
-            mine = [e for e in data["recipes"] if e["model"] == problem.model.name]
+            mine = [
+                e
+                for e in data["recipes"]
+                if e["model"] == problem.model.name or same_architecture(spec, e["model"])
+            ]
         ok, why = [], []
         for e in mine:
             hidden = getattr(spec, "hidden", None)
-            if e["model"] != problem.model.name:
+            if e["model"] != problem.model.name and not same_architecture(spec, e["model"]):
                 why.append(
                     f"{e['id']} is for {e['model']}, the run's model is {problem.model.name}"
                 )
@@ -505,6 +533,11 @@ class RecipesPlanner:
                 search = {
                     "source": "published",
                     "entry": e["id"],
+                    **(
+                        {"model_match": f"{problem.model.name} has {e['model']}'s architecture"}
+                        if e["model"] != problem.model.name
+                        else {}
+                    ),
                     "published": self.published(e),
                     "adapted": self.adaptations(problem, e, plan, vp_why),
                     "entries_scored": scored_entries,

@@ -257,6 +257,18 @@ def test_a_model_changed_from_its_preset_uses_no_entry():
     assert "is for 32 blocks" in plan.search["fallback"]
 
 
+def test_a_hugging_face_card_of_a_preset_finds_its_recipes():
+    """``model=hf`` on Llama-2 7B's config.json has another name but the preset's architecture:
+    the same entry, the same plan and time as ``model=llama2_7b``, and the match is recorded."""
+    card = str(Path(nest.cli.CONF_DIR).parent / "data" / "hf" / "llama2_7b.json")
+    _, hf = solve("model=hf", f"model.config_path={card}")
+    _, preset = solve("model=llama2_7b")
+    assert hf.search["entry"] == preset.search["entry"] == "nemo_llama2_7b"
+    assert "llama2_7b's architecture" in hf.search["model_match"]
+    assert "model_match" not in preset.search
+    assert hf.objective_s == pytest.approx(preset.objective_s, rel=1e-12)
+
+
 def test_a_chosen_entry_must_fit_the_model_and_run_or_say_why():
     with pytest.raises(UserError, match="solver.entry='nope'"):
         solve("model=llama2_7b", solver=["solver.entry=nope"])
