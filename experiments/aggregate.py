@@ -10,7 +10,10 @@ launcher wrote why) a ``crashed`` row, so the table always has one row per job. 
   extra, pyarrow, and is skipped with a note without it), ``results.md`` (readable tables);
 - ``comparison.csv``: per job, ``norm_throughput`` = throughput / the baseline planner's
   throughput at its smallest feasible scale of the same model and cluster (the NEST paper's
-  normalisation, to "Manual"), and ``speedup_vs_baseline`` at the same scale;
+  normalisation, to "Manual"), ``speedup_vs_baseline`` at the same scale, ``speedup_vs_<name>``
+  for each further reference planner (``also``, e.g. ``recipes``), and the cost of a token:
+  ``gpu_hours_per_mtok`` (device-hours per million tokens, every device of the cluster billed,
+  idle ones included) and, with a price per device-hour, ``usd_per_mtok``;
 - ``plots/``: throughput vs devices and vs microbatch size, per-stage memory and placement maps
   (:mod:`experiments.plots`).
 
@@ -22,6 +25,7 @@ directory again rewrites the same files. The multirun callback (:mod:`experiment
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,8 +225,25 @@ def planner_order(df: pd.DataFrame, baseline: str) -> list[str]:
     return ([baseline] if baseline in seen else []) + [p for p in seen if p != baseline]
 
 
-def comparison(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """Per job: ``norm_throughput`` (the paper's, see the module doc), ``speedup_vs_baseline``."""
+def _same_case(comp: pd.DataFrame, ok: pd.Series, planner: str) -> pd.Series:
+    """Per job, the throughput of ``planner`` in the same case (NaN where it has none)."""
+    base = comp[ok & (comp["planner"] == planner)]
+    same = (
+        base.groupby(list(CASE_KEYS), dropna=False)["throughput_samples_per_s"]
+        .first()
+        .rename("same")
+    )
+    return comp[list(CASE_KEYS)].merge(same, on=list(CASE_KEYS), how="left")["same"]
+
+
+def comparison(
+    df: pd.DataFrame,
+    baseline: str,
+    also: Sequence[str] = (),
+    gpu_hour_usd: float | None = None,
+) -> pd.DataFrame:
+    """Per job: ``norm_throughput`` (the paper's, see the module doc), ``speedup_vs_baseline``,
+    ``speedup_vs_<name>`` for each planner of ``also``, and the cost of a million tokens."""
     comp = df[
         [
             "job",
@@ -236,6 +257,7 @@ def comparison(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
             "status",
             "feasible",
             "throughput_samples_per_s",
+            "tokens_per_s",
             "iteration_time_s",
             "mfu",
             "peak_memory_bytes",
@@ -248,23 +270,24 @@ def comparison(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
     comp["devices"] = pd.to_numeric(comp["devices"], errors="coerce")
     ok = comp["feasible"] & comp["throughput_samples_per_s"].notna()
     base = comp[ok & (comp["planner"] == baseline)]
-    same = (
-        base.groupby(list(CASE_KEYS), dropna=False)["throughput_samples_per_s"]
-        .first()
-        .rename("baseline_throughput")
-    )
     ref = (
         base.sort_values(["devices", "microbatch", "job"])
         .groupby(list(GROUP_KEYS), dropna=False)[["throughput_samples_per_s", "devices"]]
         .first()
         .rename(columns={"throughput_samples_per_s": "ref_throughput", "devices": "ref_devices"})
     )
-    comp = comp.merge(same, on=list(CASE_KEYS), how="left").merge(
-        ref, on=list(GROUP_KEYS), how="left"
-    )
+    comp["baseline_throughput"] = _same_case(comp, ok, baseline).to_numpy()
+    comp = comp.merge(ref, on=list(GROUP_KEYS), how="left")
+    ok = comp["feasible"] & comp["throughput_samples_per_s"].notna()
     tput = comp["throughput_samples_per_s"].where(ok.to_numpy())
     comp["speedup_vs_baseline"] = tput / comp["baseline_throughput"]
     comp["norm_throughput"] = tput / comp["ref_throughput"]
+    for name in also:
+        comp[f"speedup_vs_{name}"] = tput / _same_case(comp, ok, name).to_numpy()
+    tokens = pd.to_numeric(comp["tokens_per_s"], errors="coerce").where(ok.to_numpy())
+    comp["gpu_hours_per_mtok"] = comp["devices"] / 3600.0 / tokens * 1e6
+    if gpu_hour_usd is not None:
+        comp["usd_per_mtok"] = comp["gpu_hours_per_mtok"] * gpu_hour_usd
     return comp.sort_values("job", na_position="last").reset_index(drop=True)
 
 
@@ -287,23 +310,39 @@ def _write_parquet(df: pd.DataFrame, path: Path) -> str | None:
 
 
 def aggregate(
-    sweep_dir: Path, *, baseline: str = DEFAULT_BASELINE, plots: bool = True
+    sweep_dir: Path,
+    *,
+    baseline: str = DEFAULT_BASELINE,
+    plots: bool = True,
+    also: Sequence[str] = (),
+    gpu_hour_usd: float | None = None,
 ) -> Aggregate:
-    """Build the tables (and plots) of ``sweep_dir`` into it; idempotent."""
+    """Build the tables (and plots) of ``sweep_dir`` into it; idempotent.
+
+    ``also``: further planners to give a speed-up column (and a section of ``results.md``) of
+    their own; ``gpu_hour_usd``: the price of one device-hour, for the cost per token."""
     sweep_dir = Path(sweep_dir)
     notes: list[str] = []
     df = load_rows(sweep_dir, notes)
-    comp = comparison(df, baseline)
     planners = planner_order(df, baseline)
-    if baseline not in planners:
-        notes.append(
-            f"baseline planner {baseline!r} is not in this sweep ({', '.join(planners)}); "
-            "pass --baseline NAME (or hydra.callbacks.sweep.baseline=NAME) to normalise"
-        )
+    also = [a for a in also if a != baseline]
+    for name in [baseline, *also]:
+        if name not in planners:
+            notes.append(
+                f"reference planner {name!r} is not in this sweep ({', '.join(planners)}); "
+                "pass --baseline NAME / --also NAME (or hydra.callbacks.sweep.baseline / .also) "
+                "to normalise"
+            )
+    also = [a for a in also if a in planners]
+    comp = comparison(df, baseline, also, gpu_hour_usd)
     files = [sweep_dir / "results.csv", sweep_dir / "comparison.csv", sweep_dir / "results.md"]
     df.to_csv(files[0], index=False)
     comp.to_csv(files[1], index=False)
-    files[2].write_text(tables.results_markdown(df, comp, baseline, planners, sweep_dir.name))
+    files[2].write_text(
+        tables.results_markdown(
+            df, comp, baseline, planners, sweep_dir.name, also=also, gpu_hour_usd=gpu_hour_usd
+        )
+    )
     note = _write_parquet(df, sweep_dir / "results.parquet")
     if note:
         notes.append(note)
@@ -313,7 +352,9 @@ def aggregate(
     if plots:
         from experiments.sweep_plots import draw_sweep_plots
 
-        drawn = draw_sweep_plots(comp, sweep_dir / PLOTS_DIR, baseline, planners)
+        drawn = draw_sweep_plots(
+            comp, sweep_dir / PLOTS_DIR, baseline, planners, gpu_hour_usd=gpu_hour_usd
+        )
     return Aggregate(
         sweep_dir=sweep_dir,
         jobs=len(df),
@@ -325,17 +366,31 @@ def aggregate(
     )
 
 
-def sweep_baseline(sweep_dir: Path) -> str:
-    """The baseline the sweep was configured with (``multirun.yaml``, written by Hydra at the
-    start of a multirun), so rebuilding a sweep's tables gives what its callback wrote."""
+def _sweep_setting(sweep_dir: Path, key: str):
+    """``hydra.callbacks.sweep.<key>`` as the sweep was configured (``multirun.yaml``, written by
+    Hydra at the start of a multirun), or None."""
     path = sweep_dir / "multirun.yaml"
-    if path.is_file():
-        baseline = OmegaConf.select(
-            OmegaConf.load(path), "hydra.callbacks.sweep.baseline", default=None
-        )
-        if baseline:
-            return str(baseline)
-    return DEFAULT_BASELINE
+    if not path.is_file():
+        return None
+    value = OmegaConf.select(OmegaConf.load(path), f"hydra.callbacks.sweep.{key}", default=None)
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+
+def sweep_baseline(sweep_dir: Path) -> str:
+    """The baseline the sweep was configured with, so rebuilding a sweep's tables gives what its
+    callback wrote."""
+    return str(_sweep_setting(sweep_dir, "baseline") or DEFAULT_BASELINE)
+
+
+def sweep_also(sweep_dir: Path) -> list[str]:
+    """The further reference planners the sweep was configured with (``also``)."""
+    return [str(a) for a in _sweep_setting(sweep_dir, "also") or []]
+
+
+def sweep_price(sweep_dir: Path) -> float | None:
+    """The price per device-hour the sweep was configured with (``gpu_hour_usd``)."""
+    price = _sweep_setting(sweep_dir, "gpu_hour_usd")
+    return None if price is None else float(price)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,6 +405,19 @@ def main(argv: list[str] | None = None) -> int:
         help="planner label to normalise to (default: the sweep's own "
         f"hydra.callbacks.sweep.baseline, else {DEFAULT_BASELINE})",
     )
+    parser.add_argument(
+        "--also",
+        default=None,
+        help="comma-separated planners that get a speed-up column of their own (default: the "
+        "sweep's hydra.callbacks.sweep.also)",
+    )
+    parser.add_argument(
+        "--gpu-hour-usd",
+        type=float,
+        default=None,
+        help="price of one device-hour for the cost per token (default: the sweep's "
+        "hydra.callbacks.sweep.gpu_hour_usd)",
+    )
     parser.add_argument("--no-plots", action="store_true", help="tables only")
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
@@ -359,7 +427,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         baseline = args.baseline or sweep_baseline(args.sweep_dir)
-        result = aggregate(args.sweep_dir, baseline=baseline, plots=not args.no_plots)
+        also = args.also.split(",") if args.also is not None else sweep_also(args.sweep_dir)
+        price = args.gpu_hour_usd if args.gpu_hour_usd is not None else sweep_price(args.sweep_dir)
+        result = aggregate(
+            args.sweep_dir,
+            baseline=baseline,
+            plots=not args.no_plots,
+            also=[a.strip() for a in also if a.strip()],
+            gpu_hour_usd=price,
+        )
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -118,13 +118,22 @@ class SweepCallback(Callback):
     """Progress, per-run plots and the aggregation at the end of a multirun.
 
     ``baseline``: the planner label throughput is normalised to; ``plots``: draw the sweep's
-    plots when aggregating.
+    plots when aggregating; ``also``: further planners with a speed-up column of their own;
+    ``gpu_hour_usd``: the price of a device-hour for the cost per token (None: device-hours only).
     """
 
-    def __init__(self, baseline: str = "megatron", plots: bool = True) -> None:
+    def __init__(
+        self,
+        baseline: str = "megatron",
+        plots: bool = True,
+        also: list[str] | tuple[str, ...] = (),
+        gpu_hour_usd: float | None = None,
+    ) -> None:
         self.baseline = baseline
         self.plots = plots
         self._ended = False
+        self.also = [str(a) for a in also or ()]
+        self.gpu_hour_usd = None if gpu_hour_usd is None else float(gpu_hour_usd)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -153,7 +162,13 @@ class SweepCallback(Callback):
         self._ended = True
         try:
             with Progress(f"aggregating {sweep_dir}"):
-                result = aggregate(sweep_dir, baseline=self.baseline, plots=self.plots)
+                result = aggregate(
+                    sweep_dir,
+                    baseline=self.baseline,
+                    plots=self.plots,
+                    also=self.also,
+                    gpu_hour_usd=self.gpu_hour_usd,
+                )
         except Exception as exc:  # Hydra would turn it into a warning and exit 0
             log.exception("aggregating %s failed", sweep_dir)
             print(

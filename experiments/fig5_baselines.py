@@ -20,6 +20,7 @@ from baselines.mcmc import MCMCPlanner
 from baselines.megatron import MegatronPlanner
 from baselines.paper_table import PaperTablePlanner
 from baselines.phaze import PhazePlanner
+from baselines.recipes import RecipesPlanner
 from experiments.bench_search import problem_for
 from nest.dp.planner import NestPlanner
 from nest.errors import Infeasible, InvalidConfiguration, UserError
@@ -34,6 +35,7 @@ def planners(mcmc_evaluations: int = 300) -> dict:
     out = {
         "nest": NestPlanner(),
         "megatron": MegatronPlanner(),
+        "recipes": RecipesPlanner(),
         "phaze": PhazePlanner(),
         "alpa": AlpaPlanner(),
         "mcmc": MCMCPlanner(max_evaluations=mcmc_evaluations),

@@ -2,6 +2,8 @@
 
 - ``throughput_vs_devices.png`` when the sweep has several device counts (Figure 5's shape);
 - ``throughput_vs_microbatch.png`` when it has several microbatch sizes (Figure 6's shape);
+- ``scaling.png`` when it has several device counts: throughput, MFU and cost per token against
+  the devices (:mod:`experiments.scaling`);
 - per model and cluster, at the largest scale where some planner fits: ``memory_<case>.png``
   (per-stage memory, one panel per planner) and ``placement_<case>.png`` (the devices coloured by
   stage and by replica, one row per planner).
@@ -18,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import plots
+from experiments.scaling import plot_scaling
 
 PANEL_KEYS = ("model", "cluster", "variant", "devices", "microbatch")
 
@@ -134,7 +137,12 @@ def _case_plots(comp: pd.DataFrame, out_dir: Path, planners: Sequence[str]) -> l
 
 
 def draw_sweep_plots(
-    comp: pd.DataFrame, out_dir: Path, baseline: str, planners: Sequence[str]
+    comp: pd.DataFrame,
+    out_dir: Path,
+    baseline: str,
+    planners: Sequence[str],
+    *,
+    gpu_hour_usd: float | None = None,
 ) -> list[Path]:
     """Every plot of a sweep into ``out_dir`` (created); returns the files written."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -149,6 +157,11 @@ def draw_sweep_plots(
                 title="Throughput vs devices per planner (the shape of NEST's Figure 5)",
                 baseline=baseline,
                 planners=planners,
+            )
+        )
+        drawn.append(
+            plot_scaling(
+                comp, out_dir / "scaling.png", planners=planners, gpu_hour_usd=gpu_hour_usd
             )
         )
     if comp["microbatch"].nunique() > 1:

@@ -101,9 +101,17 @@ def _md(table: pd.DataFrame) -> str:
 
 
 def results_markdown(
-    df: pd.DataFrame, comp: pd.DataFrame, baseline: str, planners: Sequence[str], name: str
+    df: pd.DataFrame,
+    comp: pd.DataFrame,
+    baseline: str,
+    planners: Sequence[str],
+    name: str,
+    *,
+    also: Sequence[str] = (),
+    gpu_hour_usd: float | None = None,
 ) -> str:
-    """``results.md``: normalised throughput, speed-up, throughput, wall time, every job."""
+    """``results.md``: normalised throughput, speed-ups (over the baseline and each planner of
+    ``also``), throughput, MFU, cost per token, wall time, every job."""
     counts = ", ".join(
         f"{n} {s}" for s, n in sorted(df["status"].fillna("?").value_counts().items())
     )
@@ -128,6 +136,17 @@ def results_markdown(
             "",
             _md(pivot(comp, "speedup_vs_baseline", lambda v: f"{v:.2f}x", planners)),
         ]
+    for ref in also:
+        column = f"speedup_vs_{ref}"
+        if column in comp and comp[column].notna().any():
+            parts += [
+                "",
+                f"## Speed-up over `{ref}` at the same scale",
+                "",
+                f"Each planner's throughput divided by `{ref}`'s in the same case.",
+                "",
+                _md(pivot(comp, column, lambda v: f"{v:.2f}x", planners)),
+            ]
     published = published_table(comp, baseline, planners)
     if published is not None:
         parts += [
@@ -147,6 +166,31 @@ def results_markdown(
         "",
         _md(pivot(comp, "throughput_samples_per_s", lambda v: f"{v:.4g}", planners)),
         "",
+        "## MFU (%)",
+        "",
+        _md(pivot(comp, "mfu", lambda v: f"{100 * v:.1f}", planners)),
+        "",
+        "## Cost: device-hours per million tokens",
+        "",
+        "Every device of the cluster is billed, idle ones included."
+        + (
+            f" At ${gpu_hour_usd:g} per device-hour, dollars per million tokens follow."
+            if gpu_hour_usd is not None
+            else ""
+        ),
+        "",
+        _md(pivot(comp, "gpu_hours_per_mtok", lambda v: f"{v:.4g}", planners)),
+        "",
+        *(
+            [
+                f"Dollars per million tokens at ${gpu_hour_usd:g} per device-hour:",
+                "",
+                _md(pivot(comp, "usd_per_mtok", lambda v: f"${v:.4g}", planners)),
+                "",
+            ]
+            if gpu_hour_usd is not None
+            else []
+        ),
         "## Planner wall time (s)",
         "",
         _md(

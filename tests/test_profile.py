@@ -166,8 +166,9 @@ def _artifact(blocks: int = 2) -> dict:
 def test_an_artifact_instance_hints_its_global_batch_in_sequences(
     tmp_path, ep, microbatches, batch
 ):
-    """``mbsInBatch`` is the artifact's ``M = global_batch / (mbs * ep)`` (NEST_NOTES §2): its
-    Mixtral instances (ep 4, 1024 microbatches) ran a batch of 4096 sequences, as every other."""
+    """``mbsInBatch`` is the artifact's ``M = global_batch / (mbs * ep)`` (docs/nest_paper.md
+    §2): its Mixtral instances (ep 4, 1024 microbatches) ran a batch of 4096 sequences, as every
+    other."""
     path = tmp_path / "inst.json"
     data = _artifact() | {"ep_degree": ep, "mbsInBatch": float(microbatches)}
     data |= {"optimizerAlgorithm": "SGD"}

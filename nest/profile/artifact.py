@@ -25,7 +25,7 @@ bugs (docs/nest_paper.md §4):
   between neighbouring stages only, so they are ignored.
 - Unknown in the format and left to the run's config: the optimizer (the file says SGD; ours
   defaults to Adam: ``training.optimizer=sgd`` mirrors it), the global batch (``mbsInBatch`` is
-  the artifact's ``M = global_batch / (mbs * ep)``, NEST_NOTES §2, so the batch is
+  the artifact's ``M = global_batch / (mbs * ep)``, docs/nest_paper.md §2, so the batch is
   ``mbsInBatch * ep_degree`` sequences of microbatch 1: 4096 for every instance, Mixtral's
   ``1024 * 4`` included; :func:`global_batch`), the sequence length (``model.seq_len``),
   whether the parameters held under ``ep_degree`` are expert or dense ones (all are taken as
@@ -212,8 +212,8 @@ def _measurement(nodes: dict, edges: dict, d: dict, width: str, head: bool, wher
 
 def global_batch(d: dict) -> int | None:
     """The instance's global batch in sequences: ``mbsInBatch * ep_degree`` (the artifact's
-    ``M = global_batch / (mbs * ep)`` microbatches of ``mbs = 1``, NEST_NOTES §2); None when the
-    file does not say or the product is not an integer."""
+    ``M = global_batch / (mbs * ep)`` microbatches of ``mbs = 1``, docs/nest_paper.md §2); None
+    when the file does not say or the product is not an integer."""
     batch, ep = _as_number(d.get("mbsInBatch")), _as_int(d.get("ep_degree", 1) or 1)
     if batch is None or ep is None or ep < 1 or not (batch * ep).is_integer():
         return None
