@@ -49,7 +49,9 @@ there is not defined and is left out of its expected and worst regret, and ``fit
 says how often it fits. A world where no plan fits has no winner (the win probabilities then add
 up to less than one). The verdict (:func:`verdict`) names the chosen plan robust when it wins at
 least ``confidence`` of the worlds, and otherwise lists the plans that win at least
-``1 - confidence`` of them as indistinguishable.
+``1 - confidence`` of them as indistinguishable; it adds whether that matters: when the chosen
+plan is never more than ``negligible_regret`` slower than a world's fastest, any of them will do,
+otherwise they are worth trying on the cluster.
 """
 
 import hashlib
@@ -92,6 +94,8 @@ class RobustSettings:
     seed: int = 0
     confidence: float = 0.9
     """The chosen plan is called robust when it wins at least this fraction of the worlds."""
+    negligible_regret: float = 0.01
+    """A worst regret (fraction of the world's fastest time) the verdict calls negligible."""
     ranges: Ranges = Ranges()
 
 
@@ -102,12 +106,12 @@ def settings_from_config(cfg, run_seed: int) -> RobustSettings:
     """:class:`RobustSettings` from the ``robustness`` block of a run config (a mapping; missing
     keys take their defaults, ``seed: null`` the run's seed), or a one-line error."""
     cfg = dict(cfg or {})
-    known = {"samples", "seed", "confidence", "ranges"}
+    known = {"samples", "seed", "confidence", "negligible_regret", "ranges"}
     unknown = sorted(set(cfg) - known)
     if unknown:
         raise UserError(
             f"robustness.{unknown[0]} is not a setting; use robustness.samples, .seed, "
-            f".confidence or .ranges.<{'|'.join(RANGE_NAMES)}>"
+            f".confidence, .negligible_regret or .ranges.<{'|'.join(RANGE_NAMES)}>"
         )
     default = RobustSettings()
     samples = cfg.get("samples", default.samples)
@@ -126,6 +130,12 @@ def settings_from_config(cfg, run_seed: int) -> RobustSettings:
         raise UserError(
             f"robustness.confidence={cfg.get('confidence')!r} must be a number in [0.5, 1): the "
             "fraction of samples the chosen plan must win to be called robust"
+        )
+    negligible = cfg.get("negligible_regret", default.negligible_regret)
+    if isinstance(negligible, bool) or not isinstance(negligible, int | float) or negligible < 0:
+        raise UserError(
+            f"robustness.negligible_regret={negligible!r} must be a number >= 0: the worst "
+            "regret (a fraction, 0.01 = 1 %) below which the choice does not matter"
         )
     given = dict(cfg.get("ranges") or {})
     bad = sorted(set(given) - set(RANGE_NAMES))
@@ -147,7 +157,11 @@ def settings_from_config(cfg, run_seed: int) -> RobustSettings:
             )
         ranges[name] = (low, high)
     return RobustSettings(
-        samples=samples, seed=seed, confidence=float(confidence), ranges=Ranges(**ranges)
+        samples=samples,
+        seed=seed,
+        confidence=float(confidence),
+        negligible_regret=float(negligible),
+        ranges=Ranges(**ranges),
     )
 
 
@@ -336,11 +350,15 @@ def summarise(times: np.ndarray, nominal_s: list[float]) -> list[dict]:
     return out
 
 
-def verdict(plans: list[dict], samples: int, confidence: float) -> dict:
-    """``{"kind", "text", "contenders"}``: ``single`` (one plan, nothing to compare), ``robust``
-    (the chosen plan wins at least ``confidence`` of the worlds) or ``indistinguishable`` (the
-    plans that win at least ``1 - confidence`` of the worlds, or every plan that wins any when
-    none does, named in ``contenders``)."""
+def verdict(
+    plans: list[dict], samples: int, confidence: float, negligible_regret: float = 0.01
+) -> dict:
+    """``{"kind", "text", "contenders", "negligible"}``. Kinds: ``single`` (one plan, nothing to
+    compare), ``robust`` (the chosen plan wins at least ``confidence`` of the worlds) or
+    ``indistinguishable`` (the plans that win at least ``1 - confidence`` of the worlds, or
+    every plan that wins any when none does, are the ``contenders``). ``negligible``: the chosen
+    plan's worst regret is at most ``negligible_regret`` (a fraction of the world's fastest),
+    so the choice among the contenders does not matter."""
     chosen = plans[0]
     spread = chosen["iteration_time_s"]
     if len(plans) == 1:
@@ -353,7 +371,9 @@ def verdict(plans: list[dict], samples: int, confidence: float) -> dict:
                 else "undefined: it does not fit in any sample"
             )
         )
-        return {"kind": "single", "text": text, "contenders": [1]}
+        return {"kind": "single", "text": text, "contenders": [1], "negligible": None}
+    worst = chosen["worst_regret_fraction"]
+    negligible = worst is not None and worst <= negligible_regret
     sentences = []
     if chosen["win_probability"] >= confidence:
         kind, contenders = "robust", [1]
@@ -370,18 +390,23 @@ def verdict(plans: list[dict], samples: int, confidence: float) -> dict:
         wins = ", ".join(
             _fraction_text(p["win_probability"]) for p in plans if p["rank"] in contenders
         )
+        advice = (
+            "it hardly matters which"
+            if negligible
+            else "the cost model cannot rank them: try them on the cluster"
+        )
         if not contenders:
             sentences.append(f"indistinguishable: no plan fits in any of the {samples} samples.")
         elif len(contenders) > 1:
             sentences.append(
                 f"indistinguishable: plans {_ranks_text(contenders)} are each the fastest in "
-                f"{wins} of {samples} samples; the cost model cannot rank them, try them on the "
-                "cluster."
+                f"{wins} of {samples} samples; {advice}."
             )
         else:
             sentences.append(
                 f"indistinguishable: plan {contenders[0]} is the fastest in {wins} of {samples} "
-                f"samples, the chosen plan in {_fraction_text(chosen['win_probability'])}."
+                f"samples, the chosen plan in {_fraction_text(chosen['win_probability'])}; "
+                f"{advice}."
             )
     tied = [p["rank"] for p in plans[1:] if p["tied_with_chosen"]]
     if tied:
@@ -391,13 +416,19 @@ def verdict(plans: list[dict], samples: int, confidence: float) -> dict:
             "the time of plan 1 in every sample: only what differs (e.g. memory) separates "
             f"{'them' if many else 'it'}."
         )
-    if chosen["expected_regret_fraction"] is not None:
+    if worst is not None:
         sentences.append(
             f"Choosing plan 1 costs {100 * chosen['expected_regret_fraction']:.2f} % on average "
-            f"and {100 * chosen['worst_regret_fraction']:.2f} % at worst against each sample's "
-            f"fastest of the {len(plans)}."
+            f"and {100 * worst:.2f} % at worst against each sample's fastest of the "
+            f"{len(plans)}"
+            + (f" (negligible: at most {100 * negligible_regret:g} %)." if negligible else ".")
         )
-    return {"kind": kind, "text": " ".join(sentences), "contenders": contenders}
+    return {
+        "kind": kind,
+        "text": " ".join(sentences),
+        "contenders": contenders,
+        "negligible": negligible,
+    }
 
 
 def robustness(
@@ -412,6 +443,7 @@ def robustness(
         "samples": settings.samples,
         "seed": settings.seed,
         "confidence": settings.confidence,
+        "negligible_regret": settings.negligible_regret,
         "ranges": settings.ranges.to_dict(),
         "correlation": (
             "one factor per world for the matmul rate, HBM bandwidth and capacity; one per level "
@@ -420,7 +452,9 @@ def robustness(
         ),
         "win_probability": per_plan[0]["win_probability"],
         "plans": per_plan,
-        "verdict": verdict(per_plan, settings.samples, settings.confidence),
+        "verdict": verdict(
+            per_plan, settings.samples, settings.confidence, settings.negligible_regret
+        ),
         "sample_times_s": [[t if np.isfinite(t) else None for t in row] for row in times.tolist()],
     }
 

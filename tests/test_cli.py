@@ -443,7 +443,7 @@ def test_default_config_is_frozen():
     assert {"solver", "cluster", "model", "training", "seed", "print_summary"} <= set(cfg)
     # issue 16: robust=true and its settings (README "Choosing among the best plans")
     assert cfg.robust is False
-    assert {"samples", "seed", "confidence", "ranges"} == set(cfg.robustness)
+    assert {"samples", "seed", "confidence", "negligible_regret", "ranges"} == set(cfg.robustness)
     assert (cfg.solver.name, cfg.cluster.name, cfg.model.name) == (
         "megatron",
         "dgx_8x8",

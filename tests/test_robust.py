@@ -198,6 +198,11 @@ def test_the_verdict_says_plainly_when_plans_are_indistinguishable():
     close = verdict([_plan(1, 0.5), _plan(2, 0.45), _plan(3, 0.05)], 200, 0.9)
     assert close["kind"] == "indistinguishable" and close["contenders"] == [1, 2]
     assert "plans 1 and 2 are each the fastest in 50 %, 45 % of 200 samples" in close["text"]
+    assert "try them on the cluster" in close["text"] and not close["negligible"]
+    # the same wins, but plan 1 is never more than 0.2 % slower: it does not matter which
+    small = verdict([_plan(1, 0.5, 0.001), _plan(2, 0.45), _plan(3, 0.05)], 200, 0.9)
+    assert small["negligible"] and "it hardly matters which" in small["text"]
+    assert "0.20 % at worst" in small["text"] and "cluster" not in small["text"]
     beaten = verdict([_plan(1, 0.05), _plan(2, 0.95)], 200, 0.9)
     assert beaten["contenders"] == [2] and "the chosen plan in 5 %" in beaten["text"]
     spread = verdict([_plan(r, 1 / 12) for r in range(1, 13)], 200, 0.9)
@@ -215,6 +220,7 @@ def test_the_documented_defaults_are_the_codes():
     default = RobustSettings()
     assert block["seed"] is None
     assert (block["samples"], block["confidence"]) == (default.samples, default.confidence)
+    assert block["negligible_regret"] == default.negligible_regret
     assert block["ranges"] == default.ranges.to_dict()
     assert settings_from_config(block, run_seed=0) == default
     assert settings_from_config(block, run_seed=5).seed == 5
@@ -226,6 +232,7 @@ def test_the_documented_defaults_are_the_codes():
         ({"samples": 0}, "robustness.samples=0"),
         ({"seed": -1}, "robustness.seed=-1"),
         ({"confidence": 1.0}, "robustness.confidence=1.0"),
+        ({"negligible_regret": -0.1}, "robustness.negligible_regret=-0.1"),
         ({"ranges": {"layer_time": [1.1, 0.9]}}, "robustness.ranges.layer_time=[1.1, 0.9]"),
         ({"ranges": {"layer_time": [0, 1]}}, "robustness.ranges.layer_time=[0, 1]"),
         ({"ranges": {"gemm": [1, 1]}}, "robustness.ranges.gemm is not an uncertain input"),

@@ -50,8 +50,8 @@ def test_top_k_equals_brute_forces_sorted_list_on_random_problems():
             assert single.objective_s == found[0].objective_s
             compared += 1
         beyond_k += len(oracle) > k
-    # the cut at K is exercised: most cases have more configurations than K
-    assert compared >= 60 and beyond_k >= 40, (compared, beyond_k)
+    # the cut at K is exercised: the feasible cases have more configurations than K (93 of 93)
+    assert compared >= 80 and beyond_k >= 80, (compared, beyond_k)
 
 
 def test_top_k_bookkeeping_keeps_the_k_best_distinct_keys():
