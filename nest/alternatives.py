@@ -94,6 +94,11 @@ def alternatives_to_dict(plans: list[Plan], reports: list[Report]) -> list[dict]
     return out
 
 
+def seconds_text(t: float) -> str:
+    """Seconds for a table: four decimals, or three significant digits below 10 ms."""
+    return f"{t:.4f}" if t >= 0.01 else f"{t:.3e}"
+
+
 def _differs_text(entry: dict) -> str:
     if entry["rank"] == 1:
         return "(the chosen plan)"
@@ -114,7 +119,7 @@ def format_alternatives(problem: Problem, entries: list[dict]) -> str:
     )
     lines = [
         head,
-        f"{'rank':>4} {'iter s':>9} {'vs best':>8} {'tp':>3} {'cp':>3} {'ep':>3} {'dp':>5} "
+        f"{'rank':>4} {'iter s':>10} {'vs best':>8} {'tp':>3} {'cp':>3} {'ep':>3} {'dp':>5} "
         f"{'pp':>3} {'mbs':>4} {'ZeRO':>4} {'schedule':<14} {'mem GiB':>8}  differs from rank 1",
     ]
     for e in entries:
@@ -123,9 +128,10 @@ def format_alternatives(problem: Problem, entries: list[dict]) -> str:
             f" v{p['virtual_stages']}" if p["schedule"] == str(Schedule.INTERLEAVED) else ""
         )
         slower = "-" if e["rank"] == 1 else f"{100 * e['slowdown_vs_best']:+.2f}%"
+        time_s = seconds_text(e["iteration_time_s"])
         lines.append(
-            f"{e['rank']:>4} {e['iteration_time_s']:>9.4f} {slower:>8} {p['tp']:>3} {p['cp']:>3} "
-            f"{p['ep']:>3} {p['dp']:>5} {p['pp']:>3} {p['microbatch_size']:>4} "
+            f"{e['rank']:>4} {time_s:>10} {slower:>8} {p['tp']:>3} {p['cp']:>3} {p['ep']:>3} "
+            f"{p['dp']:>5} {p['pp']:>3} {p['microbatch_size']:>4} "
             f"{p['zero_stage']:>4} {schedule:<14} {e['peak_memory_bytes'] / GiB:>8.2f}  "
             f"{_differs_text(e)}"
         )

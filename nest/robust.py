@@ -59,6 +59,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
+from nest.alternatives import seconds_text
 from nest.cost import evaluate
 from nest.errors import UserError
 from nest.layers import LayerCost, Shard
@@ -484,7 +485,11 @@ def format_robustness(result: dict) -> str:
             if p["worst_regret_fraction"] is None
             else (f"{100 * p['worst_regret_fraction']:.2f} %")
         )
-        span = "-" if spread is None else f"{spread['p05']:.4f}-{spread['p95']:.4f}"
+        span = (
+            "-"
+            if spread is None
+            else (f"{seconds_text(spread['p05'])}..{seconds_text(spread['p95'])}")
+        )
         lines.append(
             f"{p['rank']:>4} {_fraction_text(p['win_probability']):>6} {beats:>8} "
             f"{_fraction_text(p['fits_probability']):>6} {mean:>12} {worst:>13} {span:>22}"

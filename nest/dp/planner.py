@@ -44,7 +44,9 @@ incumbent is the one the single-best search used, so the search does the same wo
 """
 
 import time
+from bisect import bisect_right
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
@@ -155,27 +157,26 @@ class TopK:
     (ties: the first found first)."""
     threshold: float = float("inf")
     """The k-th best value (``theta``), infinite while fewer than ``k`` configurations have one."""
+    kept: dict = field(default_factory=dict)
+    """key -> its value, for the configurations in ``best``."""
 
     def incumbent(self, key) -> float:
         """What a solve of configuration ``key`` must not exceed to matter."""
-        for value, got, _, _ in self.best:
-            if got == key:
-                return value
-        return self.threshold
+        return self.kept.get(key, self.threshold)
 
     def offer(self, key, value: float, config, choices) -> None:
         """A plan of ``key`` worth ``value`` (kept if it improves the key's entry or enters)."""
-        for k, entry in enumerate(self.best):
-            if entry[1] == key:
-                if value >= entry[0]:
-                    return
-                del self.best[k]
-                break
-        else:
-            if len(self.best) == self.k and value >= self.threshold:
+        if key in self.kept:
+            if value >= self.kept[key]:
                 return
-        at = next((k for k, e in enumerate(self.best) if value < e[0]), len(self.best))
+            del self.best[next(i for i, e in enumerate(self.best) if e[1] == key)]
+        elif len(self.best) == self.k and value >= self.threshold:
+            return
+        at = bisect_right(self.best, value, key=itemgetter(0))  # after equal values
         self.best.insert(at, [value, key, config, choices])
+        self.kept[key] = value
+        for _, dropped, _, _ in self.best[self.k :]:
+            del self.kept[dropped]
         del self.best[self.k :]
         if len(self.best) == self.k:
             self.threshold = self.best[-1][0]
