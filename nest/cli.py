@@ -31,7 +31,13 @@ from nest.export import export_plan, format_export, targets_of, write_export
 from nest.planner import build_planner, solve_ranked
 from nest.progress import Progress
 from nest.results import run_recorded
-from nest.robust import format_robustness, plot_robustness, robustness, settings_from_config
+from nest.robust import (
+    check_ranges,
+    format_robustness,
+    plot_robustness,
+    robustness,
+    settings_from_config,
+)
 from nest.serialize import plan_to_dict, report_to_dict
 from nest.simulate import plot_timeline, simulate
 from nest.summary import format_summary, seq_len_source
@@ -74,6 +80,8 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
         base["seq_len_source"] = seq_len_source(problem.model)
         export_targets = targets_of(cfg.get("export"))
         robust = _robust_settings(cfg)
+        if robust is not None:
+            check_ranges(problem, robust)
         planner = build_planner(cfg.solver)
         with Progress(f"planning with {solver_name}"):
             plans = solve_ranked(planner, problem)

@@ -166,6 +166,19 @@ def settings_from_config(cfg, run_seed: int) -> RobustSettings:
     )
 
 
+def check_ranges(problem: Problem, settings: RobustSettings) -> None:
+    """A one-line error when a range cannot apply to this problem: the smallest HBM capacity
+    must stay above the device's reserve (the device would not be valid)."""
+    device = problem.cluster.device
+    low = settings.ranges.hbm_capacity[0]
+    if device.hbm_bytes * low <= device.memory_reserve_bytes:
+        raise UserError(
+            f"robustness.ranges.hbm_capacity={list(settings.ranges.hbm_capacity)}: {low:g} x "
+            f"{device.hbm_bytes / 2**30:.1f} GiB leaves nothing above the device's reserve of "
+            f"{device.memory_reserve_bytes / 2**30:.1f} GiB; raise the low end"
+        )
+
+
 def _log_uniform(u: np.ndarray, low: float, high: float) -> np.ndarray:
     """Factors ``low * (high / low) ** u`` for uniform ``u`` in [0, 1) (exactly 1 when off)."""
     if low == high:

@@ -245,6 +245,17 @@ def test_bad_robustness_settings_are_one_line_errors(block, words):
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
+def test_an_hbm_capacity_below_the_reserve_is_refused_before_planning(tmp_path):
+    """dgx_8x8's H100 keeps a reserve: a capacity range reaching under it is a one-line error
+    naming the range, not a traceback halfway through the samples."""
+    _, result, _, plan, lines = run_case(
+        tmp_path, "model=tiny", "robust=true", "robustness.ranges.hbm_capacity=[0.01,1]"
+    )
+    assert result["status"] == "error" and plan is None
+    assert lines == [f"error: {result['error']}"]
+    assert "robustness.ranges.hbm_capacity=[0.01, 1.0]" in result["error"]
+
+
 def test_robust_with_a_planner_of_one_plan_reports_its_spread(tmp_path):
     """``megatron`` (no ranking) with ``robust=true``: one plan, verdict ``single``, its time's
     spread; a bad ``robust`` value is a one-line error before planning."""
