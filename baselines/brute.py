@@ -6,6 +6,10 @@ partition (:func:`~nest.dp.space.interleaved_chunks`); and every recompute mode 
 chunk (only those holding blocks differ by mode), each turned into a plan and passed to
 :func:`nest.cost.evaluate`. It shares the space definition with ``nest``, never its cost code.
 Only for tiny problems: ``max_plans`` stops it with an error before it runs for hours.
+
+``top_k = K``: the best plan of each configuration (:meth:`~nest.plan.ParallelConfig.unordered`:
+the configuration without its rank order, as ``nest`` counts them), sorted by iteration time
+(ties: the first enumerated first), the first K returned: the oracle of ``nest``'s top K.
 """
 
 import time
@@ -13,7 +17,7 @@ from itertools import combinations, product
 
 from nest.axes import Recompute
 from nest.cost import evaluate
-from nest.dp.planner import plan_from_choices
+from nest.dp.planner import check_top_k, plan_from_choices
 from nest.dp.space import SpaceOptions, SpacePlanner, configurations, interleaved_chunks
 from nest.errors import UserError
 from nest.planner import finish, infeasible_memory
@@ -46,16 +50,27 @@ def count_plans(problem: Problem, options: SpaceOptions) -> int:
 
 
 class BrutePlanner(SpacePlanner):
-    def __init__(self, *, name: str = "brute", max_plans: int = 200_000, **space) -> None:
+    def __init__(
+        self, *, name: str = "brute", max_plans: int = 200_000, top_k: int = 1, **space
+    ) -> None:
         super().__init__(name=name, **space)
         self.max_plans = max_plans
+        self.top_k = top_k
+        """How many configurations :meth:`solve_ranked` returns (module docstring)."""
 
     def solve(self, problem: Problem):
+        """The optimal plan (the first of :meth:`solve_ranked`)."""
+        return self.solve_ranked(problem)[0]
+
+    def solve_ranked(self, problem: Problem) -> list:
+        """The best plan of each of the ``top_k`` best configurations, best first."""
         started = time.perf_counter()
+        top_k = check_top_k(self.top_k, self.name)
         options = self.options()
         modes = options.recompute_modes
         blocks = {i for i, ref in enumerate(problem.model.chain) if ref.kind.value == "block"}
-        best, best_s, best_peak, scored = None, float("inf"), None, 0
+        best: dict = {}  # configuration without rank order -> (time, enumeration index, plan)
+        best_peak, scored = None, 0
         for config in configurations(problem, options):
             if config.interleaved:
                 splits = [interleaved_chunks(problem.num_layers, config.pp, config.virtual_stages)]
@@ -80,17 +95,22 @@ class BrutePlanner(SpacePlanner):
                         peak = report.peak_memory_bytes
                         best_peak = peak if best_peak is None else min(best_peak, peak)
                         continue
-                    if report.iteration_time_s < best_s:
-                        best_s, best = report.iteration_time_s, plan
-        if best is None:
+                    key = config.unordered()
+                    if key not in best or report.iteration_time_s < best[key][0]:
+                        best[key] = (report.iteration_time_s, scored, plan)
+        if not best:
             raise infeasible_memory(problem, self.name, best_peak)
-        plan, _ = finish(
-            self.name,
-            problem,
-            best,
-            started_s=started,
-            status="optimal",
-            n_evaluations=scored,
-            search={"plans_scored": scored},
-        )
-        return plan
+        ranked = sorted(best.values(), key=lambda e: e[:2])[:top_k]
+        search = {"plans_scored": scored, "configurations_with_a_plan": len(best)}
+        return [
+            finish(
+                self.name,
+                problem,
+                plan,
+                started_s=started,
+                status="optimal" if rank == 1 else "alternative",
+                n_evaluations=scored,
+                search=search if rank == 1 else {"rank": rank},
+            )[0]
+            for rank, (_, _, plan) in enumerate(ranked, start=1)
+        ]

@@ -4,7 +4,9 @@ Times the full-space search (1F1B and interleaved) on the issue's target cases a
 device-count series, prints a table and one machine-readable JSON line per case
 (``BENCH {...}``), and the ratio to the ``megatron`` rules' iteration time in the same run. Each
 case runs in a fresh process, so its peak resident memory is its own; CPU seconds are reported
-next to wall seconds because the machine may be shared.
+next to wall seconds because the machine may be shared. ``--top-k K`` runs the search for the K
+best configurations (``solver.top_k``; the row's ``kth_iteration_time_s`` is the K-th's time),
+``--targets`` only the two target cases.
 """
 
 import argparse
@@ -53,15 +55,16 @@ def problem_for(model, cluster, devices, batch, mbs):
     return build_problem(cfg)
 
 
-def run_case(model, cluster, devices, batch, mbs, target_s):
+def run_case(model, cluster, devices, batch, mbs, target_s, top_k=1):
     register_schemas()
     problem = problem_for(model, cluster, devices, batch, mbs)
     start, cpu = time.perf_counter(), time.process_time()
     try:
-        plan = NestPlanner().solve(problem)
-        status, value = plan.status, plan.objective_s
+        plans = NestPlanner(top_k=top_k).solve_ranked(problem)
+        plan = plans[0]
+        status, value, kth = plan.status, plan.objective_s, plans[-1].objective_s
     except Infeasible:
-        plan, status, value = None, "infeasible", None
+        plan, status, value, kth, plans = None, "infeasible", None, None, []
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     start = time.perf_counter()
@@ -78,6 +81,9 @@ def run_case(model, cluster, devices, batch, mbs, target_s):
         "microbatch_sizes": mbs,
         "status": status,
         "iteration_time_s": value,
+        "top_k": top_k,
+        "configurations_returned": len(plans),
+        "kth_iteration_time_s": kth,
         "solve_wall_s": wall,
         "solve_cpu_s": cpu,
         "process_peak_rss_bytes": peak,
@@ -104,23 +110,27 @@ def run_case(model, cluster, devices, batch, mbs, target_s):
     return row
 
 
-def run_isolated(case):
+def run_isolated(case, top_k=1):
     """One case in a fresh process (its own peak memory, no caches from earlier cases)."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(run_case, case)
+        return pool.apply(run_case, (*case, top_k))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench_search")
     parser.add_argument("--quick", action="store_true", help="two small cases only")
+    parser.add_argument("--targets", action="store_true", help="the two target cases only")
+    parser.add_argument(
+        "--top-k", type=int, default=1, help="search the K best configurations (solver.top_k)"
+    )
     args = parser.parse_args()
-    cases = QUICK if args.quick else SERIES + TARGETS
+    cases = QUICK if args.quick else TARGETS if args.targets else SERIES + TARGETS
     print(
         f"{'case':<36} {'configs':>9} {'solved':>7} {'wall s':>7} {'cpu s':>7} {'rss MB':>7} "
         f"{'target':>6} {'iter s':>8} {'x megatron':>10}  plan"
     )
     for case in cases:
-        row = run_isolated(case)
+        row = run_isolated(case, args.top_k)
         name = f"{row['model']}@{row['cluster']}/{row['devices']}"
         target = f"{row['target_s']:.0f}" if row["target_s"] else "-"
         it = f"{row['iteration_time_s']:.3f}" if row["iteration_time_s"] else row["status"]

@@ -3,7 +3,10 @@
 A run builds the problem, builds the planner from ``cfg.solver`` (:func:`nest.planner.build_planner`
 calls the config's ``_target_`` only if it is a planner class), scores the plan with the shared
 evaluator, prints the summary and writes ``plan.json``, ``report.json`` and ``summary.txt`` into the
-Hydra run directory. User mistakes (``UserError``) and infeasible problems
+Hydra run directory. A planner with ``solver.top_k=K`` (``nest``, ``brute``) adds the K best
+configurations (``report.json["alternatives"]``, a table in the summary); ``robust=true`` re-scores
+them under the cost model's uncertainty (``report.json["robustness"]``, ``robustness.png``;
+:mod:`nest.robust`). User mistakes (``UserError``) and infeasible problems
 (``Infeasible``) print one line, never a traceback; a configuration given as data that cannot run
 as given (``InvalidConfiguration``, e.g. a published table row) is reported with status
 ``invalid``.
@@ -17,16 +20,24 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from nest.alternatives import alternatives_to_dict, describe, format_alternatives
 from nest.config import build_problem, register_schemas
 from nest.cost import evaluate
 from nest.errors import Infeasible, InvalidConfiguration, NotPublished, SolverTimeout, UserError
 from nest.explain import explain_report, format_explain
 from nest.export import export_plan, format_export, targets_of, write_export
-from nest.planner import build_planner
+from nest.planner import build_planner, solve_ranked
 from nest.progress import Progress
 from nest.results import run_recorded
+from nest.robust import (
+    check_ranges,
+    format_robustness,
+    plot_robustness,
+    robustness,
+    settings_from_config,
+)
 from nest.serialize import plan_to_dict, report_to_dict
 from nest.simulate import plot_timeline, simulate
 from nest.summary import format_summary, seq_len_source
@@ -68,9 +79,13 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
         base["seq_len"] = problem.model.seq_len or None
         base["seq_len_source"] = seq_len_source(problem.model)
         export_targets = targets_of(cfg.get("export"))
+        robust = _robust_settings(cfg)
+        if robust is not None:
+            check_ranges(problem, robust)
         planner = build_planner(cfg.solver)
         with Progress(f"planning with {solver_name}"):
-            plan = planner.solve(problem)
+            plans = solve_ranked(planner, problem)
+        plan = plans[0]
     except (InvalidConfiguration, NotPublished, SolverTimeout) as exc:
         status = {InvalidConfiguration: "invalid", NotPublished: "unpublished"}.get(
             type(exc), "timeout"
@@ -122,8 +137,9 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
             f"\nsimulated iteration {sim_d['makespan_s']:.4f} s (the analytic formula is "
             f"{100 * sim_d['relative_error']:+.2f} % off); timeline.png"
         )
-    (out_dir / "summary.txt").write_text(summary + "\n")
     written = ["plan.json", "report.json", "summary.txt"]
+    summary += _alternatives(problem, planner, plans, report, robust, result, out_dir, written)
+    (out_dir / "summary.txt").write_text(summary + "\n")
     extra = _explain_and_export(
         cfg, problem, plan, report, result, out_dir, export_targets, written
     )
@@ -133,6 +149,46 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
             echo("\n" + block)
         echo(f"\nwrote {', '.join(written)} to {out_dir}")
     return result
+
+
+def _robust_settings(cfg: DictConfig):
+    """The robustness settings when ``robust=true`` (checked before planning), else None."""
+    robust = cfg.get("robust", False)
+    if not isinstance(robust, bool):
+        raise UserError(f"robust={robust!r}; use robust=true or robust=false")
+    if not robust:
+        return None
+    block = cfg.get("robustness")
+    plain = OmegaConf.to_container(block, resolve=True) if isinstance(block, DictConfig) else block
+    return settings_from_config(plain, int(cfg.get("seed", 0) or 0))
+
+
+def _alternatives(problem, planner, plans, report, robust, result, out_dir, written) -> str:
+    """``solver.top_k`` > 1: ``report.json["alternatives"]``; ``robust=true``:
+    ``report.json["robustness"]`` and ``robustness.png``. Returns the summary's extra lines."""
+    text = ""
+    if getattr(planner, "top_k", 1) > 1:
+        reports = [report] + [evaluate(problem, p) for p in plans[1:]]
+        result["alternatives"] = alternatives_to_dict(plans, reports)
+        text += "\n\n" + format_alternatives(problem, result["alternatives"])
+        if len(plans) < planner.top_k:
+            text += (
+                f"\nonly {len(plans)} configurations of the space have a plan that fits "
+                f"(solver.top_k={planner.top_k})"
+            )
+    if robust is not None:
+        total = robust.samples
+        with Progress(f"re-scoring {len(plans)} plans in {total} samples", total=total) as prog:
+            result["robustness"] = robustness(problem, plans, robust, prog)
+        with Progress("drawing robustness.png"):
+            labels = [describe(p) for p in plans]
+            plot_robustness(result["robustness"], labels, out_dir / "robustness.png")
+        result["robustness"]["plot"] = "robustness.png"
+        written.append("robustness.png")
+        text += "\n\n" + format_robustness(result["robustness"])
+    if text:
+        _write_json(out_dir / "report.json", result)
+    return text
 
 
 def _explain_and_export(cfg, problem, plan, report, result, out_dir, targets, written) -> list:

@@ -1,7 +1,10 @@
 """The planner interface, and the one way a planner reports its result.
 
 A planner is built from its Hydra config (keyword hyper-parameters only, stored verbatim) and has
-``solve(problem) -> Plan`` or raises :class:`nest.errors.Infeasible`. Whatever a planner optimises
+``solve(problem) -> Plan`` or raises :class:`nest.errors.Infeasible`. A planner that can return the
+K best configurations (:class:`RankedPlanner`: ``nest``, ``brute``) also has a ``top_k`` setting
+and ``solve_ranked(problem) -> list[Plan]``; :func:`solve_ranked` is how a run asks any planner
+for its ranked list. Whatever a planner optimises
 internally, the objective it reports is ``evaluate(problem, plan).iteration_time_s``: :func:`finish`
 sets it, so no planner keeps a private scoring path.
 
@@ -32,6 +35,26 @@ class Planner(Protocol):
     name: str
 
     def solve(self, problem: Problem) -> Plan: ...
+
+
+@runtime_checkable
+class RankedPlanner(Planner, Protocol):
+    """A planner that returns the best plan of each of its ``top_k`` best configurations."""
+
+    top_k: int
+
+    def solve_ranked(self, problem: Problem) -> list[Plan]: ...
+
+
+def solve_ranked(planner: Planner, problem: Problem) -> list[Plan]:
+    """The planner's plans, best first: its ranked list when it has one, else its one plan."""
+    if isinstance(planner, RankedPlanner):
+        return planner.solve_ranked(problem)
+    return [planner.solve(problem)]
+
+
+def _ranks(cls: type) -> bool:
+    return callable(getattr(cls, "solve_ranked", None))
 
 
 def _nested_targets(node: Any, where: str) -> list[str]:
@@ -89,6 +112,15 @@ def build_planner(solver_cfg: DictConfig | Mapping) -> Planner:
             f"solver._target_={target!r} is not a planner class (a class with solve(problem), "
             f"nest.planner.Planner) but {kind}; refusing to call it"
         )
+    if "top_k" in plain and not _ranks(obj):
+        # a planner that builds one plan: top_k=1 is what it does anyway, more it cannot
+        if plain["top_k"] != 1:
+            raise UserError(
+                f"solver.top_k={plain['top_k']!r}: solver={plain.get('name', target)} returns "
+                "one plan; the K best configurations come from solver=nest (or brute on tiny "
+                "problems)"
+            )
+        cfg = OmegaConf.create({k: v for k, v in plain.items() if k != "top_k"})
     planner = instantiate(cfg, _convert_="all")
     if not isinstance(planner, Planner):
         raise UserError(

@@ -441,6 +441,9 @@ def test_config_groups_and_solver_names_are_frozen():
 def test_default_config_is_frozen():
     cfg = compose()
     assert {"solver", "cluster", "model", "training", "seed", "print_summary"} <= set(cfg)
+    # issue 16: robust=true and its settings (README "Choosing among the best plans")
+    assert cfg.robust is False
+    assert {"samples", "seed", "confidence", "negligible_regret", "ranges"} == set(cfg.robustness)
     assert (cfg.solver.name, cfg.cluster.name, cfg.model.name) == (
         "megatron",
         "dgx_8x8",
@@ -457,6 +460,12 @@ def test_every_solver_instantiates_a_planner(solver):
     planner = build_planner(cfg.solver)  # the CLI's checked path: every shipped solver passes it
     assert isinstance(planner, Planner)
     assert planner.name == solver
+
+
+def test_ranking_planners_take_top_k():
+    """solver.top_k (issue 16) is a knob of the planners that can rank, 1 by default."""
+    for solver in ("nest", "brute"):
+        assert compose(f"solver={solver}").solver.top_k == 1
 
 
 def test_fixed_solver_knobs_are_frozen():

@@ -20,9 +20,33 @@ Two levels:
 A heuristic first pass (one label per state) over the best-bounded configurations seeds the
 incumbent. The returned plan is re-scored by the shared evaluator (``finish``), and that value is
 the reported objective. Exactness is tested against ``solver=brute`` on random small problems.
+
+**The K best configurations** (``top_k``, :class:`TopK`). Two plans belong to the same
+*configuration* when their :meth:`~nest.plan.ParallelConfig.unordered` configurations are equal:
+the same ``tp, cp, ep, dp, pp``, microbatch size, ZeRO stage, schedule and virtual stages; the
+rank order, partition and recompute modes are what the search chooses *for* a configuration (its
+best placement). One bound entry of level 1 is exactly one configuration. With ``top_k = K`` the
+search returns the best plan of each of the K configurations whose best plans are fastest, best
+first. The threshold that replaces the incumbent is ``theta``, the K-th smallest value among the
+configurations with a plan found so far (infinite while fewer than K have one), and a
+configuration's own solves use ``min(theta, its best so far)``. Why nothing of the top K is lost:
+every value found is that of a real plan, so it is at least its configuration's optimum ``v_c``,
+and ``theta`` is at least ``theta*``, the K-th smallest ``v_c`` of the whole space (the K-th
+smallest of upper bounds of K distinct configurations' optima is at least the K-th smallest
+optimum). A configuration of the top K has ``bound_c <= v_c <= theta* <= theta`` at every moment:
+the search does not stop before it (it stops at the first bound above ``theta``), and its optimal
+rank order is solved with an incumbent ``min(theta, best_c) >= v_c``, which the per-configuration
+DPs (exact below their incumbent, ties kept) return. Configurations whose bound exceeds ``theta``
+have ``v_c >= bound_c > theta >= theta*`` and cannot enter the top K. Heuristic (seed) values are
+real plans' values, so they may set ``theta``; a configuration that the seed found is solved again
+exactly when its bound is reached. With ``K = 1``, ``theta`` is the best value found and every
+incumbent is the one the single-best search used, so the search does the same work.
 """
 
 import time
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
@@ -112,12 +136,62 @@ def empty_space_error(problem: Problem, options: SpaceOptions) -> UserError:
     )
 
 
+def check_top_k(top_k, solver: str) -> int:
+    """``solver.top_k`` as a positive integer, or a one-line error naming the value."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int | np.integer) or top_k < 1:
+        raise UserError(
+            f"solver.top_k={top_k!r} must be a positive integer: how many configurations "
+            f"{solver} returns, best first (1: the optimum only)"
+        )
+    return int(top_k)
+
+
+@dataclass(slots=True)
+class TopK:
+    """The best plan found per configuration, for the K configurations whose are fastest (module
+    docstring, "The K best configurations"), and the threshold ``theta`` they set."""
+
+    k: int
+    best: list = field(default_factory=list)
+    """``[value, key, config, choices]`` of at most ``k`` configurations, by increasing value
+    (ties: the first found first)."""
+    threshold: float = float("inf")
+    """The k-th best value (``theta``), infinite while fewer than ``k`` configurations have one."""
+    kept: dict = field(default_factory=dict)
+    """key -> its value, for the configurations in ``best``."""
+
+    def incumbent(self, key) -> float:
+        """What a solve of configuration ``key`` must not exceed to matter."""
+        return self.kept.get(key, self.threshold)
+
+    def offer(self, key, value: float, config, choices) -> None:
+        """A plan of ``key`` worth ``value`` (kept if it improves the key's entry or enters)."""
+        if key in self.kept:
+            if value >= self.kept[key]:
+                return
+            del self.best[next(i for i, e in enumerate(self.best) if e[1] == key)]
+        elif len(self.best) == self.k and value >= self.threshold:
+            return
+        at = bisect_right(self.best, value, key=itemgetter(0))  # after equal values
+        self.best.insert(at, [value, key, config, choices])
+        self.kept[key] = value
+        for _, dropped, _, _ in self.best[self.k :]:
+            del self.kept[dropped]
+        del self.best[self.k :]
+        if len(self.best) == self.k:
+            self.threshold = self.best[-1][0]
+
+
 class NestPlanner(SpacePlanner):
-    def __init__(self, *, name: str = "nest", seed_configs: int = 200, **space) -> None:
+    def __init__(
+        self, *, name: str = "nest", seed_configs: int = 200, top_k: int = 1, **space
+    ) -> None:
         super().__init__(name=name, **space)
         self.seed_configs = seed_configs
         """Configurations the heuristic first pass visits to seed the bound (up to ten times
         as many while none of them has a plan that fits)."""
+        self.top_k = top_k
+        """How many configurations :meth:`solve_ranked` returns (module docstring)."""
 
     @staticmethod
     def _ranked(fams, floors: Floors, capacity_bytes: float):
@@ -154,7 +228,14 @@ class NestPlanner(SpacePlanner):
         return best
 
     def solve(self, problem: Problem) -> Plan:
+        """The optimal plan (the first of :meth:`solve_ranked`)."""
+        return self.solve_ranked(problem)[0]
+
+    def solve_ranked(self, problem: Problem) -> list[Plan]:
+        """The best plan of each of the ``top_k`` best configurations, best first, each scored
+        by the shared evaluator; fewer when fewer configurations have a plan that fits."""
         started = time.perf_counter()
+        top = TopK(check_top_k(self.top_k, self.name))
         options = self.options()
         modes = options.recompute_modes
         floors = Floors(problem, modes)
@@ -169,37 +250,37 @@ class NestPlanner(SpacePlanner):
         stats = DPStats()
 
         def configs():
-            for bound, _, family, schedule, zero in entries:
+            # key: the entry, i.e. the configuration without its rank order (module docstring)
+            for bound, key, family, schedule, zero in entries:
                 for order in family.orders:
-                    yield bound * (1 - BOUND_SLACK), family.config(schedule, zero, order)
+                    yield bound * (1 - BOUND_SLACK), key, family.config(schedule, zero, order)
 
         def solve_one(config, incumbent_s, exact):
             sm = StageModel(problem, config, shared)
             solver = solve_interleaved if config.interleaved else solve_config
             return solver(sm, modes, incumbent_s, stats, exact=exact)
 
-        # Phase 1 (heuristic, one label per state) gives a real plan whose time bounds the
-        # optimum from above; phase 2 (exact) then prunes everything that cannot beat it.
-        best_s, best = float("inf"), None
+        # Phase 1 (heuristic, one label per state) gives real plans whose times bound the
+        # optima from above; phase 2 (exact) then prunes everything that cannot beat them.
         seeded = 0
-        for bound, config in configs():
+        for bound, key, config in configs():
             # past seed_configs only while nothing fits yet (at most ten times as many)
-            if bound > best_s or seeded >= self.seed_configs * (1 if best else 10):
+            if bound > top.threshold or seeded >= self.seed_configs * (1 if top.best else 10):
                 break
             seeded += 1
-            found = solve_one(config, best_s, False)
-            if found is not None and found[0] < best_s:
-                best_s, best = found[0], (config, found[1])
-        seed_s = best_s
+            found = solve_one(config, top.incumbent(key), False)
+            if found is not None:
+                top.offer(key, found[0], config, found[1])
+        seed_s = top.best[0][0] if top.best else float("inf")
         seeded_at = time.perf_counter()
         solved = 0
-        for bound, config in configs():
-            if bound > best_s:
+        for bound, key, config in configs():
+            if bound > top.threshold:
                 break
             solved += 1
-            found = solve_one(config, best_s, True)
-            if found is not None and found[0] < best_s:
-                best_s, best = found[0], (config, found[1])
+            found = solve_one(config, top.incumbent(key), True)
+            if found is not None:
+                top.offer(key, found[0], config, found[1])
         searched = time.perf_counter()
         search = {
             "configurations": n_configs,
@@ -219,7 +300,9 @@ class NestPlanner(SpacePlanner):
             "configurations_seeded": seeded,
             "seed_objective_s": seed_s,
         }
-        if best is None:
+        if top.k > 1:
+            search["top_k"] = top.k
+        if not top.best:
             need = self._smallest_need_bytes(problem, entries, over, floors, shared)
             raise infeasible_memory(
                 problem,
@@ -229,20 +312,24 @@ class NestPlanner(SpacePlanner):
                 zero_stages=options.zero_stages,
                 recompute=options.recompute,
             )
-        plan, report = finish(
-            self.name,
-            problem,
-            plan_from_choices(problem, *best),
-            started_s=started,
-            status="optimal",
-            n_evaluations=stats.stages_scored,
-            search=search,
-        )
-        # The DP's stage model must agree with the evaluator (tested on random plans); a plan
-        # it scored differently is a bug, never reported as optimal.
-        if not report.feasible or abs(best_s - report.iteration_time_s) > 1e-9 * best_s:
-            raise AssertionError(
-                f"nest: the DP valued its plan at {best_s!r} s (fits) but evaluate() gives "
-                f"{report.iteration_time_s!r} s (feasible={report.feasible}); please report"
+        plans = []
+        for rank, (value_s, _, config, choices) in enumerate(top.best, start=1):
+            plan, report = finish(
+                self.name,
+                problem,
+                plan_from_choices(problem, config, choices),
+                started_s=started,
+                status="optimal" if rank == 1 else "alternative",
+                n_evaluations=stats.stages_scored,
+                search=search if rank == 1 else {"rank": rank},
             )
-        return plan
+            # The DP's stage model must agree with the evaluator (tested on random plans); a
+            # plan it scored differently is a bug, never reported as optimal.
+            if not report.feasible or abs(value_s - report.iteration_time_s) > 1e-9 * value_s:
+                raise AssertionError(
+                    f"nest: the DP valued its plan (rank {rank}) at {value_s!r} s (fits) but "
+                    f"evaluate() gives {report.iteration_time_s!r} s "
+                    f"(feasible={report.feasible}); please report"
+                )
+            plans.append(plan)
+        return plans
