@@ -6,6 +6,7 @@ internally, the objective it reports is ``evaluate(problem, plan).iteration_time
 sets it, so no planner keeps a private scoring path.
 """
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
@@ -21,6 +22,10 @@ from nest.units import GiB
 
 @runtime_checkable
 class Planner(Protocol):
+    """``scores_given_plan`` (optional, default False): the planner scores a configuration it is
+    given (``fixed``, the paper tables) instead of searching, so a run reports that plan's memory
+    rather than refusing it by :func:`check_memory_floor`."""
+
     name: str
 
     def solve(self, problem: Problem) -> Plan: ...
@@ -66,6 +71,40 @@ def model_state_lower_bound_bytes(problem: Problem) -> float:
     )
     cluster = problem.cluster
     return m.total_params() * per_param / cluster.num_devices + cluster.device.memory_reserve_bytes
+
+
+def check_memory_floor(problem: Problem, planner_name: str) -> None:
+    """Raise :class:`Infeasible` at once when no plan of any planner can fit a device.
+
+    The floor (:func:`model_state_lower_bound_bytes`) holds for every plan: each parameter's
+    weight, gradient and optimizer state lives on at least one device, so some device holds at
+    least ``1 / devices`` of them, plus the reserve. One pass over the chain's parameters, so a
+    search never starts on a model that fits nowhere on this cluster (e.g. ``model.layers`` far
+    too many: the search would take minutes to say the same).
+    """
+    cluster, training = problem.cluster, problem.training
+    have = cluster.device.hbm_bytes
+    floor = model_state_lower_bound_bytes(problem)
+    if floor <= have:
+        return
+    m = problem.model
+    params = m.total_params()
+    per_param = m.spec.dtype_bytes + training.grad_bytes + training.optimizer_state_bytes_per_param
+    devices_needed = math.ceil(params * per_param / cluster.device.usable_bytes)
+    knobs = [
+        f"add devices (cluster.devices >= {devices_needed:,})",
+        "use a larger-memory device",
+    ]
+    if training.optimizer_state_bytes_per_param:
+        knobs.append(f"keep no optimizer state (training.optimizer=sgd; now {training.optimizer})")
+    raise Infeasible(
+        f"{m.name} does not fit on {cluster.name}: any plan needs {floor / GiB:.1f} GiB per "
+        f"device, the device has {have / GiB:.1f} GiB (a floor: the model states alone, "
+        f"{params:.4g} parameters x {per_param} bytes spread over all {cluster.num_devices} "
+        f"devices, plus the {cluster.device.memory_reserve_bytes / GiB:g} GiB reserve; "
+        f"{planner_name} did not search); " + ", ".join(knobs) + ", or a smaller model",
+        min_memory_bytes=floor,
+    )
 
 
 ZERO_STAGES = (0, 1, 2, 3)
