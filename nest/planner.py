@@ -90,7 +90,9 @@ def check_memory_floor(problem: Problem, planner_name: str) -> None:
     m = problem.model
     params = m.total_params()
     per_param = m.spec.dtype_bytes + training.grad_bytes + training.optimizer_state_bytes_per_param
-    devices_needed = math.ceil(params * per_param / cluster.device.usable_bytes)
+    # the fewest devices that lift the floor, in whole blocks of the levels below the top
+    inner = math.prod(level.fanout for level in cluster.levels[:-1])
+    devices_needed = inner * math.ceil(params * per_param / cluster.device.usable_bytes / inner)
     knobs = [
         f"add devices (cluster.devices >= {devices_needed:,})",
         "use a larger-memory device",
