@@ -203,11 +203,12 @@ def exit_status(status: str) -> int:
 
 
 def _flatten(text: str) -> str:
-    """Hydra's several-line messages on one line (an indented list joined with commas)."""
+    """Hydra's several-line messages on one line (an indented list joined with commas), without
+    the search path it appends and the schemas it lists among a group's presets."""
     out = ""
-    for raw in text.splitlines():
+    for raw in text.split("\nConfig search path:")[0].splitlines():
         line = raw.strip()
-        if not line:
+        if not line or (raw.startswith("\t") and line.endswith("_schema")):
             continue
         if not out:
             out = line

@@ -456,6 +456,7 @@ def test_subprocess_unknown_preset(tmp_path):
     assert "nonexistent" in line and "Available options" in line
     for preset in ("bert_large", "gpt3_175b", "llama2_7b", "tiny"):
         assert preset in line
+    assert "model_schema" not in line and "search path" not in line  # not presets
 
 
 def test_subprocess_unknown_key(tmp_path):
