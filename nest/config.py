@@ -186,10 +186,11 @@ def _number(where: str, key: str, value, ok, rule: str) -> float:
 # Size limits: a run beyond them is refused at once instead of enumerating for minutes
 # ------------------------------------------------------------------------------------------------
 
-MAX_BLOCKS = 1024
-"""Transformer blocks (``model.layers``) at most: above the deepest published transformer,
-1,000 layers (DeepNet, Wang et al., arXiv 2203.00555); large LLMs have about a hundred (Llama 3.1
-405B: 126). The planners' work grows with the chain: the DP's with its square, alpa's faster."""
+MAX_BLOCKS = 256
+"""Transformer blocks (``model.layers``) at most: twice the 126 of Llama 3.1 405B, the deepest
+preset (large LLMs have about a hundred). The planners' work grows faster than the chain: on
+dgx_8x8 a 256-block Llama-2-wide model takes the DP seconds, a 512-block one over ten minutes
+(README, "Errors"). Deep research models (DeepNet's 1,000 layers, arXiv 2203.00555) are beyond."""
 MAX_DEVICES = 131_072
 """Devices (``cluster.devices``, or the product of the fan-outs) at most: 8x the 16,384 H100s
 Llama 3 was trained on (Dubey et al., arXiv 2407.21783, §3.3.1). Candidate degrees are the

@@ -21,7 +21,9 @@ import yaml
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from hydra.utils import get_class, instantiate
 
+import baselines.brute
 import nest.cli
+from baselines.brute import BrutePlanner, one_f_one_b_plans, partitions, plans_to_score
 from nest.config import LIMITS, build_cluster, build_device, build_problem
 from nest.cost import evaluate
 from nest.errors import Infeasible, UserError
@@ -29,7 +31,7 @@ from nest.model import ModelSpec
 from nest.planner import check_memory_floor, model_state_lower_bound_bytes
 from nest.units import GiB
 
-from .conftest import make_cluster, make_device, make_problem
+from .conftest import make_cluster, make_device, make_problem, make_spec
 from .randomcase import random_case
 
 CONF_DIR = nest.cli.CONF_DIR
@@ -687,9 +689,9 @@ def test_limits_are_named_with_the_value_and_the_limit(tmp_path, key):
 # A model no plan can fit: every searching planner says so before searching
 # ------------------------------------------------------------------------------------------------
 
-# Llama-2 7B with 1024 blocks (within the limit) on 8 GPUs: the model states alone need ~385 GiB
-# per device, so no plan fits. Without the floor the searches would run on this chain.
-TOO_BIG = ["model.layers=1024", "cluster.devices=8"]
+# Llama-2 7B with 256 blocks (the limit) on 8 GPUs: the model states alone need ~98 GiB per
+# device, so no plan fits. Without the floor the searches would run on this chain.
+TOO_BIG = [f"model.layers={LIMITS['model.layers']}", "cluster.devices=8"]
 FLOOR = re.compile(r"any plan needs ([\d.]+) GiB per device, the device has ([\d.]+) GiB")
 
 
@@ -718,7 +720,7 @@ def test_memory_floor_names_whole_nodes_that_would_lift_it(tmp_path):
     assert needed % 8 == 0
 
     def floor_fits(devices):
-        problem = build_problem(compose("model.layers=1024", f"cluster.devices={devices}"))
+        problem = build_problem(compose(TOO_BIG[0], f"cluster.devices={devices}"))
         return model_state_lower_bound_bytes(problem) <= problem.cluster.device.hbm_bytes
 
     assert floor_fits(needed) and not floor_fits(needed - 8)
@@ -733,6 +735,48 @@ def test_given_plan_planner_answers_a_model_that_fits_nowhere(tmp_path, solver):
     assert_one_line(result.get("error") or result["violation"])
     if solver == "fixed":
         assert result["violation"].startswith("out of memory")
+
+
+# brute scores up to max_plans plans, each costing a pass over the chain: on a long chain that
+# was minutes before its "more than max_plans" error. It now counts its space exactly first.
+
+
+@pytest.mark.parametrize("n_layers", range(3, 9))
+def test_brute_one_f_one_b_count_is_exact(n_layers):
+    blocks = set(range(1, n_layers - 1))
+    for pp in range(1, n_layers + 1):
+        for modes in (1, 2, 3):
+            enumerated = sum(
+                math.prod(modes if blocks & set(range(i, j + 1)) else 1 for i, j in parts)
+                for parts in partitions(n_layers, pp)
+            )
+            assert one_f_one_b_plans(n_layers, pp, modes) == enumerated, (pp, modes)
+
+
+def small_brute_problem():
+    return make_problem(make_spec(layers=3), make_cluster(fanouts=(2, 2)), global_batch=8)
+
+
+def test_brute_scores_exactly_the_plans_it_counts():
+    problem = small_brute_problem()
+    planner = BrutePlanner()
+    plan = planner.solve(problem)
+    assert plan.n_evaluations == plans_to_score(problem, planner.options(), 10**9)
+
+
+def test_brute_refuses_a_space_past_max_plans_before_scoring(monkeypatch):
+    problem = small_brute_problem()
+    total = plans_to_score(problem, BrutePlanner().options(), 10**9)
+    assert BrutePlanner(max_plans=total).solve(problem).n_evaluations == total
+
+    def scored(*args):
+        raise AssertionError("brute scored a plan of a space it must refuse")
+
+    monkeypatch.setattr(baselines.brute, "evaluate", scored)
+    with pytest.raises(UserError) as info:
+        BrutePlanner(max_plans=total - 1).solve(problem)
+    assert_one_line(str(info.value))
+    assert f"max_plans={total - 1}" in str(info.value)
 
 
 @pytest.mark.parametrize("seed", range(300))
