@@ -14,6 +14,7 @@ the configuration without its rank order, as ``nest`` counts them), sorted by it
 
 import time
 from itertools import combinations, product
+from math import comb
 
 from nest.axes import Recompute
 from nest.cost import evaluate
@@ -33,8 +34,6 @@ def partitions(n_layers: int, parts: int):
 
 def count_plans(problem: Problem, options: SpaceOptions) -> int:
     """How many plans :class:`BrutePlanner` would score (without scoring them)."""
-    from math import comb
-
     modes = len(options.recompute_modes)
     n = problem.num_layers
     blocks = [ref.kind.value == "block" for ref in problem.model.chain]
@@ -46,6 +45,42 @@ def count_plans(problem: Problem, options: SpaceOptions) -> int:
             total += modes if any(blocks) else 1
         else:
             total += comb(n - 1, config.pp - 1) * modes**config.pp  # an upper bound
+    return total
+
+
+def one_f_one_b_plans(n_layers: int, pp: int, modes: int) -> int:
+    """Plans :class:`BrutePlanner` scores for one 1F1B configuration: the partitions of a chain
+    (embedding, blocks, head) into ``pp`` stages, times a mode for each stage holding a block.
+
+    A stage holds no block only when it is the embedding or the head alone; counting by which
+    ends stand alone, the other ``k`` stages split the other layers with at least one layer each,
+    and two (embedding or head with a block) at an end that does not stand alone.
+    """
+    if pp == 1:
+        return modes
+    total = 0
+    for first_alone in (False, True):
+        for last_alone in (False, True):
+            k = pp - first_alone - last_alone
+            layers = n_layers - first_alone - last_alone
+            least = k + (not first_alone) + (not last_alone)
+            if k >= 1 and layers >= least:
+                total += comb(layers - least + k - 1, k - 1) * modes**k
+    return total
+
+
+def plans_to_score(problem: Problem, options: SpaceOptions, stop_above: int) -> int:
+    """Exactly how many plans :class:`BrutePlanner` scores (:func:`count_plans` is an upper
+    bound), counting until past ``stop_above``."""
+    modes = len(options.recompute_modes)
+    total = 0
+    for config in configurations(problem, options):
+        if config.interleaved:
+            total += modes ** (config.pp * config.v)  # every chunk holds blocks
+        else:
+            total += one_f_one_b_plans(problem.num_layers, config.pp, modes)
+        if total > stop_above:
+            break
     return total
 
 
@@ -68,6 +103,12 @@ class BrutePlanner(SpacePlanner):
         top_k = check_top_k(self.top_k, self.name)
         options = self.options()
         modes = options.recompute_modes
+        # refused up front, not after scoring max_plans of them (minutes on a long chain)
+        if plans_to_score(problem, options, self.max_plans) > self.max_plans:
+            raise UserError(
+                f"solver=brute: more than max_plans={self.max_plans} plans; use "
+                "solver=nest, a smaller problem, or raise solver.max_plans"
+            )
         blocks = {i for i, ref in enumerate(problem.model.chain) if ref.kind.value == "block"}
         best: dict = {}  # configuration without rank order -> (time, enumeration index, plan)
         best_peak, scored = None, 0

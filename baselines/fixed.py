@@ -17,6 +17,9 @@ from nest.problem import Problem
 class FixedPlanner:
     """A plan from given degrees; ``dp`` defaults to what the remaining devices allow."""
 
+    scores_given_plan = True
+    """A plan that does not fit is scored and flagged, not refused (nest.planner.Planner)."""
+
     def __init__(
         self,
         *,

@@ -44,7 +44,7 @@ from pathlib import Path
 import yaml
 
 from baselines.fixed import FixedPlanner
-from nest.errors import InvalidConfiguration, NotPublished, UserError
+from nest.errors import InvalidConfiguration, NotPublished, UserError, yaml_error_text
 from nest.layers import Shard
 from nest.plan import Plan, uniform_partition
 from nest.planner import finish
@@ -64,7 +64,34 @@ def artifact_split(blocks: int, p: int) -> list[int]:
     return [max(0, min((k + 1) * c, blocks) - min(k * c, blocks)) for k in range(p)]
 
 
+def _read_rows(path: Path) -> list[dict]:
+    """The ``rows`` of a tables file; a missing or malformed file is a one-line error naming it
+    (and, for a YAML error, the line)."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            data = yaml.load(f, Loader=SAFE_LOADER)
+    except OSError as exc:
+        raise UserError(
+            f"solver.tables_file={str(path)!r} cannot be read ({exc.strerror or exc})"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"solver.tables_file: malformed YAML: {yaml_error_text(exc)}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"solver.tables_file={str(path)!r} is not UTF-8 text ({exc})") from None
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        raise UserError(
+            f"solver.tables_file={str(path)!r} has no 'rows' list (the layout of "
+            "conf/paper_tables.yaml)"
+        )
+    return rows
+
+
 class PaperTablePlanner:
+    scores_given_plan = True
+    """A published row that does not fit is scored and flagged, not refused
+    (nest.planner.Planner)."""
+
     def __init__(
         self,
         *,
@@ -112,7 +139,7 @@ class PaperTablePlanner:
             setup = f"{setup}_mbs{self.microbatch_size}"
         devices = self.devices or problem.cluster.num_devices
         path = Path(self.tables_file) if self.tables_file else TABLES_FILE
-        rows = yaml.load(path.read_text(), Loader=SAFE_LOADER)["rows"]
+        rows = _read_rows(path)
         match = [
             r
             for r in rows

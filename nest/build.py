@@ -70,19 +70,36 @@ def chunk_layer_counts(
             )
         counts = uniform_partition(num_blocks, n_chunks)
     else:
-        counts = [int(c) for c in partition]
-        if len(counts) != n_chunks:
+        # every message shows the partition as given, never the counts derived from it
+        shown = f"solver.layer_partition=[{', '.join(str(c) for c in partition)}]"
+        given = []
+        for k, c in enumerate(partition):
+            if isinstance(c, str) and c.strip().isdigit():
+                c = int(c)  # "9,8,8,7" given as one string
+            if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+                raise UserError(f"{shown}: entry {k} is {c!r}; give whole numbers of layers (>= 0)")
+            given.append(c)
+        if len(given) != n_chunks:
+            raise UserError(f"{shown} has {len(given)} entries; pp x virtual_stages = {n_chunks}")
+        if sum(given) == num_blocks + 2:
+            counts, counting = given, "chain layers"
+        elif sum(given) == num_blocks:
+            counts = [*given]
+            counting = "blocks; the embedding joins the first and the head the last"
+            counts[0] += 1  # embedding
+            counts[-1] += 1  # head
+        else:
             raise UserError(
-                f"solver.layer_partition has {len(counts)} entries; pp x virtual_stages = "
-                f"{n_chunks}"
+                f"{shown} sums to {sum(given)}; it must count the {num_blocks} blocks or all "
+                f"{num_blocks + 2} chain layers"
             )
-        if sum(counts) == num_blocks + 2:
-            return counts
-        if sum(counts) != num_blocks:
+        empty = [k for k, c in enumerate(counts) if c < 1]
+        if empty:
             raise UserError(
-                f"solver.layer_partition {counts} sums to {sum(counts)}; it must count the "
-                f"{num_blocks} blocks or all {num_blocks + 2} chain layers"
+                f"{shown} has an empty stage {empty[0]} (counting {counting}); give every stage "
+                "at least one layer"
             )
+        return counts
     counts = list(counts)
     counts[0] += 1  # embedding
     counts[-1] += 1  # head

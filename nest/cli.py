@@ -9,26 +9,38 @@ them under the cost model's uncertainty (``report.json["robustness"]``, ``robust
 :mod:`nest.robust`). User mistakes (``UserError``) and infeasible problems
 (``Infeasible``) print one line, never a traceback; a configuration given as data that cannot run
 as given (``InvalidConfiguration``, e.g. a published table row) is reported with status
-``invalid``.
+``invalid``. Mistakes Hydra finds while composing the config (a malformed YAML file, an unknown
+preset, key or override) print one ``error:`` line too (:func:`main`).
 """
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 import hydra
+import yaml
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException, InstantiationException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from nest.alternatives import alternatives_to_dict, describe, format_alternatives
-from nest.config import build_problem, register_schemas
+from nest.config import build_problem, check_config, register_schemas
 from nest.cost import evaluate
-from nest.errors import Infeasible, InvalidConfiguration, NotPublished, SolverTimeout, UserError
+from nest.errors import (
+    Infeasible,
+    InvalidConfiguration,
+    NotPublished,
+    SolverTimeout,
+    UserError,
+    yaml_error_text,
+)
 from nest.explain import explain_report, format_explain
 from nest.export import export_plan, format_export, targets_of, write_export
-from nest.planner import build_planner, solve_ranked
+from nest.planner import build_planner, check_memory_floor, solve_ranked
 from nest.progress import Progress
 from nest.results import run_recorded
 from nest.robust import (
@@ -55,6 +67,18 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+def _section_name(cfg: DictConfig, section: str, *keys: str) -> str:
+    """What names a section (``model.name``, else its file), "?" while it cannot be read (the
+    run then reports why)."""
+    node = cfg.get(section)
+    if not isinstance(node, DictConfig):
+        return "?"
+    try:
+        return str(next((node[k] for k in keys if node.get(k)), "?"))
+    except OmegaConfBaseException:
+        return "?"
+
+
 def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
     """Plan one case; returns the ``report.json`` content (also written to ``out_dir``).
 
@@ -64,16 +88,15 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
     echo_error = echo or _stderr
     echo = echo or print
     out_dir.mkdir(parents=True, exist_ok=True)
-    solver_name = str(cfg.solver.get("name", "?"))
+    solver_name = _section_name(cfg, "solver", "name")
     base = {
         "solver": solver_name,
-        "model": str(
-            cfg.model.get("name") or cfg.model.get("config_path") or cfg.model.get("path") or "?"
-        ),
-        "cluster": str(cfg.cluster.get("name", "?")),
+        "model": _section_name(cfg, "model", "name", "config_path", "path"),
+        "cluster": _section_name(cfg, "cluster", "name"),
     }
     started = time.perf_counter()
     try:
+        check_config(cfg)
         problem = build_problem(cfg)
         base["model"] = problem.model.name
         base["seq_len"] = problem.model.seq_len or None
@@ -83,6 +106,8 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
         if robust is not None:
             check_ranges(problem, robust)
         planner = build_planner(cfg.solver)
+        if not getattr(planner, "scores_given_plan", False):
+            check_memory_floor(problem, solver_name)  # a search on a model that fits nowhere
         with Progress(f"planning with {solver_name}"):
             plans = solve_ranked(planner, problem)
         plan = plans[0]
@@ -214,7 +239,7 @@ def _explain_and_export(cfg, problem, plan, report, result, out_dir, targets, wr
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def hydra_main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     # every job writes row.json (nest/results.py); in a multirun a crash becomes a row, not a stop
@@ -226,9 +251,92 @@ def main(cfg: DictConfig) -> None:
         job=hydra_cfg.job.get("num") if multirun else None,
         keep_going=multirun,
     )
-    failed = ("error", "infeasible", "invalid", "unpublished", "timeout")
-    if not multirun and result["status"] in failed:
-        sys.exit(2 if result["status"] == "error" else 1)
+    code = exit_status(result["status"])
+    if not multirun and code:
+        sys.exit(code)
 
 
-__all__ = ["main", "run"]
+def exit_status(status: str) -> int:
+    """A single run's exit status: 2 for a user mistake (``error``), 1 when it produced no plan
+    (``infeasible``, ``invalid``, ``unpublished``, ``timeout``), else 0."""
+    if status == "error":
+        return 2
+    return 1 if status in ("infeasible", "invalid", "unpublished", "timeout") else 0
+
+
+def _flatten(text: str) -> str:
+    """Hydra's several-line messages on one line (an indented list joined with commas), without
+    the search path it appends and the schemas it lists among a group's presets."""
+    out = ""
+    for raw in text.split("\nConfig search path:")[0].splitlines():
+        line = raw.strip()
+        if not line or (raw.startswith("\t") and line.endswith("_schema")):
+            continue
+        if not out:
+            out = line
+        elif raw.startswith("\t") and not out.endswith(":"):
+            out += f", {line}"
+        else:
+            out += f" {line}" if out.endswith((":", ".")) else f"; {line}"
+    return out
+
+
+def _file_being_read(exc: BaseException) -> str:
+    """The config file Hydra was reading when ``exc`` was raised (its file source's
+    ``full_path``), or "a config file"."""
+    tb = exc.__traceback__
+    found = "a config file"
+    while tb is not None:
+        path = tb.tb_frame.f_locals.get("full_path")
+        if isinstance(path, str):
+            found = path
+        tb = tb.tb_next
+    return found
+
+
+def hydra_error_line(exc: BaseException) -> str | None:
+    """One line for a mistake found while Hydra composes the config, or None (a bug, which keeps
+    its traceback): a malformed YAML file (the file, line and column), or Hydra's own report of
+    an unknown preset, key or override (with OmegaConf's reason)."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, yaml.YAMLError):
+            return f"malformed YAML: {yaml_error_text(seen)}"
+        if isinstance(seen, UnicodeDecodeError):
+            where = _file_being_read(seen)
+            return f"{where} is not UTF-8 text ({seen.reason} at byte {seen.start})"
+        seen = seen.__cause__ or seen.__context__
+    if isinstance(exc, CompactHydraException) and not isinstance(exc, InstantiationException):
+        text = str(exc)
+        if isinstance(exc.__cause__, OmegaConfBaseException):
+            text += "\n" + str(exc.__cause__).splitlines()[0]
+        return _flatten(text)
+    return None
+
+
+def main() -> None:
+    """``python run.py ...``: :func:`hydra_main`, with a mistake Hydra finds while composing the
+    config printed as one ``error:`` line and exit status 2, as a run's own mistakes are (Hydra
+    would print a parser's traceback for a malformed YAML file). ``HYDRA_FULL_ERROR=1`` keeps
+    Hydra's full report."""
+    previous = os.environ.get("HYDRA_FULL_ERROR")
+    if previous == "1":
+        hydra_main()
+        return
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its own report
+    try:
+        hydra_main()
+    except Exception as exc:
+        line = hydra_error_line(exc)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        sys.exit(2)
+    finally:
+        if previous is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = previous
+
+
+__all__ = ["exit_status", "hydra_error_line", "hydra_main", "main", "run"]

@@ -2,16 +2,25 @@
 
 Preset files carry human units with the unit in the key (``peak_tflops``, ``hbm_gb`` /
 ``hbm_gib``, ``bw_gbps``, ``latency_us``); :func:`build_problem` converts them, in one place, with
-:mod:`nest.units`. The schemas reject unknown keys and wrong types when Hydra composes the config.
+:mod:`nest.units`. The schemas reject unknown keys and wrong types when Hydra composes the config;
+:func:`check_config` refuses what composition lets through (keys added with ``+`` that nothing
+reads, non-finite numbers, empty solver lists), and :func:`build_problem` refuses sizes beyond
+the documented limits (:data:`LIMITS`) before building anything in proportion to them.
 """
 
 import dataclasses
+import difflib
+import inspect
+import json
+import math
 from dataclasses import dataclass, field, make_dataclass
 from math import prod
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from hydra.utils import get_class
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from nest import units
 from nest.axes import Optimizer
@@ -113,9 +122,28 @@ class TrainingConfig:
     flash_attention: bool = True
 
 
+@dataclass
+class RunConfig:
+    """The top level of a run's config (``conf/config.yaml``): the four groups and the switches."""
+
+    solver: Any = MISSING
+    cluster: Any = MISSING
+    model: Any = MISSING
+    training: Any = MISSING
+    seed: int = 0
+    """Planners that draw random numbers take it."""
+    print_summary: bool = True
+    simulate: bool = False
+    explain: bool = False
+    export: Any = None
+    """``megatron`` | ``torchtitan`` | a list of them."""
+    plots: bool = False
+
+
 def register_schemas() -> None:
     """Register the schemas so preset YAML files can extend them (``defaults: [x_schema]``)."""
     cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
     cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)
     cs.store(group="device", name="device_schema", node=DeviceConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
@@ -130,10 +158,213 @@ def _plain(cfg: Any) -> dict:
     return dict(cfg)
 
 
+def _shown(value) -> str:
+    """A value as the user would type it on the command line (``nan``, ``[1, 2]``, ``'x'``)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int | float):
+        return f"{value:g}" if isinstance(value, float) else str(value)
+    if isinstance(value, list | dict):
+        return json.dumps(value, default=str)
+    return repr(value)
+
+
 def _require(where: str, key: str, value, ok: bool, rule: str) -> None:
     if not ok:
-        shown = f"{value:g}" if isinstance(value, int | float) else repr(value)
-        raise UserError(f"{where}: {key}={shown} {rule}")
+        raise UserError(f"{where}: {key}={_shown(value)} {rule}")
+
+
+def _number(where: str, key: str, value, ok, rule: str) -> float:
+    """The one conversion every number of a device or network preset goes through: a real,
+    finite number (``nan`` and ``inf`` are refused) for which ``ok`` holds, as a float."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise UserError(f"{where}: {key}={_shown(value)} must be a finite number")
+    _require(where, key, value, ok(value), rule)
+    return float(value)
+
+
+# ------------------------------------------------------------------------------------------------
+# Size limits: a run beyond them is refused at once instead of enumerating for minutes
+# ------------------------------------------------------------------------------------------------
+
+MAX_BLOCKS = 256
+"""Transformer blocks (``model.layers``) at most: twice the 126 of Llama 3.1 405B, the deepest
+preset (large LLMs have about a hundred). The planners' work grows faster than the chain: on
+dgx_8x8 a 256-block Llama-2-wide model takes the DP seconds, a 512-block one over ten minutes
+(README, "Errors"). Deep research models (DeepNet's 1,000 layers, arXiv 2203.00555) are beyond."""
+MAX_DEVICES = 131_072
+"""Devices (``cluster.devices``, or the product of the fan-outs) at most: 8x the 16,384 H100s
+Llama 3 was trained on (Dubey et al., arXiv 2407.21783, §3.3.1). Candidate degrees are the
+divisors of the device count, found by trial division."""
+MAX_GLOBAL_BATCH = 1_048_576
+"""Sequences per iteration (``training.global_batch``) at most: 16x the largest published
+batch we know of, LAMB's 65,536 sequences for BERT (You et al., arXiv 1904.00962, Table 1).
+Data-parallel degrees are the divisors of the batch, found by trial division."""
+MAX_EXPERTS = 65_536
+"""Experts per MoE block (``model.num_experts``) at most; published MoE LLMs have at most a few
+hundred (DeepSeek-V3: 256, arXiv 2412.19437). Expert degrees are the divisors of this count."""
+MAX_EXACT_INT = 2**53
+"""Any integer in the config at most (in magnitude): the largest the cost model, which computes
+in double precision, holds exactly."""
+
+LIMITS = {
+    "model.layers": MAX_BLOCKS,
+    "model.num_experts": MAX_EXPERTS,
+    "cluster.devices": MAX_DEVICES,
+    "training.global_batch": MAX_GLOBAL_BATCH,
+}
+"""The documented size limits, by the key that sets each (README, "Errors")."""
+
+
+def _within_limit(key: str, value: int, what: str) -> None:
+    limit = LIMITS[key]
+    if value > limit:
+        raise UserError(
+            f"{key}={value} is beyond the limit of {limit:,} {what} (nest/config.py LIMITS): no "
+            "real run is this large, and planning one would enumerate for minutes or hours; "
+            f"use at most {limit}"
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+# What Hydra's composition lets through: unknown keys added with +, nan/inf, empty solver lists
+# ------------------------------------------------------------------------------------------------
+
+HYDRA_KEYS = ("_target_", "_recursive_", "_convert_", "_partial_", "_args_")
+
+
+def planner_options(cls: type) -> dict[str, inspect.Parameter] | None:
+    """The keyword options a planner class takes, following ``**kwargs`` up its bases (e.g.
+    ``NestPlanner(**space)`` -> ``SpacePlanner``); None when they end in ``**kwargs`` nobody
+    names."""
+    options: dict[str, inspect.Parameter] = {}
+    for klass in cls.__mro__:
+        if klass is object:
+            return None
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(klass.__init__).parameters
+        for name, param in list(params.items())[1:]:  # skip self
+            if param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                options.setdefault(name, param)
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return options
+    return None
+
+
+def _planner_class(solver: DictConfig) -> type:
+    target = solver.get("_target_")
+    try:
+        return get_class(str(target))
+    except Exception:
+        raise UserError(
+            f"solver._target_={target!r} is not an importable planner class; pick a preset "
+            "with solver=<name> (conf/solver/)"
+        ) from None
+
+
+def _unknown_key(path: str, value, known, owner: str) -> UserError:
+    parent, _, key = path.rpartition(".")
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean {parent + '.' if parent else ''}{close[0]}? " if close else ""
+    return UserError(
+        f"{path}={_shown(value)} is not a setting of {owner}; {hint}its settings are "
+        f"{', '.join(known)} (a key added with + must be one of them)"
+    )
+
+
+def _check_keys(node, path: str, known: list[str] | None, owner: str) -> None:
+    """Refuse keys of ``node`` (a section of the composed config) that nothing reads, then look
+    inside: a structured node knows its schema's fields."""
+    if isinstance(node, ListConfig):
+        for i in range(len(node)):
+            _check_keys(node[i], f"{path}.{i}", None, owner)
+        return
+    if not isinstance(node, DictConfig):
+        return
+    schema = OmegaConf.get_type(node)
+    if known is None and dataclasses.is_dataclass(schema):
+        known = [f.name for f in dataclasses.fields(schema)]
+        owner = path or "the run"
+    for key in node:
+        where = f"{path}.{key}" if path else str(key)
+        if known is not None and key not in known and key not in HYDRA_KEYS:
+            raise _unknown_key(where, OmegaConf.to_container(node, resolve=True)[key], known, owner)
+        if not path and key == "solver":
+            _check_solver(node.solver)
+        elif key not in HYDRA_KEYS:
+            _check_keys(node[key], where, None, owner)
+
+
+def _check_solver(solver: DictConfig) -> None:
+    """The solver section has no schema: its keys are the planner class's options, and a list
+    there restricts what the planner may choose, so an empty one leaves it nothing."""
+    cls = _planner_class(solver)
+    options = planner_options(cls)
+    name = solver.get("name", cls.__name__)
+    values = OmegaConf.to_container(solver, resolve=True)
+    for key, value in values.items():
+        if key in HYDRA_KEYS:
+            continue
+        if options is not None and key not in options:
+            raise _unknown_key(
+                f"solver.{key}", value, list(options), f"the {name} planner ({cls.__name__})"
+            )
+        if isinstance(value, list) and not value:
+            default = options[key].default if options and key in options else None
+            fix = (
+                "or null for the planner's default"
+                if default is None or default is inspect.Parameter.empty
+                else f"(its default is {_shown(list(default))})"
+            )
+            raise UserError(
+                f"solver.{key}=[] is empty, which leaves {name} nothing to choose from; give at "
+                f"least one value {fix}"
+            )
+
+
+def _leaves(data, path: str = ""):
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield from _leaves(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            yield from _leaves(value, f"{path}.{i}")
+    else:
+        yield path, data
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Refuse, with one line naming the key and the value, what Hydra's composition lets through:
+
+    - a key nothing reads (``+foo=1``, ``+model.foo=1``, ``+solver.foo=1``): the top level and
+      every structured section are checked against their schema's fields, the solver section
+      against its planner class's options;
+    - a non-finite number (``nan``, ``inf``) or an integer beyond :data:`MAX_EXACT_INT`, anywhere;
+    - an empty list in the solver section (every list there restricts what the planner may
+      choose: ``solver.tp=[]`` would leave it nothing);
+    - an interpolation that does not resolve (``solver.seed='${nope}'``).
+    """
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "config"
+        raise UserError(f"{key}: {str(exc).splitlines()[0]}") from None
+    for section in ("solver", "cluster", "model", "training"):
+        if not isinstance(data.get(section), dict):
+            raise UserError(
+                f"{section}={_shown(data.get(section))} is not a mapping of settings; its preset "
+                f"file (conf/{section}/) must hold key: value lines"
+            )
+    for path, value in _leaves(data):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"{path}={_shown(value)} is not a finite number; give a finite value")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_EXACT_INT:
+            raise UserError(
+                f"{path}={value} is beyond 2**53 = {MAX_EXACT_INT:,}, the largest integer the "
+                "cost model computes with exactly; no real setting is this large"
+            )
+    _check_keys(cfg, "", [f.name for f in dataclasses.fields(RunConfig)], "the run")
 
 
 def build_device(cfg: Any) -> Device:
@@ -144,42 +375,38 @@ def build_device(cfg: Any) -> Device:
             f"device {c.get('name')}: give exactly one of hbm_gb or hbm_gib "
             f"(got hbm_gb={c.get('hbm_gb')}, hbm_gib={c.get('hbm_gib')})"
         )
-    for key in ("peak_tflops", "hbm_bw_gbps"):
-        _require(
-            where,
-            key,
-            c.get(key),
-            isinstance(c.get(key), int | float) and c[key] > 0,
-            "must be > 0",
-        )
-    for key in ("hbm_gb", "hbm_gib"):
-        if c.get(key) is not None:
-            _require(where, key, c[key], c[key] > 0, "must be > 0")
-    eff = c.get("matmul_efficiency", 1.0)
-    _require(where, "matmul_efficiency", eff, 0 < eff <= 1, "must be in (0, 1]")
-    reserve = c.get("memory_reserve_gib", 0.0)
-    capacity_gib = (
-        c["hbm_gib"] if c.get("hbm_gib") is not None else (c.get("hbm_gb") or 0) * 1e9 / 2**30
+
+    def positive(key: str) -> float:
+        return _number(where, key, c.get(key), lambda v: v > 0, "must be > 0")
+
+    peak_tflops = positive("peak_tflops")
+    hbm_bw_gbps = positive("hbm_bw_gbps")
+    if c.get("hbm_gb") is not None:
+        hbm = units.gb_to_bytes(positive("hbm_gb"))
+    else:
+        hbm = units.gib_to_bytes(positive("hbm_gib"))
+    eff = _number(
+        where,
+        "matmul_efficiency",
+        c.get("matmul_efficiency", 1.0),
+        lambda v: 0 < v <= 1,
+        "must be in (0, 1]",
     )
-    _require(
+    capacity_gib = hbm / units.GiB
+    reserve = _number(
         where,
         "memory_reserve_gib",
-        reserve,
-        0 <= reserve < capacity_gib,
+        c.get("memory_reserve_gib", 0.0),
+        lambda v: 0 <= v < capacity_gib,
         f"must be >= 0 and below the HBM ({capacity_gib:g} GiB)",
-    )
-    hbm = (
-        units.gb_to_bytes(c["hbm_gb"])
-        if c.get("hbm_gb") is not None
-        else units.gib_to_bytes(c["hbm_gib"])
     )
     return Device(
         name=c["name"],
-        peak_flops_per_s=units.tflops_to_flops_per_s(c["peak_tflops"]),
+        peak_flops_per_s=units.tflops_to_flops_per_s(peak_tflops),
         hbm_bytes=hbm,
-        hbm_bw_bytes_per_s=units.gbps_to_bytes_per_s(c["hbm_bw_gbps"]),
-        matmul_efficiency=float(c.get("matmul_efficiency", 1.0)),
-        memory_reserve_bytes=units.gib_to_bytes(c.get("memory_reserve_gib", 0.0)),
+        hbm_bw_bytes_per_s=units.gbps_to_bytes_per_s(hbm_bw_gbps),
+        matmul_efficiency=eff,
+        memory_reserve_bytes=units.gib_to_bytes(reserve),
     )
 
 
@@ -217,25 +444,31 @@ def build_cluster(cfg: Any) -> Cluster:
             f"cluster {name}: fan-outs {fanouts} multiply to {inner} but cluster.devices={devices};"
             " make them agree (or set the top level's fanout to null)"
         )
+    _within_limit("cluster.devices", prod(fanouts), "devices")
+    levels = []
     for i, lv in enumerate(levels_cfg):
         where = f"cluster.levels[{i}] ({lv.get('name')})"
-        bw = lv.get("bw_gbps")
-        _require(where, "bw_gbps", bw, isinstance(bw, int | float) and bw > 0, "must be > 0")
-        lat = lv.get("latency_us", 0.0)
-        _require(where, "latency_us", lat, lat >= 0, "must be >= 0")
-        over = lv.get("oversubscription", 1.0)
-        _require(where, "oversubscription", over, over >= 1, "must be >= 1")
-    levels = tuple(
-        Level(
-            name=lv.get("name", f"level{i}"),
-            fanout=fanouts[i],
-            bw_bytes_per_s=units.gbps_to_bytes_per_s(lv["bw_gbps"]),
-            latency_s=units.us_to_s(lv.get("latency_us", 0.0)),
-            oversubscription=float(lv.get("oversubscription", 1.0)),
+        bw = _number(where, "bw_gbps", lv.get("bw_gbps"), lambda v: v > 0, "must be > 0")
+        lat = _number(
+            where, "latency_us", lv.get("latency_us", 0.0), lambda v: v >= 0, "must be >= 0"
         )
-        for i, lv in enumerate(levels_cfg)
-    )
-    return Cluster(name=name, device=build_device(c["device"]), levels=levels)
+        over = _number(
+            where,
+            "oversubscription",
+            lv.get("oversubscription", 1.0),
+            lambda v: v >= 1,
+            "must be >= 1",
+        )
+        levels.append(
+            Level(
+                name=lv.get("name", f"level{i}"),
+                fanout=fanouts[i],
+                bw_bytes_per_s=units.gbps_to_bytes_per_s(bw),
+                latency_s=units.us_to_s(lat),
+                oversubscription=over,
+            )
+        )
+    return Cluster(name=name, device=build_device(c["device"]), levels=tuple(levels))
 
 
 def build_model_spec(cfg: Any) -> ModelSpec:
@@ -252,6 +485,12 @@ def _with_provenance(model, seq_len_source: str, notes=()):
     return model
 
 
+def _spec_within_limits(spec) -> None:
+    """A model's size against :data:`LIMITS`, before anything is built per block."""
+    _within_limit("model.layers", spec.layers, "transformer blocks")
+    _within_limit("model.num_experts", spec.num_experts, "experts")
+
+
 def build_model(cfg: Any, training: Training):
     """The model a problem uses: a preset spec, a Hugging Face config, or a measured profile."""
     c = _plain(cfg)
@@ -260,6 +499,7 @@ def build_model(cfg: Any, training: Training):
         from nest.hf import load_hf_model
 
         hf = load_hf_model(c.get("config_path"), name=c.get("name"), seq_len=c.get("seq_len"))
+        _spec_within_limits(hf.spec)
         model = AnalyticModel(hf.spec, flash_attention=training.flash_attention)
         return _with_provenance(model, hf.seq_len_source, hf.notes)
     if source == "profile":
@@ -273,9 +513,12 @@ def build_model(cfg: Any, training: Training):
             head_in_blocks=c.get("head_in_blocks", "auto"),
             microbatch_scaling=c.get("microbatch_scaling", "linear"),
         )
+        _spec_within_limits(model.spec)
         given = "model.seq_len" if c.get("seq_len") else "the profile file"
         return _with_provenance(model, given if model.seq_len else "not given")
-    model = AnalyticModel(build_model_spec(c), flash_attention=training.flash_attention)
+    spec = build_model_spec(c)
+    _spec_within_limits(spec)
+    model = AnalyticModel(spec, flash_attention=training.flash_attention)
     return _with_provenance(model, "model.seq_len")
 
 
@@ -290,6 +533,8 @@ def build_training(cfg: Any) -> Training:
     sizes = c.get("microbatch_sizes", [1])
     if isinstance(sizes, int):
         sizes = [sizes]
+    if isinstance(c.get("global_batch"), int):
+        _within_limit("training.global_batch", c["global_batch"], "sequences")
     return Training(
         global_batch=c["global_batch"],
         microbatch_sizes=tuple(sorted(set(sizes))),

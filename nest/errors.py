@@ -50,3 +50,22 @@ class SolverTimeout(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+def yaml_error_text(exc: Exception) -> str:
+    """One line for a YAML parse error: the file, the line and column (1-based) and the problem.
+
+    PyYAML's messages span several lines (``while parsing ... in "f", line 5, column 9 /
+    expected ... in "f", line 6, column 7``); this keeps the same facts on one line, the place of
+    the problem first.
+    """
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or problem is None:
+        return " ".join(str(exc).split())
+    text = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, at = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context:
+        where = f" at line {at.line + 1}, column {at.column + 1}" if at is not None else ""
+        text += f" ({context}{where})"
+    return " ".join(text.split())

@@ -13,10 +13,12 @@ config's ``_target_`` first and calls it only if it is a planner class (the :cla
 protocol), so a solver YAML on the search path cannot make a run call any other Python callable.
 """
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -32,6 +34,10 @@ from nest.units import GiB
 
 @runtime_checkable
 class Planner(Protocol):
+    """``scores_given_plan`` (optional, default False): the planner scores a configuration it is
+    given (``fixed``, the paper tables) instead of searching, so a run reports that plan's memory
+    rather than refusing it by :func:`check_memory_floor`."""
+
     name: str
 
     def solve(self, problem: Problem) -> Plan: ...
@@ -121,7 +127,14 @@ def build_planner(solver_cfg: DictConfig | Mapping) -> Planner:
                 "problems)"
             )
         cfg = OmegaConf.create({k: v for k, v in plain.items() if k != "top_k"})
-    planner = instantiate(cfg, _convert_="all")
+    try:
+        planner = instantiate(cfg, _convert_="all")
+    except InstantiationException as exc:
+        # a mistake the constructor finds is the planner's own one-line error, not Hydra's
+        # "Error in call to target" wrapping of it
+        if isinstance(exc.__cause__, UserError):
+            raise exc.__cause__ from None
+        raise
     if not isinstance(planner, Planner):
         raise UserError(
             f"solver._target_={target!r} built a {type(planner).__name__} without a 'name' "
@@ -168,6 +181,42 @@ def model_state_lower_bound_bytes(problem: Problem) -> float:
     everywhere = ModelState.of(problem, zero_stage=3, dp=cluster.num_devices, cp=1, ep=1)
     state = everywhere.state_bytes(problem.model.total_params(), 0.0)
     return state + cluster.device.memory_reserve_bytes
+
+
+def check_memory_floor(problem: Problem, planner_name: str) -> None:
+    """Raise :class:`Infeasible` at once when no plan of any planner can fit a device.
+
+    The floor (:func:`model_state_lower_bound_bytes`) holds for every plan: each parameter's
+    weight, gradient and optimizer state lives on at least one device, so some device holds at
+    least ``1 / devices`` of them, plus the reserve. One pass over the chain's parameters, so a
+    search never starts on a model that fits nowhere on this cluster (e.g. ``model.layers`` far
+    too many: the search would take minutes to say the same).
+    """
+    cluster, training = problem.cluster, problem.training
+    have = cluster.device.hbm_bytes
+    floor = model_state_lower_bound_bytes(problem)
+    if floor <= have:
+        return
+    m = problem.model
+    params = m.total_params()
+    per_param = m.spec.dtype_bytes + training.grad_bytes + training.optimizer_state_bytes_per_param
+    # the fewest devices that lift the floor, in whole blocks of the levels below the top
+    inner = math.prod(level.fanout for level in cluster.levels[:-1])
+    devices_needed = inner * math.ceil(params * per_param / cluster.device.usable_bytes / inner)
+    knobs = [
+        f"add devices (cluster.devices >= {devices_needed:,})",
+        "use a larger-memory device",
+    ]
+    if training.optimizer_state_bytes_per_param:
+        knobs.append(f"keep no optimizer state (training.optimizer=sgd; now {training.optimizer})")
+    raise Infeasible(
+        f"{m.name} does not fit on {cluster.name}: any plan needs {floor / GiB:.1f} GiB per "
+        f"device, the device has {have / GiB:.1f} GiB (a floor: the model states alone, "
+        f"{params:.4g} parameters x {per_param} bytes spread over all {cluster.num_devices} "
+        f"devices, plus the {cluster.device.memory_reserve_bytes / GiB:g} GiB reserve; "
+        f"{planner_name} did not search); " + ", ".join(knobs) + ", or a smaller model",
+        min_memory_bytes=floor,
+    )
 
 
 ZERO_STAGES = (0, 1, 2, 3)

@@ -133,25 +133,32 @@ def _recompute_runs(stages: Sequence[dict]) -> str:
 def _model_label(cfg: DictConfig) -> str | None:
     """The model as the config names it: ``name``, else the Hugging Face config or profile file
     (``name`` is null for those: the file names the model), as :func:`nest.cli.run` does."""
-    if "model" not in cfg:
+    m = _section(cfg, "model")
+    if m is None:
         return None
-    m = cfg.model
     return str(m.get("name") or m.get("config_path") or m.get("path") or "?")
+
+
+def _section(cfg: DictConfig, name: str) -> DictConfig | None:
+    """A group's section, None when missing or not a mapping (a malformed preset file)."""
+    node = cfg.get(name)
+    return node if isinstance(node, DictConfig) else None
 
 
 def _case(cfg: DictConfig) -> dict:
     """Identity columns that come from the config (None where the config itself is bad); the
     model's name is the built model's (a Hugging Face config's ``_name_or_path``, a profile's
     name) when the config builds."""
-    sizes = cfg.training.get("microbatch_sizes", None) if "training" in cfg else None
+    training, cluster = _section(cfg, "training"), _section(cfg, "cluster")
+    sizes = training.get("microbatch_sizes", None) if training is not None else None
     out = {
         "model": _model_label(cfg),
         "seq_len": None,
-        "cluster": str(cfg.cluster.get("name", "?")) if "cluster" in cfg else None,
+        "cluster": str(cluster.get("name", "?")) if cluster is not None else None,
         "devices": None,
         "level_fanouts": None,
         "hbm_bytes": None,
-        "global_batch": cfg.training.get("global_batch", None) if "training" in cfg else None,
+        "global_batch": training.get("global_batch", None) if training is not None else None,
         "microbatch_candidates": (
             ",".join(str(s) for s in sizes)
             if isinstance(sizes, Sequence) and not isinstance(sizes, str)

@@ -2,10 +2,13 @@
 
 In-process cases call ``nest.cli.run`` with a list as the ``echo`` collector; a few run
 ``python run.py`` in a subprocess to check the exit code and that no traceback is printed. All
-outputs go to ``tmp_path``.
+outputs go to ``tmp_path``. The corpus at the end holds bad input by kind (each kind is refused
+at the one place that reads it), generated over every planner in ``conf/solver/`` where the kind
+concerns planners.
 """
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -14,13 +17,22 @@ from pathlib import Path
 
 import hydra
 import pytest
+import yaml
 from hydra.errors import ConfigCompositionException, MissingConfigException
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 
+import baselines.brute
 import nest.cli
-from nest.config import build_cluster, build_device, build_problem
+from baselines.brute import BrutePlanner, one_f_one_b_plans, partitions, plans_to_score
+from nest.config import LIMITS, build_cluster, build_device, build_problem
+from nest.cost import evaluate
 from nest.errors import Infeasible, UserError
+from nest.model import ModelSpec
+from nest.planner import check_memory_floor, model_state_lower_bound_bytes
 from nest.units import GiB
+
+from .conftest import make_cluster, make_device, make_problem, make_spec
+from .randomcase import random_case
 
 CONF_DIR = nest.cli.CONF_DIR
 RUN_PY = Path(CONF_DIR).parent / "run.py"
@@ -432,21 +444,26 @@ def test_unknown_key_or_wrong_type_is_rejected_by_the_schema(override):
     assert override.split("=")[0] in str(info.value)
 
 
-def test_subprocess_unknown_preset(tmp_path):
-    proc, _ = run_py(tmp_path, "model=nonexistent")
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    """The single ``error: ...`` line a refused run prints (exit status 2, no traceback)."""
     out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
+    assert proc.returncode == 2, out
     assert "Traceback" not in out
-    assert "nonexistent" in out and "Available options" in out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out
+    return lines[0]
+
+
+def test_subprocess_unknown_preset(tmp_path):
+    line = one_error_line(run_py(tmp_path, "model=nonexistent")[0])
+    assert "nonexistent" in line and "Available options" in line
     for preset in ("bert_large", "gpt3_175b", "llama2_7b", "tiny"):
-        assert preset in out
+        assert preset in line
+    assert "model_schema" not in line and "search path" not in line  # not presets
 
 
 def test_subprocess_unknown_key(tmp_path):
-    proc, _ = run_py(tmp_path, "model.hiden=3")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
-    assert "Traceback" not in out and "hiden" in out
+    assert "hiden" in one_error_line(run_py(tmp_path, "model.hiden=3")[0])
 
 
 def test_subprocess_user_error_exits_2_with_one_line(tmp_path):
@@ -468,3 +485,430 @@ def test_subprocess_infeasible_exits_1_with_one_line(tmp_path):
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("infeasible: ") and "GiB" in lines[0], out
     assert json.loads((run_dir / "report.json").read_text())["status"] == "infeasible"
+
+
+# ================================================================================================
+# Corpus of bad input by kind. Each kind is refused at the one place that reads it:
+#   non-finite numbers and huge integers, empty solver lists, unknown keys: nest.config.check_config
+#     (the composed config), numbers of a preset: nest.config._number;
+#   a planner's own setting: its constructor, unwrapped from Hydra's "Error in call to target";
+#   a layer partition: nest.build.chunk_layer_counts, with the values as typed;
+#   sizes beyond the documented limits: nest.config (LIMITS), before anything is built;
+#   a model no plan can fit: nest.planner.check_memory_floor, before any search;
+#   a malformed YAML file: nest.cli.hydra_error_line (python run.py: one line, exit status 2).
+# Every case asserts the exit status, one line with no traceback, and the value named.
+# ================================================================================================
+
+SOLVER_DIR = Path(CONF_DIR) / "solver"
+SOLVERS = sorted(p.stem for p in SOLVER_DIR.glob("*.yaml"))
+
+
+def solver_preset(name: str) -> dict:
+    """A solver preset's own keys (``paper_*`` add theirs to ``paper_table``'s)."""
+    data = yaml.safe_load((SOLVER_DIR / f"{name}.yaml").read_text())
+    for parent in data.pop("defaults", []):
+        if parent != "_self_":
+            data = {**solver_preset(parent), **data}
+    return data
+
+
+def planner_class(name: str) -> type:
+    return get_class(solver_preset(name)["_target_"])
+
+
+SEARCHING = [s for s in SOLVERS if not getattr(planner_class(s), "scores_given_plan", False)]
+GIVEN_PLAN = [s for s in SOLVERS if s not in SEARCHING]
+
+NON_FINITE = [
+    *(
+        ["cluster.device." + key]
+        for key in ("peak_tflops", "hbm_gb", "hbm_bw_gbps", "matmul_efficiency")
+    ),
+    ["cluster.device.memory_reserve_gib"],
+    ["cluster.levels.0.bw_gbps"],
+    ["cluster.levels.1.latency_us"],
+    ["cluster.levels.1.oversubscription"],
+    ["solver=mcmc", "solver.temperature"],
+    ["solver=mcmc", "solver.max_seconds"],
+    ["solver=mcmc", "solver.flat_bw_gbps"],
+    ["solver=phaze", "solver.flat_latency_us"],
+    ["solver=alpa", "solver.t_max_gap_s"],
+    ["solver=cpsat", "solver.time_limit_s"],
+    ["solver=milp", "solver.deterministic_time"],
+]
+
+
+def _non_finite_cases():
+    for i, (*groups, key) in enumerate(NON_FINITE):
+        value = ("nan", "inf", "-inf")[i % 3]
+        yield pytest.param(
+            "non-finite", [*groups, f"{key}={value}"], f"{key}={value}", id=f"{key}={value}"
+        )
+
+
+def _empty_list_cases():
+    for solver in SOLVERS:
+        for key, value in solver_preset(solver).items():
+            if isinstance(value, list):
+                yield pytest.param(
+                    "empty-list",
+                    [f"solver={solver}", f"solver.{key}=[]"],
+                    f"solver.{key}=[]",
+                    id=f"{solver}.{key}=[]",
+                )
+    for solver, key in [("nest", "tp"), ("nest", "rank_orders"), ("brute", "virtual_stages")]:
+        yield pytest.param(
+            "empty-list",
+            [f"solver={solver}", f"solver.{key}=[]"],
+            f"solver.{key}=[]",
+            id=f"{solver}.{key}=[]",
+        )
+    yield pytest.param(
+        "empty-list",
+        ["solver=fixed", "solver.recompute=[]"],
+        "solver.recompute=[]",
+        id="fixed.recompute=[]",
+    )
+
+
+def _unknown_key_cases():
+    for override, named in [
+        ("+foo=1", "foo=1"),
+        ("+model.hiden=3", "model.hidden"),  # did you mean
+        ("+cluster.bogus=1", "cluster.bogus=1"),
+        ("+cluster.device.hbm_tb=1", "cluster.device.hbm_tb=1"),
+        ("+cluster.levels.0.fanot=8", "cluster.levels.0.fanout"),
+        ("+training.global_bach=8", "training.global_batch"),
+    ]:
+        yield pytest.param("unknown-key", [override], named, id=override)
+    yield pytest.param(
+        "unknown-key", ["model=hf", "+model.foo=1"], "model.foo=1", id="hf+model.foo=1"
+    )
+    for solver in SOLVERS:
+        yield pytest.param(
+            "unknown-key",
+            [f"solver={solver}", "+solver.bogus_knob=1"],
+            "solver.bogus_knob=1",
+            id=f"{solver}+solver.bogus_knob",
+        )
+
+
+PLANNER_SETTINGS = [
+    (["solver=cpsat", "solver.workers=0"], "solver.workers=0"),
+    (["solver=milp", "solver.time_limit_s=0"], "solver.time_limit_s=0"),
+    (["solver=cpsat", "solver.mode=bogus"], "solver.mode='bogus'"),
+    (["solver=milp", "solver.hint=2"], "solver.hint=2"),
+    (["solver=cpsat", "solver.seed=x"], "solver.seed='x'"),
+]
+
+PARTITIONS = [
+    # blocks (sum 32): the message shows [-1, 33], never the chain counts [0, 34]
+    (["solver.pp=2", "solver.layer_partition=[-1,33]"], "[-1, 33]", "[0, 34]"),
+    (["solver.pp=2", "solver.layer_partition=[-1,35]"], "[-1, 35]", None),
+    (["solver.pp=2", "solver.layer_partition=[16.5,15.5]"], "[16.5, 15.5]", "[16, 15]"),
+    # blocks with an empty middle stage: [0, 0, 0, 32] as typed, not [1, 0, 0, 33]
+    (
+        ["solver.pp=4", "solver.dp=16", "solver.layer_partition=[0,0,0,32]"],
+        "[0, 0, 0, 32]",
+        "[1, 0, 0, 33]",
+    ),
+]
+
+
+def _huge_cases():
+    for solver in SOLVERS:
+        yield pytest.param(
+            "huge",
+            [f"solver={solver}", "model.layers=1000000"],
+            "model.layers=1000000",
+            id=f"{solver}-layers-1e6",
+        )
+    for overrides, named in [
+        (["cluster.devices=1048576"], "cluster.devices=1048576"),
+        (["cluster.levels.0.fanout=1048576", "cluster.devices=null"], "cluster.devices"),
+        (["training.global_batch=1073741824"], "training.global_batch=1073741824"),
+        (["model=tiny_moe", "model.num_experts=100000000"], "model.num_experts=100000000"),
+        (["model.hidden=100000000000000000000"], "model.hidden=100000000000000000000"),
+    ]:
+        yield pytest.param("huge", overrides, named, id=overrides[-1])
+
+
+CORPUS = [
+    *_non_finite_cases(),
+    *_empty_list_cases(),
+    *_unknown_key_cases(),
+    *(pytest.param("planner-setting", o, n, id="setting-" + o[-1]) for o, n in PLANNER_SETTINGS),
+    *(
+        pytest.param("partition", ["solver=fixed", *o], n, id="partition-" + o[-1])
+        for o, n, _ in PARTITIONS
+    ),
+    *_huge_cases(),
+    pytest.param("interpolation", ["solver=nest", "solver.tp=${nope}"], "nope", id="interpolation"),
+]
+
+
+@pytest.mark.parametrize("kind, overrides, named", CORPUS)
+def test_bad_input_corpus(tmp_path, kind, overrides, named):
+    result, lines = run_case(tmp_path, *overrides)
+    assert result["status"] == "error", (kind, result)
+    assert nest.cli.exit_status(result["status"]) == 2
+    message = result["error"]
+    assert_one_line(message)
+    assert named in message, (kind, named, message)
+    assert "Error in call to target" not in message and "full_key" not in message
+    assert lines == [f"error: {message}"]
+    assert json.loads((tmp_path / "report.json").read_text()) == result
+
+
+@pytest.mark.parametrize(
+    "overrides, typed, derived", [pytest.param(o, t, d, id=o[-1]) for o, t, d in PARTITIONS]
+)
+def test_partition_message_shows_only_the_typed_values(tmp_path, overrides, typed, derived):
+    result, _ = run_case(tmp_path, "solver=fixed", *overrides)
+    assert typed in result["error"]
+    if derived:
+        assert derived not in result["error"]
+
+
+@pytest.mark.parametrize("key", sorted(LIMITS))
+def test_limits_are_named_with_the_value_and_the_limit(tmp_path, key):
+    """One past each documented limit is refused with the value and the limit; the limit itself
+    is not (it reaches the planner, or its own one-line error)."""
+    limit = LIMITS[key]
+    extra = {
+        "model.num_experts": ["model=tiny_moe"],
+        "cluster.devices": ["cluster.levels.0.fanout=1"],  # any device count, not 8 per node
+    }.get(key, [])
+    result, _ = run_case(tmp_path, *extra, f"{key}={limit + 1}")
+    assert result["status"] == "error"
+    assert f"{key}={limit + 1}" in result["error"] and f"{limit:,}" in result["error"]
+    at_limit, _ = run_case(tmp_path, *extra, f"{key}={limit}", "solver=fixed")
+    assert "beyond the limit" not in str(at_limit.get("error"))
+
+
+# ------------------------------------------------------------------------------------------------
+# A model no plan can fit: every searching planner says so before searching
+# ------------------------------------------------------------------------------------------------
+
+# Llama-2 7B with 256 blocks (the limit) on 8 GPUs: the model states alone need ~98 GiB per
+# device, so no plan fits. Without the floor the searches would run on this chain.
+TOO_BIG = [f"model.layers={LIMITS['model.layers']}", "cluster.devices=8"]
+FLOOR = re.compile(r"any plan needs ([\d.]+) GiB per device, the device has ([\d.]+) GiB")
+
+
+@pytest.mark.parametrize("solver", SEARCHING)
+def test_searching_planner_answers_a_model_that_fits_nowhere_from_the_floor(tmp_path, solver):
+    result, lines = run_case(tmp_path, f"solver={solver}", *TOO_BIG)
+    assert result["status"] == "infeasible", result
+    assert nest.cli.exit_status(result["status"]) == 1
+    message = result["error"]
+    assert_one_line(message)
+    assert lines == [f"infeasible: {message}"]
+    match = FLOOR.search(message)
+    assert match, message
+    problem = build_problem(compose(*TOO_BIG))
+    floor = model_state_lower_bound_bytes(problem)
+    assert result["min_memory_bytes"] == floor > problem.cluster.device.hbm_bytes
+    assert float(match.group(1)) == pytest.approx(floor / GiB, abs=0.05)
+    assert "did not search" in message and "cluster.devices >= " in message
+
+
+def test_memory_floor_names_whole_nodes_that_would_lift_it(tmp_path):
+    """dgx_8x8 grows by nodes of 8: the device count the message names is the fewest whole
+    nodes whose floor fits."""
+    result, _ = run_case(tmp_path, *TOO_BIG)
+    needed = int(re.search(r"cluster\.devices >= ([\d,]+)", result["error"])[1].replace(",", ""))
+    assert needed % 8 == 0
+
+    def floor_fits(devices):
+        problem = build_problem(compose(TOO_BIG[0], f"cluster.devices={devices}"))
+        return model_state_lower_bound_bytes(problem) <= problem.cluster.device.hbm_bytes
+
+    assert floor_fits(needed) and not floor_fits(needed - 8)
+
+
+@pytest.mark.parametrize("solver", GIVEN_PLAN)
+def test_given_plan_planner_answers_a_model_that_fits_nowhere(tmp_path, solver):
+    """fixed and the paper tables score the plan they are given (the floor does not apply):
+    fixed reports where the memory goes, the tables have no row for this case."""
+    result, _ = run_case(tmp_path, f"solver={solver}", *TOO_BIG)
+    assert result["status"] in ("infeasible", "error", "unpublished"), result
+    assert_one_line(result.get("error") or result["violation"])
+    if solver == "fixed":
+        assert result["violation"].startswith("out of memory")
+
+
+# brute scores up to max_plans plans, each costing a pass over the chain: on a long chain that
+# was minutes before its "more than max_plans" error. It now counts its space exactly first.
+
+
+@pytest.mark.parametrize("n_layers", range(3, 9))
+def test_brute_one_f_one_b_count_is_exact(n_layers):
+    blocks = set(range(1, n_layers - 1))
+    for pp in range(1, n_layers + 1):
+        for modes in (1, 2, 3):
+            enumerated = sum(
+                math.prod(modes if blocks & set(range(i, j + 1)) else 1 for i, j in parts)
+                for parts in partitions(n_layers, pp)
+            )
+            assert one_f_one_b_plans(n_layers, pp, modes) == enumerated, (pp, modes)
+
+
+def small_brute_problem():
+    return make_problem(make_spec(layers=3), make_cluster(fanouts=(2, 2)), global_batch=8)
+
+
+def test_brute_scores_exactly_the_plans_it_counts():
+    problem = small_brute_problem()
+    planner = BrutePlanner()
+    plan = planner.solve(problem)
+    assert plan.n_evaluations == plans_to_score(problem, planner.options(), 10**9)
+
+
+def test_brute_refuses_a_space_past_max_plans_before_scoring(monkeypatch):
+    problem = small_brute_problem()
+    total = plans_to_score(problem, BrutePlanner().options(), 10**9)
+    assert BrutePlanner(max_plans=total).solve(problem).n_evaluations == total
+
+    def scored(*args):
+        raise AssertionError("brute scored a plan of a space it must refuse")
+
+    monkeypatch.setattr(baselines.brute, "evaluate", scored)
+    with pytest.raises(UserError) as info:
+        BrutePlanner(max_plans=total - 1).solve(problem)
+    assert_one_line(str(info.value))
+    assert f"max_plans={total - 1}" in str(info.value)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_memory_floor_is_below_every_plans_peak(seed):
+    """The floor refuses a problem only when no plan fits: no valid plan's peak is below it."""
+    problem, planner = random_case(seed)
+    try:
+        plan = planner.build(problem)
+    except UserError:
+        return
+    peak = evaluate(problem, plan).peak_memory_bytes
+    assert peak >= model_state_lower_bound_bytes(problem) * (1 - 1e-12)
+
+
+def test_memory_floor_names_the_device_count_that_would_lift_it():
+    spec = ModelSpec(
+        name="m", hidden=4096, layers=32, heads=32, ffn_hidden=11008, vocab=32000, seq_len=4096
+    )
+    device = make_device(hbm_bytes=16 * GiB)
+
+    def on(devices):
+        return make_problem(spec, make_cluster(fanouts=(devices,), device=device))
+
+    with pytest.raises(Infeasible) as info:
+        check_memory_floor(on(4), "p")
+    assert_one_line(info.value.reason)
+    needed = int(re.search(r"cluster\.devices >= ([\d,]+)", info.value.reason)[1].replace(",", ""))
+    check_memory_floor(on(needed), "p")  # the floor no longer refuses it
+    with pytest.raises(Infeasible):
+        check_memory_floor(on(needed - 1), "p")
+
+
+# ------------------------------------------------------------------------------------------------
+# Numbers of a preset given as data (build_device / build_cluster on dicts)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("key", ["peak_tflops", "hbm_gb", "hbm_bw_gbps", "matmul_efficiency"])
+def test_build_device_refuses_non_finite(key, value):
+    with pytest.raises(UserError) as info:
+        build_device({**DEVICE, key: value})
+    assert_one_line(str(info.value))
+    assert f"{key}={value:g}" in str(info.value) and "finite" in str(info.value)
+
+
+@pytest.mark.parametrize("key", ["bw_gbps", "latency_us", "oversubscription"])
+def test_build_cluster_refuses_non_finite(key):
+    with pytest.raises(UserError) as info:
+        build_cluster(cluster_dict([8, None], 64, **{key: math.inf}))
+    assert f"{key}=inf" in str(info.value) and "finite" in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# Malformed YAML on the search path
+# ------------------------------------------------------------------------------------------------
+
+MALFORMED = {
+    # name: (text, line the message must name)
+    "flow": ("name: bad\nhidden: [4096\nlayers: 32\n", 3),
+    "tab": ("name: bad\nhidden: 1\n\tlayers: 2\n", 3),
+    "quote": ('name: "bad\nhidden: 1\n', 3),
+    "duplicate": ("name: a\nname: b\n", 2),
+}
+
+
+def presets_dir(tmp_path: Path, name: str, content: bytes) -> Path:
+    (tmp_path / "presets" / "model").mkdir(parents=True)
+    (tmp_path / "presets" / "model" / f"{name}.yaml").write_bytes(content)
+    return tmp_path / "presets"
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_yaml_is_one_line_naming_the_file_and_line(tmp_path, name):
+    text, line = MALFORMED[name]
+    presets = presets_dir(tmp_path, name, text.encode())
+    with pytest.raises(Exception) as info:
+        compose(f"model={name}", f"hydra.searchpath=[file://{presets}]")
+    message = nest.cli.hydra_error_line(info.value)
+    assert_one_line(message)
+    assert str(presets / "model" / f"{name}.yaml") in message
+    assert f"line {line}," in message
+
+
+def test_config_file_not_utf8_is_one_line_naming_the_file(tmp_path):
+    presets = presets_dir(tmp_path, "latin1", "name: m\n# 5 \u00b5s\n".encode("latin-1"))
+    with pytest.raises(Exception) as info:
+        compose("model=latin1", f"hydra.searchpath=[file://{presets}]")
+    message = nest.cli.hydra_error_line(info.value)
+    assert_one_line(message)
+    assert str(presets / "model" / "latin1.yaml") in message and "UTF-8" in message
+
+
+def test_preset_that_is_not_a_mapping_is_one_line(tmp_path):
+    presets = presets_dir(tmp_path, "alist", b"- 1\n- 2\n")
+    result, _ = run_case(tmp_path, "model=alist", f"hydra.searchpath=[file://{presets}]")
+    assert result["status"] == "error"
+    assert_one_line(result["error"])
+    assert "model=[1, 2]" in result["error"] and "mapping" in result["error"]
+
+
+def test_malformed_paper_tables_file_is_one_line_naming_the_file_and_line(tmp_path):
+    tables = tmp_path / "tables.yaml"
+    tables.write_text("rows:\n  - {setup: x, devices: [1\n")
+    result, _ = run_case(
+        tmp_path, "solver=paper_manual", "cluster=tpuv4_fattree", f"solver.tables_file={tables}"
+    )
+    assert result["status"] == "error"
+    assert_one_line(result["error"])
+    assert str(tables) in result["error"] and "line 3," in result["error"]
+
+
+# ------------------------------------------------------------------------------------------------
+# End to end: python run.py prints one line, no traceback, exit status 2
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        (["+foo=1"], "foo=1"),
+        (["cluster.device.peak_tflops=nan"], "peak_tflops=nan"),
+        (["solver=cpsat", "solver.workers=0"], "solver.workers=0"),
+        (["model.layers=1000000"], "model.layers=1000000"),
+    ],
+)
+def test_subprocess_bad_input_is_one_line(tmp_path, overrides, named):
+    assert named in one_error_line(run_py(tmp_path, *overrides)[0])
+
+
+def test_subprocess_malformed_yaml_is_one_line(tmp_path):
+    presets = presets_dir(tmp_path, "flow", MALFORMED["flow"][0].encode())
+    line = one_error_line(run_py(tmp_path, "model=flow", f"hydra.searchpath=[file://{presets}]")[0])
+    assert "malformed YAML" in line and "flow.yaml, line 3," in line
