@@ -138,6 +138,11 @@ class RunConfig:
     export: Any = None
     """``megatron`` | ``torchtitan`` | a list of them."""
     plots: bool = False
+    robust: bool = False
+    """Re-score the plan and its ``solver.top_k`` alternatives under the cost model's
+    uncertainty (nest/robust.py)."""
+    robustness: Any = None
+    """The settings of ``robust=true`` (samples, seed, ranges; nest/robust.py checks them)."""
 
 
 def register_schemas() -> None:

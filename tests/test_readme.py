@@ -320,7 +320,8 @@ def test_the_readme_has_the_commands_this_check_expects():
     assert any("cluster.devices=64 training.global_batch=4096" in c for c in fenced)
     inline = [str(c) for c in INLINE]
     assert any(
-        c.startswith("python run.py -m solver=nest,megatron,recipes,phaze,mcmc,alpa") for c in inline
+        c.startswith("python run.py -m solver=nest,megatron,recipes,phaze,mcmc,alpa")
+        for c in inline
     )
     assert len(fenced) >= 10 and len(inline) >= 10
 
