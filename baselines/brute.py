@@ -76,7 +76,7 @@ def plans_to_score(problem: Problem, options: SpaceOptions, stop_above: int) -> 
     total = 0
     for config in configurations(problem, options):
         if config.interleaved:
-            total += modes ** (config.pp * config.v)  # every chunk holds blocks
+            total += modes ** (config.pp * config.virtual_stages)  # every chunk holds blocks
         else:
             total += one_f_one_b_plans(problem.num_layers, config.pp, modes)
         if total > stop_above:

@@ -18,7 +18,6 @@ from math import prod
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from hydra.utils import get_class
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -138,9 +137,9 @@ class RunConfig:
     export: Any = None
     """``megatron`` | ``torchtitan`` | a list of them."""
     plots: bool = False
-    robust: bool = False
-    """Re-score the plan and its ``solver.top_k`` alternatives under the cost model's
-    uncertainty (nest/robust.py)."""
+    robust: Any = False
+    """``true`` or ``false`` (nest/robust.py checks it): re-score the plan and its
+    ``solver.top_k`` alternatives under the cost model's uncertainty."""
     robustness: Any = None
     """The settings of ``robust=true`` (samples, seed, ranges; nest/robust.py checks them)."""
 
@@ -257,17 +256,6 @@ def planner_options(cls: type) -> dict[str, inspect.Parameter] | None:
     return None
 
 
-def _planner_class(solver: DictConfig) -> type:
-    target = solver.get("_target_")
-    try:
-        return get_class(str(target))
-    except Exception:
-        raise UserError(
-            f"solver._target_={target!r} is not an importable planner class; pick a preset "
-            "with solver=<name> (conf/solver/)"
-        ) from None
-
-
 def _unknown_key(path: str, value, known, owner: str) -> UserError:
     parent, _, key = path.rpartition(".")
     close = difflib.get_close_matches(key, known, n=1)
@@ -304,7 +292,9 @@ def _check_keys(node, path: str, known: list[str] | None, owner: str) -> None:
 def _check_solver(solver: DictConfig) -> None:
     """The solver section has no schema: its keys are the planner class's options, and a list
     there restricts what the planner may choose, so an empty one leaves it nothing."""
-    cls = _planner_class(solver)
+    from nest.planner import checked_solver  # the same checks as building the planner
+
+    _, cls = checked_solver(solver)
     options = planner_options(cls)
     name = solver.get("name", cls.__name__)
     values = OmegaConf.to_container(solver, resolve=True)

@@ -77,15 +77,34 @@ def _nested_targets(node: Any, where: str) -> list[str]:
     return found
 
 
-def build_planner(solver_cfg: DictConfig | Mapping) -> Planner:
-    """The planner a solver config names, after checking that its ``_target_`` is a planner class.
+def planner_class(target) -> type:
+    """The class a solver config's ``_target_`` names, refused unless it is a planner class (a
+    class with ``solve``): resolved without calling anything."""
+    if not isinstance(target, str) or not target.strip():
+        raise UserError(
+            f"solver._target_={target!r}; a solver config names its planner class, e.g. "
+            "_target_: baselines.fixed.FixedPlanner"
+        )
+    try:
+        obj = get_object(target)
+    except Exception as exc:
+        raise UserError(
+            f"solver._target_={target!r} cannot be imported ({' '.join(str(exc).split())[:200]}); "
+            "name a planner class importable from this Python environment"
+        ) from None
+    if not isinstance(obj, type) or not callable(getattr(obj, "solve", None)):
+        kind = "a class without solve()" if isinstance(obj, type) else type(obj).__name__
+        raise UserError(
+            f"solver._target_={target!r} is not a planner class (a class with solve(problem), "
+            f"nest.planner.Planner) but {kind}; refusing to call it"
+        )
+    return obj
 
-    Hydra's ``instantiate`` calls whatever ``_target_`` names (``_target_: shutil.copy`` copies a
-    file), so the target is resolved first and refused unless it is a class with a ``solve``
-    method; nested ``_target_`` keys (which ``instantiate`` would call before the planner) and
-    ``_partial_`` are refused outright. Planner classes in the user's own packages work as before:
-    ``_target_: mypackage.MyPlanner`` with ``mypackage`` importable.
-    """
+
+def checked_solver(solver_cfg: DictConfig | Mapping) -> tuple[dict, type]:
+    """A solver config's plain values and planner class, refused before anything is called
+    (module's :func:`build_planner` docstring): the target must be a planner class, no nested
+    ``_target_``, no ``_partial_``."""
     cfg = solver_cfg if isinstance(solver_cfg, DictConfig) else OmegaConf.create(dict(solver_cfg))
     target = cfg.get("_target_")
     if not isinstance(target, str) or not target.strip():
@@ -105,19 +124,21 @@ def build_planner(solver_cfg: DictConfig | Mapping) -> Planner:
         )
     if plain.get("_partial_"):
         raise UserError("solver._partial_=true; a solver config builds a planner, not a partial")
-    try:
-        obj = get_object(target)
-    except Exception as exc:
-        raise UserError(
-            f"solver._target_={target!r} cannot be imported ({' '.join(str(exc).split())[:200]}); "
-            "name a planner class importable from this Python environment"
-        ) from None
-    if not isinstance(obj, type) or not callable(getattr(obj, "solve", None)):
-        kind = "a class without solve()" if isinstance(obj, type) else type(obj).__name__
-        raise UserError(
-            f"solver._target_={target!r} is not a planner class (a class with solve(problem), "
-            f"nest.planner.Planner) but {kind}; refusing to call it"
-        )
+    return plain, planner_class(target)
+
+
+def build_planner(solver_cfg: DictConfig | Mapping) -> Planner:
+    """The planner a solver config names, after checking that its ``_target_`` is a planner class.
+
+    Hydra's ``instantiate`` calls whatever ``_target_`` names (``_target_: shutil.copy`` copies a
+    file), so the target is resolved first and refused unless it is a class with a ``solve``
+    method; nested ``_target_`` keys (which ``instantiate`` would call before the planner) and
+    ``_partial_`` are refused outright (:func:`checked_solver`). Planner classes in the user's own
+    packages work as before: ``_target_: mypackage.MyPlanner`` with ``mypackage`` importable.
+    """
+    cfg = solver_cfg if isinstance(solver_cfg, DictConfig) else OmegaConf.create(dict(solver_cfg))
+    plain, obj = checked_solver(cfg)
+    target = plain["_target_"]
     if "top_k" in plain and not _ranks(obj):
         # a planner that builds one plan: top_k=1 is what it does anyway, more it cannot
         if plain["top_k"] != 1:

@@ -67,6 +67,9 @@ class Command:
     tokens: tuple[str, ...]
     line: int
     fenced: bool
+    expect: str | None = None
+    """The status the README says the command ends with (``... gives `infeasible: ...```), if
+    it is shown as an example of a refusal; None: it must find a plan."""
 
     def __str__(self) -> str:
         return shlex.join(self.tokens)
@@ -105,8 +108,9 @@ def inline_commands(text: str) -> list[Command]:
         span = " ".join(match.group(1).split())
         if span.startswith(("python ", "pip ", "pytest")):
             line = prose[: match.start()].count("\n") + 1
+            said = re.match(r"\s*gives\s+`(infeasible|error):", prose[match.end() :])
             for part in _split_and(shlex.split(span)):
-                commands.append(Command(tuple(part), line, False))
+                commands.append(Command(tuple(part), line, False, said and said.group(1)))
     return commands
 
 
@@ -143,7 +147,7 @@ class Checker:
         elif tokens[0] == "pytest":
             assert tokens == ["pytest"], command
         elif tokens[:2] == ["python", "run.py"]:
-            self._run_py(tokens[2:], str(command))
+            self._run_py(tokens[2:], str(command), command.expect)
         elif tokens[:2] == ["python", "-m"]:
             self._module(tokens[2], tokens[3:], synopsis=bool(placeholders(command)))
         else:
@@ -160,7 +164,7 @@ class Checker:
                 assert set(match.group(1).split(",")) <= extras, token
 
     # -- python run.py
-    def _run_py(self, args: list[str], text: str) -> None:
+    def _run_py(self, args: list[str], text: str, expect: str | None = None) -> None:
         multirun = bool({"-m", "--multirun"} & set(args))
         overrides = [a for a in args if a not in ("-m", "--multirun")]
         out = self._output(overrides, "hydra.sweep.dir" if multirun else "hydra.run.dir")
@@ -176,6 +180,9 @@ class Checker:
         self.count += 1
         run_dir = self.tmp / (out or f"run{self.count}")
         result = nest.cli.run(cfg, run_dir, echo=lambda line: None)
+        if expect is not None:  # shown as an example of a refusal: it must be refused so
+            assert result["status"] == expect, (text, result["status"])
+            return
         assert result["status"] in ("optimal", "feasible"), (text, result.get("error"))
         if out:
             self.written[out] = True
