@@ -37,7 +37,20 @@ class DeviceConfig:
     matmul_efficiency: float = 1.0
     """Achieved fraction of the peak on the model's matmuls, (0, 1]."""
     memory_reserve_gib: float = 0.0
-    """HBM not available to the model (CUDA context, allocator, framework), GiB."""
+    """HBM not available to the model (CUDA context, communication buffers), GiB."""
+    memory_margin: float = 0.0
+    """Fraction of the HBM kept free for the allocator's fragmentation, [0, 1)."""
+    compute_model: str = "flat"
+    """``flat``: every FLOP at ``matmul_efficiency``; ``shape``: GEMM tiles and waves, attention
+    by sequence length (nest/kernels.py; needs the fields below)."""
+    sm_count: int = 0
+    """Streaming multiprocessors (datasheet)."""
+    gemm_ceiling: float = 1.0
+    """Fraction of peak the best-shaped large GEMMs reach (published micro-benchmark)."""
+    kernel_overhead_us: float = 0.0
+    """Fixed microseconds of every kernel (from a published GEMM measurement table)."""
+    attention_efficiency: list = field(default_factory=list)
+    """[[key length, fraction of peak], ...] of the fused attention kernel (published)."""
 
 
 @dataclass
@@ -50,6 +63,9 @@ class LevelConfig:
     """Per-device bandwidth per direction, GB/s (decimal)."""
     latency_us: float = 1.0
     oversubscription: float = 1.0
+    bw_efficiency: float = 1.0
+    """Fraction of the line rate collectives achieve (published nccl-tests bus bandwidth); 1:
+    nameplate."""
 
 
 @dataclass
@@ -111,6 +127,9 @@ class TrainingConfig:
     overlap_grad_sync: bool = False
     sequence_parallel: bool = True
     flash_attention: bool = True
+    tp_comm_overlap: bool = False
+    cp_comm_overlap: bool = False
+    ep_comm_overlap: bool = False
 
 
 def register_schemas() -> None:
@@ -173,14 +192,39 @@ def build_device(cfg: Any) -> Device:
         if c.get("hbm_gb") is not None
         else units.gib_to_bytes(c["hbm_gib"])
     )
+    margin = c.get("memory_margin", 0.0)
+    _require(where, "memory_margin", margin, 0 <= margin < 1, "must be in [0, 1)")
+    reserve_bytes = units.gib_to_bytes(reserve) + margin * hbm
+    _require(
+        where,
+        "memory_reserve_gib + memory_margin",
+        f"{reserve} GiB + {margin}",
+        reserve_bytes < hbm,
+        "must leave some of the HBM to the model",
+    )
     return Device(
         name=c["name"],
         peak_flops_per_s=units.tflops_to_flops_per_s(c["peak_tflops"]),
         hbm_bytes=hbm,
         hbm_bw_bytes_per_s=units.gbps_to_bytes_per_s(c["hbm_bw_gbps"]),
         matmul_efficiency=float(c.get("matmul_efficiency", 1.0)),
-        memory_reserve_bytes=units.gib_to_bytes(c.get("memory_reserve_gib", 0.0)),
+        memory_reserve_bytes=reserve_bytes,
+        compute_model=str(c.get("compute_model", "flat")),
+        sm_count=int(c.get("sm_count", 0) or 0),
+        gemm_ceiling=float(c.get("gemm_ceiling", 1.0)),
+        kernel_overhead_s=units.us_to_s(float(c.get("kernel_overhead_us", 0.0))),
+        attention_efficiency=_attention_table(where, c.get("attention_efficiency") or []),
     )
+
+
+def _attention_table(where: str, rows) -> tuple[tuple[float, float], ...]:
+    """``[[length, fraction], ...]`` from a preset as a tuple of float pairs."""
+    try:
+        return tuple((float(length), float(frac)) for length, frac in rows)
+    except (TypeError, ValueError):
+        raise UserError(
+            f"{where}: attention_efficiency={rows!r} must be [[sequence length, fraction], ...]"
+        ) from None
 
 
 def build_cluster(cfg: Any) -> Cluster:
@@ -225,6 +269,8 @@ def build_cluster(cfg: Any) -> Cluster:
         _require(where, "latency_us", lat, lat >= 0, "must be >= 0")
         over = lv.get("oversubscription", 1.0)
         _require(where, "oversubscription", over, over >= 1, "must be >= 1")
+        eff = lv.get("bw_efficiency", 1.0)
+        _require(where, "bw_efficiency", eff, 0 < eff <= 1, "must be in (0, 1]")
     levels = tuple(
         Level(
             name=lv.get("name", f"level{i}"),
@@ -232,6 +278,7 @@ def build_cluster(cfg: Any) -> Cluster:
             bw_bytes_per_s=units.gbps_to_bytes_per_s(lv["bw_gbps"]),
             latency_s=units.us_to_s(lv.get("latency_us", 0.0)),
             oversubscription=float(lv.get("oversubscription", 1.0)),
+            bw_efficiency=float(lv.get("bw_efficiency", 1.0)),
         )
         for i, lv in enumerate(levels_cfg)
     )
@@ -260,7 +307,9 @@ def build_model(cfg: Any, training: Training):
         from nest.hf import load_hf_model
 
         hf = load_hf_model(c.get("config_path"), name=c.get("name"), seq_len=c.get("seq_len"))
-        model = AnalyticModel(hf.spec, flash_attention=training.flash_attention)
+        model = AnalyticModel(
+            hf.spec, flash_attention=training.flash_attention, overlap=training.overlap
+        )
         return _with_provenance(model, hf.seq_len_source, hf.notes)
     if source == "profile":
         from nest.profile import load_profile_model
@@ -275,7 +324,9 @@ def build_model(cfg: Any, training: Training):
         )
         given = "model.seq_len" if c.get("seq_len") else "the profile file"
         return _with_provenance(model, given if model.seq_len else "not given")
-    model = AnalyticModel(build_model_spec(c), flash_attention=training.flash_attention)
+    model = AnalyticModel(
+        build_model_spec(c), flash_attention=training.flash_attention, overlap=training.overlap
+    )
     return _with_provenance(model, "model.seq_len")
 
 
@@ -298,6 +349,9 @@ def build_training(cfg: Any) -> Training:
         overlap_grad_sync=bool(c.get("overlap_grad_sync", False)),
         sequence_parallel=bool(c.get("sequence_parallel", True)),
         flash_attention=bool(c.get("flash_attention", True)),
+        tp_comm_overlap=bool(c.get("tp_comm_overlap", False)),
+        cp_comm_overlap=bool(c.get("cp_comm_overlap", False)),
+        ep_comm_overlap=bool(c.get("ep_comm_overlap", False)),
     )
 
 
