@@ -45,7 +45,20 @@ class DeviceConfig:
     matmul_efficiency: float = 1.0
     """Achieved fraction of the peak on the model's matmuls, (0, 1]."""
     memory_reserve_gib: float = 0.0
-    """HBM not available to the model (CUDA context, allocator, framework), GiB."""
+    """HBM not available to the model (CUDA context, communication buffers), GiB."""
+    memory_margin: float = 0.0
+    """Fraction of the HBM kept free for the allocator's fragmentation, [0, 1)."""
+    compute_model: str = "flat"
+    """``flat``: every FLOP at ``matmul_efficiency``; ``shape``: GEMM tiles and waves, attention
+    by sequence length (nest/kernels.py; needs the fields below)."""
+    sm_count: int = 0
+    """Streaming multiprocessors (datasheet)."""
+    gemm_ceiling: float = 1.0
+    """Fraction of peak the best-shaped large GEMMs reach (published micro-benchmark)."""
+    kernel_overhead_us: float = 0.0
+    """Fixed microseconds of every kernel (from a published GEMM measurement table)."""
+    attention_efficiency: list = field(default_factory=list)
+    """[[key length, fraction of peak], ...] of the fused attention kernel (published)."""
 
 
 @dataclass
@@ -58,6 +71,9 @@ class LevelConfig:
     """Per-device bandwidth per direction, GB/s (decimal)."""
     latency_us: float = 1.0
     oversubscription: float = 1.0
+    bw_efficiency: float = 1.0
+    """Fraction of the line rate collectives achieve (published nccl-tests bus bandwidth); 1:
+    nameplate."""
 
 
 @dataclass
@@ -119,6 +135,9 @@ class TrainingConfig:
     overlap_grad_sync: bool = False
     sequence_parallel: bool = True
     flash_attention: bool = True
+    tp_comm_overlap: bool = False
+    cp_comm_overlap: bool = False
+    ep_comm_overlap: bool = False
 
 
 @dataclass
@@ -395,14 +414,60 @@ def build_device(cfg: Any) -> Device:
         lambda v: 0 <= v < capacity_gib,
         f"must be >= 0 and below the HBM ({capacity_gib:g} GiB)",
     )
+    margin = _number(
+        where,
+        "memory_margin",
+        c.get("memory_margin", 0.0),
+        lambda v: 0 <= v < 1,
+        "must be in [0, 1)",
+    )
+    reserve_bytes = units.gib_to_bytes(reserve) + margin * hbm
+    _require(
+        where,
+        "memory_reserve_gib + memory_margin",
+        f"{reserve} GiB + {margin}",
+        reserve_bytes < hbm,
+        "must leave some of the HBM to the model",
+    )
     return Device(
         name=c["name"],
         peak_flops_per_s=units.tflops_to_flops_per_s(peak_tflops),
         hbm_bytes=hbm,
         hbm_bw_bytes_per_s=units.gbps_to_bytes_per_s(hbm_bw_gbps),
         matmul_efficiency=eff,
-        memory_reserve_bytes=units.gib_to_bytes(reserve),
+        memory_reserve_bytes=reserve_bytes,
+        compute_model=str(c.get("compute_model", "flat")),
+        sm_count=int(
+            _number(where, "sm_count", c.get("sm_count", 0) or 0, lambda v: v >= 0, "must be >= 0")
+        ),
+        gemm_ceiling=_number(
+            where,
+            "gemm_ceiling",
+            c.get("gemm_ceiling", 1.0),
+            lambda v: 0 < v <= 1,
+            "must be in (0, 1]",
+        ),
+        kernel_overhead_s=units.us_to_s(
+            _number(
+                where,
+                "kernel_overhead_us",
+                c.get("kernel_overhead_us", 0.0),
+                lambda v: v >= 0,
+                "must be >= 0",
+            )
+        ),
+        attention_efficiency=_attention_table(where, c.get("attention_efficiency") or []),
     )
+
+
+def _attention_table(where: str, rows) -> tuple[tuple[float, float], ...]:
+    """``[[length, fraction], ...]`` from a preset as a tuple of float pairs."""
+    try:
+        return tuple((float(length), float(frac)) for length, frac in rows)
+    except (TypeError, ValueError):
+        raise UserError(
+            f"{where}: attention_efficiency={rows!r} must be [[sequence length, fraction], ...]"
+        ) from None
 
 
 def build_cluster(cfg: Any) -> Cluster:
@@ -454,6 +519,13 @@ def build_cluster(cfg: Any) -> Cluster:
             lambda v: v >= 1,
             "must be >= 1",
         )
+        bw_eff = _number(
+            where,
+            "bw_efficiency",
+            lv.get("bw_efficiency", 1.0),
+            lambda v: 0 < v <= 1,
+            "must be in (0, 1]",
+        )
         levels.append(
             Level(
                 name=lv.get("name", f"level{i}"),
@@ -461,6 +533,7 @@ def build_cluster(cfg: Any) -> Cluster:
                 bw_bytes_per_s=units.gbps_to_bytes_per_s(bw),
                 latency_s=units.us_to_s(lat),
                 oversubscription=over,
+                bw_efficiency=bw_eff,
             )
         )
     return Cluster(name=name, device=build_device(c["device"]), levels=tuple(levels))
@@ -495,7 +568,9 @@ def build_model(cfg: Any, training: Training):
 
         hf = load_hf_model(c.get("config_path"), name=c.get("name"), seq_len=c.get("seq_len"))
         _spec_within_limits(hf.spec)
-        model = AnalyticModel(hf.spec, flash_attention=training.flash_attention)
+        model = AnalyticModel(
+            hf.spec, flash_attention=training.flash_attention, overlap=training.overlap
+        )
         return _with_provenance(model, hf.seq_len_source, hf.notes)
     if source == "profile":
         from nest.profile import load_profile_model
@@ -513,7 +588,7 @@ def build_model(cfg: Any, training: Training):
         return _with_provenance(model, given if model.seq_len else "not given")
     spec = build_model_spec(c)
     _spec_within_limits(spec)
-    model = AnalyticModel(spec, flash_attention=training.flash_attention)
+    model = AnalyticModel(spec, flash_attention=training.flash_attention, overlap=training.overlap)
     return _with_provenance(model, "model.seq_len")
 
 
@@ -538,6 +613,9 @@ def build_training(cfg: Any) -> Training:
         overlap_grad_sync=bool(c.get("overlap_grad_sync", False)),
         sequence_parallel=bool(c.get("sequence_parallel", True)),
         flash_attention=bool(c.get("flash_attention", True)),
+        tp_comm_overlap=bool(c.get("tp_comm_overlap", False)),
+        cp_comm_overlap=bool(c.get("cp_comm_overlap", False)),
+        ep_comm_overlap=bool(c.get("ep_comm_overlap", False)),
     )
 
 

@@ -23,6 +23,19 @@ class Device:
     """Achieved fraction of ``peak_flops_per_s`` on the model's matmuls, in (0, 1]."""
     memory_reserve_bytes: float = 0.0
     """Bytes unavailable to the model (CUDA context, allocator fragmentation, framework)."""
+    compute_model: str = "flat"
+    """``flat`` (every FLOP at ``matmul_efficiency``) or ``shape`` (:mod:`nest.kernels`)."""
+    sm_count: int = 0
+    """Streaming multiprocessors (``shape``: the waves of GEMM tiles)."""
+    gemm_ceiling: float = 1.0
+    """``shape``: fraction of peak the best-shaped large GEMMs reach (a published benchmark)."""
+    kernel_overhead_s: float = 0.0
+    """``shape``: fixed seconds of every GEMM or attention kernel."""
+    tile_shapes: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128))
+    """``shape``: the GEMM thread-block tiles cuBLAS chooses among (``m x n`` per tile)."""
+    attention_efficiency: tuple[tuple[float, float], ...] = ()
+    """``shape``: (key length, fraction of peak) of the fused attention kernel, increasing
+    lengths; empty: attention at ``matmul_efficiency``."""
 
     def __post_init__(self) -> None:
         for field_name in ("peak_flops_per_s", "hbm_bytes", "hbm_bw_bytes_per_s"):
@@ -32,6 +45,32 @@ class Device:
         if not 0 < self.matmul_efficiency <= 1:
             raise UserError(
                 f"device {self.name}: matmul_efficiency={self.matmul_efficiency} must be in (0, 1]"
+            )
+        if self.compute_model not in ("flat", "shape"):
+            raise UserError(
+                f"device {self.name}: compute_model={self.compute_model!r}; use flat or shape"
+            )
+        if self.compute_model == "shape":
+            if self.sm_count < 1:
+                raise UserError(
+                    f"device {self.name}: compute_model=shape needs sm_count >= 1 (got "
+                    f"{self.sm_count}); set it or use compute_model=flat"
+                )
+            if not 0 < self.gemm_ceiling <= 1:
+                raise UserError(
+                    f"device {self.name}: gemm_ceiling={self.gemm_ceiling} must be in (0, 1]"
+                )
+            if self.kernel_overhead_s < 0:
+                raise UserError(
+                    f"device {self.name}: kernel_overhead={self.kernel_overhead_s} must be >= 0"
+                )
+        lengths = [s for s, _ in self.attention_efficiency]
+        if lengths != sorted(set(lengths)) or any(
+            not 0 < e <= 1 or not s > 0 for s, e in self.attention_efficiency
+        ):
+            raise UserError(
+                f"device {self.name}: attention_efficiency={list(self.attention_efficiency)} must "
+                "be [sequence length, fraction in (0, 1]] pairs with increasing lengths"
             )
         if not 0 <= self.memory_reserve_bytes < self.hbm_bytes:
             raise UserError(

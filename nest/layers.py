@@ -40,6 +40,7 @@ from math import ceil
 
 from nest.axes import LayerKind, Recompute
 from nest.hardware import Device
+from nest.kernels import attention_time_s, gemm_time_s
 from nest.model import LayerRef, ModelSpec, build_chain
 
 VOCAB_PAD_MULTIPLE = 128  # Megatron-LM --make-vocab-size-divisible-by default
@@ -59,13 +60,29 @@ class Shard:
 
 @dataclass(frozen=True, slots=True)
 class Collective:
-    """A collective a layer issues; ``n_bytes`` is its full buffer (see nest.cost.collectives)."""
+    """A collective a layer issues; ``n_bytes`` is its full buffer (see nest.cost.collectives).
+
+    Overlap: a framework feature may run the collective concurrently with ``hidden_by_s`` seconds
+    of the layer's compute (e.g. Megatron-Core's ``--tp-comm-overlap`` runs a tensor-parallel
+    all-gather chunk by chunk under the GEMM that consumes it). What sticks out is charged,
+    ``max(t - hidden_by_s, min_exposed * t)`` for a collective of ``t`` seconds, plus the
+    slowdown of the compute while the two share the SMs, ``slowdown * min(t, hidden_by_s)``
+    (:func:`nest.cost.compute.exposed_s`); ``min_exposed`` is the share no schedule hides (e.g.
+    the last of ``num_splits`` chunks of a pipelined reduce-scatter). The defaults charge it all.
+    """
 
     op: str
     """``all_reduce``, ``all_gather``, ``reduce_scatter`` or ``all_to_all``."""
     axis: str
     """Group it runs over: ``tp``, ``cp`` or ``ep``."""
     n_bytes: float
+    hidden_by_s: float = 0.0
+    """Compute seconds the collective runs under (0: none, it is exposed)."""
+    min_exposed: float = 0.0
+    """Share of the collective that stays exposed whatever the compute, in [0, 1]."""
+    slowdown: float = 0.0
+    """How much longer the compute under it takes while they overlap (the communication kernels
+    take SMs from it), as a fraction of the overlapped time."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,15 +118,57 @@ def padded_vocab(vocab: int, tp: int) -> int:
     return ceil(vocab / multiple) * multiple
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Overlap:
+    """Which framework features run a layer's collectives under its compute (each the feature of
+    Megatron-Core / Transformer Engine it models; NVIDIA NeMo and Megatron-Bridge performance
+    guides, "Communication overlap"). Off: the collective is charged in full.
+
+    - ``tp``: ``--tp-comm-overlap`` (TE userbuffers, needs sequence parallelism): the all-gather
+      before the QKV and FC1 GEMMs runs chunk by chunk under them (ring exchange); the
+      reduce-scatter after the projection and FC2 GEMMs is pipelined with them in
+      ``TP_OVERLAP_SPLITS`` chunks, the last of which stays exposed; in the backward the gradient
+      all-gathers run under the data-gradient GEMMs and the reduce-scatters under the
+      weight-gradient GEMMs (bulk overlap). Dense attention and MLP only (MoE experts run grouped
+      GEMMs without userbuffers).
+    - ``cp``: context parallelism's ring exchange of K/V blocks (TE ``cp_comm_type=p2p``, "fully
+      overlapped"): each step's transfer runs under the attention of the block already held, so
+      the exchange hides behind ``(cp - 1) / cp`` of the attention kernel time.
+    - ``ep``: ``--overlap-moe-expert-parallel-comm`` (Megatron-Core's 1F1B all-to-all overlap):
+      a microbatch's dispatch and combine run under another microbatch's attention compute in
+      the steady state, each under half of it.
+
+    An overlapped collective's kernels take ``COMM_SMS`` of the device's SMs from the compute it
+    hides under, which runs correspondingly slower while they overlap
+    (:attr:`Collective.slowdown`); devices without an SM count (the flat model) pay nothing.
+    """
+
+    tp: bool = False
+    cp: bool = False
+    ep: bool = False
+
+
+COMM_SMS = 16
+"""SMs a communication kernel overlapped with compute occupies (Megatron-Bridge performance guide,
+"TP communication overlap": "The default SM count for communication is 16")."""
+
+TP_OVERLAP_SPLITS = 4
+"""Chunks of a pipelined GEMM + reduce-scatter (Megatron-Bridge performance guide: "num_splits =
+4 generally provides the best performance"); one of them stays exposed."""
+
+
 class AnalyticModel:
     """Per-layer costs of a :class:`ModelSpec` from published formulas.
 
     Costs are cached per (layer signature, shard, device) on the instance.
     """
 
-    def __init__(self, spec: ModelSpec, *, flash_attention: bool = False) -> None:
+    def __init__(
+        self, spec: ModelSpec, *, flash_attention: bool = False, overlap: Overlap | None = None
+    ) -> None:
         self.spec = spec
         self.flash_attention = flash_attention
+        self.overlap = overlap or Overlap()
         self.chain: tuple[LayerRef, ...] = build_chain(spec)
         self.notes: tuple[str, ...] = ()
         self._cache: dict = {}
@@ -269,6 +328,14 @@ class AnalyticModel:
         return cost
 
     def _layer_cost(self, ref: LayerRef, shard: Shard, device: Device) -> LayerCost:
+        if ref.kind is LayerKind.EMBEDDING:
+            return self._embedding_cost(shard, device)
+        if ref.kind is LayerKind.HEAD:
+            return self._head_cost(ref, shard, device)
+        return self._block_cost(ref, shard, device)
+
+    def _dims(self, shard: Shard) -> tuple:
+        """(t, c, sp, sp_div, p, b, s, h, s_loc, hsb, x_bytes) of a shard."""
         m = self.spec
         t, c = shard.tp, shard.cp
         sp = shard.sp and t > 1
@@ -277,60 +344,81 @@ class AnalyticModel:
         b, s, h = shard.mbs, m.seq_len, m.hidden
         s_loc = s / c
         hsb = s_loc * b * h  # elements of one hidden activation on this device's sequence chunk
+        return t, c, sp, sp_div, p, b, s, h, s_loc, hsb, p * hsb
+
+    def _gemms_s(self, device: Device, gemms) -> tuple[float, float]:
+        """Forward and backward seconds of ``(m, n, k, groups)`` GEMMs: the forward GEMM, and the
+        backward's data gradient ``[m x n] @ [n x k]`` and weight gradient ``[k x m] @ [m x n]``
+        (:func:`nest.kernels.gemm_time_s`)."""
+        p = self.spec.dtype_bytes
+        fwd = sum(gemm_time_s(device, m, n, k, g, p) for m, n, k, g in gemms)
+        bwd = sum(
+            gemm_time_s(device, m, k, n, g, p) + gemm_time_s(device, k, n, m, g, p)
+            for m, n, k, g in gemms
+        )
+        return fwd, bwd
+
+    def _embedding_cost(self, shard: Shard, device: Device) -> LayerCost:
+        m = self.spec
+        t, _, sp, sp_div, p, _, _, _, _, hsb, x_bytes = self._dims(shard)
         vocab = padded_vocab(m.vocab, t)
-        flops = self._fwd_flops(ref, b * s, vocab) / (t * c)
-        fwd_s = flops / device.achieved_flops_per_s
-        x_bytes = p * hsb  # the collective buffer of a hidden activation
+        sharded, replicated = self._embedding_params(vocab)
+        act = ((hsb if m.dropout else 0.0) + (p * hsb if m.encoder else 0.0)) / sp_div
+        ew = p * hsb + ((2 * p + 1) * hsb if m.dropout else 0.0)  # lookup write, dropout
+        fwd_s = ew / sp_div / device.hbm_bw_bytes_per_s
         tp_fwd: list[Collective] = []
         tp_bwd: list[Collective] = []
+        if t > 1:
+            tp_fwd.append(Collective("reduce_scatter" if sp else "all_reduce", "tp", x_bytes))
+            if sp:  # the backward of a reduce-scatter is an all-gather
+                tp_bwd.append(Collective("all_gather", "tp", x_bytes))
+        return LayerCost(
+            dense_params=sharded / t + replicated,
+            fwd_flops=0.0,
+            fwd_s=fwd_s,
+            bwd_s=2.0 * fwd_s,
+            act_bytes={mode: act for mode in Recompute},
+            boundary_bytes=p * hsb / sp_div,
+            fwd_collectives=tuple(tp_fwd),
+            bwd_collectives=tuple(tp_bwd),
+        )
 
-        if ref.kind is LayerKind.EMBEDDING:
-            sharded, replicated = self._embedding_params(vocab)
-            act = ((hsb if m.dropout else 0.0) + (p * hsb if m.encoder else 0.0)) / sp_div
-            ew = p * hsb + ((2 * p + 1) * hsb if m.dropout else 0.0)  # lookup write, dropout
-            fwd_s = ew / sp_div / device.hbm_bw_bytes_per_s
-            if t > 1:
-                tp_fwd.append(Collective("reduce_scatter" if sp else "all_reduce", "tp", x_bytes))
-                if sp:  # the backward of a reduce-scatter is an all-gather
-                    tp_bwd.append(Collective("all_gather", "tp", x_bytes))
-            return LayerCost(
-                dense_params=sharded / t + replicated,
-                fwd_flops=flops,
-                fwd_s=fwd_s,
-                bwd_s=2.0 * fwd_s,
-                act_bytes={mode: act for mode in Recompute},
-                boundary_bytes=p * hsb / sp_div,
-                fwd_collectives=tuple(tp_fwd),
-                bwd_collectives=tuple(tp_bwd),
-            )
+    def _head_cost(self, ref: LayerRef, shard: Shard, device: Device) -> LayerCost:
+        m = self.spec
+        t, c, sp, sp_div, p, b, s, h, s_loc, hsb, x_bytes = self._dims(shard)
+        vocab = padded_vocab(m.vocab, t)
+        tokens = b * s_loc
+        sharded, replicated, tied = self._head_params(vocab)
+        gemms = [(tokens, vocab / t, h, 1)]  # the LM head, vocabulary-parallel
+        if m.encoder:
+            gemms.append((tokens, h / t, h, 1))  # MLM transform
+        fwd_s, bwd_s = self._gemms_s(device, gemms)
+        n_hidden = 4 if m.encoder else 2  # stored hidden-size tensors (norm / linear inputs)
+        act = n_hidden * p * hsb / sp_div + 4.0 * s_loc * b * vocab / t  # fp32 logits, loss
+        tp_fwd: list[Collective] = []
+        tp_bwd: list[Collective] = []
+        if t > 1:
+            if sp:
+                tp_fwd.append(Collective("all_gather", "tp", x_bytes))
+            tp_bwd.append(Collective("reduce_scatter" if sp else "all_reduce", "tp", x_bytes))
+            # vocab-parallel cross entropy: max, sum of exponentials, target logit
+            tp_fwd += [Collective("all_reduce", "tp", 4.0 * s_loc * b)] * 3
+        return LayerCost(
+            dense_params=sharded / t + replicated,
+            tied_copy_params=tied / t,
+            fwd_flops=self._fwd_flops(ref, b * s, vocab) / (t * c),
+            fwd_s=fwd_s,
+            bwd_s=bwd_s,
+            act_bytes={mode: act for mode in Recompute},
+            transient_bytes=p * s_loc * b * vocab / t,  # bf16 logits before the fp32 cast
+            fwd_collectives=tuple(tp_fwd),
+            bwd_collectives=tuple(tp_bwd),
+        )
 
-        if ref.kind is LayerKind.HEAD:
-            sharded, replicated, tied = self._head_params(vocab)
-            n_hidden = 4 if m.encoder else 2  # stored hidden-size tensors (norm / linear inputs)
-            act = (
-                n_hidden * p * hsb / sp_div + 4.0 * s_loc * b * vocab / t
-            )  # fp32 logits for the loss
-            if t > 1:
-                if sp:
-                    tp_fwd.append(Collective("all_gather", "tp", x_bytes))
-                tp_bwd.append(Collective("reduce_scatter" if sp else "all_reduce", "tp", x_bytes))
-                # vocab-parallel cross entropy: max, sum of exponentials, target logit
-                tp_fwd += [Collective("all_reduce", "tp", 4.0 * s_loc * b)] * 3
-            return LayerCost(
-                dense_params=sharded / t + replicated,
-                tied_copy_params=tied / t,
-                fwd_flops=flops,
-                fwd_s=fwd_s,
-                bwd_s=2.0 * fwd_s,
-                act_bytes={mode: act for mode in Recompute},
-                transient_bytes=p * s_loc * b * vocab / t,  # bf16 logits before the fp32 cast
-                fwd_collectives=tuple(tp_fwd),
-                bwd_collectives=tuple(tp_bwd),
-            )
-
-        # ---- transformer block
-        sharded, replicated, exp_sharded, exp_replicated = self._block_params(ref.moe)
-        ep = shard.ep if ref.moe else 1
+    def _block_activations(self, ref: LayerRef, shard: Shard) -> dict:
+        """Stored bytes per recompute mode (Korthikanti et al. §4, module docstring)."""
+        m = self.spec
+        t, _, _, sp_div, p, b, s, h, s_loc, hsb, _ = self._dims(shard)
         mats = 3 if m.activation == "swiglu" else 2
         # Tensors outside the tensor-parallel region: norm inputs, QKV and MLP inputs, dropout
         # masks (Korthikanti §4.1); sharded over t only with sequence parallelism.
@@ -347,40 +435,63 @@ class AnalyticModel:
         # FlashAttention stores only the fp32 log-sum-exp per query and head, and recomputes the
         # scores in its backward pass (Dao et al. 2022): it stores 4 a s b bytes and its backward
         # recompute is charged under every mode.
-        core_elems = m.heads * s_loc * s * b
-        core = (p + (1 + p if m.dropout else 0)) * core_elems
+        core = (p + (1 + p if m.dropout else 0)) * m.heads * s_loc * s * b
         if self.flash_attention:
             core = 4.0 * m.heads * s_loc * b
-        act = {
+        return {
             Recompute.NONE: outside / sp_div + inside / t + core / t,
             Recompute.SELECTIVE: outside / sp_div + inside / t,
             Recompute.FULL: p * hsb / sp_div,
         }
-        if t > 1:
-            pair = (
-                [
-                    Collective("all_gather", "tp", x_bytes),
-                    Collective("reduce_scatter", "tp", x_bytes),
-                ]
-                if sp
-                else [Collective("all_reduce", "tp", x_bytes)]
+
+    def _block_gemms(self, ref: LayerRef, shard: Shard) -> dict[str, tuple]:
+        """The block's GEMMs on one device, ``name -> (m, n, k, groups)``: ``m`` tokens of the
+        device's sequence chunk (all of them after sequence parallelism's all-gather), weights
+        split over ``t`` (column-parallel QKV and FC1, row-parallel projection and FC2). A MoE
+        block's experts: ``E / ep`` local experts, each receiving ``tokens x top_k x ep / E``
+        tokens when the router balances them (as the published Megatron MoE benchmarks force),
+        times the capacity factor when one pads them (GShard, Lepikhin et al. 2021, §2.2)."""
+        m = self.spec
+        t, _, _, _, _, b, _, h, s_loc, _, _ = self._dims(shard)
+        tokens = b * s_loc
+        inner = m.ffn_hidden * (2 if m.activation == "swiglu" else 1)  # FC1 (gate and up)
+        gemms = {
+            "qkv": (tokens, (h + 2 * m.kv_dim) / t, h, 1),
+            "proj": (tokens, h, h / t, 1),
+        }
+        if ref.moe:
+            ep = shard.ep
+            local = m.num_experts // ep
+            per_expert = tokens * m.top_k * ep / m.num_experts * (m.capacity_factor or 1.0)
+            gemms["fc1"] = (per_expert, inner / t, h, local)
+            gemms["fc2"] = (per_expert, h, m.ffn_hidden / t, local)
+        else:
+            gemms["fc1"] = (tokens, inner / t, h, 1)
+            gemms["fc2"] = (tokens, h, m.ffn_hidden / t, 1)
+        return gemms
+
+    def _block_cost(self, ref: LayerRef, shard: Shard, device: Device) -> LayerCost:
+        m = self.spec
+        t, c, sp, sp_div, p, b, s, h, s_loc, hsb, x_bytes = self._dims(shard)
+        vocab = padded_vocab(m.vocab, t)
+        flops = self._fwd_flops(ref, b * s, vocab) / (t * c)
+        sharded, replicated, exp_sharded, exp_replicated = self._block_params(ref.moe)
+        ep = shard.ep if ref.moe else 1
+        gemms = self._block_gemms(ref, shard)
+        fwd_of = {name: self._gemms_s(device, [g]) for name, g in gemms.items()}
+        gemm_fwd = sum(f for f, _ in fwd_of.values())
+        gemm_bwd = sum(b_ for _, b_ in fwd_of.values())
+        # Attention core: 4 b s^2 h / (t c) counted FLOPs; a context-parallel ring runs it in
+        # blocks of s / c keys.
+        core_flops = 4.0 * b * s * s * h / (t * c)
+        if self.flash_attention:
+            attn_s = attention_time_s(device, core_flops, s / c, causal=not m.encoder)
+        else:  # unfused: the scores Q K^T and their product with V, batched over heads
+            heads = b * m.heads / t
+            d = h / m.heads
+            attn_s = gemm_time_s(device, s_loc, s, d, heads, p) + gemm_time_s(
+                device, s_loc, d, s, heads, p
             )
-            tp_fwd += pair * 2  # attention and MLP
-            tp_bwd += pair * 2
-        cp_fwd: list[Collective] = []
-        cp_bwd: list[Collective] = []
-        if c > 1:
-            kv_bytes = p * s * b * 2 * m.kv_dim / t  # K and V of the whole sequence
-            cp_fwd.append(Collective("all_gather", "cp", kv_bytes))
-            cp_bwd += [
-                Collective("all_gather", "cp", kv_bytes),
-                Collective("reduce_scatter", "cp", kv_bytes),
-            ]
-        ep_coll: list[Collective] = []
-        if ref.moe and ep > 1:
-            a2a_bytes = p * (s_loc * b / sp_div) * m.top_k * h  # tokens this device holds
-            ep_coll = [Collective("all_to_all", "ep", a2a_bytes)] * 2  # dispatch and combine
-        fwd_coll = tuple(tp_fwd + cp_fwd + ep_coll)
         # Memory-bound elementwise work (norms, residual adds, activation function, dropout,
         # RoPE, softmax) streams its inputs and outputs through HBM once (roofline model,
         # Williams et al., CACM 2009); the operator list is Korthikanti et al.'s §4.1.
@@ -390,25 +501,28 @@ class AnalyticModel:
             ew_inside *= m.top_k
         if m.position == "rope":
             ew_inside += 2 * p * s_loc * b * (h + m.kv_dim)
+        core_elems = m.heads * s_loc * s * b
         ew_core = (
             0.0
             if self.flash_attention
             else (2 * p + ((2 * p + 1) if m.dropout else 0)) * core_elems
         )
         hbm = device.hbm_bw_bytes_per_s
-        fwd_s += (ew_outside / sp_div + ew_inside / t) / hbm + ew_core / t / hbm
-        core_flops = 4.0 * b * s * s * h / (t * c)
-        core_s = core_flops / device.achieved_flops_per_s + ew_core / t / hbm
+        ew_s = (ew_outside / sp_div + ew_inside / t) / hbm + ew_core / t / hbm
+        fwd_s = gemm_fwd + attn_s + ew_s
+        bwd_s = gemm_bwd + 2.0 * attn_s + 2.0 * ew_s
+        core_s = attn_s + ew_core / t / hbm
         # FlashAttention's backward recomputes S = QK^T (half of the core's forward FLOPs), which
         # is why its backward costs 2.5x its forward rather than 2x (Dao 2023, FlashAttention-2).
         none_s = 0.5 * core_s if self.flash_attention else 0.0
         none_flops = 0.5 * core_flops if self.flash_attention else 0.0
+        fwd_coll, bwd_coll = self._block_collectives(ref, shard, device, fwd_of, attn_s)
         return LayerCost(
             dense_params=sharded / t + replicated,
             expert_params=(exp_sharded / t + exp_replicated) / ep if ref.moe else 0.0,
             fwd_flops=flops,
             fwd_s=fwd_s,
-            bwd_s=2.0 * fwd_s,
+            bwd_s=bwd_s,
             recompute_s={
                 Recompute.NONE: none_s,
                 Recompute.SELECTIVE: core_s,
@@ -419,13 +533,69 @@ class AnalyticModel:
                 Recompute.SELECTIVE: core_flops,
                 Recompute.FULL: flops + none_flops,
             },
-            act_bytes=act,
+            act_bytes=self._block_activations(ref, shard),
             boundary_bytes=p * hsb / sp_div,
             fwd_collectives=fwd_coll,
-            bwd_collectives=tuple(tp_bwd + cp_bwd + ep_coll),
+            bwd_collectives=bwd_coll,
             recompute_collectives={
                 Recompute.NONE: (),
                 Recompute.SELECTIVE: (),  # the backward's K/V gather serves the recompute too
                 Recompute.FULL: fwd_coll,
             },
         )
+
+    def _block_collectives(
+        self, ref: LayerRef, shard: Shard, device: Device, fwd_of: dict, attn_s: float
+    ):
+        """The block's forward and backward collectives, with the compute each may hide behind
+        under :class:`Overlap` (``fwd_of``: forward and backward seconds per GEMM)."""
+        m = self.spec
+        t, c, sp, sp_div, p, b, s, _, s_loc, _, x_bytes = self._dims(shard)
+        ov = self.overlap
+        slow = COMM_SMS / (device.sm_count - COMM_SMS) if device.sm_count > COMM_SMS else 0.0
+
+        def coll(op: str, axis: str, n_bytes: float, hidden_s: float = 0.0, least: float = 0.0):
+            return Collective(op, axis, n_bytes, hidden_s, least, slow if hidden_s > 0 else 0.0)
+
+        tp_fwd: list[Collective] = []
+        tp_bwd: list[Collective] = []
+        if t > 1 and sp:
+            last = 1.0 / TP_OVERLAP_SPLITS
+            for first, second, overlapped in (("qkv", "proj", True), ("fc1", "fc2", not ref.moe)):
+                on = ov.tp and overlapped
+                hide = (lambda seconds: seconds) if on else (lambda seconds: 0.0)
+                f1, b1 = fwd_of[first]
+                f2, b2 = fwd_of[second]
+                # backward halves of each GEMM: data gradient first, then weight gradient
+                tp_fwd += [
+                    coll("all_gather", "tp", x_bytes, hide(f1)),
+                    coll("reduce_scatter", "tp", x_bytes, hide(f2), last if on else 0.0),
+                ]
+                tp_bwd += [
+                    coll("all_gather", "tp", x_bytes, hide(b2 / 2)),
+                    coll("reduce_scatter", "tp", x_bytes, hide(b1 / 2)),
+                ]
+        elif t > 1:
+            tp_fwd += [Collective("all_reduce", "tp", x_bytes)] * 2  # attention and MLP
+            tp_bwd += [Collective("all_reduce", "tp", x_bytes)] * 2
+        cp_fwd: list[Collective] = []
+        cp_bwd: list[Collective] = []
+        if c > 1:
+            kv_bytes = p * s * b * 2 * m.kv_dim / t  # K and V of the whole sequence
+            share = (c - 1) / c if ov.cp else 0.0
+            cp_fwd.append(coll("all_gather", "cp", kv_bytes, share * attn_s))
+            cp_bwd += [  # the backward's attention is twice the forward's
+                coll("all_gather", "cp", kv_bytes, share * attn_s),
+                coll("reduce_scatter", "cp", kv_bytes, share * attn_s),
+            ]
+        ep_fwd: list[Collective] = []
+        ep_bwd: list[Collective] = []
+        if ref.moe and shard.ep > 1:
+            a2a_bytes = p * (s_loc * b / sp_div) * m.top_k * m.hidden  # tokens this device holds
+            attn_fwd = fwd_of["qkv"][0] + fwd_of["proj"][0] + attn_s
+            attn_bwd = fwd_of["qkv"][1] + fwd_of["proj"][1] + 2.0 * attn_s
+            hide_f = attn_fwd / 2 if ov.ep else 0.0
+            hide_b = attn_bwd / 2 if ov.ep else 0.0
+            ep_fwd = [coll("all_to_all", "ep", a2a_bytes, hide_f)] * 2  # dispatch, combine
+            ep_bwd = [coll("all_to_all", "ep", a2a_bytes, hide_b)] * 2
+        return tuple(tp_fwd + cp_fwd + ep_fwd), tuple(tp_bwd + cp_bwd + ep_bwd)

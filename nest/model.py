@@ -54,6 +54,10 @@ class ModelSpec:
     """Experts each token is routed to."""
     moe_layer_freq: int = 1
     """Block ``i`` is MoE iff ``num_experts > 1`` and ``i % moe_layer_freq == 0``."""
+    capacity_factor: float | None = None
+    """MoE expert capacity as a multiple of the balanced share of tokens (GShard's capacity
+    factor: each expert's GEMM is padded to it); None: dropless with the router balancing the
+    tokens, as the published Megatron-Core MoE benchmarks force."""
     encoder: bool = False
     """BERT-style encoder: token-type embeddings, embedding norm, MLM head and pooler."""
     dtype_bytes: int = 2
@@ -81,6 +85,11 @@ class ModelSpec:
             raise UserError(f"model {self.name}: norm={self.norm!r}; use layernorm or rmsnorm")
         if self.position not in ("learned", "rope"):
             raise UserError(f"model {self.name}: position={self.position!r}; use learned or rope")
+        if self.capacity_factor is not None and not self.capacity_factor >= 1:
+            raise UserError(
+                f"model {self.name}: capacity_factor={self.capacity_factor} must be >= 1 (or null "
+                "for dropless routing)"
+            )
         if self.num_experts < 1 or not 1 <= self.top_k <= self.num_experts:
             raise UserError(
                 f"model {self.name}: need 1 <= top_k={self.top_k} <= num_experts={self.num_experts}"

@@ -6,7 +6,7 @@ from typing import Protocol
 from nest.axes import Optimizer
 from nest.errors import UserError
 from nest.hardware import Device
-from nest.layers import LayerCost, Shard
+from nest.layers import LayerCost, Overlap, Shard
 from nest.model import LayerRef
 from nest.topology import Cluster
 
@@ -88,6 +88,17 @@ class Training:
     flash_attention: bool = True
     """Fused attention that keeps no ``s x s`` scores (Dao et al. 2022); False reproduces the
     activation inventory of Korthikanti et al. 2022."""
+    tp_comm_overlap: bool = False
+    """Megatron-Core's ``--tp-comm-overlap`` (:class:`nest.layers.Overlap`)."""
+    cp_comm_overlap: bool = False
+    """Context parallelism's ring exchange under the attention (TE ``cp_comm_type=p2p``)."""
+    ep_comm_overlap: bool = False
+    """Megatron-Core's ``--overlap-moe-expert-parallel-comm``."""
+
+    @property
+    def overlap(self) -> Overlap:
+        """The overlap features the layer model applies."""
+        return Overlap(tp=self.tp_comm_overlap, cp=self.cp_comm_overlap, ep=self.ep_comm_overlap)
 
     def __post_init__(self) -> None:
         if not isinstance(self.global_batch, int) or self.global_batch < 1:

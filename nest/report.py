@@ -39,8 +39,13 @@ class StageReport:
     compute_bwd_s: float
     recompute_s: float
     tp_comm_s: float
+    """Tensor-parallel collectives per microbatch, all of their time (both directions)."""
     cp_comm_s: float
     ep_comm_s: float
+    tp_exposed_s: float
+    """The part of ``tp_comm_s`` that no overlap hides: what the stage time is charged."""
+    cp_exposed_s: float
+    ep_exposed_s: float
     zero3_comm_s: float
     p2p_fwd_s: float
     p2p_bwd_s: float
@@ -52,6 +57,30 @@ class StageReport:
     @property
     def time_s(self) -> float:
         return self.fwd_s + self.bwd_s
+
+    @property
+    def comm_total_s(self) -> float:
+        """All communication of the chunk per microbatch (TP, CP, EP, ZeRO-3, p2p)."""
+        return (
+            self.tp_comm_s
+            + self.cp_comm_s
+            + self.ep_comm_s
+            + self.zero3_comm_s
+            + self.p2p_fwd_s
+            + self.p2p_bwd_s
+        )
+
+    @property
+    def comm_exposed_s(self) -> float:
+        """The communication the chunk's time is charged: what overlap does not hide."""
+        return (
+            self.tp_exposed_s
+            + self.cp_exposed_s
+            + self.ep_exposed_s
+            + self.zero3_comm_s
+            + self.p2p_fwd_s
+            + self.p2p_bwd_s
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

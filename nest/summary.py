@@ -66,15 +66,15 @@ def format_summary(problem: Problem, plan: Plan, report: Report) -> str:
         *_placement(problem, plan),
         "",
         f"{'stage':>5} {'layers':>9} {'recomp':>9} {'fwd ms':>8} {'bwd ms':>8} {'comm ms':>8} "
-        f"{'p2p ms':>7} {'mem GiB':>8} {'of GiB':>7}",
+        f"{'exposed':>8} {'p2p ms':>7} {'mem GiB':>8} {'of GiB':>7}",
     ]
     for s in report.stages:
         mem = report.ranks[s.pp_rank].memory
-        comm = s.tp_comm_s + s.cp_comm_s + s.ep_comm_s + s.zero3_comm_s
+        p2p = s.p2p_fwd_s + s.p2p_bwd_s
         out.append(
             f"{s.index:>5} {f'{s.first_layer}-{s.last_layer}':>9} {s.recompute:>9} "
-            f"{_ms(s.fwd_s):>8} {_ms(s.bwd_s):>8} {_ms(comm):>8} "
-            f"{_ms(s.p2p_fwd_s + s.p2p_bwd_s):>7} {mem.total_bytes / GiB:>8.2f} "
+            f"{_ms(s.fwd_s):>8} {_ms(s.bwd_s):>8} {_ms(s.comm_total_s - p2p):>8} "
+            f"{_ms(s.comm_exposed_s - p2p):>8} {_ms(p2p):>7} {mem.total_bytes / GiB:>8.2f} "
             f"{mem.capacity_bytes / GiB:>7.2f}"
         )
     out += [

@@ -6,15 +6,16 @@ and so on. Device ``d`` has coordinate ``(d mod f0, (d // f0) mod f1, ...)``: th
 level-``l`` block are the contiguous ids ``[k * P(l+1), (k+1) * P(l+1))`` with
 ``P(l) = f0 * ... * f(l-1)``.
 
-Bandwidth semantics. ``bw_bytes_per_s`` of a level is the per-device, per-direction bandwidth of
-the links at that level, divided by its oversubscription ratio. Traffic between two devices whose
-lowest common level is ``l`` traverses links of every level ``<= l`` (device -> node switch ->
-leaf -> ...), so its rate is the bottleneck ``min_{j <= l} bw_j``
-(:meth:`Cluster.path_bw_bytes_per_s`). This is also the NEST artifact's rule (docs/nest_paper.md §2:
-a level-``l`` transfer runs at ``min(bw0..bwl)``) and makes "a group placed lower in the tree is
-never slower" hold for any presets.
-Concurrent transfers of different groups do not contend: one NIC per device, rail-optimised
-networks; a stated simplification of the cost model).
+Bandwidth semantics. ``bw_bytes_per_s`` of a level is the per-device, per-direction line rate of
+the links at that level; collectives move data at ``bw_efficiency`` of it (NCCL's achieved bus
+bandwidth, e.g. about 370 of 450 GB/s on H100 NVLink), divided by its oversubscription ratio.
+Traffic between two devices whose lowest common level is ``l`` traverses links of every level
+``<= l`` (device -> node switch -> leaf -> ...), so its rate is the bottleneck
+``min_{j <= l} bw_j`` (:meth:`Cluster.path_bw_bytes_per_s`). This is also the NEST artifact's rule
+(docs/nest_paper.md §2: a level-``l`` transfer runs at ``min(bw0..bwl)``) and makes "a group
+placed lower in the tree is never slower" hold for any presets. Concurrent transfers of different
+groups do not contend (one NIC per device, rail-optimised networks; a stated simplification of
+the cost model).
 """
 
 from dataclasses import dataclass, field
@@ -39,6 +40,9 @@ class Level:
     """Latency of one message crossing this level, seconds (the alpha of alpha-beta)."""
     oversubscription: float = 1.0
     """Ratio of offered to provisioned bandwidth (>= 1); bandwidth is divided by it."""
+    bw_efficiency: float = 1.0
+    """Fraction of the line rate collectives achieve on this level's links (NCCL's bus bandwidth
+    over the line rate, from published nccl-tests results; 1: nameplate), in (0, 1]."""
 
     def __post_init__(self) -> None:
         if self.fanout < 1:
@@ -51,10 +55,16 @@ class Level:
             raise UserError(
                 f"level {self.name}: oversubscription={self.oversubscription} must be >= 1"
             )
+        if not 0 < self.bw_efficiency <= 1:
+            raise UserError(
+                f"level {self.name}: bw_efficiency={self.bw_efficiency} must be in (0, 1]"
+            )
 
     @property
     def effective_bw_bytes_per_s(self) -> float:
-        return self.bw_bytes_per_s / self.oversubscription
+        """What a collective moves per device per direction: the line rate at the achieved
+        efficiency, divided by the oversubscription."""
+        return self.bw_bytes_per_s * self.bw_efficiency / self.oversubscription
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

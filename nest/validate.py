@@ -18,7 +18,10 @@ parameter (see the README for its value and why). Optional columns and their def
 ``activation`` gelu, ``norm`` layernorm, ``bias`` true, ``position`` learned, ``tied_embeddings``
 true, ``dropout`` true, ``flash_attention`` true, ``schedule`` 1f1b, ``overlap_grad_sync`` false,
 ``zero_stage`` 0, ``virtual_stages`` 1 (the chunks per rank of an interleaved ``schedule``),
-``layer_partition`` uniform (blocks per chunk separated by ``;``), ``grad_bytes`` 2,
+``layer_partition`` uniform (blocks per chunk separated by ``;``), ``tp_comm_overlap`` /
+``cp_comm_overlap`` / ``ep_comm_overlap`` false, ``sweep`` none (rows of one published sweep share
+an id; the predicted order of its configurations is compared with the measured one, Kendall
+tau), ``grad_bytes`` 2,
 ``nvlink_gbps`` / ``network_gbps`` from the GPU (A100: 300 / 25, H100: 450 / 50),
 ``flops_counted`` hardware for metrics that say "recompute counted" and model otherwise. Blank
 microbatch means 1, blank recompute none, blank sequence parallelism "on when tp > 1".
@@ -44,9 +47,10 @@ from nest.topology import Cluster, Level
 from nest.units import US, gbps_to_bytes_per_s
 
 CONF_DEVICE = Path(__file__).resolve().parent.parent / "conf" / "device"
-GPU_DEFAULTS = {  # device preset, NVLink GB/s and network GB/s per GPU per direction
-    "A100": ("a100_80gb", 300.0, 25.0),
-    "H100": ("h100_sxm", 450.0, 50.0),
+CONF_CLUSTER = CONF_DEVICE.parent / "cluster"
+GPU_DEFAULTS = {  # device preset and the cluster preset whose node and network levels it uses
+    "A100": ("a100_80gb", "dgx_a100"),
+    "H100": ("h100_sxm", "dgx_8x8"),
 }
 NODE_GPUS = 8
 
@@ -86,11 +90,27 @@ def _int(value: str, default: int | None = None) -> int:
     return int(float(value))
 
 
-def _gpu_defaults(gpu: str) -> tuple[str, float, float]:
+def _gpu_defaults(gpu: str) -> tuple[str, str]:
     for key, values in GPU_DEFAULTS.items():
         if key in gpu:
             return values
     raise UserError(f"gpu {gpu!r} is not known; use one containing {sorted(GPU_DEFAULTS)}")
+
+
+def preset_levels(cluster_preset: str) -> tuple[dict, dict]:
+    """The node (first) and network (second) levels of a cluster preset, as written there."""
+    data = yaml.safe_load((CONF_CLUSTER / f"{cluster_preset}.yaml").read_text())
+    return data["levels"][0], data["levels"][1]
+
+
+def _level(preset: dict, fanout: int, bw_gbps: float) -> Level:
+    return Level(
+        name=preset["name"],
+        fanout=fanout,
+        bw_bytes_per_s=gbps_to_bytes_per_s(bw_gbps),
+        latency_s=preset.get("latency_us", 0.0) * US,
+        bw_efficiency=float(preset.get("bw_efficiency", 1.0)),
+    )
 
 
 def load_device(preset: str):
@@ -101,7 +121,7 @@ def load_device(preset: str):
 
 def problem_and_plan(row: dict):
     """The problem and fixed plan a CSV row describes."""
-    preset, nvlink, network = _gpu_defaults(row["gpu"])
+    preset, cluster_preset = _gpu_defaults(row["gpu"])
     heads = _int(row["heads"])
     seq = _int(row["seq"])
     spec = ModelSpec(
@@ -123,22 +143,15 @@ def problem_and_plan(row: dict):
     gpus = _int(row["gpus"])
     if gpus % NODE_GPUS:
         raise UserError(f"gpus={gpus} is not a multiple of {NODE_GPUS} GPUs per node")
+    node, network = preset_levels(cluster_preset)
+    nvlink_gbps = float(row.get("nvlink_gbps") or node["bw_gbps"])
+    network_gbps = float(row.get("network_gbps") or network["bw_gbps"])
     cluster = Cluster(
         name=f"{row['gpu']} x{gpus}",
         device=load_device(preset),
         levels=(
-            Level(
-                name="nvlink",
-                fanout=NODE_GPUS,
-                latency_s=2 * US,
-                bw_bytes_per_s=gbps_to_bytes_per_s(float(row.get("nvlink_gbps") or nvlink)),
-            ),
-            Level(
-                name="network",
-                fanout=gpus // NODE_GPUS,
-                latency_s=5 * US,
-                bw_bytes_per_s=gbps_to_bytes_per_s(float(row.get("network_gbps") or network)),
-            ),
+            _level(node, NODE_GPUS, nvlink_gbps),
+            _level(network, gpus // NODE_GPUS, network_gbps),
         ),
     )
     tp = _int(row["tp"])
@@ -152,9 +165,14 @@ def problem_and_plan(row: dict):
         overlap_grad_sync=_flag(row.get("overlap_grad_sync"), False),
         sequence_parallel=sp,
         flash_attention=flash,
+        tp_comm_overlap=_flag(row.get("tp_comm_overlap"), False),
+        cp_comm_overlap=_flag(row.get("cp_comm_overlap"), False),
+        ep_comm_overlap=_flag(row.get("ep_comm_overlap"), False),
     )
     problem = Problem(
-        model=AnalyticModel(spec, flash_attention=flash), cluster=cluster, training=training
+        model=AnalyticModel(spec, flash_attention=flash, overlap=training.overlap),
+        cluster=cluster,
+        training=training,
     )
     recompute = (row.get("recompute") or "none").split("(")[0].strip() or "none"
     settings = PlanSettings(
@@ -220,6 +238,38 @@ def predict(row: dict) -> Outcome:
     return Outcome(row, metric, measured, value, report.feasible, note)
 
 
+def kendall_tau(measured: list[float], predicted: list[float]) -> float | None:
+    """Kendall's rank correlation of two orders (tau-a over the pairs neither list ties): 1 when
+    the prediction orders every pair as measured, -1 when it reverses every pair."""
+    concordant = discordant = 0
+    for i in range(len(measured)):
+        for j in range(i + 1, len(measured)):
+            dm, dp = measured[i] - measured[j], predicted[i] - predicted[j]
+            if dm == 0 or dp == 0:
+                continue
+            if (dm > 0) == (dp > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    pairs = concordant + discordant
+    return (concordant - discordant) / pairs if pairs else None
+
+
+def sweeps(outcomes: list[Outcome]) -> dict:
+    """Per published sweep (rows sharing a ``sweep`` id: one model over several configurations,
+    one metric), whether the predicted order of the configurations is the measured one."""
+    groups: dict[tuple[str, str], list[Outcome]] = {}
+    for o in outcomes:
+        sweep = (o.row.get("sweep") or "").strip()
+        if sweep and o.predicted is not None:
+            groups.setdefault((sweep, o.metric), []).append(o)
+    out = {}
+    for (sweep, metric), items in sorted(groups.items()):
+        tau = kendall_tau([o.measured for o in items], [o.predicted for o in items])
+        out[sweep] = {"metric": metric, "n": len(items), "kendall_tau": tau}
+    return out
+
+
 def summarise(outcomes: list[Outcome]) -> dict:
     errors = [abs(o.error) for o in outcomes if o.error is not None]
     by_source: dict[str, list[float]] = {}
@@ -227,6 +277,7 @@ def summarise(outcomes: list[Outcome]) -> dict:
         if o.error is not None:
             by_source.setdefault(o.row["source"], []).append(abs(o.error))
     return {
+        "sweeps": sweeps(outcomes),
         "cases": len(outcomes),
         "predicted": len(errors),
         "median_abs_error": statistics.median(errors) if errors else None,
@@ -268,6 +319,9 @@ def run(path: Path, out_dir: Path | None, echo=print) -> dict:
             f"  {source}: {s['n']} cases, median |error| {100 * s['median_abs_error']:.1f} %, "
             f"max {100 * s['max_abs_error']:.1f} %"
         )
+    for sweep, s in summary["sweeps"].items():
+        tau = "n/a" if s["kendall_tau"] is None else f"{s['kendall_tau']:+.2f}"
+        echo(f"  sweep {sweep}: {s['n']} configurations ({s['metric']}), Kendall tau {tau}")
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         with open(out_dir / "validation.csv", "w", newline="") as fh:

@@ -29,14 +29,17 @@ def make_device(**over) -> Device:
     return Device(**kw)
 
 
-def make_cluster(fanouts=(4, 2), bws_gbps=None, lat_us=None, device=None, **over) -> Cluster:
-    """Defaults: bandwidth falling and latency rising up the levels."""
+def make_cluster(
+    fanouts=(4, 2), bws_gbps=None, lat_us=None, device=None, effs=None, **over
+) -> Cluster:
+    """Defaults: bandwidth falling and latency rising up the levels, nameplate bandwidth."""
     n = len(fanouts)
     bws_gbps = bws_gbps or (400, 50, 25, 12.5, 6.25)[:n]
     lat_us = lat_us or (1, 5, 9, 13, 17)[:n]
+    effs = effs or (1.0,) * n
     levels = tuple(
-        Level(name=f"l{i}", fanout=f, bw_bytes_per_s=b * GB, latency_s=a * US)
-        for i, (f, b, a) in enumerate(zip(fanouts, bws_gbps, lat_us, strict=True))
+        Level(name=f"l{i}", fanout=f, bw_bytes_per_s=b * GB, latency_s=a * US, bw_efficiency=e)
+        for i, (f, b, a, e) in enumerate(zip(fanouts, bws_gbps, lat_us, effs, strict=True))
     )
     return Cluster(name="test", device=device or make_device(**over), levels=levels)
 
@@ -62,7 +65,7 @@ def make_problem(spec=None, cluster=None, *, flash=False, **train) -> Problem:
     kw.update(train)
     training = Training(flash_attention=flash, **kw)
     return Problem(
-        model=AnalyticModel(spec or make_spec(), flash_attention=flash),
+        model=AnalyticModel(spec or make_spec(), flash_attention=flash, overlap=training.overlap),
         cluster=cluster or make_cluster(),
         training=training,
     )

@@ -376,8 +376,9 @@ def test_the_framework_runs_the_exported_plan(problem, settings, target):
 
 
 def test_torchtitan_runs_the_planned_microbatch_of_the_readme_command(tmp_path):
-    """The README's export command (nest, llama2_7b, dgx_8x8): a data-parallel plan of 16
-    microbatches of 1; torchtitan must run 16 accumulation steps of 1 sequence, not 16 at once."""
+    """The README's export command (nest, llama2_7b, dgx_8x8): a data-parallel plan of several
+    microbatches per replica (16 of 1 under the first cost model, the issue's case); torchtitan
+    must run them as accumulation steps of one microbatch, not all at once."""
     _, result, report, plan, _ = run_case(
         tmp_path,
         "solver=nest",
@@ -388,7 +389,7 @@ def test_torchtitan_runs_the_planned_microbatch_of_the_readme_command(tmp_path):
     world = report["devices_used"]
     ran = torchtitan_runs(tomllib.loads((tmp_path / "torchtitan.toml").read_text()), world)
     want = (plan["microbatch_size"], plan["num_microbatches"])
-    assert want == (1, 16) and ran["global_batch"] == 1024  # the issue's plan, 64 replicas
+    assert want[1] > 1 and ran["global_batch"] == 1024  # accumulation matters, 1024 sequences
     assert (ran["microbatch_size"], ran["num_microbatches"]) == want
     ran = megatron_runs(megatron_flags((tmp_path / "megatron_args.sh").read_text()), world)
     assert (ran["microbatch_size"], ran["num_microbatches"]) == want

@@ -37,6 +37,21 @@ def test_stage_model_equals_the_evaluator(seed):
         assert terms.memory_bytes == pytest.approx(rank.memory.total_bytes, rel=1e-9)
 
 
+def shape_compute(rng: random.Random) -> dict:
+    """Half the time the shape-aware compute model (nest/kernels.py) with random tiles, SMs,
+    ceiling, kernel overhead and attention table; else the flat model."""
+    if rng.random() < 0.5:
+        return {}
+    return dict(
+        compute_model="shape",
+        sm_count=rng.choice([4, 8, 24]),
+        gemm_ceiling=rng.uniform(0.5, 1.0),
+        kernel_overhead_s=rng.choice([0.0, rng.uniform(0, 5e-6)]),
+        tile_shapes=tuple(rng.sample([(16, 16), (32, 16), (16, 32), (64, 64)], 2)),
+        attention_efficiency=((32.0, rng.uniform(0.2, 0.5)), (64.0, rng.uniform(0.5, 0.9))),
+    )
+
+
 def tiny_case(seed: int):
     """A random problem of 3-8 chain layers (1-6 blocks; the model needs one) on 2-16 devices
     and 1-3 levels, and a random restriction of the space small enough for brute force."""
@@ -68,9 +83,14 @@ def tiny_case(seed: int):
             hbm_bytes=rng.choice([0.002, 0.01, 0.05, 1.0]) * 2**30,
             peak_flops_per_s=rng.uniform(1, 200) * 1e12,
             hbm_bw_bytes_per_s=rng.uniform(100, 3000) * 1e9,
+            **shape_compute(rng),
         )
         cluster = make_cluster(
-            fanouts=tuple(fanouts), bws_gbps=tuple(bws), lat_us=tuple(lats), device=device
+            fanouts=tuple(fanouts),
+            bws_gbps=tuple(bws),
+            lat_us=tuple(lats),
+            device=device,
+            effs=tuple(rng.choice([1.0, rng.uniform(0.5, 1.0)]) for _ in fanouts),
         )
         problem = make_problem(
             spec,
@@ -81,6 +101,9 @@ def tiny_case(seed: int):
             optimizer=rng.choice([Optimizer.ADAM, Optimizer.SGD]),
             overlap_grad_sync=rng.random() < 0.5,
             grad_bytes=rng.choice([2, 4]),
+            tp_comm_overlap=rng.random() < 0.5,
+            cp_comm_overlap=rng.random() < 0.5,
+            ep_comm_overlap=rng.random() < 0.5,
         )
         orders = ["tp,cp,dp,pp", "tp,cp,pp,dp", "tp,dp,pp,cp", "tp,pp,dp,cp"]
         options = dict(

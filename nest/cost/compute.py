@@ -15,6 +15,8 @@ recomputed: the embedding and the head always run in mode ``none`` and add no re
   matmuls plus the recomputed ones.
 """
 
+import numpy as np
+
 from nest.axes import Recompute
 from nest.layers import Collective, LayerCost
 
@@ -44,3 +46,14 @@ def bwd_collectives(cost: LayerCost, mode: Recompute, is_block: bool) -> tuple[C
     if not is_block:
         return cost.bwd_collectives
     return tuple(cost.bwd_collectives) + tuple(cost.recompute_collectives.get(mode, ()))
+
+
+def exposed_s(time_s, coll: Collective):
+    """What a collective of ``time_s`` seconds (scalar or numpy array) adds to its stage when it
+    overlaps compute (:class:`~nest.layers.Collective`): ``max(t - hidden_by_s, min_exposed t)``
+    plus ``slowdown * min(t, hidden_by_s)`` (all of it without overlap). Non-decreasing in
+    ``t``, which the search's floors rely on."""
+    if coll.hidden_by_s <= 0.0:
+        return time_s
+    h = coll.hidden_by_s
+    return np.maximum(time_s - h, coll.min_exposed * time_s) + coll.slowdown * np.minimum(time_s, h)

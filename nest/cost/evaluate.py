@@ -157,8 +157,13 @@ def _stage_report(
     cluster = problem.cluster
     stage, chunk = plan.stages[k], chunks[k]
     fwd_colls, bwd_colls = chunk.collectives("f"), chunk.collectives("b")
-    comm = {
+    comm = {  # exposed (charged) forward and backward time per axis
         axis: (groups.axis_time_s(fwd_colls, axis), groups.axis_time_s(bwd_colls, axis))
+        for axis in AXES
+    }
+    total = {  # and all of it, hidden or not
+        axis: groups.axis_time_s(fwd_colls, axis, exposed=False)
+        + groups.axis_time_s(bwd_colls, axis, exposed=False)
         for axis in AXES
     }
     zero3_fwd, zero3_bwd = state.zero3_traffic_s(groups, chunk.dense_params, chunk.expert_params)
@@ -183,9 +188,12 @@ def _stage_report(
         compute_fwd_s=compute_fwd,
         compute_bwd_s=compute_bwd,
         recompute_s=redo,
-        tp_comm_s=sum(comm["tp"]),
-        cp_comm_s=sum(comm["cp"]),
-        ep_comm_s=sum(comm["ep"]),
+        tp_comm_s=total["tp"],
+        cp_comm_s=total["cp"],
+        ep_comm_s=total["ep"],
+        tp_exposed_s=sum(comm["tp"]),
+        cp_exposed_s=sum(comm["cp"]),
+        ep_exposed_s=sum(comm["ep"]),
         zero3_comm_s=zero3_fwd + zero3_bwd,
         p2p_fwd_s=p2p_fwd,
         p2p_bwd_s=p2p_bwd,

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from nest.cost.collectives import OPS, linear_forms
+from nest.cost.compute import exposed_s
 from nest.layers import Collective
 from nest.topology import Cluster
 
@@ -118,15 +119,18 @@ class RankGroups:
             np.maximum(out, a_k * n_bytes + c_k, out=out)
         return np.where(n_bytes > 0, out, 0.0)
 
-    def axis_time_s(self, collectives: Iterable[tuple[Collective, int]], axis: str) -> float:
+    def axis_time_s(
+        self, collectives: Iterable[tuple[Collective, int]], axis: str, *, exposed: bool = True
+    ) -> float:
         """The collectives of ``axis`` among ``(collective, count)`` pairs (a stage's, over
         all its layers), run one after another on every group of ``axis`` at once: the slowest
-        group's total, seconds (:func:`collectives_time_s` on each split's forms)."""
+        group's total, seconds (:func:`collectives_time_s` on each split's forms); only the
+        part their overlap does not hide (``exposed``) or all of it."""
         collectives = list(collectives)
         forms = self.forms(axis)
         return max(
             (
-                collectives_time_s(collectives, axis, forms, k)
+                collectives_time_s(collectives, axis, forms, k, exposed=exposed)
                 for k in range(len(self.splits(axis)))
             ),
             default=0.0,
@@ -140,15 +144,22 @@ def split_forms(split, cluster: Cluster) -> dict[str, tuple[np.ndarray, np.ndarr
 
 
 def collectives_time_s(
-    collectives: Iterable[tuple[Collective, int]], axis: str, forms: dict, k: int = 0
+    collectives: Iterable[tuple[Collective, int]],
+    axis: str,
+    forms: dict,
+    k: int = 0,
+    *,
+    exposed: bool = True,
 ) -> float:
     """Seconds of the collectives of ``axis`` among ``(collective, count)`` pairs, one after
     another, on one group whose split has the forms ``forms[op][0][k], forms[op][1][k]``
-    (:meth:`RankGroups.forms` or :func:`split_forms`). A stage sums this over its layers per
-    split and takes the slowest split (:meth:`RankGroups.axis_time_s`)."""
+    (:meth:`RankGroups.forms` or :func:`split_forms`): each collective's exposed part
+    (:func:`nest.cost.compute.exposed_s`), or its whole time. A stage sums this over its layers
+    per split and takes the slowest split (:meth:`RankGroups.axis_time_s`)."""
     total = 0.0
     for coll, count in collectives:
         if coll.axis == axis and coll.n_bytes > 0 and forms[coll.op] is not None:
             a, c = forms[coll.op]
-            total += count * (float(a[k]) * coll.n_bytes + float(c[k]))
+            t = float(a[k]) * coll.n_bytes + float(c[k])
+            total += count * (exposed_s(t, coll) if exposed else t)
     return total

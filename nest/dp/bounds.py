@@ -80,13 +80,13 @@ import numpy as np
 
 from nest.axes import LayerKind, Recompute, Schedule
 from nest.cost.collectives import OPS, linear_forms, p2p_time_s
-from nest.cost.compute import bwd_collectives, fwd_collectives, recompute_s
+from nest.cost.compute import bwd_collectives, exposed_s, fwd_collectives, recompute_s
 from nest.cost.groups import collectives_time_s, split_forms
 from nest.cost.memory import peak_bytes, stored_bytes
 from nest.cost.pipeline import in_flight_microbatches
 from nest.cost.state import ModelState
 from nest.dp.space import Family, interleaved_chunks
-from nest.layers import Shard
+from nest.layers import Collective, Shard
 from nest.problem import Problem
 
 
@@ -197,9 +197,12 @@ class Floors:
             )
         return got
 
-    def min_time_s(self, ops: tuple[tuple[str, float], ...], n: int) -> float:
-        """Least time of the collectives ``(op, bytes)`` run one after another on one group of
-        ``n`` devices: :func:`nest.cost.groups.collectives_time_s` minimised over ``T(n)``."""
+    def min_time_s(self, ops: tuple, n: int) -> float:
+        """Least time of the collectives run one after another on one group of ``n`` devices:
+        :func:`nest.cost.groups.collectives_time_s` minimised over ``T(n)``. ``ops`` holds
+        ``(op, bytes)`` pairs (charged whole) or :class:`~nest.layers.Collective` objects
+        (charged their exposed part, :func:`~nest.cost.compute.exposed_s`, which is
+        non-decreasing in the collective's time, so its minimum is at the least time)."""
         if n <= 1 or not ops:
             return 0.0
         key = (ops, n)
@@ -207,10 +210,11 @@ class Floors:
         if got is None:
             mask = self._prod >= n
             total = np.zeros(int(mask.sum()))
-            for op, n_bytes in ops:
-                if n_bytes > 0:
-                    a, c = self._coef[op]
-                    total += a[mask] * n_bytes + c[mask]
+            for item in ops:
+                coll = item if isinstance(item, Collective) else Collective(item[0], "", item[1])
+                if coll.n_bytes > 0:
+                    a, c = self._coef[coll.op]
+                    total += exposed_s(a[mask] * coll.n_bytes + c[mask], coll)
             got = float(total.min())
             self._min_cache[key] = got
         return got
@@ -234,7 +238,7 @@ class Floors:
         total = 0.0
         pairs = [(c, 1) for c in colls]
         for axis, n in (("tp", shard.tp), ("cp", shard.cp), ("ep", shard.ep)):
-            ops = tuple((c.op, c.n_bytes) for c in colls if c.axis == axis)
+            ops = tuple(c for c in colls if c.axis == axis)
             if not ops or n <= 1:
                 continue
             if axis == "tp" and tp_splits is not None:

@@ -1,0 +1,85 @@
+"""How long a device takes for one GEMM and one fused attention kernel: the compute model.
+
+Two models, chosen per device preset (``compute_model``):
+
+- ``flat`` (the first version, kept as a switch for comparison): every FLOP at
+  ``peak x matmul_efficiency``, whatever its shape.
+- ``shape``: the work's shape decides its speed.
+
+  *GEMMs* (NVIDIA, "Matrix Multiplication Background User's Guide", DU-09799-001, §2.3 and §3):
+  cuBLAS splits the ``m x n`` output into thread-block tiles (256x128, 128x256, 128x128, ...),
+  one tile per SM at a time, so a GEMM takes ``waves = ceil(tiles / SMs)`` rounds of one tile's
+  ``2 Tm Tn k`` FLOPs (tile and wave quantization: a GEMM a little larger than a full wave pays
+  for a second one). A tile runs at the device's large-GEMM ceiling divided over its SMs: the
+  fraction of peak the best-shaped bf16 GEMMs reach in a published brute-force micro-benchmark
+  (``gemm_ceiling``: H100 SXM 794.5 of 989 TFLOP/s = 0.803, A100 SXM 271.2 of 312 = 0.869;
+  S. Bekman, ml-engineering, "Maximum Achievable Matmul FLOPS", ``mamf-finder.py``). The tile
+  shape is the fastest of the listed ones for the GEMM (cuBLAS's heuristics choose among them).
+  A GEMM also moves its operands through HBM at least once (roofline: the larger of the two
+  times), and every kernel costs a fixed ``kernel_overhead_s`` (launch, prologue and epilogue),
+  which dominates tiny GEMMs: derived from the smallest GEMMs of a published H100 measurement
+  table (OpenXLA ``xla/service/gpu/model/matmul_interpolator_data.h``, sm_90 bf16: 256x512x256
+  at 12.5 TFLOP/s, i.e. 5.4 us for 67 MFLOP, of which a one-tile wave computes 1.4 us).
+
+  *Attention* (fused FlashAttention kernels, Dao 2023; Shah et al. 2024): the kernel's achieved
+  fraction of peak grows with the sequence length it runs on (``attention_efficiency``: a
+  published table of (key length, fraction) per device, interpolated in log2 of the length and
+  held constant outside it); a causal kernel skips the masked half of the score matrix, so it
+  does half of the counted FLOPs in the same time per FLOP.
+
+Grouped expert GEMMs use :func:`gemm_time_s` with ``groups`` (each local expert's tokens are one
+GEMM of the group, all of them filling the same waves).
+"""
+
+from math import ceil, log2
+
+from nest.hardware import Device
+
+
+def gemm_time_s(
+    device: Device, m: float, n: float, k: float, groups: int = 1, dtype_bytes: int = 2
+) -> float:
+    """Seconds of ``groups`` GEMMs ``[m x k] @ [k x n]`` of ``dtype_bytes`` elements run as one
+    grouped kernel on one device (module docstring). ``m, n, k`` may be fractional for averages
+    (rounded up for the tiles)."""
+    if m <= 0 or n <= 0 or k <= 0 or groups <= 0:
+        return 0.0
+    flops = 2.0 * m * n * k * groups
+    if device.compute_model == "flat":
+        return flops / device.achieved_flops_per_s
+    per_sm_flops_per_s = device.peak_flops_per_s * device.gemm_ceiling / device.sm_count
+    m_i, n_i, k_i = ceil(m), ceil(n), ceil(k)
+    best = float("inf")
+    for tm, tn in device.tile_shapes:
+        tiles = ceil(m_i / tm) * ceil(n_i / tn) * groups
+        waves = ceil(tiles / device.sm_count)
+        best = min(best, waves * 2.0 * tm * tn * k_i / per_sm_flops_per_s)
+    operand_bytes = dtype_bytes * (m * k + k * n + m * n) * groups
+    return max(best, operand_bytes / device.hbm_bw_bytes_per_s) + device.kernel_overhead_s
+
+
+def attention_efficiency(device: Device, key_length: float) -> float:
+    """The fused attention kernel's fraction of peak at this key length (module docstring)."""
+    table = device.attention_efficiency
+    if key_length <= table[0][0]:
+        return table[0][1]
+    if key_length >= table[-1][0]:
+        return table[-1][1]
+    x = log2(key_length)
+    for (s0, e0), (s1, e1) in zip(table, table[1:], strict=False):
+        if s0 <= key_length <= s1:
+            w = (x - log2(s0)) / (log2(s1) - log2(s0))
+            return e0 + w * (e1 - e0)
+    raise AssertionError("key length inside the table was not bracketed")
+
+
+def attention_time_s(device: Device, flops: float, key_length: float, causal: bool) -> float:
+    """Seconds of a fused attention forward of ``flops`` counted FLOPs (the full score matrix,
+    as FLOP counts count it) on keys of ``key_length`` tokens (module docstring)."""
+    if flops <= 0:
+        return 0.0
+    if device.compute_model == "flat" or not device.attention_efficiency:
+        return flops / device.achieved_flops_per_s
+    done = 0.5 * flops if causal else flops
+    rate = device.peak_flops_per_s * attention_efficiency(device, key_length)
+    return done / rate + device.kernel_overhead_s

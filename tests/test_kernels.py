@@ -1,0 +1,180 @@
+"""The shape-aware compute model (nest/kernels.py) against published measurements, and the
+overlap of collectives with compute (nest/layers.py Overlap, nest/cost/compute.exposed_s)."""
+
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from nest.config import build_device
+from nest.cost import evaluate
+from nest.cost.compute import exposed_s
+from nest.kernels import attention_efficiency, gemm_time_s
+from nest.layers import Collective
+
+from .conftest import make_cluster, make_device, make_problem, make_spec
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def preset(name: str):
+    data = yaml.safe_load((CONF / "device" / f"{name}.yaml").read_text())
+    data.pop("defaults", None)
+    return build_device(data)
+
+
+# OpenXLA, xla/service/gpu/model/matmul_interpolator_data.h (sm_90 = H100 80GB HBM3, bf16,
+# batch 1): (m, n, k) -> measured TFLOP/s. The three smallest entries set the H100 preset's
+# kernel overhead; the others are checked here, never used to set a constant.
+OPENXLA_H100 = {
+    (4096, 2048, 4096): 764.1,
+    (4096, 4096, 1024): 681.1,
+    (512, 4096, 4096): 653.1,
+    (2048, 2048, 1024): 492.1,
+    (1024, 1024, 1024): 246.7,
+    (1024, 4096, 256): 214.7,
+}
+
+
+def tflops(device, m, n, k) -> float:
+    return 2 * m * n * k / gemm_time_s(device, m, n, k) / 1e12
+
+
+def test_gemm_model_reproduces_the_published_h100_table():
+    """Tile and wave quantization at the large-GEMM ceiling, plus the kernel overhead, against
+    the published H100 measurements it was not derived from: for every shape with k >= 1024
+    within 25 % (median 3 %); the one short-k GEMM (k = 256) is over-predicted by 54 %, a
+    known limit of the model (the tile's k-loop prologue is not modelled)."""
+    device = preset("h100_sxm")
+    errors = {
+        shape: tflops(device, *shape) / measured - 1 for shape, measured in OPENXLA_H100.items()
+    }
+    long_k = [e for (m, n, k), e in errors.items() if k >= 1024]
+    assert max(abs(e) for e in long_k) < 0.25
+    assert statistics.median(abs(e) for e in long_k) < 0.06
+    assert 0.4 < errors[(1024, 4096, 256)] < 0.6
+
+
+def test_large_gemms_run_at_the_published_ceiling():
+    """A GEMM filling many waves runs at the device's ceiling (H100 794.5 of 989 TFLOP/s, A100
+    271.2 of 312: ml-engineering's MAMF table), never above it."""
+    for name, ceiling in (("h100_sxm", 794.5), ("a100_80gb", 271.2)):
+        device = preset(name)
+        big = tflops(device, 16384, 16384, 16384)
+        assert big <= ceiling * 1.001
+        assert big > 0.97 * ceiling
+
+
+def test_wave_quantization_makes_one_tile_more_cost_a_wave():
+    """A GEMM of exactly one wave of tiles and one a tile larger (NVIDIA's matrix-multiplication
+    guide, §3.2): the second takes two waves."""
+    device = make_device(
+        compute_model="shape",
+        sm_count=4,
+        gemm_ceiling=1.0,
+        tile_shapes=((128, 128),),
+        hbm_bw_bytes_per_s=1e15,  # compute-bound
+    )
+    one_wave = gemm_time_s(device, 128 * 4, 128, 4096)
+    one_more = gemm_time_s(device, 128 * 4 + 1, 128, 4096)
+    assert one_more == pytest.approx(2 * one_wave, rel=1e-9)
+
+
+def test_gemm_time_never_falls_as_the_work_grows():
+    device = preset("h100_sxm")
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        m, n, k = (int(x) for x in rng.integers(1, 8192, 3))
+        for dim in range(3):
+            bigger = [m, n, k]
+            bigger[dim] += int(rng.integers(1, 512))
+            assert gemm_time_s(device, *bigger) >= gemm_time_s(device, m, n, k)
+
+
+def test_flat_model_is_the_first_version():
+    """``compute_model=flat``: every FLOP at peak x matmul_efficiency, whatever the shape."""
+    device = make_device(peak_flops_per_s=100e12, matmul_efficiency=0.5)
+    assert gemm_time_s(device, 3, 5, 7) == pytest.approx(2 * 3 * 5 * 7 / 50e12, rel=1e-12)
+
+
+def test_attention_efficiency_follows_the_published_table():
+    """FlashAttention-3 forward on H100, head dim 128 (pytorch/benchmark PR #2391): the table's
+    points exactly, interpolated in log2 of the length between them, held at the ends."""
+    device = preset("h100_sxm")
+    assert attention_efficiency(device, 4096) == pytest.approx(590.2 / 989.4, abs=1e-3)
+    between = attention_efficiency(device, 4096 * 2**0.5)
+    assert between == pytest.approx((0.597 + 0.621) / 2, rel=1e-9)
+    assert attention_efficiency(device, 100) == attention_efficiency(device, 512)
+    assert attention_efficiency(device, 10**6) == attention_efficiency(device, 16384)
+
+
+# ------------------------------------------------------------------------------ overlap
+def test_exposed_part_of_an_overlapped_collective():
+    """``max(t - hidden, min_exposed t) + slowdown min(t, hidden)``: all of it without overlap,
+    the least share when the compute covers it, never decreasing in t."""
+    plain = Collective("all_gather", "tp", 1.0)
+    assert exposed_s(3.0, plain) == 3.0
+    covered = Collective("reduce_scatter", "tp", 1.0, 10.0, 0.25, 0.1)
+    assert exposed_s(4.0, covered) == pytest.approx(0.25 * 4 + 0.1 * 4)
+    sticks_out = Collective("all_gather", "tp", 1.0, 1.0, 0.0, 0.1)
+    assert exposed_s(4.0, sticks_out) == pytest.approx(3.0 + 0.1 * 1.0)
+    times = np.linspace(0, 20, 200)
+    assert (np.diff(exposed_s(times, covered)) >= 0).all()
+
+
+def _problem(**train):
+    spec = make_spec(layers=2, hidden=8192, heads=64, ffn_hidden=32768, seq_len=4096)
+    cluster = make_cluster(
+        fanouts=(8, 2),
+        bws_gbps=(300, 25),
+        device=make_device(
+            compute_model="shape",
+            sm_count=132,
+            gemm_ceiling=0.8,
+            hbm_bytes=80e9,
+            peak_flops_per_s=989e12,
+            hbm_bw_bytes_per_s=3.35e12,
+        ),
+    )
+    return make_problem(spec, cluster, global_batch=16, **train)
+
+
+def test_tp_overlap_hides_communication_and_reports_it():
+    """--tp-comm-overlap: the same plan's stages get faster, its communication is reported in
+    full and its exposed part is smaller; without overlap the two are equal."""
+    from baselines.fixed import FixedPlanner
+
+    plain, overlapped = _problem(), _problem(tp_comm_overlap=True)
+    kw = dict(tp=8, dp=2, microbatch_size=1)
+    r0 = evaluate(plain, FixedPlanner(**kw).solve(plain))
+    r1 = evaluate(overlapped, FixedPlanner(**kw).solve(overlapped))
+    s0, s1 = r0.stages[0], r1.stages[0]
+    assert s0.tp_exposed_s == pytest.approx(s0.tp_comm_s, rel=1e-12) and s0.tp_comm_s > 0
+    assert s1.tp_comm_s == pytest.approx(s0.tp_comm_s, rel=1e-12)
+    assert s1.tp_exposed_s < 0.5 * s1.tp_comm_s
+    assert r1.iteration_time_s < r0.iteration_time_s
+    assert s1.comm_exposed_s < s1.comm_total_s
+
+
+def test_achieved_bandwidth_scales_the_bandwidth_term():
+    """A level at half the efficiency moves data at half the rate: a collective's byte term
+    doubles (latency unchanged)."""
+    from nest.cost.collectives import linear_form
+
+    full = make_cluster(fanouts=(8, 2), effs=(1.0, 1.0))
+    half = make_cluster(fanouts=(8, 2), effs=(0.5, 0.5))
+    for op in ("all_reduce", "all_gather", "all_to_all"):
+        a1, c1 = linear_form(op, (8, 2), full)
+        a2, c2 = linear_form(op, (8, 2), half)
+        assert a2 == pytest.approx(2 * a1, rel=1e-12) and c2 == c1
+
+
+def test_memory_margin_is_part_of_the_reserve():
+    """A preset's reserve: its fixed GiB plus the allocator margin's share of the HBM."""
+    device = preset("h100_sxm")
+    assert device.memory_reserve_bytes == pytest.approx(1.4 * 2**30 + 0.05 * 80e9, rel=1e-12)
+    loose = replace(device, memory_reserve_bytes=0.0)
+    assert loose.usable_bytes > device.usable_bytes
