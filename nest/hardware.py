@@ -20,7 +20,9 @@ class Device:
     hbm_bw_bytes_per_s: float
     """HBM bandwidth, bytes/s (the optimizer step is bound by it)."""
     matmul_efficiency: float = 1.0
-    """Achieved fraction of ``peak_flops_per_s`` on the model's matmuls, in (0, 1]."""
+    """Achieved fraction of ``peak_flops_per_s`` a large matmul keeps inside a training step, in
+    (0, 1]: every FLOP's rate (``flat``), the large-GEMM level (``shape``, capped by
+    ``gemm_ceiling``; :mod:`nest.kernels`)."""
     memory_reserve_bytes: float = 0.0
     """Bytes unavailable to the model (CUDA context, allocator fragmentation, framework)."""
     compute_model: str = "flat"
@@ -28,7 +30,8 @@ class Device:
     sm_count: int = 0
     """Streaming multiprocessors (``shape``: the waves of GEMM tiles)."""
     gemm_ceiling: float = 1.0
-    """``shape``: fraction of peak the best-shaped large GEMMs reach (a published benchmark)."""
+    """``shape``: fraction of peak the best-shaped large GEMMs reach in a published
+    micro-benchmark: the upper bound of ``matmul_efficiency``."""
     kernel_overhead_s: float = 0.0
     """``shape``: fixed seconds of every GEMM or attention kernel."""
     tile_shapes: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128))
@@ -77,6 +80,17 @@ class Device:
                 f"device {self.name}: memory_reserve_bytes={self.memory_reserve_bytes} must be in "
                 f"[0, hbm_bytes={self.hbm_bytes})"
             )
+
+    @property
+    def gemm_level(self) -> float:
+        """``shape``: the fraction of peak a GEMM tile runs at (:mod:`nest.kernels`)."""
+        return min(self.matmul_efficiency, self.gemm_ceiling)
+
+    @property
+    def sustained_fraction(self) -> float:
+        """``shape``: the share of an isolated kernel's measured rate kept inside a training step
+        (``gemm_level / gemm_ceiling``), applied to the measured attention efficiencies."""
+        return self.gemm_level / self.gemm_ceiling
 
     @property
     def achieved_flops_per_s(self) -> float:

@@ -10,22 +10,34 @@ Two models, chosen per device preset (``compute_model``):
   cuBLAS splits the ``m x n`` output into thread-block tiles (256x128, 128x256, 128x128, ...),
   one tile per SM at a time, so a GEMM takes ``waves = ceil(tiles / SMs)`` rounds of one tile's
   ``2 Tm Tn k`` FLOPs (tile and wave quantization: a GEMM a little larger than a full wave pays
-  for a second one). A tile runs at the device's large-GEMM ceiling divided over its SMs: the
-  fraction of peak the best-shaped bf16 GEMMs reach in a published brute-force micro-benchmark
-  (``gemm_ceiling``: H100 SXM 794.5 of 989 TFLOP/s = 0.803, A100 SXM 271.2 of 312 = 0.869;
-  S. Bekman, ml-engineering, "Maximum Achievable Matmul FLOPS", ``mamf-finder.py``). The tile
-  shape is the fastest of the listed ones for the GEMM (cuBLAS's heuristics choose among them).
-  A GEMM also moves its operands through HBM at least once (roofline: the larger of the two
-  times), and every kernel costs a fixed ``kernel_overhead_s`` (launch, prologue and epilogue),
-  which dominates tiny GEMMs: derived from the smallest GEMMs of a published H100 measurement
-  table (OpenXLA ``xla/service/gpu/model/matmul_interpolator_data.h``, sm_90 bf16: 256x512x256
-  at 12.5 TFLOP/s, i.e. 5.4 us for 67 MFLOP, of which a one-tile wave computes 1.4 us).
+  for a second one). The tile shape is the fastest of the listed ones for the GEMM (cuBLAS's
+  heuristics choose among them). A GEMM also moves its operands through HBM at least once
+  (roofline: the larger of the two times), and every kernel costs a fixed ``kernel_overhead_s``
+  (launch, prologue and epilogue), which dominates tiny GEMMs: derived from the smallest GEMMs
+  of a published H100 measurement table (OpenXLA
+  ``xla/service/gpu/model/matmul_interpolator_data.h``, sm_90 bf16: 256x512x256 at
+  12.5 TFLOP/s, i.e. 5.4 us for 67 MFLOP, of which a one-tile wave computes 1.4 us).
+
+  *The level* a tile runs at, as a fraction of peak (:attr:`Device.gemm_level`):
+  ``min(matmul_efficiency, gemm_ceiling)``. ``gemm_ceiling`` is the fraction the best-shaped
+  bf16 GEMMs reach in a published brute-force micro-benchmark (H100 SXM 794.5 of 989 TFLOP/s
+  = 0.803, A100 SXM 271.2 of 312 = 0.869; S. Bekman, ml-engineering, "Maximum Achievable
+  Matmul FLOPS", ``mamf-finder.py``): an upper bound. ``matmul_efficiency`` is the rate a
+  large GEMM keeps *inside a training step* (clocks under sustained power, launch gaps, the
+  kernels this model does not list); no published micro-benchmark isolates it, so the presets
+  keep the first cost model's stated assumption, 0.65. At the ceiling instead
+  (``matmul_efficiency`` = ``gemm_ceiling``) the model over-predicts every published run it is
+  validated against (README, "Cost-model fidelity"). The shape model's job is the *relative*
+  cost of shapes: small, ragged and grouped GEMMs lose against large ones as the tiles, waves
+  and overheads say, at whatever level.
 
   *Attention* (fused FlashAttention kernels, Dao 2023; Shah et al. 2024): the kernel's achieved
   fraction of peak grows with the sequence length it runs on (``attention_efficiency``: a
   published table of (key length, fraction) per device, interpolated in log2 of the length and
-  held constant outside it); a causal kernel skips the masked half of the score matrix, so it
-  does half of the counted FLOPs in the same time per FLOP.
+  held constant outside it), measured like the GEMM ceiling in isolation, so it is scaled by
+  the same ``gemm_level / gemm_ceiling`` (:attr:`Device.sustained_fraction`); a causal kernel
+  skips the masked half of the score matrix, so it does half of the counted FLOPs in the same
+  time per FLOP.
 
 Grouped expert GEMMs use :func:`gemm_time_s` with ``groups`` (each local expert's tokens are one
 GEMM of the group, all of them filling the same waves).
@@ -47,7 +59,7 @@ def gemm_time_s(
     flops = 2.0 * m * n * k * groups
     if device.compute_model == "flat":
         return flops / device.achieved_flops_per_s
-    per_sm_flops_per_s = device.peak_flops_per_s * device.gemm_ceiling / device.sm_count
+    per_sm_flops_per_s = device.peak_flops_per_s * device.gemm_level / device.sm_count
     m_i, n_i, k_i = ceil(m), ceil(n), ceil(k)
     best = float("inf")
     for tm, tn in device.tile_shapes:
@@ -81,5 +93,9 @@ def attention_time_s(device: Device, flops: float, key_length: float, causal: bo
     if device.compute_model == "flat" or not device.attention_efficiency:
         return flops / device.achieved_flops_per_s
     done = 0.5 * flops if causal else flops
-    rate = device.peak_flops_per_s * attention_efficiency(device, key_length)
+    rate = (
+        device.peak_flops_per_s
+        * attention_efficiency(device, key_length)
+        * device.sustained_fraction
+    )
     return done / rate + device.kernel_overhead_s

@@ -13,8 +13,9 @@ evaluator, and the prediction is compared with the measured number:
 - ``tflops_per_gpu``, ``MFU`` and the Megatron-Core ``aggregate_pflops`` count model FLOPs;
   ``flops_counted`` says which a row uses.
 
-No per-case factor is fitted: the device presets' ``matmul_efficiency`` is the one calibration
-parameter (see the README for its value and why). Optional columns and their defaults when absent:
+No per-case factor is fitted. Every constant of the device and cluster presets is cited, except
+``matmul_efficiency`` (the rate a large GEMM keeps inside a training step, an assumption: see
+:mod:`nest.kernels`) and the latencies across the fabric. Optional columns and their defaults when absent:
 ``activation`` gelu, ``norm`` layernorm, ``bias`` true, ``position`` learned, ``tied_embeddings``
 true, ``dropout`` true, ``flash_attention`` true, ``schedule`` 1f1b, ``overlap_grad_sync`` false,
 ``zero_stage`` 0, ``virtual_stages`` 1 (the chunks per rank of an interleaved ``schedule``),
