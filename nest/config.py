@@ -59,6 +59,15 @@ class ClusterConfig:
     """Total devices; the top level's fan-out follows from it when left null."""
     device: DeviceConfig = field(default_factory=DeviceConfig)
     levels: list[LevelConfig] = field(default_factory=list)
+    graph_path: str | None = None
+    """A network graph file (networkx node-link .json or .graphml; :mod:`nest.graph.build`):
+    the cluster is that graph, not ``levels``."""
+    topology: str | None = None
+    """A graph generator (``tpuv4_torus``, ``rail_optimized``, ``leaf_spine``), ``measured``
+    (a pairwise bandwidth table) or ``hierarchy`` (``levels`` as a graph): :mod:`nest.graph`."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """The generator's parameters (:mod:`nest.graph.generators`; ``measured``: ``table``,
+    ``latency_us``)."""
 
 
 # The model schema is the ModelSpec's own fields (same names, types and defaults), so the two
@@ -186,6 +195,10 @@ def build_device(cfg: Any) -> Device:
 def build_cluster(cfg: Any) -> Cluster:
     c = _plain(cfg)
     name = c.get("name", "cluster")
+    if c.get("graph_path") or (c.get("topology") and c.get("topology") != "hierarchy"):
+        from nest.graph import build_graph_cluster
+
+        return build_graph_cluster(c, build_device(c["device"]))
     levels_cfg = c.get("levels") or []
     if not levels_cfg:
         raise UserError(f"cluster {name}: give at least one level under cluster.levels")
@@ -235,7 +248,12 @@ def build_cluster(cfg: Any) -> Cluster:
         )
         for i, lv in enumerate(levels_cfg)
     )
-    return Cluster(name=name, device=build_device(c["device"]), levels=levels)
+    cluster = Cluster(name=name, device=build_device(c["device"]), levels=levels)
+    if c.get("topology") == "hierarchy":  # the same hierarchy, priced as a graph
+        from nest.graph import build_graph_cluster
+
+        return build_graph_cluster(c, cluster.device, hierarchy=cluster)
+    return cluster
 
 
 def build_model_spec(cfg: Any) -> ModelSpec:

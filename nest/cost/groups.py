@@ -15,7 +15,9 @@ All groups of a kind run the same collective at once, so a collective costs its 
 (synchronous parallelism: every rank waits for it). The cost model sees a group only through its
 level split (:meth:`nest.topology.Cluster.group_factors`), so :class:`RankGroups` keeps, per kind,
 the distinct splits and their affine forms (:func:`nest.cost.collectives.linear_forms`), and
-prices any byte count, scalar or numpy array, as the maximum over the splits.
+prices any byte count, scalar or numpy array, as the maximum over the splits. On a graph cluster
+a "split" is a cost class, computed for all groups of the kind together so that the links they
+share are shared in one place (:meth:`nest.graph.network.Network.group_classes`).
 """
 
 from collections.abc import Iterable
@@ -51,8 +53,12 @@ def translated(devices, cluster: Cluster) -> np.ndarray:
     possible: the level splits of every group, hence every collective's cost, are unchanged
     (a group split counts blocks touched per level, and such a move maps every block of every
     level below the top onto a block of the same level). Placements whose ranks differ only by
-    such a move (e.g. pipeline ranks in different scalable units) share one :class:`RankGroups`."""
+    such a move (e.g. pipeline ranks in different scalable units) share one :class:`RankGroups`.
+    On a graph the move is made only where the graph promises it changes no cost
+    (:attr:`nest.graph.network.Network.symmetric`)."""
     devices = np.asarray(devices, dtype=np.int64)
+    if cluster.network is not None and not cluster.network.symmetric:
+        return devices  # a graph need not look the same from every block
     child = cluster.block_size(cluster.num_levels - 2)  # 1 for a single level
     return devices - (int(devices.min()) // child) * child
 
@@ -73,9 +79,12 @@ class RankGroups:
         got = self._splits.get(kind)
         if got is None:
             arr = self.arrays[kind]
-            got = (
-                () if arr.shape[1] <= 1 else tuple(sorted(self.cluster.distinct_group_factors(arr)))
-            )
+            if arr.shape[1] <= 1:
+                got = ()
+            elif self.cluster.network is not None:  # cost classes, links shared by the groups
+                got = self.cluster.network.group_classes(arr, all_to_all=kind == "ep")
+            else:
+                got = tuple(sorted(self.cluster.distinct_group_factors(arr)))
             self._splits[kind] = got
         return got
 

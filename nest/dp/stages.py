@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nest.axes import LayerKind, Recompute
-from nest.cost.collectives import pair_p2p_time_s
+from nest.cost.collectives import p2p_classes, pair_p2p_time_s
 from nest.cost.compute import bwd_collectives, fwd_collectives, recompute_s
 from nest.cost.groups import AXES, RankGroups, collectives_time_s, translated
 from nest.cost.memory import peak_bytes, rank_memory_bytes, stored_bytes
@@ -266,13 +266,13 @@ class StageModel:
         least = np.min([self.memory_from(r, i, mode) for mode in allowed], axis=0)
         return np.where(has_block, least, self.memory_from(r, i, Recompute.NONE))
 
-    def p2p_levels(self, a: int, b: int) -> list[int]:
-        """Levels the devices of pipeline ranks ``a`` and ``b`` share, pair by pair."""
+    def p2p_levels(self, a: int, b: int) -> list:
+        """Levels the devices of pipeline ranks ``a`` and ``b`` share, pair by pair (cost
+        classes on a graph: :func:`nest.cost.collectives.p2p_classes`, the same either way)."""
         key = (a, b) if a < b else (b, a)
         got = self._levels.get(key)
         if got is None:
-            levels = self.problem.cluster.common_levels(self.grid[a], self.grid[b])
-            got = sorted({int(x) for x in np.unique(levels)})
+            got = p2p_classes(self.problem.cluster, self.grid[a], self.grid[b])
             self._levels[key] = got
         return got
 
