@@ -64,7 +64,8 @@ class ClusterConfig:
     the cluster is that graph, not ``levels``."""
     topology: str | None = None
     """A graph generator (``tpuv4_torus``, ``rail_optimized``, ``leaf_spine``), ``measured``
-    (a pairwise bandwidth table) or ``hierarchy`` (``levels`` as a graph): :mod:`nest.graph`."""
+    (a pairwise bandwidth table), ``graph`` (the file ``graph_path``) or ``hierarchy``
+    (``levels`` as a graph): :mod:`nest.graph`."""
     params: dict[str, Any] = field(default_factory=dict)
     """The generator's parameters (:mod:`nest.graph.generators`; ``measured``: ``table``,
     ``latency_us``)."""

@@ -18,7 +18,7 @@ from nest.graph.build import graph_cluster, measured_graph, read_graph_file
 from nest.graph.generators import GENERATORS, hierarchy_graph
 from nest.hardware import Device
 
-TOPOLOGIES = (*GENERATORS, "measured", "hierarchy")
+TOPOLOGIES = (*GENERATORS, "measured", "hierarchy", "graph")
 
 
 def _params(fn, params: dict, topology: str) -> dict:
@@ -37,6 +37,10 @@ def build_graph_cluster(c: dict, device: Device, hierarchy=None):
     name = c.get("name") or "graph"
     path, topology = c.get("graph_path"), c.get("topology")
     params = dict(c.get("params") or {})
+    if topology == "graph":  # conf/cluster/graph.yaml: a file, which must be given
+        topology = None
+        if not path:
+            read_graph_file(None)  # the error naming cluster.graph_path
     if path and topology:
         raise UserError(
             f"cluster {name}: give cluster.graph_path or cluster.topology, not both "

@@ -9,9 +9,11 @@ a GraphML file (``networkx.write_graphml``), undirected, one edge per link:
   under dimension-order routing, ``coord: [x, y, z]``;
 - edges: ``bw_gbps`` (decimal GB/s per direction, > 0) and ``latency_us`` (>= 0);
 - graph attributes, all optional: ``routing`` (``ecmp``, the default, or ``dimension_order``
-  with ``dims: [X, Y, Z]`` and a ``coord`` per device), ``symmetric`` (see
+  with ``dims: [X, Y, Z]`` and a ``coord`` per device), ``relay`` (``false``: devices do not
+  forward other devices' traffic, only switches do), ``symmetric`` (see
   :attr:`nest.graph.network.Network.symmetric`; only when true), ``level_names`` (names of the
-  derived levels).
+  derived levels). GraphML has no lists: write them as comma-separated strings
+  (``"x,y,z"``).
 
 Every device must reach every other. A bad file is one ``UserError`` naming the node or edge.
 
@@ -19,8 +21,9 @@ Every device must reach every other. A bad file is one ``UserError`` naming the 
 ``device_a,device_b,gbps`` (optionally ``latency_us``), one row per device pair, the bandwidth
 one device achieves sending to the other (e.g. nccl-tests' ``sendrecv_perf`` between the two).
 Every pair must be measured; a pair given twice (both directions) keeps the lower figure. The
-cluster is a complete graph of direct links at the measured rates, so contention between pairs
-is not modelled beyond what each measurement already holds.
+cluster is a complete graph of direct links at the measured rates that devices do not relay
+(each pair's traffic takes its own measured path), so contention between pairs is not modelled
+beyond what each measurement already holds.
 """
 
 import csv
@@ -135,9 +138,11 @@ def network_from_graph(graph: nx.Graph, name: str) -> Network:
     routing = str(attrs.get("routing", "ecmp"))
     if routing not in ROUTINGS:
         raise UserError(f"{where}: routing={routing!r}; use one of {list(ROUTINGS)}")
-    symmetric = attrs.get("symmetric", False)
+    symmetric, relay = attrs.get("symmetric", False), attrs.get("relay", True)
     if isinstance(symmetric, str):
         symmetric = symmetric.strip().lower() == "true"
+    if isinstance(relay, str):
+        relay = relay.strip().lower() != "false"
     names = tuple(str(v) for v in _sequence(attrs.get("level_names", []), f"{where} level_names"))
     positions = {}
     for node, data in graph.nodes(data=True):
@@ -160,6 +165,7 @@ def network_from_graph(graph: nx.Graph, name: str) -> Network:
         link_bw=np.array(bw),
         link_lat=np.array(lat),
         routing=routing,
+        relay=bool(relay),
         symmetric=bool(symmetric),
         dims=dims,
         coords=coords,
@@ -278,7 +284,7 @@ def measured_graph(table, *, latency_us: float = 5.0) -> nx.Graph:
     names = sorted(order, key=lambda d: _device_sort_key(d, order[d]))
     if len(names) < 2:
         raise UserError(f"{table}: needs at least two devices")
-    graph = nx.Graph(name=file.stem)
+    graph = nx.Graph(name=file.stem, relay=False)  # a pair's figure is its own path
     for d in names:
         graph.add_node(d, kind="gpu")
     for i, a in enumerate(names):

@@ -82,7 +82,12 @@ def pair_bounds(net: Network) -> tuple[np.ndarray, np.ndarray]:
         for u in range(n):
             links = net._out[u]
             here = dist[u]
-            ahead = weight[links][:, None] + dist[net.link_dst[links]]
+            nxt = net.link_dst[links]
+            ahead = dist[nxt]
+            if not net.relay:  # the destination itself, else no device on the way
+                ahead = np.where((nxt < n)[:, None], np.inf, ahead)
+                ahead[nxt < n, nxt[nxt < n]] = 0.0
+            ahead = weight[links][:, None] + ahead
             tight = np.abs(ahead - here[None, :]) <= 1e-9 * here[None, :]
             cap[u] = (tight * net.link_bw[links][:, None]).sum(axis=0)
         pair_rate = np.minimum(cap, cap.T)  # a pair's in-links are the reverse pair's out-links

@@ -11,10 +11,11 @@ multipath routing as switches do it, per hop (Hopps, RFC 2992, "Analysis of an E
 Multi-Path Algorithm", 2000; the link cost inverse to bandwidth is OSPF's convention, RFC 2328
 §C.3, here with the latency added so that a faster but longer path loses to a direct one).
 Switches are non-blocking: only links carry limits. Devices forward traffic too (a torus has no
-switches). A torus may instead use **dimension-order routing** (``routing: dimension_order``):
-each dimension in turn along its shorter direction, half each way when both are equally short;
-the deterministic minimal routing of k-ary n-cubes (Dally and Towles, "Principles and Practices
-of Interconnection Networks", 2004, ch. 14).
+switches), unless the graph says ``relay: false`` (a measured table: every pair's figure is its
+own path). A torus may instead use **dimension-order routing** (``routing: dimension_order``):
+each dimension in turn along its shorter direction, the positive one when both are equally
+short; the deterministic minimal routing of k-ary n-cubes (Dally and Towles, "Principles and
+Practices of Interconnection Networks", 2004, ch. 14).
 
 **Collectives** (:meth:`Network.group_classes`) run the hierarchical algorithms of
 :mod:`nest.cost.collectives` over the cluster's *derived hierarchy* (:mod:`nest.graph.derive`),
@@ -90,6 +91,9 @@ class Network:
     link_lat: np.ndarray
     """Seconds."""
     routing: str = "ecmp"
+    relay: bool = True
+    """Devices forward other devices' traffic (a torus; NVLink to a NIC). False: only switches
+    do (a measured table's direct pairs)."""
     symmetric: bool = False
     """The graph's promise that moving every device by a whole top-level child block of the
     derived hierarchy, ``d -> (d + k B) mod N``, and that mapping a device to device 0 while
@@ -111,6 +115,7 @@ class Network:
     _out: list = field(default_factory=list, repr=False)
     _link_at: dict = field(default_factory=dict, repr=False)
     _bounds: tuple | None = field(default=None, repr=False)
+    _lat_list: list = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         n_nodes = len(self.devices) + len(self.switches)
@@ -184,12 +189,16 @@ class Network:
             self._routes[key] = got
         return got
 
-    def _tight(self, x: int, col: np.ndarray) -> np.ndarray:
+    def _tight(self, x: int, col: np.ndarray, target: int) -> np.ndarray:
         """Out-links of node ``x`` on a least-cost path towards the destination of ``col``."""
         links = self._out[x]
         w = self.link_lat[links] + REFERENCE_BYTES / self.link_bw[links]
         here = col[x]
-        return links[np.abs(w + col[self.link_dst[links]] - here) <= TIE * here]
+        ahead = col[self.link_dst[links]]
+        if not self.relay:  # no device but the destination on the way
+            ahead = np.where(self.link_dst[links] < self.num_devices, np.inf, ahead)
+            ahead[self.link_dst[links] == target] = 0.0
+        return links[np.abs(w + ahead - here) <= TIE * here]
 
     def _ecmp_route(self, u: int, v: int) -> Route:
         col = self._distances()[:, v]
@@ -203,7 +212,7 @@ class Network:
             x = stack.pop()
             if x == v:
                 continue
-            hops[x] = self._tight(x, col)
+            hops[x] = self._tight(x, col, v)
             for e in hops[x].tolist():
                 y = int(self.link_dst[e])
                 if y not in seen:
@@ -223,44 +232,46 @@ class Network:
 
     def _dor_route(self, u: int, v: int) -> Route:
         coords, dims = self.coords, self.dims
-        states = {u: (1.0, 0.0)}  # node -> (share, latency)
-        loads: dict = {}
+        step, link = self._torus_steps()
+        x, latency = u, 0.0
+        links = []
         for d, size in enumerate(dims):
-            nxt: dict = {}
-            for x, (share, lat) in states.items():
-                delta = int((coords[v][d] - coords[x][d]) % size)
-                if delta == 0:
-                    ways = [(0, 0)]
-                elif 2 * delta < size or size <= 2:
-                    ways = [(+1, delta)]
-                elif 2 * delta > size:
-                    ways = [(-1, size - delta)]
-                else:  # half-way round: both directions, half each
-                    ways = [(+1, delta), (-1, delta)]
-                part = share / len(ways)
-                for sign, steps in ways:
-                    y, y_lat = x, lat
-                    for _ in range(steps):
-                        target = list(coords[y])
-                        target[d] = (target[d] + sign) % size
-                        z = self._at_coord[tuple(target)]
-                        e = self._link_at[(y, z)]
-                        loads[e] = loads.get(e, 0.0) + part
-                        y_lat += float(self.link_lat[e])
-                        y = z
-                    old = nxt.get(y, (0.0, 0.0))
-                    nxt[y] = (old[0] + part, max(old[1], y_lat))
-            states = nxt
-        links = np.array(sorted(loads), dtype=np.int64)
-        ((_, latency),) = states.values()
-        return Route(links, np.array([loads[e] for e in links.tolist()]), latency)
+            delta = int((coords[v][d] - coords[x][d]) % size)
+            if delta == 0:
+                continue
+            sign, hops = (1, delta) if 2 * delta <= size else (0, size - delta)
+            for _ in range(hops):
+                e = link[d][sign][x]
+                links.append(e)
+                latency += self._lat_list[e]
+                x = step[d][sign][x]
+        order = np.array(sorted(links), dtype=np.int64)
+        return Route(order, np.ones(len(order)), latency)
 
-    @property
-    def _at_coord(self) -> dict:
-        got = self._routes.get("coords")
+    def _torus_steps(self):
+        """Per dimension and direction (0: minus, 1: plus), each device's neighbour and the link
+        to it (dimension-order routing's tables)."""
+        got = self._routes.get("steps")
         if got is None:
-            got = {tuple(int(c) for c in xyz): d for d, xyz in enumerate(self.coords)}
-            self._routes["coords"] = got
+            at = {tuple(int(c) for c in xyz): d for d, xyz in enumerate(self.coords)}
+            step, link = [], []
+            for d, size in enumerate(self.dims):
+                per_sign_step, per_sign_link = [], []
+                for sign in (-1, 1):
+                    nb, ln = [], []
+                    for xyz in self.coords.tolist():
+                        target = list(xyz)
+                        target[d] = (target[d] + sign) % size
+                        z = at[tuple(target)]
+                        nb.append(z)
+                        ln.append(self._link_at.get((at[tuple(xyz)], z), -1))
+                    per_sign_step.append(nb)
+                    per_sign_link.append(ln)
+                step.append(per_sign_step)
+                link.append(per_sign_link)
+            got = (step, link)
+            self._routes["steps"] = got
+            self._lat_list = self.link_lat.tolist()
         return got
 
     def _routes_of(self, src: np.ndarray, dst: np.ndarray):
@@ -489,10 +500,16 @@ def least_costs(net: Network, weight: np.ndarray) -> np.ndarray:
     dist = np.full((n_nodes, n_dev), np.inf)
     dist[np.arange(n_dev), np.arange(n_dev)] = 0.0
     chunk = max(1, 4_000_000 // max(1, len(src)))
+    into_device = dst < n_dev
     for lo in range(0, n_dev, chunk):
         part = dist[:, lo : lo + chunk]
+        # without relays a device is only ever the end of a path: reached, never passed through
+        arrive = np.where(dst[into_device, None] == np.arange(lo, lo + part.shape[1]), 0.0, np.inf)
         for _ in range(n_nodes):
-            cand = np.minimum.reduceat(w[:, None] + part[dst], starts, axis=0)
+            ahead = part[dst]
+            if not net.relay:
+                ahead[into_device] = arrive
+            cand = np.minimum.reduceat(w[:, None] + ahead, starts, axis=0)
             better = cand < part[owners]
             if not better.any():
                 break
