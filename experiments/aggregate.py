@@ -241,6 +241,7 @@ def comparison(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
             "peak_memory_bytes",
             "solve_wall_s",
             "level_fanouts",
+            "network",
             "job_dir",
         ]
     ].copy()
