@@ -526,3 +526,29 @@ def test_cli_graph_presets_and_their_errors(tmp_path):
         failed = run(*overrides)
         assert failed.returncode == 2, (overrides, failed.stdout, failed.stderr)
         assert "error:" in failed.stderr and match in failed.stderr, failed.stderr
+
+
+def test_the_network_picture_draws_the_plan_and_its_traffic(tmp_path):
+    """``network.png`` of a graph run, and the traffic it draws: a two-stage pipeline across
+    the link between two switches puts every boundary pair on that link."""
+    from experiments.plots import plan_traffic, save_network_figure
+    from nest.serialize import plan_to_dict
+
+    graph = _small_graph()
+    cluster = graph_cluster("g", DEVICE, graph)
+    problem = make_problem(make_spec(), cluster, global_batch=8)
+    from baselines.fixed import FixedPlanner
+
+    plan = FixedPlanner(tp=1, pp=2, dp=4, rank_order="tp,cp,dp,pp").solve(problem)
+    data = plan_to_dict(plan)
+    traffic = plan_traffic(cluster.network, data)
+    net = cluster.network
+    keys = list(net.devices) + list(net.switches)
+    edge = {
+        tuple(sorted((keys[a], keys[b]))): t
+        for a, b, t in zip(net.link_src[0::2], net.link_dst[0::2], traffic, strict=True)
+    }
+    # ranks 0 and 1 are the two nodes; each boundary pair goes over its two NICs
+    assert edge[("gpu0.0", "leaf")] >= 2 and edge[("gpu1.3", "leaf")] >= 2
+    path = save_network_figure(data, net, tmp_path / "network.png", title="t")
+    assert path.exists() and path.stat().st_size > 10_000
