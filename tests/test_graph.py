@@ -548,7 +548,10 @@ def test_the_network_picture_draws_the_plan_and_its_traffic(tmp_path):
         tuple(sorted((keys[a], keys[b]))): t
         for a, b, t in zip(net.link_src[0::2], net.link_dst[0::2], traffic, strict=True)
     }
-    # ranks 0 and 1 are the two nodes; each boundary pair goes over its two NICs
-    assert edge[("gpu0.0", "leaf")] >= 2 and edge[("gpu1.3", "leaf")] >= 2
+    # ranks 0 and 1 are the two nodes: each boundary pair crosses its two NICs once, each
+    # node's data-parallel ring stays on its NVSwitch
+    for i in range(4):
+        assert edge[(f"gpu0.{i}", "leaf")] == 1 and edge[(f"gpu1.{i}", "leaf")] == 1
+        assert edge[(f"gpu0.{i}", "nv0")] == 2  # in and out of the ring
     path = save_network_figure(data, net, tmp_path / "network.png", title="t")
     assert path.exists() and path.stat().st_size > 10_000
