@@ -2,7 +2,10 @@
 
 Times the full-space search (1F1B and interleaved) on the issue's target cases and on two
 device-count series, prints a table and one machine-readable JSON line per case
-(``BENCH {...}``), and the ratio to the ``megatron`` rules' iteration time in the same run. Each
+(``BENCH {...}``), and the ratio to the ``megatron`` rules' iteration time in the same run.
+``--graphs``: the graph clusters instead (a TPU v4 torus from 64 to 4096 chips, rails and
+leaf-spine at 1024 GPUs); ``build s`` is the CPU time of building the problem, the graph and its
+derived hierarchy included. Each
 case runs in a fresh process, so its peak resident memory is its own; CPU seconds are reported
 next to wall seconds because the machine may be shared.
 """
@@ -24,7 +27,17 @@ from nest.errors import Infeasible
 TARGETS = [
     ("gpt3_175b", "tpuv4_fattree", 1024, 4096, [1, 2, 4, 8], 10.0),
     ("llama3_405b", "dgx_h100_superpod", 16384, 4096, [1, 2, 4, 8], 60.0),
+    ("gpt3_175b", "tpuv4_torus", 1024, 4096, [1, 2, 4, 8], 10.0),
 ]
+GRAPHS = [
+    ("gpt3_175b", "tpuv4_torus", n, 4096, [1, 2, 4, 8], 10.0 if n == 1024 else None)
+    for n in (64, 128, 256, 512, 1024, 2048, 4096)
+] + [
+    ("gpt3_175b", cluster, 1024, 4096, [1, 2, 4, 8], None)
+    for cluster in ("rail_optimized", "leaf_spine")
+]
+"""Graph clusters (nest/graph): the torus series around the 1024-chip target, and the other
+two graph presets at 1024 GPUs."""
 SERIES = [
     ("gpt3_175b", "tpuv4_fattree", n, 4096, [1, 2, 4, 8], None)
     for n in (64, 128, 256, 512, 2048, 4096, 8192, 16384)
@@ -55,7 +68,9 @@ def problem_for(model, cluster, devices, batch, mbs):
 
 def run_case(model, cluster, devices, batch, mbs, target_s):
     register_schemas()
+    start, cpu = time.perf_counter(), time.process_time()
     problem = problem_for(model, cluster, devices, batch, mbs)
+    build_wall, build_cpu = time.perf_counter() - start, time.process_time() - cpu
     start, cpu = time.perf_counter(), time.process_time()
     try:
         plan = NestPlanner().solve(problem)
@@ -80,6 +95,8 @@ def run_case(model, cluster, devices, batch, mbs, target_s):
         "iteration_time_s": value,
         "solve_wall_s": wall,
         "solve_cpu_s": cpu,
+        "build_wall_s": build_wall,
+        "build_cpu_s": build_cpu,
         "process_peak_rss_bytes": peak,
         "target_s": target_s,
         "megatron_iteration_time_s": meg,
@@ -113,10 +130,16 @@ def run_isolated(case):
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench_search")
     parser.add_argument("--quick", action="store_true", help="two small cases only")
+    parser.add_argument(
+        "--graphs",
+        action="store_true",
+        help="the graph clusters only (torus series, rails, leaf-spine)",
+    )
     args = parser.parse_args()
-    cases = QUICK if args.quick else SERIES + TARGETS
+    cases = QUICK if args.quick else GRAPHS if args.graphs else SERIES + TARGETS
     print(
-        f"{'case':<36} {'configs':>9} {'solved':>7} {'wall s':>7} {'cpu s':>7} {'rss MB':>7} "
+        f"{'case':<36} {'configs':>9} {'solved':>7} {'build s':>7} {'wall s':>7} {'cpu s':>7} "
+        f"{'rss MB':>7} "
         f"{'target':>6} {'iter s':>8} {'x megatron':>10}  plan"
     )
     for case in cases:
@@ -129,7 +152,8 @@ def main() -> None:
         search = row["search"] or {}
         print(
             f"{name:<36} {search.get('configurations', 0):>9} "
-            f"{search.get('configurations_solved', 0):>7} {row['solve_wall_s']:>7.2f} "
+            f"{search.get('configurations_solved', 0):>7} {row['build_cpu_s']:>7.2f} "
+            f"{row['solve_wall_s']:>7.2f} "
             f"{row['solve_cpu_s']:>7.2f} {row['process_peak_rss_bytes'] / 2**20:>7.0f} "
             f"{target:>6} {it:>8} {sp:>10}  {p}"
         )

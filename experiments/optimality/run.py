@@ -111,8 +111,11 @@ def still_running(what: str, every_s: float) -> Iterator[None]:
 
 
 def study_row(seed: int, cfg) -> dict:
-    problem, options = instance(seed, max_devices=cfg.max_devices, restrict=cfg.restrict)
-    row = {"seed": seed, "restrict": bool(cfg.restrict), **describe(problem)}
+    problem, options = instance(
+        seed, max_devices=cfg.max_devices, restrict=cfg.restrict, network=cfg.network
+    )
+    row = {"seed": seed, "restrict": bool(cfg.restrict), "network": cfg.network}
+    row.update(describe(problem))
     plans = count_plans(problem, SpaceOptions(**options))
     row["space_plans"] = plans
     results = {}

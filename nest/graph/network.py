@@ -45,7 +45,8 @@ groups of a kind share a link and every formula reduces to the hierarchical mode
 
 What the cost model keeps per group kind is the set of *cost classes*
 (:class:`nest.graph.classes.GroupClass`: the affine forms of one group) with dominated ones
-dropped, so a collective's time is still "the slowest group", now with contention inside it.
+dropped, so a collective's time is still "the slowest group", now
+with contention inside it.
 """
 
 from collections.abc import Sequence
