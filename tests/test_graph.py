@@ -78,9 +78,12 @@ def test_the_dgx_8x8_graph_gives_the_hierarchys_plans_and_numbers():
     problem = problem_for("llama2_7b", "dgx_8x8", 64, 1024, [1, 2, 4])
     graph_problem = as_graph(problem)
     assert graph_problem.cluster.network is not None
-    for planner in (NestPlanner(schedules=["1f1b"], zero_stages=[1]),):
+    from baselines.megatron import MegatronPlanner
+
+    for planner in (NestPlanner(), MegatronPlanner()):
         a, b = planner.solve(problem), planner.solve(graph_problem)
         assert b.config == a.config
+        assert [s.devices for s in b.stages] == [s.devices for s in a.stages]
         assert b.objective_s == pytest.approx(a.objective_s, rel=1e-9)
 
 
@@ -555,3 +558,40 @@ def test_the_network_picture_draws_the_plan_and_its_traffic(tmp_path):
         assert edge[(f"gpu0.{i}", "nv0")] == 2  # in and out of the ring
     path = save_network_figure(data, net, tmp_path / "network.png", title="t")
     assert path.exists() and path.stat().st_size > 10_000
+
+
+def test_a_sweep_over_clusters_gets_the_topology_table():
+    """``results.md``'s "What topology awareness buys": per cluster, nest's time and each other
+    planner's over it (here phaze 1.5x slower on the torus, as fast on the fat tree)."""
+    import pandas as pd
+
+    from experiments.tables import topology_table
+
+    rows = []
+    for cluster, network, times in (
+        ("tpuv4_fattree", "hierarchy", {"nest": 2.0, "phaze": 2.0, "megatron": 3.0}),
+        ("tpuv4_torus", "graph", {"nest": 2.0, "phaze": 3.0, "megatron": 5.0}),
+    ):
+        for planner, t in times.items():
+            rows.append(
+                dict(
+                    cluster=cluster,
+                    network=network,
+                    model="m",
+                    variant="",
+                    global_batch=8,
+                    devices=64,
+                    microbatch=1,
+                    planner=planner,
+                    feasible=True,
+                    status="optimal",
+                    iteration_time_s=t,
+                )
+            )
+    comp = pd.DataFrame(rows)
+    table = topology_table(comp, ["megatron", "phaze", "nest"])
+    assert list(table["cluster"]) == ["tpuv4_fattree", "tpuv4_torus"]
+    assert list(table["network"]) == ["hierarchy", "graph"]
+    assert list(table["phaze / nest"]) == ["1.00x", "1.50x"]
+    assert list(table["megatron / nest"]) == ["1.50x", "2.50x"]
+    assert topology_table(comp[comp["cluster"] == "tpuv4_torus"], ["phaze", "nest"]) is None
