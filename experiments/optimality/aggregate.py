@@ -56,7 +56,14 @@ def table(rows: list[dict]) -> pd.DataFrame:
             if "time_solver_s" in res.get("search", {}):
                 rec[f"{name}_solver_s"] = res["search"]["time_solver_s"]
         records.append(rec)
-    return pd.DataFrame.from_records(records).sort_values("seed").reset_index(drop=True)
+    df = pd.DataFrame.from_records(records)
+    if len(rows) and all("solvers" in row for row in rows):  # from proven optima only
+        from experiments.optimality.run import general_gap
+
+        df["general_gap"] = [general_gap(row["solvers"]) for row in rows]
+    return df.sort_values(["seed", *(["network"] if "network" in df else [])]).reset_index(
+        drop=True
+    )
 
 
 def _same(a, b) -> bool:
