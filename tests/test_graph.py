@@ -595,3 +595,43 @@ def test_a_sweep_over_clusters_gets_the_topology_table():
     assert list(table["phaze / nest"]) == ["1.00x", "1.50x"]
     assert list(table["megatron / nest"]) == ["1.50x", "2.50x"]
     assert topology_table(comp[comp["cluster"] == "tpuv4_torus"], ["phaze", "nest"]) is None
+
+
+def _graph_problems():
+    yield make_problem(
+        make_spec(layers=4),
+        graph_cluster("rails", DEVICE, rail_optimized(8, gpus_per_node=4, nodes_per_su=2)),
+        global_batch=16,
+    )
+    yield make_problem(
+        make_spec(layers=3, num_experts=4, top_k=2, activation="swiglu"),
+        graph_cluster("torus", DEVICE, tpuv4_torus(8, shape=[2, 2, 2])),
+        global_batch=16,
+    )
+
+
+@pytest.mark.parametrize(
+    "name", ["megatron", "nest", "phaze", "alpa", "mcmc", "brute", "cpsat", "milp", "fixed"]
+)
+def test_every_planner_runs_on_a_graph_and_is_scored_on_it(name):
+    """The conformance checks of tests/test_planners.py on graph clusters (a rail-optimised pod
+    and a 2x2x2 torus with a mixture of experts): valid plans, the objective is ``evaluate`` on
+    the graph, the same plan twice."""
+    from nest.cost import check_plan
+    from nest.serialize import plan_to_dict
+
+    from .test_planners import planner_from_config
+
+    for problem in _graph_problems():
+        plan = planner_from_config(name).solve(problem)
+        check_plan(problem, plan)
+        assert [i for s in plan.stages for i in s.layers] == list(range(problem.num_layers))
+        report = evaluate(problem, plan)
+        assert plan.objective_s == report.iteration_time_s
+        assert report.feasible
+        again = planner_from_config(name).solve(problem)
+        a, b = plan_to_dict(plan), plan_to_dict(again)
+        for d in (a, b):
+            d.pop("solve_time_s")
+            d["search"] = {k: v for k, v in d["search"].items() if not k.startswith("time_")}
+        assert a == b
