@@ -12,6 +12,7 @@ measured tables, your own file) priced by the shared cost model.
 """
 
 import inspect
+from pathlib import Path
 
 from nest.errors import UserError
 from nest.graph.build import graph_cluster, measured_graph, read_graph_file
@@ -49,6 +50,8 @@ def build_graph_cluster(c: dict, device: Device, hierarchy=None):
     if path:
         if params:
             raise UserError(f"cluster.params={params} apply to topology generators, not files")
+        if name == "graph":  # the preset's name: the file's says more
+            name = Path(str(path)).stem
         return graph_cluster(name, device, read_graph_file(path))
     if topology not in TOPOLOGIES:
         raise UserError(f"cluster.topology={topology!r}; use one of {list(TOPOLOGIES)}")
