@@ -227,17 +227,18 @@ def test_nest_equals_brute_force_on_random_graphs():
 
 @pytest.mark.parametrize("seed", range(30))
 def test_stage_model_equals_the_evaluator_on_graphs(seed):
+    """For the DP's plan on a random graph (1F1B, ZeRO 0 or 3), every rank's forward, backward
+    and sync from the interval model equal the evaluator's (interleaved chunks are covered by
+    nest == brute)."""
     problem, options = graph_case(1000 + seed)
-    problem = replace(problem, cluster=replace(problem.cluster))  # same network
     problem = make_problem(problem.model.spec, problem.cluster, global_batch=8)
+    options = {**options, "zero_stages": [0, 3], "schedules": ["1f1b"]}
     try:
-        plan = NestPlanner(**{**options, "zero_stages": [0, 3]}).solve(problem)
+        plan = NestPlanner(**options).solve(problem)
     except Infeasible:
         pytest.skip("nothing fits")
     report = evaluate(problem, plan)
     sm = StageModel(problem, plan.config)
-    if plan.config.interleaved:
-        return  # chunk terms are covered by nest == brute
     for r, stage in enumerate(plan.stages):
         terms = sm.stage(r, stage.first_layer, stage.last_layer, stage.recompute)
         assert terms.fwd_s == pytest.approx(report.stages[r].fwd_s, rel=1e-9, abs=1e-18)
