@@ -263,6 +263,7 @@ def comparison(
             "peak_memory_bytes",
             "solve_wall_s",
             "level_fanouts",
+            "network",
             "job_dir",
         ]
     ].copy()

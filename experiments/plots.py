@@ -10,6 +10,10 @@
   upper level), coloured by pipeline stage or by data-parallel replica; idle devices grey.
 - :func:`save_memory_figure`, :func:`save_placement_figure`: one panel per planner, side by side;
   :func:`plot_job`: ``memory.png`` and ``placement.png`` of one run directory.
+- :func:`plot_network`, :func:`save_network_figure`: a graph cluster drawn (torus planes side by
+  side, rails, leaves and spines at the generators' positions), its devices coloured by stage or
+  replica and the links the plan's transfers cross drawn darker (:func:`plan_traffic`);
+  ``network.png`` of a run on a graph cluster.
 
 Inputs are the JSON files a run writes (``report.json``, ``plan.json``, ``row.json``) and the
 aggregator's comparison frame, so a sweep's plots can be redrawn from its directory alone.
@@ -312,8 +316,146 @@ def save_placement_figure(
     return path
 
 
+# ------------------------------------------------------------------------------------------------
+# Graph clusters: the network drawn, the plan's devices and traffic on it
+# ------------------------------------------------------------------------------------------------
+
+
+def plan_traffic(network, plan: Mapping) -> np.ndarray:
+    """Per undirected link of a graph cluster's network, how many of the plan's transfers cross
+    it: every pipeline boundary's device pairs and, per rank, the ring of each tensor, context
+    and data-parallel group (its members in id order), routed as the cost model routes them
+    (shares of a split flow count as shares)."""
+    from nest.cost.groups import group_arrays
+
+    load = np.zeros(network.num_links)
+    pairs: list[tuple[int, int]] = []
+    pp = plan["pp"]
+    ranks = [np.asarray(st["devices"], dtype=np.int64) for st in plan["stages"][:pp]]
+    for a, b in zip(ranks, ranks[1:], strict=False):
+        pairs += list(zip(a.ravel().tolist(), b.ravel().tolist(), strict=True))
+    for grid in ranks:
+        arrays = group_arrays(grid, plan.get("ep", 1))
+        for kind in ("tp", "cp", "dense_dp"):
+            for group in arrays[kind].tolist():
+                ring = sorted(group)
+                if len(ring) > 1:
+                    pairs += list(zip(ring, ring[1:] + ring[:1], strict=True))
+    for u, v in pairs:
+        route = network.route(int(u), int(v))
+        np.add.at(load, route.links, route.fracs)
+    return load[0::2] + load[1::2]  # links 2e and 2e + 1 are edge e both ways
+
+
+def _node_positions(network) -> dict:
+    keys = list(network.devices) + list(network.switches)
+    if all(k in network.positions for k in keys):
+        return {k: network.positions[k] for k in keys}
+    import networkx as nx
+
+    graph = nx.Graph()
+    graph.add_nodes_from(keys)
+    graph.add_edges_from(
+        (keys[int(a)], keys[int(b)])
+        for a, b in zip(network.link_src[0::2], network.link_dst[0::2], strict=True)
+    )
+    layout = nx.circular_layout if len(keys) <= 64 else nx.spring_layout
+    pos = layout(graph) if layout is nx.circular_layout else layout(graph, seed=0)
+    return {k: tuple(v) for k, v in pos.items()}
+
+
+def plot_network(ax, plan: Mapping, network, *, color_by: str, title: str, traffic=None):
+    """The graph: devices coloured by pipeline ``stage`` or data-parallel ``replica`` (grey:
+    idle), switches as small grey diamonds, every link thin and grey, the links the plan's
+    transfers cross drawn over them, wider and darker the more cross (:func:`plan_traffic`)."""
+    from matplotlib.collections import LineCollection
+
+    keys = list(network.devices) + list(network.switches)
+    pos = _node_positions(network)
+    xy = np.array([pos[k] for k in keys], dtype=float)
+    src, dst = network.link_src[0::2], network.link_dst[0::2]
+    segments = np.stack([xy[src], xy[dst]], axis=1)
+    n = network.num_devices
+    if network.routing == "dimension_order":  # a torus: its planes side by side, the wrap-around
+        # and between-plane links would cross the picture; drawn are the in-plane grid links
+        keep = np.linalg.norm(segments[:, 0] - segments[:, 1], axis=1) <= 1.5
+        segments = np.where(keep[:, None, None], segments, np.nan)
+    ax.add_collection(LineCollection(segments, colors="#cccccc", linewidths=0.4, zorder=1))
+    traffic = plan_traffic(network, plan) if traffic is None else traffic
+    used = traffic > 0
+    if used.any():
+        width = 0.6 + 3.0 * traffic[used] / traffic[used].max()
+        ax.add_collection(
+            LineCollection(segments[used], colors="#7a1f1f", linewidths=width, alpha=0.55, zorder=2)
+        )
+    stage, replica = np.full(n, np.nan), np.full(n, np.nan)
+    for r, st in enumerate(plan["stages"][: plan["pp"]]):
+        for d, rep in enumerate(st["devices"]):
+            ids = np.asarray(rep, dtype=np.int64).ravel()
+            stage[ids], replica[ids] = r, d
+    values = stage if color_by == "stage" else replica
+    count = int(np.nanmax(values)) + 1 if np.isfinite(values).any() else 1
+    palette = _stage_palette()
+    if color_by == "stage" and count <= len(palette):
+        cmap = ListedColormap(palette[:count])
+        norm = BoundaryNorm(np.arange(count + 1) - 0.5, count)
+    else:
+        cmap, norm = colormaps["viridis"], None
+    size = max(6.0, min(60.0, 4000.0 / max(n, 1)))
+    idle = ~np.isfinite(values)
+    ax.scatter(*xy[:n][idle].T, s=size, c=IDLE_COLOR, marker="s", zorder=3, linewidths=0)
+    image = ax.scatter(
+        *xy[:n][~idle].T,
+        s=size,
+        c=values[~idle],
+        cmap=cmap,
+        norm=norm,
+        marker="s",
+        zorder=4,
+        linewidths=0,
+    )
+    if len(keys) > n:
+        ax.scatter(*xy[n:].T, s=size * 0.8, c="#666666", marker="D", zorder=3, linewidths=0)
+    ax.set_title(title, fontsize=10)
+    ax.set_aspect("equal", adjustable="datalim")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return image
+
+
+def save_network_figure(plan: Mapping, network, path: Path, *, title: str) -> Path:
+    """``network.png``: the plan on the graph, by stage and by replica (:func:`plot_network`)."""
+    fig = Figure(figsize=(12, 5.6), layout="constrained")
+    axes = fig.subplots(1, 2, squeeze=False)[0]
+    traffic = plan_traffic(network, plan)
+    for ax, color_by in zip(axes, ("stage", "replica"), strict=True):
+        image = plot_network(
+            ax, plan, network, color_by=color_by, title=_degrees(plan), traffic=traffic
+        )
+        _placement_colorbar(fig, ax, image, color_by, plan)
+    note = "dark links: the plan's pipeline transfers and group rings, wider = more"
+    if network.routing == "dimension_order":
+        note += "; z planes side by side, wrap-around links not drawn"
+    fig.suptitle(f"{title}\n({note})")
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def _job_network(job_dir: Path):
+    """The graph network of a run directory's cluster (its ``.hydra/config.yaml``), or None."""
+    from omegaconf import OmegaConf
+
+    from nest.config import build_cluster
+
+    config = job_dir / ".hydra" / "config.yaml"
+    if not config.exists():
+        return None
+    return build_cluster(OmegaConf.load(config).cluster).network
+
+
 def plot_job(job_dir: Path) -> list[Path]:
-    """``memory.png`` and ``placement.png`` of one run directory (when it holds a plan)."""
+    """``memory.png`` and ``placement.png`` of one run directory (when it holds a plan), and
+    ``network.png`` when its cluster is a graph."""
     report_path, plan_path, row_path = (
         job_dir / f for f in ("report.json", "plan.json", "row.json")
     )
@@ -324,12 +466,17 @@ def plot_job(job_dir: Path) -> list[Path]:
     row = json.loads(row_path.read_text())
     fanouts = [int(f) for f in row["level_fanouts"].split("x")]
     title = f"{row['planner']}: {row['model']} on {row['cluster']} ({row['devices']} devices)"
-    return [
+    drawn = [
         save_memory_figure({row["planner"]: report}, job_dir / "memory.png", title=title),
         save_placement_figure(
             {row["planner"]: plan}, fanouts, job_dir / "placement.png", title=title
         ),
     ]
+    if row.get("network") == "graph":
+        network = _job_network(job_dir)
+        if network is not None:
+            drawn.append(save_network_figure(plan, network, job_dir / "network.png", title=title))
+    return drawn
 
 
 __all__ = [
@@ -337,10 +484,13 @@ __all__ = [
     "no_plan_kind",
     "placement_grid",
     "plot_job",
+    "plan_traffic",
+    "plot_network",
     "plot_placement",
     "plot_stage_memory",
     "plot_throughput_lines",
     "save_memory_figure",
+    "save_network_figure",
     "save_placement_figure",
     "throughput_figure",
 ]

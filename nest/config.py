@@ -83,6 +83,16 @@ class ClusterConfig:
     """Total devices; the top level's fan-out follows from it when left null."""
     device: DeviceConfig = field(default_factory=DeviceConfig)
     levels: list[LevelConfig] = field(default_factory=list)
+    graph_path: str | None = None
+    """A network graph file (networkx node-link .json or .graphml; :mod:`nest.graph.build`):
+    the cluster is that graph, not ``levels``."""
+    topology: str | None = None
+    """A graph generator (``tpuv4_torus``, ``rail_optimized``, ``leaf_spine``), ``measured``
+    (a pairwise bandwidth table), ``graph`` (the file ``graph_path``) or ``hierarchy``
+    (``levels`` as a graph): :mod:`nest.graph`."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """The generator's parameters (:mod:`nest.graph.generators`; ``measured``: ``table``,
+    ``latency_us``)."""
 
 
 # The model schema is the ModelSpec's own fields (same names, types and defaults), so the two
@@ -304,7 +314,9 @@ def _check_keys(node, path: str, known: list[str] | None, owner: str) -> None:
             raise _unknown_key(where, OmegaConf.to_container(node, resolve=True)[key], known, owner)
         if not path and key == "solver":
             _check_solver(node.solver)
-        elif key not in HYDRA_KEYS:
+        elif key not in HYDRA_KEYS and not OmegaConf.is_missing(node, key):
+            # a required value left as ??? has nothing inside: its builder says what to give
+            # (cluster=measured's cluster.params.table)
             _check_keys(node[key], where, None, owner)
 
 
@@ -473,6 +485,15 @@ def _attention_table(where: str, rows) -> tuple[tuple[float, float], ...]:
 def build_cluster(cfg: Any) -> Cluster:
     c = _plain(cfg)
     name = c.get("name", "cluster")
+    if c.get("graph_path") or (c.get("topology") and c.get("topology") != "hierarchy"):
+        from nest.graph import build_graph_cluster
+
+        devices = c.get("devices")
+        if isinstance(devices, int) and not isinstance(devices, bool):
+            _within_limit("cluster.devices", devices, "devices")  # before a generator builds it
+        cluster = build_graph_cluster(c, build_device(c["device"]))
+        _within_limit("cluster.devices", cluster.num_devices, "devices")  # a file or a table
+        return cluster
     levels_cfg = c.get("levels") or []
     if not levels_cfg:
         raise UserError(f"cluster {name}: give at least one level under cluster.levels")
@@ -536,7 +557,12 @@ def build_cluster(cfg: Any) -> Cluster:
                 bw_efficiency=bw_eff,
             )
         )
-    return Cluster(name=name, device=build_device(c["device"]), levels=tuple(levels))
+    cluster = Cluster(name=name, device=build_device(c["device"]), levels=tuple(levels))
+    if c.get("topology") == "hierarchy":  # the same hierarchy, priced as a graph
+        from nest.graph import build_graph_cluster
+
+        return build_graph_cluster(c, cluster.device, hierarchy=cluster)
+    return cluster
 
 
 def build_model_spec(cfg: Any) -> ModelSpec:

@@ -11,8 +11,10 @@ Row columns (:data:`ROW_COLUMNS`), units in the names:
   ``planner`` (``solver`` plus any ``solver.*`` overrides, e.g. ``fixed(tp=2)``: the label tables
   and plots use), ``model``, ``seq_len`` (tokens per sequence, the training length the run planned
   at), ``cluster``, ``devices``, ``level_fanouts`` (innermost first, e.g.
-  ``8x4x32``), ``hbm_bytes`` (per device), ``global_batch``, ``microbatch_candidates``
-  (``training.microbatch_sizes``, e.g. ``1`` or ``1,2,4``);
+  ``8x4x32``; a graph cluster's derived levels), ``network`` (``hierarchy`` or ``graph``: a
+  cluster given as a network graph, :mod:`nest.graph`), ``hbm_bytes`` (per device),
+  ``global_batch``, ``microbatch_candidates`` (``training.microbatch_sizes``, e.g. ``1`` or
+  ``1,2,4``);
 - outcome: ``status`` (the planner's ``optimal`` / ``feasible`` / ``timeout``, or ``infeasible``,
   ``error`` for a user mistake, ``crashed`` for an unexpected exception; the aggregator adds
   ``missing`` for a job that never wrote its row, and ``crashed`` for one whose worker process
@@ -57,6 +59,7 @@ IDENTITY_COLUMNS = (
     "cluster",
     "devices",
     "level_fanouts",
+    "network",
     "hbm_bytes",
     "global_batch",
     "microbatch_candidates",
@@ -157,6 +160,7 @@ def _case(cfg: DictConfig) -> dict:
         "cluster": str(cluster.get("name", "?")) if cluster is not None else None,
         "devices": None,
         "level_fanouts": None,
+        "network": None,
         "hbm_bytes": None,
         "global_batch": training.get("global_batch", None) if training is not None else None,
         "microbatch_candidates": (
@@ -174,6 +178,7 @@ def _case(cfg: DictConfig) -> dict:
     out["seq_len"] = problem.model.seq_len or None
     out["devices"] = cluster.num_devices
     out["level_fanouts"] = "x".join(str(lv.fanout) for lv in cluster.levels)
+    out["network"] = "hierarchy" if cluster.network is None else "graph"
     out["hbm_bytes"] = cluster.device.hbm_bytes
     return out
 

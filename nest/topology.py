@@ -16,15 +16,21 @@ Traffic between two devices whose lowest common level is ``l`` traverses links o
 placed lower in the tree is never slower" hold for any presets. Concurrent transfers of different
 groups do not contend (one NIC per device, rail-optimised networks; a stated simplification of
 the cost model).
+A cluster given as a graph (:mod:`nest.graph`) carries its network, which routes traffic and
+shares links instead, and keeps a hierarchy derived from the graph here.
 """
 
 from dataclasses import dataclass, field
 from math import prod
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from nest.errors import UserError
 from nest.hardware import Device
+
+if TYPE_CHECKING:
+    from nest.graph.network import Network
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +80,10 @@ class Cluster:
     name: str
     device: Device
     levels: tuple[Level, ...]
+    network: "Network | None" = None
+    """A graph cluster's network (:mod:`nest.graph`): it prices every collective and transfer,
+    and ``levels`` is then the hierarchy derived from it (:mod:`nest.graph.derive`), which
+    numbers the devices for structured placements. None on a hierarchy."""
     _path_bw: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -178,6 +188,14 @@ class Cluster:
         return set(map(tuple, rows.tolist()))
 
     def describe(self) -> str:
+        if self.network is not None:
+            derived = ", ".join(
+                f"{lv.name} x{lv.fanout} @ {lv.bw_bytes_per_s / 1e9:.3g} GB/s" for lv in self.levels
+            )
+            return (
+                f"{self.name}: {self.num_devices} x {self.device.name}; "
+                f"{self.network.describe()}; derived levels {derived}"
+            )
         parts = [
             f"{lv.name} x{lv.fanout} @ {lv.bw_bytes_per_s / 1e9:g} GB/s"
             + (f"/{lv.oversubscription:g}" if lv.oversubscription != 1 else "")

@@ -34,6 +34,11 @@ MODEL_PRESETS = sorted(
     p.stem for p in Path(CONF_DIR, "model").glob("*.yaml") if p.stem not in MODEL_ADAPTERS
 )
 CLUSTER_PRESETS = sorted(p.stem for p in Path(CONF_DIR, "cluster").glob("*.yaml"))
+# the cluster adapters need a file: the smoke loops give them the shipped examples
+CLUSTER_INPUTS = {
+    "graph": [f"cluster.graph_path={REPO_ROOT / 'data/graphs/dgx_2x4.json'}"],
+    "measured": [f"cluster.params.table={REPO_ROOT / 'data/measured/dgx_2x8_example.csv'}"],
+}
 
 # -- the frozen CLI surface (a freeze test: changing it must be deliberate) ----------------------
 CONFIG_GROUPS = {"solver", "cluster", "model", "training", "device", "experiment"}
@@ -396,7 +401,11 @@ def test_preset_lists_are_found():
 def test_every_preset_pair_fixed_small_plan(tmp_path, cluster, model):
     """tp=pp=1, dp=8, microbatch 1: valid on every preset; big models may not fit (fine)."""
     cfg, _, report, plan, _ = run_case(
-        tmp_path, *FIXED_SMALL, f"cluster={cluster}", f"model={model}"
+        tmp_path,
+        *FIXED_SMALL,
+        f"cluster={cluster}",
+        *CLUSTER_INPUTS.get(cluster, []),
+        f"model={model}",
     )
     assert report["status"] in ("feasible", "infeasible")
     assert plan is not None
@@ -409,7 +418,9 @@ def test_every_preset_pair_fixed_small_plan(tmp_path, cluster, model):
 @pytest.mark.parametrize("cluster", CLUSTER_PRESETS)
 def test_every_preset_pair_megatron(tmp_path, cluster, model):
     """Megatron either plans (and the report holds) or says in one line why not."""
-    cfg, result, report, plan, lines = run_case(tmp_path, f"cluster={cluster}", f"model={model}")
+    cfg, result, report, plan, lines = run_case(
+        tmp_path, f"cluster={cluster}", *CLUSTER_INPUTS.get(cluster, []), f"model={model}"
+    )
     assert result["status"] in ("feasible", "infeasible"), result.get("error")
     if result["status"] == "infeasible" and plan is None:
         assert "\n" not in result["error"] and result["error"]

@@ -56,7 +56,14 @@ def table(rows: list[dict]) -> pd.DataFrame:
             if "time_solver_s" in res.get("search", {}):
                 rec[f"{name}_solver_s"] = res["search"]["time_solver_s"]
         records.append(rec)
-    return pd.DataFrame.from_records(records).sort_values("seed").reset_index(drop=True)
+    df = pd.DataFrame.from_records(records)
+    if len(rows) and all("solvers" in row for row in rows):  # from proven optima only
+        from experiments.optimality.run import general_gap
+
+        df["general_gap"] = [general_gap(row["solvers"]) for row in rows]
+    return df.sort_values(["seed", *(["network"] if "network" in df else [])]).reset_index(
+        drop=True
+    )
 
 
 def _same(a, b) -> bool:
@@ -99,6 +106,18 @@ def summarise(df: pd.DataFrame) -> dict:
                     out[f"{label}_compared"] = len(sub)
                     out[f"{label}_already_optimal_share"] = float((sub <= REL).mean())
                     out[f"{label}_worst_gap"] = float(sub.max())
+    if len(gaps) and "network" in solved:
+        by_network = {}
+        for network, sub in gaps.groupby(solved.loc[gaps.index, "network"], sort=False):
+            worst = solved.loc[sub.idxmax()]
+            by_network[str(network)] = {
+                "compared": len(sub),
+                "already_optimal_share": float((sub <= REL).mean()),
+                "mean_gap": float(sub.mean()),
+                "worst_gap": float(sub.max()),
+                "worst_gap_seed": int(worst["seed"]),
+            }
+        out["by_network"] = by_network
     times = {}
     for col in df.columns:
         if col.endswith("_time_s"):
@@ -180,6 +199,21 @@ def markdown(summary: dict) -> str:
                 f"  - {text}: {summary[f'{label}_already_optimal_share']:.1%} of "
                 f"{summary[f'{label}_compared']}, worst gap {summary[f'{label}_worst_gap']:.2%}"
             )
+    if len(summary.get("by_network", {})) > 1 or set(summary.get("by_network", {})) - {"hierarchy"}:
+        lines += [
+            "",
+            "Structured space (nest's, on the cluster's hierarchy or the one derived from its "
+            "graph) against every placement, by network:",
+            "",
+            "| network | instances | structured already optimal | mean gap | worst gap (seed) |",
+            "|---|---|---|---|---|",
+        ]
+        for network, g in summary["by_network"].items():
+            lines.append(
+                f"| {network} | {g['compared']} | {g['already_optimal_share']:.1%} | "
+                f"{g['mean_gap']:.2%} | {g['worst_gap']:.2%} ({g['worst_gap_seed']}) |"
+            )
+        lines.append("")
     for backend in ("cpsat", "milp"):
         key = f"{backend}_hint_speedup_median"
         if key in summary:

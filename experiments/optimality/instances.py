@@ -6,13 +6,19 @@ falling outwards with probability 0.8) and latencies (0-30 us), HBM sizes from t
 global batch 2-16 and microbatch candidates 1 and 2; the space is nest's full space (every ZeRO
 stage, recompute mode, rank order with tp innermost and schedule) unless ``restrict`` is set,
 which draws a random sub-space (a few rank orders and ZeRO stages), the kind of space a user
-narrows to by hand.
+narrows to by hand. ``network`` puts the same problem on a small graph instead: a torus, a
+rail-optimised pod or an oversubscribed leaf-spine fabric (:func:`graph_of`), where the
+structured space is the derived hierarchy's (:mod:`nest.graph.derive`) and general mode
+places ranks on the graph's devices with no tree symmetry (:mod:`nest.graph.placements`).
 """
 
 import math
 import random
 
 from nest.axes import Optimizer
+from nest.errors import UserError
+from nest.graph.build import graph_cluster
+from nest.graph.generators import leaf_spine, rail_optimized, tpuv4_torus
 from nest.hardware import Device
 from nest.layers import AnalyticModel
 from nest.model import ModelSpec
@@ -23,8 +29,69 @@ from nest.units import GB, TFLOP, US, GiB
 ORDERS = ("tp-cp-dp-pp", "tp-cp-pp-dp", "tp-dp-pp-cp", "tp-pp-dp-cp", "tp-dp-cp-pp", "tp-pp-cp-dp")
 
 
-def instance(seed: int, *, max_devices: int = 8, restrict: bool = False) -> tuple[Problem, dict]:
-    """The problem and space options (keyword arguments of the planners) of one seed."""
+NETWORKS = ("hierarchy", "torus", "rails", "leaf_spine")
+"""``hierarchy``: the random levels above; the others draw a small graph of that family
+(:func:`graph_of`) and put the same model, device and training on it."""
+
+
+def graph_of(network: str, seed: int, max_devices: int = 8):
+    """A small graph of one family, from its own random stream (so the hierarchy instances of
+    the same seeds are unchanged): a torus (2x2, 4x1, 2x2x2, 4x2; dimension-order routing, one
+    random link speed), a rail-optimised pod (1-2 scalable units of 2 nodes of 2-4 GPUs) or an
+    oversubscribed leaf-spine fabric (nodes of 2 GPUs, 1-2 per leaf, 1-2 spines, 2:1 to 8:1),
+    with random link speeds and latencies."""
+    rng = random.Random(f"{network}-{seed}")
+    if network == "torus":
+        shapes = [
+            s for s in ((2, 2, 1), (4, 1, 1), (2, 2, 2), (4, 2, 1)) if math.prod(s) <= max_devices
+        ]
+        shape = rng.choice(shapes)
+        return tpuv4_torus(
+            math.prod(shape),
+            shape=list(shape),
+            link_bw_gbps=rng.uniform(10, 400),
+            link_latency_us=rng.uniform(0.2, 15),
+        )
+    fast, slow = rng.uniform(100, 900), rng.uniform(5, 100)
+    if network == "rails":
+        gpus = rng.choice([g for g in (2, 4) if 2 * g <= max_devices])
+        units = rng.choice([u for u in (1, 2) if 2 * gpus * u <= max_devices])
+        return rail_optimized(
+            2 * gpus * units,
+            gpus_per_node=gpus,
+            nodes_per_su=2,
+            spines=rng.choice([1, 2]),
+            nvlink_bw_gbps=fast,
+            nvlink_latency_us=rng.uniform(0.2, 5),
+            nic_bw_gbps=slow,
+            nic_latency_us=rng.uniform(0.5, 15),
+            spine_latency_us=rng.uniform(0.5, 15),
+        )
+    if network == "leaf_spine":
+        per_leaf = rng.choice([1, 2])
+        leaves = rng.choice([n for n in (2, 4) if 2 * per_leaf * n <= max_devices])
+        return leaf_spine(
+            2 * per_leaf * leaves,
+            gpus_per_node=2,
+            nodes_per_leaf=per_leaf,
+            spines=rng.choice([1, 2]),
+            oversubscription=rng.uniform(2, 8),
+            nvlink_bw_gbps=fast,
+            nvlink_latency_us=rng.uniform(0.2, 5),
+            nic_bw_gbps=slow,
+            nic_latency_us=rng.uniform(0.5, 15),
+            spine_latency_us=rng.uniform(0.5, 15),
+        )
+    raise ValueError(f"network={network!r}; use one of {NETWORKS}")
+
+
+def instance(
+    seed: int, *, max_devices: int = 8, restrict: bool = False, network: str = "hierarchy"
+) -> tuple[Problem, dict]:
+    """The problem and space options (keyword arguments of the planners) of one seed; a graph
+    ``network`` replaces the random hierarchy with a graph of that family (:func:`graph_of`)."""
+    if network not in NETWORKS:
+        raise UserError(f"network={network!r}; use one of {list(NETWORKS)}")
     rng = random.Random(seed)
     n_levels = rng.randint(1, 3)
     fanouts = [rng.choice([2, 2, 4]) for _ in range(n_levels)]
@@ -68,10 +135,12 @@ def instance(seed: int, *, max_devices: int = 8, restrict: bool = False) -> tupl
         overlap_grad_sync=rng.random() < 0.5,
         flash_attention=flash,
     )
+    cluster = Cluster(name=f"random{seed}", device=device, levels=levels)
+    if network != "hierarchy":
+        graph = graph_of(network, seed, max_devices)
+        cluster = graph_cluster(f"{network}{seed}", device, graph)
     problem = Problem(
-        model=AnalyticModel(spec, flash_attention=flash),
-        cluster=Cluster(name=f"random{seed}", device=device, levels=levels),
-        training=training,
+        model=AnalyticModel(spec, flash_attention=flash), cluster=cluster, training=training
     )
     options: dict = {}
     if restrict:

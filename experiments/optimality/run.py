@@ -111,8 +111,11 @@ def still_running(what: str, every_s: float) -> Iterator[None]:
 
 
 def study_row(seed: int, cfg) -> dict:
-    problem, options = instance(seed, max_devices=cfg.max_devices, restrict=cfg.restrict)
-    row = {"seed": seed, "restrict": bool(cfg.restrict), **describe(problem)}
+    problem, options = instance(
+        seed, max_devices=cfg.max_devices, restrict=cfg.restrict, network=cfg.network
+    )
+    row = {"seed": seed, "restrict": bool(cfg.restrict), "network": cfg.network}
+    row.update(describe(problem))
     plans = count_plans(problem, SpaceOptions(**options))
     row["space_plans"] = plans
     results = {}
@@ -122,16 +125,36 @@ def study_row(seed: int, cfg) -> dict:
         if name == "brute" and plans > cfg.brute_max_plans:
             results[name] = {"status": "skipped", "value_s": None, "time_s": 0.0}
             continue
+        nothing_fits = results.get("nest", {}).get("status") == "infeasible"
+        if name.endswith("_general") and nothing_fits and cfg.get("general_if_infeasible") is False:
+            # memory does not depend on the placement: no placement fits either
+            results[name] = {"status": "skipped", "value_s": None, "time_s": 0.0}
+            continue
         limit = f" (limit {cfg.time_limit_s} s)" if name not in ("nest", "brute") else ""
         with still_running(f"seed {seed}: {name}{limit}", float(cfg.progress_every_s)):
             results[name] = solve_one(name, problem, options, cfg)
     row["solvers"] = results
-    restricted = results.get("cpsat_restricted", {}).get("value_s")
-    general = results.get("cpsat_general", {}).get("value_s")
-    row["general_gap"] = (
-        (restricted - general) / restricted if restricted and general is not None else None
-    )
+    row["general_gap"] = general_gap(results)
     return row
+
+
+def _proven(results: dict, names: tuple[str, ...]) -> float | None:
+    """The value of the first of ``names`` that proved its optimum."""
+    for name in names:
+        got = results.get(name, {})
+        if got.get("status") == "optimal" and got.get("value_s") is not None:
+            return got["value_s"]
+    return None
+
+
+def general_gap(results: dict) -> float | None:
+    """``(restricted - general) / restricted`` from proven optima only (CP-SAT's, else
+    HiGHS's): a solve stopped by its time limit holds a plan, not the optimum."""
+    restricted = _proven(results, ("cpsat_restricted", "milp_restricted"))
+    general = _proven(results, ("cpsat_general", "milp_general"))
+    if not restricted or general is None:
+        return None
+    return (restricted - general) / restricted
 
 
 @hydra.main(config_path=CONF_DIR, config_name="optimality", version_base="1.3")

@@ -23,7 +23,9 @@ All-reduce Algorithms for Clusters of Workstations", JPDC 2009):
 
 ``bw_l`` is the bottleneck per-device bandwidth (:meth:`Cluster.path_bw_bytes_per_s`); a level
 where the group has a single member costs nothing. Concurrent groups do not contend (one NIC per
-device, rail-optimised networks: a stated simplification).
+device, rail-optimised networks: a stated simplification). On a cluster given as a graph the same
+algorithms run on routed paths with shared links (:mod:`nest.graph.network`), and a group is
+priced through its cost class instead of its split (:func:`linear_forms`, :func:`p2p_time_s`).
 
 The affine form is what lets the DP cost a whole row of stage ends at once
 (:class:`nest.cost.groups.RankGroups` evaluates it on numpy arrays of bytes) and what the
@@ -34,6 +36,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from nest.graph.classes import GroupClass, LinkClass, class_forms
 from nest.topology import Cluster
 
 Factors = tuple[int, ...]
@@ -42,7 +45,10 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 def linear_forms(op: str, splits, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
     """``(a, c)`` for every row of ``splits`` (shape ``[n, levels]``): a collective ``op`` of
-    ``S > 0`` bytes on a group split so costs ``a S + c`` seconds (module docstring)."""
+    ``S > 0`` bytes on a group split so costs ``a S + c`` seconds (module docstring). On a graph
+    cluster the "splits" are cost classes that carry their own forms (:mod:`nest.graph`)."""
+    if len(splits) and isinstance(splits[0], GroupClass):
+        return class_forms(op, splits)
     k = np.asarray(splits, dtype=float).reshape(-1, cluster.num_levels)
     bw = np.array([cluster.path_bw_bytes_per_s(lv) for lv in range(cluster.num_levels)])
     alpha = np.array([lv.latency_s for lv in cluster.levels])
@@ -114,12 +120,18 @@ def collective_time_s(op: str, n_bytes: float, group: Sequence[int], cluster: Cl
     """Time of collective ``op`` over an explicit group of device ids, seconds."""
     if len(group) <= 1:
         return 0.0
+    if cluster.network is not None:  # one group alone on a graph
+        (cls,) = cluster.network.group_classes([group], all_to_all=op == "all_to_all")
+        return split_time_s(op, n_bytes, cls, cluster)
     return split_time_s(op, n_bytes, cluster.group_factors(group), cluster)
 
 
-def p2p_time_s(n_bytes, level: int, cluster: Cluster):
+def p2p_time_s(n_bytes, level, cluster: Cluster):
     """Point-to-point transfer of ``n_bytes`` (scalar or array) between devices whose common
-    level is ``level``: ``S / bw + alpha``; level -1 (the same device) costs nothing."""
+    level is ``level``: ``S / bw + alpha``; level -1 (the same device) costs nothing. On a graph
+    cluster ``level`` is a pair's cost class (:class:`nest.graph.classes.LinkClass`)."""
+    if isinstance(level, LinkClass):
+        return affine_time_s(level.a, level.c, n_bytes)
     if level < 0:
         return 0.0 if np.ndim(n_bytes) == 0 else np.zeros(np.shape(n_bytes))
     return affine_time_s(
@@ -131,7 +143,33 @@ def pair_p2p_time_s(n_bytes, levels: Sequence[int], cluster: Cluster):
     """A stage boundary: every device pair of two pipeline ranks sends ``n_bytes`` (scalar or
     array) at once, and the slowest pair sets the time (``levels``: the common levels of the
     pairs)."""
-    times = [p2p_time_s(n_bytes, int(lv), cluster) for lv in levels]
+    times = [p2p_time_s(n_bytes, lv, cluster) for lv in levels]
     if np.ndim(n_bytes) == 0:
         return max(times, default=0.0)
     return np.maximum.reduce(times) if times else np.zeros(np.shape(n_bytes))
+
+
+def p2p_classes(cluster: Cluster, a_devices, b_devices) -> list:
+    """What a stage boundary's cost depends on, for :func:`pair_p2p_time_s`: the levels the
+    device pairs ``(a[i], b[i])`` share on a hierarchy, the pairs' cost classes on a graph (every
+    pair sends at once and shares links: :meth:`nest.graph.network.Network.p2p_classes`)."""
+    if cluster.network is not None:
+        return list(cluster.network.p2p_classes(a_devices, b_devices))
+    return np.unique(cluster.common_levels(a_devices, b_devices)).tolist()
+
+
+def floor_forms(op: str, splits, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+    """``(a, c)`` per row of level splits that no group of that split can beat: the forms
+    themselves on a hierarchy, the graph's proven floors on a graph
+    (:mod:`nest.graph.floors`)."""
+    if cluster.network is not None:
+        return cluster.network.floor_forms(op, splits)
+    return linear_forms(op, splits, cluster)
+
+
+def p2p_floor_s(n_bytes, level: int, cluster: Cluster):
+    """A floor on a transfer between devices whose lowest common level is ``level``: exactly
+    :func:`p2p_time_s` on a hierarchy, the graph's proven floor on a graph."""
+    if cluster.network is not None:
+        return cluster.network.p2p_floor_s(n_bytes, level)
+    return p2p_time_s(n_bytes, level, cluster)

@@ -18,7 +18,8 @@ A short composition of the cost model's public terms, which the planners call to
 
 Not modelled (documented simplifications): the all-reduce of tied-embedding gradients between the
 first and last stage; overlap of TP/CP/EP communication with compute; contention between
-concurrent groups (one NIC per device).
+concurrent groups (one NIC per device) on a hierarchy (a graph cluster shares links between the
+groups of a kind: :mod:`nest.graph.network`).
 """
 
 from collections import Counter
@@ -27,7 +28,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from nest.axes import LayerKind, Recompute, Schedule
-from nest.cost.collectives import pair_p2p_time_s
+from nest.cost.collectives import p2p_classes, pair_p2p_time_s
 from nest.cost.compute import bwd_collectives, fwd_collectives, hardware_flops, recompute_s
 from nest.cost.groups import AXES, RankGroups
 from nest.cost.memory import rank_memory
@@ -202,9 +203,10 @@ def _stage_report(
     )
 
 
-def _common_levels(cluster, a: StagePlan, b: StagePlan) -> list[int]:
-    """The levels the device pairs of two chunks share (same replica, context and tensor rank)."""
-    return np.unique(cluster.common_levels(a.devices, b.devices)).tolist()
+def _common_levels(cluster, a: StagePlan, b: StagePlan) -> list:
+    """The levels the device pairs of two chunks share (same replica, context and tensor rank);
+    on a graph, the pairs' cost classes (:func:`nest.cost.collectives.p2p_classes`)."""
+    return p2p_classes(cluster, a.devices, b.devices)
 
 
 def rank_params(plan: Plan, r: int, chunks: list[Chunk]) -> tuple[float, float]:

@@ -15,7 +15,9 @@ All groups of a kind run the same collective at once, so a collective costs its 
 (synchronous parallelism: every rank waits for it). The cost model sees a group only through its
 level split (:meth:`nest.topology.Cluster.group_factors`), so :class:`RankGroups` keeps, per kind,
 the distinct splits and their affine forms (:func:`nest.cost.collectives.linear_forms`), and
-prices any byte count, scalar or numpy array, as the maximum over the splits.
+prices any byte count, scalar or numpy array, as the maximum over the splits. On a graph cluster
+a "split" is a cost class, computed for all groups of the kind together so that the links they
+share are shared in one place (:meth:`nest.graph.network.Network.group_classes`).
 """
 
 from collections.abc import Iterable
@@ -52,8 +54,12 @@ def translated(devices, cluster: Cluster) -> np.ndarray:
     possible: the level splits of every group, hence every collective's cost, are unchanged
     (a group split counts blocks touched per level, and such a move maps every block of every
     level below the top onto a block of the same level). Placements whose ranks differ only by
-    such a move (e.g. pipeline ranks in different scalable units) share one :class:`RankGroups`."""
+    such a move (e.g. pipeline ranks in different scalable units) share one :class:`RankGroups`.
+    On a graph the move is made only where the graph promises it changes no cost
+    (:attr:`nest.graph.network.Network.symmetric`)."""
     devices = np.asarray(devices, dtype=np.int64)
+    if cluster.network is not None and not cluster.network.symmetric:
+        return devices  # a graph need not look the same from every block
     child = cluster.block_size(cluster.num_levels - 2)  # 1 for a single level
     return devices - (int(devices.min()) // child) * child
 
@@ -62,10 +68,14 @@ def distinct_splits(groups, cluster: Cluster) -> tuple[tuple[int, ...], ...]:
     """The distinct level splits of a 2-D array of groups (one per row), sorted; empty for
     groups of one. Rows are first moved as :func:`translated` moves a rank (the splits do not
     change) and deduplicated, which leaves few rows for the periodic groups of a structured
-    placement."""
+    placement. Hierarchies only: on a graph a group's cost depends on where it lies and on the
+    groups it runs with, so a rank's groups are priced together as cost classes
+    (:meth:`RankGroups.splits`) and no row may be moved on its own."""
     groups = np.asarray(groups, dtype=np.int64)
     if groups.shape[1] <= 1:
         return ()
+    if cluster.network is not None:
+        raise AssertionError("distinct_splits on a graph cluster: use RankGroups.splits per rank")
     child = cluster.block_size(cluster.num_levels - 2)
     moved = np.ascontiguousarray(groups - (groups.min(axis=1, keepdims=True) // child) * child)
     moved.sort(axis=1)
@@ -85,12 +95,20 @@ class RankGroups:
         self._splits: dict[str, tuple] = {}
         self._forms: dict[str, dict] = {}
 
-    def splits(self, kind: str) -> tuple[tuple[int, ...], ...]:
+    def splits(self, kind: str) -> tuple:
         """The distinct level splits of the groups of ``kind``, sorted (empty for groups of
-        one member: they never communicate)."""
+        one member: they never communicate); on a graph, their cost classes
+        (:class:`nest.graph.classes.GroupClass`)."""
         got = self._splits.get(kind)
         if got is None:
-            got = self._splits[kind] = distinct_splits(self.arrays[kind], self.cluster)
+            arr = self.arrays[kind]
+            if arr.shape[1] > 1 and self.cluster.network is not None:
+                # cost classes of all the kind's groups at once (they share links); never the
+                # translated level splits, which only a tree's symmetry makes equal
+                got = self.cluster.network.group_classes(arr, all_to_all=kind == "ep")
+            else:
+                got = distinct_splits(arr, self.cluster)
+            self._splits[kind] = got
         return got
 
     def forms(self, kind: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -19,6 +19,21 @@ what :class:`Floors` evaluates on all of ``T(n)`` at once
 in every rank order, so every tensor group is an aligned block of ``tp`` ids
 (:func:`tp_group_splits`).
 
+**Graph clusters.** On a cluster given as a graph the splits are those of the derived hierarchy,
+and the forms minimised over ``T(n)`` are the graph's proven floors instead of the hierarchy's
+formulas (:func:`nest.cost.collectives.floor_forms`, proved in :mod:`nest.graph.floors`: per
+level the fastest rate and least latency any device pair of that level can have, with every
+other group's traffic only adding load); a tensor group is priced at the least cost of an
+aligned block alone on the network (sharing links only adds to it), and a transfer at its
+level's floor (:func:`nest.cost.collectives.p2p_floor_s`). Every argument below holds with these
+in place of the hierarchy's numbers. The stage model's placement-aware floors
+(:meth:`nest.dp.stages.StageModel.placed_floor_s`) take per layer the least over every rank's
+own cost classes (each rank's groups priced together, as the evaluator prices them), never level
+splits moved and pooled across ranks, which on a graph are neither a rank's costs nor a floor of
+them. Overlap changes nothing here: a collective's exposed part
+(:func:`nest.cost.compute.exposed_s`) is non-decreasing in its time, so the exposed part of a
+floor is a floor of the exposed part.
+
 **The cost model's own terms on floor groups.** The data-parallel terms (ZeRO-3 traffic, DP
 sync) are those of :class:`nest.cost.state.ModelState`, evaluated on :class:`FloorGroups`, which
 prices each collective on a kind of group at its least over ``T(n)``. Every term is a sum of
@@ -79,7 +94,7 @@ from itertools import product
 import numpy as np
 
 from nest.axes import LayerKind, Recompute, Schedule
-from nest.cost.collectives import OPS, linear_forms, p2p_time_s
+from nest.cost.collectives import OPS, floor_forms, p2p_floor_s
 from nest.cost.compute import bwd_collectives, exposed_s, fwd_collectives, recompute_s
 from nest.cost.groups import collectives_time_s, split_forms
 from nest.cost.memory import peak_bytes, stored_bytes
@@ -95,6 +110,8 @@ def tp_group_splits(cluster, tp: int) -> set:
     order of the space, so each tensor group is one of them)."""
     if tp <= 1:
         return set()
+    if cluster.network is not None:  # each aligned block's cost alone: a floor under sharing
+        return set(cluster.network.aligned_classes(tp))
     n = cluster.num_devices - cluster.num_devices % tp
     return cluster.distinct_group_factors(np.arange(n).reshape(-1, tp))
 
@@ -169,7 +186,7 @@ class Floors:
         self.cluster = cluster
         tuples = np.array(list(product(*[range(1, lv.fanout + 1) for lv in cluster.levels])))
         self._prod = tuples.prod(axis=1)
-        self._coef = {op: linear_forms(op, tuples, cluster) for op in OPS}
+        self._coef = {op: floor_forms(op, tuples, cluster) for op in OPS}
         self._min_cache: dict = {}
         self._shards: dict = {}
         self._tp_splits: dict = {}
@@ -291,7 +308,7 @@ class Floors:
             act.append(min(stored_bytes(x, md, is_block) for md in modes))
             transient.append(min(peak_bytes(x, md, is_block, self._unsharded) for md in modes))
         small = min(boundary)
-        p2p = min(p2p_time_s(small, lv, cluster) for lv in range(cluster.num_levels))
+        p2p = min(p2p_floor_s(small, lv, cluster) for lv in range(cluster.num_levels))
         tied = model.layer_cost(model.chain[-1], shard, cluster.device).tied_copy_params
         got = ShardFloors(
             np.array(base),

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nest.axes import LayerKind, Recompute
-from nest.cost.collectives import pair_p2p_time_s
+from nest.cost.collectives import p2p_classes, pair_p2p_time_s
 from nest.cost.compute import bwd_collectives, fwd_collectives, recompute_s
 from nest.cost.groups import (
     AXES,
@@ -274,13 +274,13 @@ class StageModel:
         least = np.min([self.memory_from(r, i, mode) for mode in allowed], axis=0)
         return np.where(has_block, least, self.memory_from(r, i, Recompute.NONE))
 
-    def p2p_levels(self, a: int, b: int) -> list[int]:
-        """Levels the devices of pipeline ranks ``a`` and ``b`` share, pair by pair."""
+    def p2p_levels(self, a: int, b: int) -> list:
+        """Levels the devices of pipeline ranks ``a`` and ``b`` share, pair by pair (cost
+        classes on a graph: :func:`nest.cost.collectives.p2p_classes`, the same either way)."""
         key = (a, b) if a < b else (b, a)
         got = self._levels.get(key)
         if got is None:
-            levels = self.problem.cluster.common_levels(self.grid[a], self.grid[b])
-            got = sorted({int(x) for x in np.unique(levels)})
+            got = p2p_classes(self.problem.cluster, self.grid[a], self.grid[b])
             self._levels[key] = got
         return got
 
@@ -372,14 +372,20 @@ class StageModel:
 
     def _placement_splits(self, axis: str) -> tuple:
         """Every split of the groups of ``axis`` over all ranks of the placement (one pass over
-        all ranks' groups; shared by the configurations of this placement)."""
+        all ranks' groups; shared by the configurations of this placement). On a graph, every
+        rank's own cost classes (:meth:`RankGroups.splits`: its groups priced together, sharing
+        links only with each other); the level splits of the ranks' groups pooled and moved
+        one by one would be neither their costs nor a floor of them."""
         key = ("splits", axis)
         got = self._levels.get(key)
         if got is None:
-            arrays = [
-                group_arrays(self.grid[r], self.config.ep)[axis] for r in range(len(self.grid))
-            ]
-            got = distinct_splits(np.concatenate(arrays), self.problem.cluster)
+            if self.problem.cluster.network is not None:
+                got = tuple(sorted({cls for g in self.groups for cls in g.splits(axis)}))
+            else:
+                arrays = [
+                    group_arrays(self.grid[r], self.config.ep)[axis] for r in range(len(self.grid))
+                ]
+                got = distinct_splits(np.concatenate(arrays), self.problem.cluster)
             self._levels[key] = got
         return got
 

@@ -312,6 +312,12 @@ def solve_milp(
                 sol.col_value = [by_name.get(v.name, 0.0) for v in lp.variables()]
                 sol.value_valid = True
                 lp.solverModel.setSolution(sol)
+                # highspy 1.16 maps a start solution into the presolved model without its
+                # objective offset ("MIP start solution is feasible in the reduced space:
+                # objective value is 0") and may close the tree on it at once, reporting the
+                # start as optimal (seen on graph clusters: tests/test_graph.py); without
+                # presolve the start is taken at its true value
+                lp.solverModel.setOptionValue("presolve", "off")
             lp.solverModel.run()
 
     solver = Hinted(

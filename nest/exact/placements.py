@@ -22,6 +22,11 @@ follows this rule, and the rule cuts the ``N! / (N - n)!`` assignments by the tr
 (e.g. 8 ranks on 8 devices ``[2, 2, 2]``: 40,320 assignments, 2,520 visited). What remains is
 deduplicated by signature. The count still grows factorially with the ranks, so ``max_visits``
 stops it with an error naming the size.
+
+On a cluster given as a graph the signature is made of the graph's cost classes instead (per rank
+and kind the classes of its groups, per boundary those of its pairs: exactly what the evaluator
+prices there), and the symmetry used is the graph's, never the derived tree's
+(:mod:`nest.graph.placements`).
 """
 
 from collections.abc import Iterator
@@ -30,6 +35,7 @@ import numpy as np
 
 from nest.cost.groups import GROUP_KINDS, group_arrays
 from nest.errors import UserError
+from nest.graph.placements import graph_assignments, graph_signature
 from nest.topology import Cluster
 
 
@@ -123,6 +129,8 @@ def signature(cluster: Cluster, grid: np.ndarray, ep: int, cache: dict | None = 
     ``cache`` keeps each rank's part and each group's split across placements."""
     pp = grid.shape[0]
     cache = {} if cache is None else cache
+    if cluster.network is not None:
+        return graph_signature(cluster.network, grid, ep, cache)
     groups_cache = cache.setdefault("groups", {})
     ranks = []
     for r in range(pp):
@@ -152,7 +160,11 @@ def placement_classes(
     n = pp * dp * cp * tp
     seen: dict[tuple, np.ndarray] = {}
     cache: dict = {}
-    for assignment in orderly_assignments(cluster, n, max_visits=max_visits):
+    if cluster.network is None:
+        assignments = orderly_assignments(cluster, n, max_visits=max_visits)
+    else:
+        assignments = graph_assignments(cluster, shape, ep, max_visits=max_visits)
+    for assignment in assignments:
         grid = np.asarray(assignment, dtype=np.int64).reshape(shape)
         key = signature(cluster, grid, ep, cache)
         if key not in seen:
