@@ -107,9 +107,12 @@ def random_graph(rng: random.Random) -> nx.Graph:
 
 def graph_case(seed: int, *, max_plans: int = 2500, max_devices: int = 16):
     """A tiny_case (tests/test_nest_dp.py) on a random graph: a random model of 3-8 chain
-    layers, memory from tight to ample, and a random restriction small enough for brute
-    force."""
+    layers, memory from tight to ample, TP / CP / EP communication overlap on or off, and a
+    random restriction small enough for brute force."""
     rng = random.Random(seed)
+    # cost model v2's communication overlap, drawn apart so that the cases themselves stay those
+    # of the graph tests' first version
+    overlap = random.Random(50_000 + seed)
     for _ in range(200):
         graph = random_graph(rng)
         if sum(1 for _, d in graph.nodes(data=True) if d["kind"] == "gpu") > max_devices:
@@ -144,6 +147,9 @@ def graph_case(seed: int, *, max_plans: int = 2500, max_devices: int = 16):
             optimizer=rng.choice([Optimizer.ADAM, Optimizer.SGD]),
             overlap_grad_sync=rng.random() < 0.5,
             grad_bytes=rng.choice([2, 4]),
+            tp_comm_overlap=overlap.random() < 0.5,
+            cp_comm_overlap=overlap.random() < 0.5,
+            ep_comm_overlap=overlap.random() < 0.5,
         )
         orders = ["tp,cp,dp,pp", "tp,cp,pp,dp", "tp,dp,pp,cp", "tp,pp,dp,cp"]
         options = dict(

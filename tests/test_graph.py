@@ -25,6 +25,7 @@ from nest.exact.placements import placement_classes, signature
 from nest.graph.build import graph_cluster, measured_graph, read_graph_file
 from nest.graph.generators import hierarchy_graph, leaf_spine, rail_optimized, tpuv4_torus
 from nest.graph.placements import graph_assignments
+from nest.layers import AnalyticModel
 from nest.plan import place
 from nest.units import GB, US
 
@@ -45,13 +46,37 @@ def as_graph(problem):
 
 
 # ---------------------------------------------------------------------------------- agreement
+def with_network_terms(problem, seed: int):
+    """The problem with cost model v2's network terms drawn at random: each level's achieved
+    bandwidth (``bw_efficiency``) and the TP / CP / EP communication overlap (drawn apart from
+    the case, which stays the same)."""
+    rng = random.Random(10_000 + seed)
+    levels = tuple(
+        replace(lv, bw_efficiency=rng.uniform(0.5, 1.0)) for lv in problem.cluster.levels
+    )
+    training = replace(
+        problem.training,
+        tp_comm_overlap=rng.random() < 0.7,
+        cp_comm_overlap=rng.random() < 0.7,
+        ep_comm_overlap=rng.random() < 0.7,
+    )
+    model = AnalyticModel(
+        problem.model.spec, flash_attention=training.flash_attention, overlap=training.overlap
+    )
+    return replace(
+        problem, cluster=replace(problem.cluster, levels=levels), training=training, model=model
+    )
+
+
 @pytest.mark.parametrize("seed", range(60))
 def test_a_hierarchy_drawn_as_a_graph_prices_every_plan_as_the_hierarchy(seed):
     """On the graph of a hierarchy (every device on its own link to a switch per level) no two
     groups of a kind share a link, so the graph model must give the hierarchical model's
     numbers: random plans (random rank orders, MoE, ZeRO, recompute) on random 1-3 level
-    clusters, every stage and rank term to 1e-9."""
+    clusters with random achieved bandwidths (the graph's links carry them) and communication
+    overlap, every stage and rank term, exposed and total, to 1e-9."""
     problem, planner = random_case(seed, hbm_gib=100)
+    problem = with_network_terms(problem, seed)
     graph_problem = as_graph(problem)
     derived = [lv.fanout for lv in graph_problem.cluster.levels]
     assert derived == [lv.fanout for lv in problem.cluster.levels if lv.fanout > 1] or derived == [
@@ -61,7 +86,16 @@ def test_a_hierarchy_drawn_as_a_graph_prices_every_plan_as_the_hierarchy(seed):
     want, got = evaluate(problem, plan), evaluate(graph_problem, plan)
     assert got.iteration_time_s == pytest.approx(want.iteration_time_s, rel=1e-9)
     for a, b in zip(want.stages, got.stages, strict=True):
-        for key in ("tp_comm_s", "cp_comm_s", "ep_comm_s", "zero3_comm_s", "p2p_fwd_s"):
+        for key in (
+            "tp_comm_s",
+            "cp_comm_s",
+            "ep_comm_s",
+            "tp_exposed_s",
+            "cp_exposed_s",
+            "ep_exposed_s",
+            "zero3_comm_s",
+            "p2p_fwd_s",
+        ):
             assert getattr(b, key) == pytest.approx(getattr(a, key), rel=1e-9, abs=1e-15), key
     for a, b in zip(want.ranks, got.ranks, strict=True):
         assert b.dp_sync_s == pytest.approx(a.dp_sync_s, rel=1e-9, abs=1e-15)
@@ -231,7 +265,9 @@ def test_stage_model_equals_the_evaluator_on_graphs(seed):
     and sync from the interval model equal the evaluator's (interleaved chunks are covered by
     nest == brute)."""
     problem, options = graph_case(1000 + seed)
-    problem = make_problem(problem.model.spec, problem.cluster, global_batch=8)
+    t = problem.training
+    overlap = {k: getattr(t, k) for k in ("tp_comm_overlap", "cp_comm_overlap", "ep_comm_overlap")}
+    problem = make_problem(problem.model.spec, problem.cluster, global_batch=8, **overlap)
     options = {**options, "zero_stages": [0, 3], "schedules": ["1f1b"]}
     try:
         plan = NestPlanner(**options).solve(problem)
@@ -248,8 +284,9 @@ def test_stage_model_equals_the_evaluator_on_graphs(seed):
 
 def test_graph_floors_are_below_every_plan():
     """The pruning bounds on graphs (nest/graph/floors.py through nest/dp/bounds.py) on random
-    plans of random spaces on random graphs: every stage takes at least its layers' floors and
-    the iteration at least its configuration's bound."""
+    plans of random spaces on random graphs: every stage takes at least its layers' floors (the
+    placement-independent ones and the placement-aware ones of the stage model) and the
+    iteration at least its configuration's bound."""
     rng = random.Random(5)
     checked = 0
     for seed in range(60):
@@ -271,8 +308,11 @@ def test_graph_floors_are_below_every_plan():
             report = evaluate(problem, plan_from_choices(problem, config, choices))
             sm = StageModel(problem, config)
             layer = np.diff(sm.min_compute_s(space.recompute_modes))
+            # the placement-aware floors: each rank's own cost classes, the least per layer
+            placed = np.diff(sm.placed_floor_s(space.recompute_modes))
             for (i, j, _), stage in zip(choices, report.stages, strict=True):
                 assert stage.fwd_s + stage.bwd_s >= layer[i : j + 1].sum() * (1 - 1e-12)
+                assert stage.fwd_s + stage.bwd_s >= placed[i : j + 1].sum() * (1 - 1e-12), seed
             bound = floors.config_bound_s(family, zero, schedule)
             assert report.iteration_time_s >= bound * (1 - 1e-12), (seed, config)
             checked += 1
