@@ -14,7 +14,9 @@ in the file format of :mod:`nest.graph.build` (so it can be saved and edited).
   datasheet), one 400 Gb/s ConnectX-7 NIC per GPU (50 GB/s per direction) to the leaf switch of
   its rail (GPU ``i`` of every node of a 32-node scalable unit on leaf ``i``), leaves joined by
   spine switches without oversubscription. Latencies assumed (1 us per NVLink hop, 2.5 us per
-  NIC link, 1 us per leaf-spine link: 2, 5 and 7 us device to device, as ``dgx_h100_superpod``).
+  NIC link, 1 us per leaf-spine link: 2, 5 and 7 us device to device). Links at line rate: the
+  hierarchical ``dgx_h100_superpod`` prices collectives at NCCL's achieved bandwidth (its
+  ``bw_efficiency``), which a graph applies only through the link figures it is given.
 - :func:`leaf_spine`: nodes of 8 GPUs on NVLink, each GPU's NIC on its node's leaf (top-of-rack)
   switch, leaves joined by spines with an oversubscription ratio: Meta's Llama 3 RoCE fabric runs
   7:1 at its aggregation layer (Dubey et al., "The Llama 3 Herd of Models", 2024, §3.3.1), the
@@ -259,7 +261,10 @@ def leaf_spine(
 def hierarchy_graph(cluster: Cluster) -> nx.Graph:
     """A hierarchical cluster as a graph: per level and block a switch, every device on its own
     link to the switch of each of its blocks at that level's bottleneck bandwidth
-    (:meth:`~nest.topology.Cluster.path_bw_bytes_per_s`) and half its latency. Routing then
+    (:meth:`~nest.topology.Cluster.path_bw_bytes_per_s`: the achieved rate, ``bw_efficiency``
+    and oversubscription applied, which is what the hierarchy's collectives move) and half its
+    latency (a ring step crosses two links; :mod:`nest.cost.collectives` charges one latency per
+    step, so a change there needs the matching one here). Routing then
     sends a pair's traffic through the switch of its lowest common level (checked: that path
     must be strictly the cheapest), so no two flows of a ring level share a link and the graph
     model prices every plan as the hierarchy does."""
