@@ -17,9 +17,11 @@ A short composition of the cost model's public terms, which the planners call to
   exposed-sync and in-flight formulas of :mod:`nest.cost.pipeline`.
 
 Not modelled (documented simplifications): the all-reduce of tied-embedding gradients between the
-first and last stage; overlap of TP/CP/EP communication with compute; contention between
-concurrent groups (one NIC per device) on a hierarchy (a graph cluster shares links between the
-groups of a kind: :mod:`nest.graph.network`).
+first and last stage; contention between concurrent groups (one NIC per device) on a hierarchy
+(a graph cluster shares links between the groups of a kind: :mod:`nest.graph.network`). TP/CP/EP
+communication overlapping compute is modelled: each collective is charged its exposed part
+(:func:`nest.cost.compute.exposed_s`), on a hierarchy and a graph alike, and the stage reports
+its total as well.
 """
 
 from collections import Counter
