@@ -15,7 +15,8 @@ evaluator, and the prediction is compared with the measured number:
 
 No per-case factor is fitted. Every constant of the device and cluster presets is cited, except
 ``matmul_efficiency`` (the rate a large GEMM keeps inside a training step, an assumption: see
-:mod:`nest.kernels`) and the latencies across the fabric. Optional columns and their defaults when absent:
+:mod:`nest.kernels`) and the latencies across the fabric. Optional columns and their defaults
+when absent:
 ``activation`` gelu, ``norm`` layernorm, ``bias`` true, ``position`` learned, ``tied_embeddings``
 true, ``dropout`` true, ``flash_attention`` true, ``schedule`` 1f1b, ``overlap_grad_sync`` false,
 ``zero_stage`` 0, ``virtual_stages`` 1 (the chunks per rank of an interleaved ``schedule``),
