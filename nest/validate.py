@@ -115,14 +115,21 @@ def _level(preset: dict, fanout: int, bw_gbps: float) -> Level:
     )
 
 
-def load_device(preset: str):
+def load_device(preset: str, matmul_efficiency: float | str | None = None):
+    """A device preset; ``matmul_efficiency`` replaces the preset's (``"ceiling"``: its
+    ``gemm_ceiling``, the kernels at their isolated micro-benchmark rates)."""
     data = yaml.safe_load((CONF_DEVICE / f"{preset}.yaml").read_text())
     data.pop("defaults", None)
+    if matmul_efficiency == "ceiling":
+        data["matmul_efficiency"] = data.get("gemm_ceiling", data.get("matmul_efficiency", 1.0))
+    elif matmul_efficiency is not None:
+        data["matmul_efficiency"] = matmul_efficiency
     return build_device(data)
 
 
-def problem_and_plan(row: dict):
-    """The problem and fixed plan a CSV row describes."""
+def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
+    """The problem and fixed plan a CSV row describes (``matmul_efficiency``: see
+    :func:`load_device`)."""
     preset, cluster_preset = _gpu_defaults(row["gpu"])
     heads = _int(row["heads"])
     seq = _int(row["seq"])
@@ -150,7 +157,7 @@ def problem_and_plan(row: dict):
     network_gbps = float(row.get("network_gbps") or network["bw_gbps"])
     cluster = Cluster(
         name=f"{row['gpu']} x{gpus}",
-        device=load_device(preset),
+        device=load_device(preset, matmul_efficiency),
         levels=(
             _level(node, NODE_GPUS, nvlink_gbps),
             _level(network, gpus // NODE_GPUS, network_gbps),
@@ -207,11 +214,11 @@ def _partition(text: str | None) -> list[int] | None:
         ) from None
 
 
-def predict(row: dict) -> Outcome:
+def predict(row: dict, matmul_efficiency: float | str | None = None) -> Outcome:
     metric = row["measured_metric"].strip()
     measured = float(row["measured_value"])
     try:
-        problem, plan = problem_and_plan(row)
+        problem, plan = problem_and_plan(row, matmul_efficiency)
         report = evaluate(problem, plan)
     except UserError as exc:
         return Outcome(row, metric, measured, None, None, f"error: {exc}")
@@ -277,7 +284,7 @@ def summarise(outcomes: list[Outcome]) -> dict:
     by_source: dict[str, list[float]] = {}
     for o in outcomes:
         if o.error is not None:
-            by_source.setdefault(o.row["source"], []).append(abs(o.error))
+            by_source.setdefault(o.row["source"], []).append(o.error)
     return {
         "sweeps": sweeps(outcomes),
         "cases": len(outcomes),
@@ -286,18 +293,25 @@ def summarise(outcomes: list[Outcome]) -> dict:
         "max_abs_error": max(errors) if errors else None,
         "out_of_memory": sum(1 for o in outcomes if o.feasible is False),
         "by_source": {
-            s: {"n": len(v), "median_abs_error": statistics.median(v), "max_abs_error": max(v)}
+            s: {
+                "n": len(v),
+                "median_abs_error": statistics.median(abs(e) for e in v),
+                "max_abs_error": max(abs(e) for e in v),
+                "median_error": statistics.median(v),
+            }
             for s, v in sorted(by_source.items())
         },
     }
 
 
-def run(path: Path, out_dir: Path | None, echo=print) -> dict:
+def run(
+    path: Path, out_dir: Path | None, echo=print, matmul_efficiency: float | str | None = None
+) -> dict:
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     if not rows:
         raise UserError(f"{path} has no rows")
-    outcomes = [predict(r) for r in rows]
+    outcomes = [predict(r, matmul_efficiency) for r in rows]
     echo(
         f"{'source':<36} {'params':>7} {'gpus':>6} {'metric':<28} {'measured':>9} "
         f"{'predicted':>9} {'error':>8}  note"
@@ -311,15 +325,19 @@ def run(path: Path, out_dir: Path | None, echo=print) -> dict:
         )
     summary = summarise(outcomes)
     med, worst = summary["median_abs_error"], summary["max_abs_error"]
+    errors = (
+        "no errors to summarise"
+        if med is None
+        else f"median |error| {100 * med:.1f} %, max |error| {100 * worst:.1f} %"
+    )
     echo(
-        f"\n{summary['predicted']} of {summary['cases']} cases predicted; median |error| "
-        f"{100 * med:.1f} %, max |error| {100 * worst:.1f} %; {summary['out_of_memory']} "
-        "cases the memory model says would not fit"
+        f"\n{summary['predicted']} of {summary['cases']} cases predicted; {errors}; "
+        f"{summary['out_of_memory']} cases the memory model says would not fit"
     )
     for source, s in summary["by_source"].items():
         echo(
             f"  {source}: {s['n']} cases, median |error| {100 * s['median_abs_error']:.1f} %, "
-            f"max {100 * s['max_abs_error']:.1f} %"
+            f"max {100 * s['max_abs_error']:.1f} %, median signed {100 * s['median_error']:+.1f} %"
         )
     for sweep, s in summary["sweeps"].items():
         tau = "n/a" if s["kendall_tau"] is None else f"{s['kendall_tau']:+.2f}"
@@ -371,11 +389,29 @@ def main(argv: list[str] | None = None) -> int:
         default=Path("outputs/validate"),
         help="directory for validation.csv (default: outputs/validate)",
     )
+    parser.add_argument(
+        "--matmul-efficiency",
+        default=None,
+        metavar="FRACTION|ceiling",
+        help="replace the device presets' matmul_efficiency (the rate a large GEMM keeps in a "
+        "training step); 'ceiling': each preset's micro-benchmark gemm_ceiling",
+    )
     args = parser.parse_args(argv)
     try:
         if not args.csv.is_file():
             raise UserError(f"{args.csv} does not exist; give the path of a CSV of measured runs")
-        run(args.csv, args.out)
+        efficiency = args.matmul_efficiency
+        if efficiency not in (None, "ceiling"):
+            try:
+                value = float(efficiency)
+            except ValueError:
+                value = float("nan")
+            if not 0 < value <= 1:
+                raise UserError(
+                    f"--matmul-efficiency={efficiency!r}: give a fraction in (0, 1] or 'ceiling'"
+                )
+            efficiency = value
+        run(args.csv, args.out, matmul_efficiency=efficiency)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

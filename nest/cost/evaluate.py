@@ -32,7 +32,7 @@ import numpy as np
 from nest.axes import LayerKind, Recompute, Schedule
 from nest.cost.collectives import p2p_classes, pair_p2p_time_s
 from nest.cost.compute import bwd_collectives, fwd_collectives, hardware_flops, recompute_s
-from nest.cost.groups import AXES, RankGroups
+from nest.cost.groups import AXES, RankGroups, rank_groups
 from nest.cost.memory import rank_memory
 from nest.cost.pipeline import exposed_sync_s, in_flight_microbatches, pipeline_time_s
 from nest.cost.state import ModelState
@@ -259,7 +259,7 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
     check_plan(problem, plan)
     cluster, training, model = problem.cluster, problem.training, problem.model
     state = ModelState.of(problem, zero_stage=plan.zero_stage, dp=plan.dp, cp=plan.cp, ep=plan.ep)
-    groups = [RankGroups(plan.stages[r].devices, plan.ep, cluster) for r in range(plan.pp)]
+    groups = rank_groups(plan, cluster)
     chunks = _chunks(problem, plan)
     stages = [
         _stage_report(problem, plan, k, chunks, groups[k % plan.pp], state)

@@ -112,24 +112,26 @@ class RankGroups:
         return got
 
     def forms(self, kind: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Per collective op, the ``(a, c)`` arrays over :meth:`splits` (same order)."""
+        """Per collective op, the ``(a, c)`` arrays over :meth:`splits` (same order), each
+        computed when first looked up (a rank's kinds use one or two of the ops)."""
         got = self._forms.get(kind)
         if got is None:
-            splits = self.splits(kind)
-            got = {op: linear_forms(op, splits, self.cluster) if splits else None for op in OPS}
-            self._forms[kind] = got
+            got = self._forms[kind] = _Forms(self.splits(kind), self.cluster)
         return got
 
     def time_s(self, op: str, n_bytes, kind: str):
         """One collective ``op`` of ``n_bytes`` (scalar or numpy array) over every group of
         ``kind`` at once: its slowest group, seconds."""
-        ac = self.forms(kind)[op]
         if np.ndim(n_bytes) == 0:
-            if ac is None or n_bytes <= 0:
+            if n_bytes <= 0:
                 return 0.0
-            return float((ac[0] * n_bytes + ac[1]).max())
+            ac = self.forms(kind)[op]
+            return 0.0 if ac is None else float((ac[0] * n_bytes + ac[1]).max())
         n_bytes = np.asarray(n_bytes, dtype=float)
-        if ac is None or not n_bytes.any():
+        if not n_bytes.any():
+            return np.zeros(n_bytes.shape)
+        ac = self.forms(kind)[op]
+        if ac is None:
             return np.zeros(n_bytes.shape)
         a, c = ac
         out = a[0] * n_bytes + c[0]
@@ -153,6 +155,37 @@ class RankGroups:
             ),
             default=0.0,
         )
+
+
+def rank_groups(plan, cluster: Cluster) -> list[RankGroups]:
+    """One :class:`RankGroups` per pipeline rank of ``plan``; ranks whose devices are a
+    :func:`translated` copy of another's share it (the same splits, computed once), on a
+    hierarchy only: on a graph cluster (``cluster.network``) a move is no symmetry."""
+    if getattr(cluster, "network", None) is not None:
+        return [RankGroups(stage.devices, plan.ep, cluster) for stage in plan.stages[: plan.pp]]
+    shared: dict[tuple, RankGroups] = {}
+    out = []
+    for stage in plan.stages[: plan.pp]:
+        moved = translated(stage.devices, cluster)
+        key = (moved.shape, moved.tobytes())
+        if key not in shared:
+            shared[key] = RankGroups(moved, plan.ep, cluster)
+        out.append(shared[key])
+    return out
+
+
+class _Forms(dict):
+    """``{op: (a, c)}`` over some splits (None without splits), filled on first lookup."""
+
+    def __init__(self, splits, cluster: Cluster) -> None:
+        super().__init__()
+        self.splits, self.cluster = splits, cluster
+
+    def __missing__(self, op: str):
+        if op not in OPS:
+            raise KeyError(op)
+        got = self[op] = linear_forms(op, self.splits, self.cluster) if self.splits else None
+        return got
 
 
 def split_forms(split, cluster: Cluster) -> dict[str, tuple[np.ndarray, np.ndarray]]:
