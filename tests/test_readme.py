@@ -47,7 +47,7 @@ SLOW_RUNS = {
     # 1024 microbatches simulated and drawn: 6 s of CPU, more than the rest of this file
     "solver=nest model=gpt3_175b cluster=tpuv4_fattree cluster.devices=1024 "
     "training.global_batch=65536 training.microbatch_sizes=[1] simulate=true",
-    # 1000 evaluations for robust=true: 10 s of CPU (25-40 s when the plans are 96-chunk interleaved)
+    # 1000 evaluations for robust=true: 10 s of CPU (25-40 s with 96-chunk interleaved plans)
     "solver=nest model=gpt3_175b cluster=tpuv4_fattree cluster.devices=1024 "
     "training.global_batch=4096 training.microbatch_sizes=[1,2,4,8] solver.top_k=5 robust=true",
 }
