@@ -25,8 +25,14 @@ true, ``dropout`` true, ``flash_attention`` true, ``schedule`` 1f1b, ``overlap_g
 an id; the predicted order of its configurations is compared with the measured one, Kendall
 tau), ``grad_bytes`` 2,
 ``nvlink_gbps`` / ``network_gbps`` from the GPU (A100: 300 / 25, H100: 450 / 50),
-``flops_counted`` hardware for metrics that say "recompute counted" and model otherwise. Blank
-microbatch means 1, blank recompute none, blank sequence parallelism "on when tp > 1".
+``flops_counted`` hardware for metrics that say "recompute counted" and model otherwise,
+``num_experts`` 1 (a dense model; more makes every block a mixture of experts, Mixtral-style, as
+the ``conf/model`` MoE presets do), ``top_k`` 1 (experts each token is routed to), ``ep`` 1 (expert
+ranks, carved out of the ``dp x cp`` ranks). Blank microbatch means 1, blank recompute none, blank
+sequence parallelism "on when tp > 1".
+
+``tokens_per_s_per_gpu`` (training tokens, ``global_batch_seqs x seq`` per iteration, per second
+per GPU) needs no FLOP count, so it is the metric of sources whose FLOP convention differs.
 """
 
 import argparse
@@ -92,6 +98,20 @@ def _int(value: str, default: int | None = None) -> int:
     return int(float(value))
 
 
+def _count(row: dict, column: str, default: int) -> int:
+    """A positive whole number from an optional column, or a one-line error naming it."""
+    text = (row.get(column) or "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if value < 1 or value != int(value):
+        raise UserError(f"{column}={text!r} must be a positive whole number (blank: {default})")
+    return int(value)
+
+
 def _gpu_defaults(gpu: str) -> tuple[str, str]:
     for key, values in GPU_DEFAULTS.items():
         if key in gpu:
@@ -148,6 +168,8 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         position=row.get("position") or "learned",
         tied_embeddings=_flag(row.get("tied_embeddings"), True),
         dropout=_flag(row.get("dropout"), True),
+        num_experts=_count(row, "num_experts", 1),
+        top_k=_count(row, "top_k", 1),
     )
     gpus = _int(row["gpus"])
     if gpus % NODE_GPUS:
@@ -189,6 +211,7 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         pp=_int(row["pp"]),
         dp=_int(row["dp"]),
         cp=_int(row.get("cp"), 1),
+        ep=_count(row, "ep", 1),
         microbatch_size=mbs,
         recompute=recompute,
         zero_stage=_int(row.get("zero_stage"), 0),
@@ -233,7 +256,10 @@ def predict(row: dict, matmul_efficiency: float | str | None = None) -> Outcome:
     per_s = flops / report.iteration_time_s
     gpus = report.devices_used
     peak = problem.cluster.device.peak_flops_per_s
-    if metric.startswith("aggregate_pflops"):
+    if metric.startswith("tokens_per_s_per_gpu"):
+        tokens = problem.training.global_batch * problem.model.seq_len
+        value = tokens / report.iteration_time_s / gpus
+    elif metric.startswith("aggregate_pflops"):
         value = per_s / 1e15
     elif metric.startswith("pct_of_312TF_peak"):
         value = 100 * per_s / gpus / 312e12
