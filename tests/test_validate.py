@@ -24,7 +24,7 @@ def test_every_case_is_predicted_and_fits(summary):
     """The configurations ran for real, so the memory model must let them fit: every case but
     DeepSpeed's ZeRO-3 530B run on 640 GPUs with microbatch 4 (SC21 Table 2), whose memory use
     DeepSpeed cuts with means the row cannot state (e.g. activation offloading)."""
-    assert summary["predicted"] == summary["cases"] == 72
+    assert summary["predicted"] == summary["cases"] == 73
     assert summary["out_of_memory"] == 1
 
 
@@ -74,14 +74,41 @@ def test_zero3_against_3d_parallelism_is_ranked_as_measured(summary):
 def test_at_the_micro_benchmark_ceiling_every_source_is_over_predicted():
     """Why the presets' GEMM level is an assumption below the cited ceiling: with every kernel at
     its isolated micro-benchmark rate (``--matmul-efficiency ceiling``) the model predicts more
-    throughput than measured for every source (median signed error > 0: SC21 Table 1 +13.8 %,
-    Megatron-Core H100 +16.7 %, Llama 3 +0.2 %, SC21 Table 2 +30.9 %), so kernels inside a
-    training step run slower than in isolation; at the assumed 0.65 no source is over-predicted
-    by more than 12 % at the median."""
+    throughput than measured for every Megatron or DeepSpeed source (median signed error > 0:
+    SC21 Table 1 +13.8 %, Megatron-Core H100 +16.7 %, Llama 3 +0.2 %, SC21 Table 2 +30.9 %), so
+    kernels inside a training step run slower than in isolation; at the assumed 0.65 no source is
+    over-predicted by more than 12 % at the median. The FSDP2 row (NeMo Automodel) is left out of
+    the first claim: its error is the exposed ZeRO-3 gathers (see the next test), not the GEMM
+    rate, and it stays under-predicted at the ceiling (-21.8 %)."""
     at_ceiling = validate.run(CASES, None, echo=lambda _: None, matmul_efficiency="ceiling")
-    assert all(s["median_error"] > 0 for s in at_ceiling["by_source"].values())
+    kernel_bound = {k: v for k, v in at_ceiling["by_source"].items() if k != AUTOMODEL}
+    assert len(kernel_bound) == 4
+    assert all(s["median_error"] > 0 for s in kernel_bound.values())
     default = validate.run(CASES, None, echo=lambda _: None)
     assert all(s["median_error"] < 0.12 for s in default["by_source"].values())
+
+
+AUTOMODEL = "NeMoAutomodel_PerfSummary_H100_BF16"
+
+
+def test_fsdp2_run_is_under_predicted_by_its_exposed_gathers(summary):
+    """NeMo Automodel's Llama3 70B on 64 H100 (FSDP2 over 32 ranks x CP 2, BF16): 866.77 tokens/s
+    per GPU measured, 602 predicted (-30.5 %). nest charges ZeRO-3's per-microbatch parameter
+    all-gathers and gradient reduce-scatters as exposed, while FSDP2 prefetches the gathers under
+    compute (the row's ``fsdp2_prefetch``): that traffic is what the model adds, since the row
+    without it (compute, recompute and the CP ring alone) would run faster than measured.
+    Tolerance: max 35 %, under-predicted."""
+    s = summary["by_source"][AUTOMODEL]
+    assert s["n"] == 1 and -0.35 < s["median_error"] < 0
+    row = _case(AUTOMODEL, "70.6")
+    problem, plan = validate.problem_and_plan(row)
+    report = evaluate(problem, plan)
+    (stage,) = report.stages
+    assert stage.zero3_comm_s > 0
+    without_zero3_s = report.iteration_time_s - plan.num_microbatches * stage.zero3_comm_s
+    tokens = problem.training.global_batch * problem.model.seq_len
+    measured = float(row["measured_value"])
+    assert tokens / without_zero3_s / report.devices_used > measured
 
 
 def test_bad_matmul_efficiency_flag_is_one_line_error(capsys, tmp_path):
@@ -157,3 +184,78 @@ def test_a_bad_layer_partition_is_one_line_error():
     row = dict(_case("Narayanan2021_SC21_Table1", "39.1"), layer_partition="20,x")
     with pytest.raises(UserError, match=r"layer_partition='20,x'.*separated by ';'"):
         validate.problem_and_plan(row)
+
+
+def _mixtral_row(**changes) -> dict:
+    """A Megatron-Core H100 row given Mixtral 8x7B's shape (Hugging Face
+    mistralai/Mixtral-8x7B-v0.1 config.json, as conf/model/mixtral_8x7b.yaml) on 64 GPUs."""
+    row = dict(
+        _case("MegatronLM_README_H100_weak_scaling", "7.1"),
+        model_params_b="46.7",
+        layers="32",
+        hidden="4096",
+        heads="32",
+        kv_heads="8",
+        ffn="14336",
+        vocab="32000",
+        seq="4096",
+        gpus="64",
+        tp="1",
+        pp="1",
+        dp="64",
+        global_batch_seqs="256",
+        activation="swiglu",
+        norm="rmsnorm",
+        bias="false",
+        position="rope",
+        num_experts="8",
+        top_k="2",
+        ep="8",
+    )
+    row.update(changes)
+    return row
+
+
+def test_moe_columns_make_a_mixtral_problem():
+    """``num_experts``, ``top_k`` and ``ep`` reach the model and the plan: a row with Mixtral
+    8x7B's shape has its published 46.7B parameters (Jiang et al. 2024, arXiv 2401.04088 §2:
+    "46.7B total parameters") and 8 expert ranks; without the columns a row stays dense."""
+    problem, plan = validate.problem_and_plan(_mixtral_row())
+    spec = problem.model.spec
+    assert (spec.num_experts, spec.top_k, plan.ep) == (8, 2, 8)
+    assert problem.model.total_params() == pytest.approx(46.7e9, rel=0.001)
+    dense = {k: v for k, v in _mixtral_row().items() if k not in ("num_experts", "top_k", "ep")}
+    problem, plan = validate.problem_and_plan(dense)
+    assert (problem.model.spec.num_experts, plan.ep) == (1, 1)
+    assert problem.model.total_params() < 15e9  # one expert: a dense 13B-class model
+
+
+def test_bad_moe_values_are_one_line_errors():
+    """As for any bad row: the row is reported with a one-line error naming the value, the run
+    goes on."""
+    for changes, named in (
+        ({"ep": "3"}, "ep=3"),  # 3 ranks cannot share 8 experts
+        ({"ep": "x"}, "ep='x'"),
+        ({"ep": "0"}, "ep='0'"),
+        ({"top_k": "9"}, "top_k=9"),
+    ):
+        outcome = validate.predict(_mixtral_row(**changes))
+        assert outcome.predicted is None
+        assert outcome.note.startswith("error:") and named in outcome.note
+        assert "\n" not in outcome.note
+    with pytest.raises(UserError, match=r"ep='x' must be a positive whole number"):
+        validate.problem_and_plan(_mixtral_row(ep="x"))
+
+
+def test_tokens_metric_agrees_with_the_model_flop_metric():
+    """Tokens per second per GPU times the model FLOPs of a token is the model TFLOP/s per GPU:
+    the two metrics of one run, read through the same evaluation."""
+    row = _mixtral_row()
+    tokens = validate.predict(dict(row, measured_metric="tokens_per_s_per_gpu"))
+    tflops = validate.predict(dict(row, measured_metric="tflops_per_gpu"))
+    problem, plan = validate.problem_and_plan(row)
+    report = evaluate(problem, plan)
+    per_token = report.model_flops_per_iteration / (
+        problem.training.global_batch * problem.model.seq_len
+    )
+    assert tokens.predicted * per_token / 1e12 == pytest.approx(tflops.predicted, rel=1e-9)
