@@ -63,6 +63,13 @@ GPU_DEFAULTS = {  # device preset and the cluster preset whose node and network 
 NODE_GPUS = 8
 
 
+REQUIRED_COLUMNS = (
+    "source", "case", "layers", "hidden", "heads", "ffn", "vocab", "seq", "gpus", "tp", "pp",
+    "dp", "global_batch_seqs", "gpu", "measured_metric", "measured_value",
+)  # fmt: skip
+"""The columns a row cannot do without; every other one has a default (module docstring)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     row: dict
@@ -89,13 +96,29 @@ def _flag(value: str, default: bool) -> bool:
     raise UserError(f"cannot read {value!r} as yes/no")
 
 
-def _int(value: str, default: int | None = None) -> int:
-    value = (value or "").strip()
-    if not value:
+def _float(row: dict, column: str, default: float | None = None) -> float:
+    """A number from ``column``, its default when blank (or absent), else a one-line error
+    naming the column and the text."""
+    text = (row.get(column) or "").strip()
+    if not text:
         if default is None:
-            raise UserError("a required number is blank")
+            raise UserError(f"{column} is blank or missing; give a number")
         return default
-    return int(float(value))
+    try:
+        value = float(text)
+    except ValueError:
+        raise UserError(f"{column}={text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise UserError(f"{column}={text!r} is not a finite number")
+    return value
+
+
+def _int(row: dict, column: str, default: int | None = None) -> int:
+    """A whole number from ``column`` (as :func:`_float`), else a one-line error."""
+    value = _float(row, column, None if default is None else float(default))
+    if value != int(value):
+        raise UserError(f"{column}={row.get(column)!r} is not a whole number")
+    return int(value)
 
 
 def _count(row: dict, column: str, default: int) -> int:
@@ -151,16 +174,16 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
     """The problem and fixed plan a CSV row describes (``matmul_efficiency``: see
     :func:`load_device`)."""
     preset, cluster_preset = _gpu_defaults(row["gpu"])
-    heads = _int(row["heads"])
-    seq = _int(row["seq"])
+    heads = _int(row, "heads")
+    seq = _int(row, "seq")
     spec = ModelSpec(
         name=f"{row['model_params_b']}B",
-        hidden=_int(row["hidden"]),
-        layers=_int(row["layers"]),
+        hidden=_int(row, "hidden"),
+        layers=_int(row, "layers"),
         heads=heads,
-        kv_heads=_int(row.get("kv_heads"), heads),
-        ffn_hidden=_int(row["ffn"]),
-        vocab=_int(row["vocab"]),
+        kv_heads=_int(row, "kv_heads", heads),
+        ffn_hidden=_int(row, "ffn"),
+        vocab=_int(row, "vocab"),
         seq_len=seq,
         activation=row.get("activation") or "gelu",
         norm=row.get("norm") or "layernorm",
@@ -171,12 +194,12 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         num_experts=_count(row, "num_experts", 1),
         top_k=_count(row, "top_k", 1),
     )
-    gpus = _int(row["gpus"])
+    gpus = _int(row, "gpus")
     if gpus % NODE_GPUS:
         raise UserError(f"gpus={gpus} is not a multiple of {NODE_GPUS} GPUs per node")
     node, network = preset_levels(cluster_preset)
-    nvlink_gbps = float(row.get("nvlink_gbps") or node["bw_gbps"])
-    network_gbps = float(row.get("network_gbps") or network["bw_gbps"])
+    nvlink_gbps = _float(row, "nvlink_gbps", float(node["bw_gbps"]))
+    network_gbps = _float(row, "network_gbps", float(network["bw_gbps"]))
     cluster = Cluster(
         name=f"{row['gpu']} x{gpus}",
         device=load_device(preset, matmul_efficiency),
@@ -185,14 +208,14 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
             _level(network, gpus // NODE_GPUS, network_gbps),
         ),
     )
-    tp = _int(row["tp"])
+    tp = _int(row, "tp")
     sp = _flag(row.get("sequence_parallel"), tp > 1)
-    mbs = _int(row.get("microbatch"), 1)
+    mbs = _int(row, "microbatch", 1)
     flash = _flag(row.get("flash_attention"), True)
     training = Training(
-        global_batch=_int(row["global_batch_seqs"]),
+        global_batch=_int(row, "global_batch_seqs"),
         microbatch_sizes=(mbs,),
-        grad_bytes=_int(row.get("grad_bytes"), 2),
+        grad_bytes=_int(row, "grad_bytes", 2),
         overlap_grad_sync=_flag(row.get("overlap_grad_sync"), False),
         sequence_parallel=sp,
         flash_attention=flash,
@@ -208,15 +231,15 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
     recompute = (row.get("recompute") or "none").split("(")[0].strip() or "none"
     settings = PlanSettings(
         tp=tp,
-        pp=_int(row["pp"]),
-        dp=_int(row["dp"]),
-        cp=_int(row.get("cp"), 1),
+        pp=_int(row, "pp"),
+        dp=_int(row, "dp"),
+        cp=_int(row, "cp", 1),
         ep=_count(row, "ep", 1),
         microbatch_size=mbs,
         recompute=recompute,
-        zero_stage=_int(row.get("zero_stage"), 0),
+        zero_stage=_int(row, "zero_stage", 0),
         schedule=row.get("schedule") or "1f1b",
-        virtual_stages=_int(row.get("virtual_stages"), 1),
+        virtual_stages=_int(row, "virtual_stages", 1),
         layer_partition=_partition(row.get("layer_partition")),
         sequence_parallel=sp,
     )
@@ -238,8 +261,11 @@ def _partition(text: str | None) -> list[int] | None:
 
 
 def predict(row: dict, matmul_efficiency: float | str | None = None) -> Outcome:
-    metric = row["measured_metric"].strip()
-    measured = float(row["measured_value"])
+    metric = (row.get("measured_metric") or "").strip()
+    try:
+        measured = _float(row, "measured_value")
+    except UserError as exc:
+        return Outcome(row, metric, float("nan"), None, None, f"error: {exc}")
     try:
         problem, plan = problem_and_plan(row, matmul_efficiency)
         report = evaluate(problem, plan)
@@ -334,7 +360,13 @@ def run(
     path: Path, out_dir: Path | None, echo=print, matmul_efficiency: float | str | None = None
 ) -> dict:
     with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
+        reader = csv.DictReader(fh)
+        rows = list(reader)
+        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise UserError(
+            f"{path} lacks the columns {missing}; a header needs at least {list(REQUIRED_COLUMNS)}"
+        )
     if not rows:
         raise UserError(f"{path} has no rows")
     outcomes = [predict(r, matmul_efficiency) for r in rows]

@@ -259,3 +259,33 @@ def test_tokens_metric_agrees_with_the_model_flop_metric():
         problem.training.global_batch * problem.model.seq_len
     )
     assert tokens.predicted * per_token / 1e12 == pytest.approx(tflops.predicted, rel=1e-9)
+
+
+def test_bad_numbers_in_any_column_are_one_line_row_errors():
+    """Every numeric column, not only the MoE ones: text, a fraction where a count is due, a
+    blank required number, and a bad measured value are each a one-line error on that row that
+    names the column and the text, and the run goes on (no traceback)."""
+    for changes, named in (
+        ({"tp": "x"}, "tp='x' is not a number"),
+        ({"pp": "1.5"}, "pp='1.5' is not a whole number"),
+        ({"hidden": ""}, "hidden is blank"),
+        ({"nvlink_gbps": "fast"}, "nvlink_gbps='fast' is not a number"),
+        ({"microbatch": "nan"}, "microbatch='nan' is not a finite number"),
+        ({"measured_value": "n/a"}, "measured_value='n/a' is not a number"),
+    ):
+        outcome = validate.predict(_mixtral_row(**changes))
+        assert outcome.predicted is None, changes
+        assert outcome.note.startswith("error:") and named in outcome.note, outcome.note
+        assert "\n" not in outcome.note
+
+
+def test_a_csv_without_a_required_column_names_it(tmp_path):
+    """A header that lacks a column every row needs is refused before any row, naming it."""
+    row = _mixtral_row()
+    path = tmp_path / "runs.csv"
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, [c for c in row if c != "tp"], extrasaction="ignore")
+        writer.writeheader()
+        writer.writerow(row)
+    with pytest.raises(UserError, match=r"lacks the columns \['tp'\]"):
+        validate.run(path, None, echo=lambda *a: None)
