@@ -82,6 +82,7 @@ import yaml
 
 from nest.build import PlanSettings, build_plan
 from nest.cost import evaluate
+from nest.dp.space import chunk_split
 from nest.errors import Infeasible, InvalidConfiguration, UserError
 from nest.layers import Shard
 from nest.plan import Plan
@@ -123,24 +124,6 @@ def same_architecture(spec, preset: str) -> bool:
     """Whether a run's model (e.g. ``model=hf`` on the same card) is the preset's architecture."""
     mine = (*(getattr(spec, k, None) for k in ARCHITECTURE), getattr(spec, "num_experts", 1))
     return None not in mine and mine == preset_architecture(preset)
-
-
-def chunk_split(blocks: int, chunks: int) -> list[int] | None:
-    """Chain layers per chunk (embedding + blocks + head), or None when no even split exists.
-
-    Blocks evenly when ``chunks`` divides them (embedding with the first chunk, head with the
-    last: Megatron's default); else the whole chain evenly when ``chunks`` divides
-    ``blocks + 2`` (Megatron's ``account_for_embedding/loss_in_pipeline_split``)."""
-    if chunks > blocks:
-        return None
-    if blocks % chunks == 0:
-        counts = [blocks // chunks] * chunks
-        counts[0] += 1
-        counts[-1] += 1
-        return counts
-    if (blocks + 2) % chunks == 0:
-        return [(blocks + 2) // chunks] * chunks
-    return None
 
 
 def _span(values: Sequence[int] | None) -> list[int]:

@@ -17,7 +17,14 @@ from nest.dp.bounds import Floors
 from nest.dp.interleaved import RankChunks
 from nest.dp.planner import NestPlanner, plan_from_choices
 from nest.dp.rows import stage_row
-from nest.dp.space import SpaceOptions, configurations, families, interleaved_chunks
+from nest.dp.space import (
+    SpaceOptions,
+    chunk_split,
+    configurations,
+    families,
+    interleaved_chunks,
+    interleaved_split,
+)
 from nest.dp.stages import StageModel
 from nest.errors import Infeasible, UserError
 from nest.model import ModelSpec
@@ -103,6 +110,37 @@ def test_interleaved_chunks_are_megatrons_partition():
         sizes = [j - i + 1 for i, j in chunks]
         assert sizes[1:-1] == [blocks // (pp * v)] * (pp * v - 2)
         assert sizes[0] == sizes[-1] == blocks // (pp * v) + 1
+
+
+def test_without_an_even_block_split_the_ends_count_as_layers():
+    """Megatron-LM's ``--account-for-embedding/loss-in-pipeline-split`` (NVIDIA's Llama-3.1 405B
+    recipes: 126 blocks in 64 chunks of 2 chain layers): where ``pp * v`` does not divide the
+    blocks but divides blocks + 2, every chunk holds ``(blocks + 2) / (pp v)`` chain layers, the
+    first and the last one block fewer; no such split leaves a chunk without a block."""
+    assert chunk_split(126, 64) == [2] * 64
+    chunks = interleaved_chunks(128, 8, 8)
+    assert chunks[0] == (0, 1) and chunks[-1] == (126, 127)
+    assert all(j - i == 1 for i, j in chunks)
+    assert interleaved_split(6, 2, 2) == [2, 2, 2, 2]  # 6 blocks: 4 does not divide them, 8 does
+    assert interleaved_split(4, 2, 3) is None  # 6 chunks of one chain layer: the ends hold no block
+    assert interleaved_split(5, 2, 2) is None  # neither 5 nor 7 splits in 4
+    cluster = make_cluster(fanouts=(4,), bws_gbps=(300.0,), lat_us=(1.0,))
+    options = dict(schedules=["interleaved"], pp=[2], recompute=["none", "full"])
+    space = SpaceOptions(**options)
+    for blocks in (5, 6):
+        spec = ModelSpec(
+            name="tiny", hidden=256, layers=blocks, heads=4, ffn_hidden=1024, vocab=512,
+            seq_len=128,
+        )  # fmt: skip
+        problem = make_problem(spec, cluster, global_batch=8, microbatch_sizes=(1,))
+        found = {c.virtual_stages for c in configurations(problem, space)}
+        # 6 blocks: v 2 by the ends-counted split (8 = 2 x 2 x 2), v 3 by blocks (6 = 2 x 3)
+        assert found == ({2, 3} if blocks == 6 else set()), (blocks, found)
+    # over that space nest finds brute force's optimum, on the ends-counted chunks
+    want = BrutePlanner(**options).solve(problem)
+    plan = NestPlanner(**options).solve(problem)
+    assert plan.objective_s == pytest.approx(want.objective_s, rel=1e-9)
+    assert [(s.first_layer, s.last_layer) for s in plan.stages] == interleaved_chunks(8, 2, 2)
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -16,10 +16,11 @@ import yaml
 from hydra.utils import instantiate
 
 import nest.cli
-from baselines.recipes import RecipesPlanner, chunk_split, load_recipes
+from baselines.recipes import RecipesPlanner, load_recipes
 from nest.build import PlanSettings, build_plan
 from nest.config import build_problem
 from nest.cost import evaluate
+from nest.dp.space import chunk_split
 from nest.errors import Infeasible, InvalidConfiguration, UserError
 from nest.units import GiB
 

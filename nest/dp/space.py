@@ -22,9 +22,11 @@ partition and the recompute modes:
   :func:`_orders`' order;
 - the schedule ``(schedule, v)`` among ``SpaceOptions.schedules``: ``(1f1b, 1)``, or
   ``(interleaved, v)`` when ``pp >= 2``, ``v >= 2`` (one of ``SpaceOptions.virtual_stages``;
-  None: any), ``pp * v`` divides the number of blocks and ``pp`` divides ``m`` (Megatron-LM's
-  rule). GPipe is left out: under the shared cost model it takes the same time as 1F1B and holds
-  at least as many activations (``m >= min(p - r, m)``), so it is never better.
+  None: any), ``pp`` divides ``m`` (Megatron-LM's rule) and ``pp * v`` chunks split the chain
+  evenly (:func:`interleaved_split`: ``pp * v`` divides the blocks, or the blocks + 2 with
+  at least two chain layers per chunk). GPipe is left out: under the shared cost model it
+  takes the same time as 1F1B and holds at least as many activations (``m >= min(p - r, m)``),
+  so it is never better.
 
 **Its plans**:
 
@@ -32,7 +34,11 @@ partition and the recompute modes:
   stages, stage ``r`` on pipeline rank ``r``, and one recompute mode per stage;
 - interleaved with ``v``: the partition Megatron-Core runs (:func:`interleaved_chunks`): ``pp * v``
   chunks of ``blocks / (pp v)`` consecutive blocks each, the embedding joined to chunk 0 and the
-  head to the last chunk, chunk ``k`` on pipeline rank ``k % pp``; one recompute mode per chunk.
+  head to the last chunk; where ``pp * v`` does not divide the blocks but divides the blocks + 2,
+  the split with the embedding and the loss counted as layers (Megatron-LM's
+  ``--account-for-embedding/loss-in-pipeline-split``: ``(blocks + 2) / (pp v)`` chain layers per
+  chunk, one block fewer in the first and the last); chunk ``k`` on pipeline rank ``k % pp``;
+  one recompute mode per chunk.
 
 Recompute modes come from ``SpaceOptions.recompute``; a stage without blocks (only embedding and
 / or head) has nothing to recompute and is ``none``. Interleaved plans take a mode per chunk, not
@@ -116,7 +122,8 @@ class SpaceOptions:
     """e.g. ``["tp,cp,dp,pp", "tp,cp,pp,dp"]``; None: every order with tp innermost."""
     schedules: Sequence[str] = ("1f1b", "interleaved")
     virtual_stages: Sequence[int] | None = None
-    """Interleaved ``v`` candidates; None: every ``v >= 2`` with ``pp * v`` dividing the blocks."""
+    """Interleaved ``v`` candidates; None: every ``v >= 2`` whose ``pp * v`` chunks split the
+    chain evenly (:func:`interleaved_split`)."""
 
     @property
     def recompute_modes(self) -> tuple[Recompute, ...]:
@@ -154,17 +161,51 @@ class SpaceOptions:
         return tuple(self.virtual_stages)
 
 
+def chunk_split(blocks: int, chunks: int) -> list[int] | None:
+    """Chain layers per chunk (embedding + blocks + head) of Megatron's even pipeline split, or
+    None when no even split exists.
+
+    Blocks evenly when ``chunks`` divides them (embedding with the first chunk, head with the
+    last: Megatron-LM's default); else the whole chain evenly when ``chunks`` divides
+    ``blocks + 2``: Megatron-LM's ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split`` (``megatron/training/arguments.py``), which count the
+    embedding and the loss as one layer each, as NVIDIA's Llama-3.1 405B recipes set (126 blocks
+    in 64 chunks of 2)."""
+    if chunks > blocks:
+        return None
+    if blocks % chunks == 0:
+        counts = [blocks // chunks] * chunks
+        counts[0] += 1
+        counts[-1] += 1
+        return counts
+    if (blocks + 2) % chunks == 0:
+        return [(blocks + 2) // chunks] * chunks
+    return None
+
+
+def interleaved_split(blocks: int, pp: int, v: int) -> list[int] | None:
+    """The chunk sizes (chain layers) the space gives interleaved ``v`` on ``pp`` ranks:
+    :func:`chunk_split` of ``pp * v`` chunks, where the embedding- and loss-counted split must
+    leave every chunk a block (at least two chain layers each), so that every chunk has a
+    recompute choice; None when there is no such split."""
+    counts = chunk_split(blocks, pp * v)
+    if counts is None or (blocks % (pp * v) and counts[0] < 2):
+        return None
+    return counts
+
+
 def interleaved_chunks(n_layers: int, pp: int, v: int) -> list[tuple[int, int]]:
-    """The Megatron-Core interleaved partition of a chain of ``n_layers`` (embedding, blocks,
-    head): ``pp * v`` chunks of ``blocks / (pp v)`` blocks, the embedding in chunk 0 and the head
-    in the last chunk, as inclusive ``(first, last)`` chain ranges."""
-    blocks = n_layers - 2
-    per = blocks // (pp * v)
-    out = []
-    for k in range(pp * v):
-        first = 0 if k == 0 else 1 + k * per
-        last = n_layers - 1 if k == pp * v - 1 else (k + 1) * per
-        out.append((first, last))
+    """The partition the space gives interleaved ``v`` on ``pp`` ranks (:func:`interleaved_split`:
+    ``pp * v`` chunks of ``blocks / (pp v)`` blocks with the embedding in chunk 0 and the head in
+    the last, else of ``(blocks + 2) / (pp v)`` chain layers), as inclusive ``(first, last)``
+    chain ranges."""
+    counts = interleaved_split(n_layers - 2, pp, v)
+    if counts is None:
+        raise ValueError(f"no interleaved split of {n_layers - 2} blocks into {pp} x {v} chunks")
+    out, first = [], 0
+    for n in counts:
+        out.append((first, first + n - 1))
+        first += n
     return out
 
 
@@ -196,8 +237,8 @@ def _schedules(kinds, blocks: int, pp: int, m: int):
     if Schedule.ONE_F_ONE_B in kinds:
         out.append(ONE_F_ONE_B)
     if Schedule.INTERLEAVED in kinds and pp >= 2 and m % pp == 0:
-        vs = range(2, blocks // pp + 1) if vs is None else vs
-        out += [(Schedule.INTERLEAVED, v) for v in vs if blocks % (pp * v) == 0]
+        vs = range(2, (blocks + 2) // pp + 1) if vs is None else vs
+        out += [(Schedule.INTERLEAVED, v) for v in vs if interleaved_split(blocks, pp, v)]
     return tuple(out)
 
 

@@ -14,8 +14,8 @@ rank depends on that rank's choice only:
 
 - 1F1B: a choice is ``(i, j, mode)``, the rank holds layers ``i..j`` with one recompute mode; the
   choices of consecutive ranks must chain (rank ``r + 1`` starts at ``j + 1``);
-- interleaved: the partition is fixed (Megatron's equal chunks), a choice is a recompute mode per
-  chunk of the rank.
+- interleaved: the partition is fixed (the space's chunks, :func:`interleaved_chunks`), a choice
+  is a recompute mode per chunk of the rank.
 
 Memory depends on the rank's choice only too, so a choice that does not fit is left out.
 
