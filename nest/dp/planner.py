@@ -4,7 +4,8 @@ Search space (:mod:`nest.dp.space`, its single definition): ``tp, cp, ep, dp, pp
 at most the devices (idle devices allowed), microbatch size, ZeRO stage 0-3, every rank order with
 ``tp`` innermost, and either 1F1B with a non-uniform contiguous partition of the whole chain
 (embedding and head are layers) and a recompute mode per stage, or Megatron's interleaved schedule
-with ``v`` virtual stages, its equal-block chunks and a recompute mode per chunk.
+with ``v`` virtual stages, its even chunks (:func:`nest.dp.space.interleaved_chunks`) and a
+recompute mode per chunk.
 
 Two levels:
 1. Configurations, best first by a lower bound (:mod:`nest.dp.bounds`: compute, cheapest
