@@ -25,7 +25,9 @@ best plans", justifies each default from the validation errors):
 - ``hbm_bandwidth``: the device's HBM bandwidth (elementwise operators, optimizer step), one
   factor per world.
 - ``network_bandwidth`` and ``network_latency``: each level's bandwidth and latency, one factor
-  per level and world.
+  per level and world. Hierarchies only: a graph cluster (``cluster.network``) prices
+  communication on its links and routes, which these factors do not reach, so there they are not
+  applied and ``report.json["robustness"]["network_perturbed"]`` is false.
 - ``hbm_capacity``: the device's memory (an allocator margin), one factor per world; ``[1, 1]``
   (off) by default.
 
@@ -459,6 +461,8 @@ def robustness(
         "confidence": settings.confidence,
         "negligible_regret": settings.negligible_regret,
         "ranges": settings.ranges.to_dict(),
+        # graph clusters price links, not levels: the network factors do not reach them
+        "network_perturbed": problem.cluster.network is None,
         "correlation": (
             "one factor per world for the matmul rate, HBM bandwidth and capacity; one per level "
             "and world for network bandwidth and latency; one per (layer, shard) and world for "
@@ -477,7 +481,9 @@ def format_robustness(result: dict) -> str:
     """The summary's robustness lines: one row per plan and the verdict."""
     lines = [
         f"robustness over {result['samples']} samples of the cost model's uncertainty (seed "
-        f"{result['seed']}; ranges in report.json):",
+        f"{result['seed']}; ranges in report.json)"
+        + ("" if result.get("network_perturbed", True) else "; network not perturbed (a graph)")
+        + ":",
         f"{'rank':>4} {'wins':>6} {'beats 1':>8} {'fits':>6} {'mean regret':>12} "
         f"{'worst regret':>13} {'iteration s, 5-95 %':>22}",
     ]

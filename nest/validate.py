@@ -64,8 +64,8 @@ NODE_GPUS = 8
 
 
 REQUIRED_COLUMNS = (
-    "source", "case", "layers", "hidden", "heads", "ffn", "vocab", "seq", "gpus", "tp", "pp",
-    "dp", "global_batch_seqs", "gpu", "measured_metric", "measured_value",
+    "source", "case", "model_params_b", "layers", "hidden", "heads", "ffn", "vocab", "seq",
+    "gpus", "tp", "pp", "dp", "global_batch_seqs", "gpu", "measured_metric", "measured_value",
 )  # fmt: skip
 """The columns a row cannot do without; every other one has a default (module docstring)."""
 
@@ -122,20 +122,20 @@ def _int(row: dict, column: str, default: int | None = None) -> int:
 
 
 def _count(row: dict, column: str, default: int) -> int:
-    """A positive whole number from an optional column, or a one-line error naming it."""
+    """A positive whole number from an optional column (as :func:`_int`), or a one-line error
+    naming it."""
     text = (row.get(column) or "").strip()
-    if not text:
-        return default
     try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if value < 1 or value != int(value):
+        value = _int(row, column, default)
+    except UserError:
+        value = 0
+    if value < 1:
         raise UserError(f"{column}={text!r} must be a positive whole number (blank: {default})")
-    return int(value)
+    return value
 
 
-def _gpu_defaults(gpu: str) -> tuple[str, str]:
+def _gpu_defaults(gpu: str | None) -> tuple[str, str]:
+    gpu = gpu or ""
     for key, values in GPU_DEFAULTS.items():
         if key in gpu:
             return values
@@ -264,6 +264,8 @@ def predict(row: dict, matmul_efficiency: float | str | None = None) -> Outcome:
     metric = (row.get("measured_metric") or "").strip()
     try:
         measured = _float(row, "measured_value")
+        if measured <= 0:
+            raise UserError(f"measured_value={row.get('measured_value')!r} must be above 0")
     except UserError as exc:
         return Outcome(row, metric, float("nan"), None, None, f"error: {exc}")
     try:
@@ -359,10 +361,13 @@ def summarise(outcomes: list[Outcome]) -> dict:
 def run(
     path: Path, out_dir: Path | None, echo=print, matmul_efficiency: float | str | None = None
 ) -> dict:
-    with open(path, newline="") as fh:
-        reader = csv.DictReader(fh)
-        rows = list(reader)
-        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            rows = list(reader)
+            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if missing:
         raise UserError(
             f"{path} lacks the columns {missing}; a header needs at least {list(REQUIRED_COLUMNS)}"

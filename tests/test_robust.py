@@ -12,6 +12,8 @@ import yaml
 from nest.cost import evaluate
 from nest.dp.planner import NestPlanner
 from nest.errors import UserError
+from nest.graph.build import graph_cluster
+from nest.graph.generators import rail_optimized
 from nest.robust import (
     RANGE_NAMES,
     Ranges,
@@ -271,3 +273,22 @@ def test_robust_with_a_planner_of_one_plan_reports_its_spread(tmp_path):
     assert result["status"] == "error" and lines == [
         "error: robust='maybe'; use robust=true or robust=false"
     ]
+
+
+def test_network_factors_are_reported_as_not_applied_on_a_graph(case):
+    """A graph cluster prices communication on its links and routes, which the per-level network
+    factors do not reach: there the sample times are the nominal ones whatever the network
+    ranges, and the report says the network was not perturbed; on a hierarchy the same ranges
+    move the times."""
+    problem, plans = case
+    halved = exactly(network_bandwidth=(0.5, 0.5), network_latency=(2.0, 2.0))
+    tree = robustness(problem, plans[:1], halved)
+    assert tree["network_perturbed"] is True
+    assert tree["sample_times_s"][0][0] > evaluate(problem, plans[0]).iteration_time_s
+    cluster = graph_cluster("rails", problem.cluster.device, rail_optimized(8, gpus_per_node=4))
+    graph_problem = replace(problem, cluster=cluster)
+    plan = NestPlanner().solve(graph_problem)
+    result = robustness(graph_problem, [plan], halved)
+    assert result["network_perturbed"] is False
+    nominal = evaluate(graph_problem, plan).iteration_time_s
+    assert all(row[0] == pytest.approx(nominal, rel=1e-12) for row in result["sample_times_s"])

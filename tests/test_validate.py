@@ -272,6 +272,10 @@ def test_bad_numbers_in_any_column_are_one_line_row_errors():
         ({"nvlink_gbps": "fast"}, "nvlink_gbps='fast' is not a number"),
         ({"microbatch": "nan"}, "microbatch='nan' is not a finite number"),
         ({"measured_value": "n/a"}, "measured_value='n/a' is not a number"),
+        ({"measured_value": "0"}, "measured_value='0' must be above 0"),
+        ({"ep": "inf"}, "ep='inf' must be a positive whole number"),
+        ({"num_experts": "nan"}, "num_experts='nan' must be a positive whole number"),
+        ({"gpu": ""}, "gpu '' is not known"),
     ):
         outcome = validate.predict(_mixtral_row(**changes))
         assert outcome.predicted is None, changes
@@ -288,4 +292,12 @@ def test_a_csv_without_a_required_column_names_it(tmp_path):
         writer.writeheader()
         writer.writerow(row)
     with pytest.raises(UserError, match=r"lacks the columns \['tp'\]"):
+        validate.run(path, None, echo=lambda *a: None)
+
+
+def test_a_csv_that_is_not_utf8_is_one_line_error(tmp_path):
+    """A file in another encoding is refused naming it, not a UnicodeDecodeError."""
+    path = tmp_path / "runs.csv"
+    path.write_bytes(",".join(validate.REQUIRED_COLUMNS).encode() + b"\nGr\xfc\xdfe\n")
+    with pytest.raises(UserError, match="is not UTF-8 text"):
         validate.run(path, None, echo=lambda *a: None)
