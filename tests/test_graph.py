@@ -676,3 +676,26 @@ def test_every_planner_runs_on_a_graph_and_is_scored_on_it(name):
             d.pop("solve_time_s")
             d["search"] = {k: v for k, v in d["search"].items() if not k.startswith("time_")}
         assert a == b
+
+
+def test_bad_generator_parameters_and_unreadable_files_are_one_line_errors(tmp_path):
+    """A link figure that is not a number, a torus shape that is not a list, a malformed
+    GraphML file and a measured table that is not UTF-8 are each a ``UserError`` naming the
+    value (they were a TypeError, a ParseError and a UnicodeDecodeError)."""
+    with pytest.raises(UserError, match=r"nic_bw_gbps='fast' must be a number"):
+        leaf_spine(64, nic_bw_gbps="fast")
+    with pytest.raises(UserError, match=r"oversubscription='x' must be a number"):
+        leaf_spine(64, oversubscription="x")
+    with pytest.raises(UserError, match=r"nvlink_latency_us=-1 must be >= 0"):
+        rail_optimized(16, nvlink_latency_us=-1)
+    with pytest.raises(UserError, match=r"shape=64 must be a list"):
+        tpuv4_torus(64, shape=64)
+    assert leaf_spine(64, nic_bw_gbps="50").number_of_nodes() == leaf_spine(64).number_of_nodes()
+    bad = tmp_path / "bad.graphml"
+    bad.write_text("<graphml><graph>")
+    with pytest.raises(UserError, match="cannot read it"):
+        read_graph_file(bad)
+    table = tmp_path / "t.csv"
+    table.write_bytes(b"device_a,device_b,gbps\n0,1,4\xff\n")
+    with pytest.raises(UserError, match="not UTF-8 text"):
+        measured_graph(table)

@@ -76,14 +76,18 @@ def read_graph_file(path) -> nx.Graph:
             return graph
     except UserError:
         raise
-    except (ValueError, KeyError, TypeError, nx.NetworkXError) as exc:
+    except (ValueError, KeyError, TypeError, SyntaxError, nx.NetworkXError) as exc:
+        # SyntaxError: a malformed GraphML's xml.etree ParseError; UnicodeDecodeError is a
+        # ValueError
         raise UserError(f"cluster.graph_path={path}: cannot read it ({exc})") from None
     raise UserError(
         f"cluster.graph_path={path}: unknown format {suffix!r}; use a node-link .json or .graphml"
     )
 
 
-def _number(value, what: str, *, minimum: float, strict: bool) -> float:
+def checked_number(value, what: str, *, minimum: float, strict: bool) -> float:
+    """``value`` as a finite float above (``strict``) or at least ``minimum``, else a one-line
+    error naming ``what``."""
     try:
         x = float(value)
     except (TypeError, ValueError):
@@ -127,8 +131,8 @@ def network_from_graph(graph: nx.Graph, name: str) -> Network:
             if key not in data:
                 unit = "decimal GB/s per direction" if key == "bw_gbps" else "microseconds"
                 raise UserError(f"{edge} has no {key} ({unit})")
-        b_gbps = _number(data["bw_gbps"], f"{edge} bw_gbps", minimum=0.0, strict=True)
-        l_us = _number(data["latency_us"], f"{edge} latency_us", minimum=0.0, strict=False)
+        b_gbps = checked_number(data["bw_gbps"], f"{edge} bw_gbps", minimum=0.0, strict=True)
+        l_us = checked_number(data["latency_us"], f"{edge} latency_us", minimum=0.0, strict=False)
         for s, t in ((a, b), (b, a)):
             src.append(index[s])
             dst.append(index[t])
@@ -151,7 +155,8 @@ def network_from_graph(graph: nx.Graph, name: str) -> Network:
             if len(pos) != 2:
                 raise UserError(f"{where}: node {node!r} pos={data['pos']!r} must be [x, y]")
             positions[node] = tuple(
-                _number(p, f"{where}: node {node!r} pos", minimum=-np.inf, strict=True) for p in pos
+                checked_number(p, f"{where}: node {node!r} pos", minimum=-np.inf, strict=True)
+                for p in pos
             )
     dims, coords = (), None
     if routing == "dimension_order":
@@ -182,7 +187,7 @@ def _torus_coords(graph, devices, switches, where):
     if switches:
         raise UserError(f"{where}: routing=dimension_order is for a torus of devices; no switches")
     dims = tuple(
-        int(_number(d, f"{where} dims", minimum=0, strict=True))
+        int(checked_number(d, f"{where} dims", minimum=0, strict=True))
         for d in _sequence(graph.graph.get("dims", []), f"{where} dims")
     )
     if not dims or int(np.prod(dims)) != len(devices):
@@ -196,7 +201,7 @@ def _torus_coords(graph, devices, switches, where):
         if raw is None:
             raise UserError(f"{where}: device {node!r} has no coord (dimension_order routing)")
         xyz = tuple(
-            int(_number(c, f"{where}: device {node!r} coord", minimum=-1, strict=True))
+            int(checked_number(c, f"{where}: device {node!r} coord", minimum=-1, strict=True))
             for c in _sequence(raw, f"{where}: device {node!r} coord")
         )
         if len(xyz) != len(dims) or any(c >= d for c, d in zip(xyz, dims, strict=True)):
@@ -254,17 +259,22 @@ def measured_graph(table, *, latency_us: float = 5.0) -> nx.Graph:
     file = Path(str(table)).expanduser()
     if not file.is_file():
         raise UserError(f"cluster.params.table={table}: no such file")
-    default_lat = _number(latency_us, "cluster.params.latency_us", minimum=0.0, strict=False)
-    with file.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        fields = [f.strip() for f in reader.fieldnames or []]
-        need = ("device_a", "device_b", "gbps")
-        if any(f not in fields for f in need):
-            raise UserError(
-                f"{table}: header {fields} must name device_a, device_b, gbps (and optionally "
-                "latency_us)"
-            )
-        rows = [{k.strip(): (v or "").strip() for k, v in row.items() if k} for row in reader]
+    default_lat = checked_number(latency_us, "cluster.params.latency_us", minimum=0.0, strict=False)
+    try:
+        with file.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            fields = [f.strip() for f in reader.fieldnames or []]
+            rows = [{k.strip(): (v or "").strip() for k, v in row.items() if k} for row in reader]
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"cluster.params.table={table}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
+    need = ("device_a", "device_b", "gbps")
+    if any(f not in fields for f in need):
+        raise UserError(
+            f"{table}: header {fields} must name device_a, device_b, gbps (and optionally "
+            "latency_us)"
+        )
     order: dict = {}
     pairs: dict = {}
     for line, row in enumerate(rows, start=2):
@@ -273,9 +283,9 @@ def measured_graph(table, *, latency_us: float = 5.0) -> nx.Graph:
             raise UserError(f"{table} line {line}: device_a and device_b must be set")
         if a == b:
             raise UserError(f"{table} line {line}: device {a!r} measured with itself; remove it")
-        gbps = _number(row["gbps"], f"{table} line {line} gbps", minimum=0.0, strict=True)
+        gbps = checked_number(row["gbps"], f"{table} line {line} gbps", minimum=0.0, strict=True)
         lat = row.get("latency_us") or default_lat
-        lat = _number(lat, f"{table} line {line} latency_us", minimum=0.0, strict=False)
+        lat = checked_number(lat, f"{table} line {line} latency_us", minimum=0.0, strict=False)
         for d in (a, b):
             order.setdefault(d, len(order))
         key = (a, b) if order[a] < order[b] else (b, a)

@@ -31,6 +31,7 @@ from math import prod
 import networkx as nx
 
 from nest.errors import UserError
+from nest.graph.build import checked_number
 from nest.graph.network import REFERENCE_BYTES, TIE
 from nest.topology import Cluster
 from nest.units import GB, US
@@ -43,6 +44,17 @@ def _positive_int(value, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UserError(f"{what}={value!r} must be a positive integer")
     return value
+
+
+def _link_figures(**figures) -> list[float]:
+    """Each ``*_bw_gbps`` a number > 0, each ``*_latency_us`` a number >= 0, as floats in the
+    order given (one-line errors naming the parameter)."""
+    return [
+        checked_number(
+            value, f"cluster.params.{name}", minimum=0.0, strict=name.endswith("_bw_gbps")
+        )
+        for name, value in figures.items()
+    ]
 
 
 def _torus_dims(devices: int) -> tuple[int, int, int]:
@@ -73,6 +85,9 @@ def tpuv4_torus(
     """A TPU v4 slice of ``devices`` chips (module docstring); ``shape=[X, Y, Z]`` overrides the
     most cube-like one. Chips are numbered x fastest, then y, then z."""
     _positive_int(devices, "cluster.devices")
+    link_bw_gbps, link_latency_us = _link_figures(
+        link_bw_gbps=link_bw_gbps, link_latency_us=link_latency_us
+    )
     if shape is None:
         if devices % 64:
             raise UserError(
@@ -81,6 +96,8 @@ def tpuv4_torus(
             )
         dims = _torus_dims(devices)
     else:
+        if not isinstance(shape, list | tuple):
+            raise UserError(f"cluster.params.shape={shape!r} must be a list [X, Y, Z]")
         dims = tuple(_positive_int(d, "cluster.params.shape entry") for d in shape)
         if len(dims) != 3 or prod(dims) != devices:
             raise UserError(
@@ -145,6 +162,15 @@ def rail_optimized(
     ):
         _positive_int(value, f"cluster.params.{name}")
     _positive_int(devices, "cluster.devices")
+    nvlink_bw_gbps, nvlink_latency_us, nic_bw_gbps, nic_latency_us, spine_latency_us = (
+        _link_figures(
+            nvlink_bw_gbps=nvlink_bw_gbps,
+            nvlink_latency_us=nvlink_latency_us,
+            nic_bw_gbps=nic_bw_gbps,
+            nic_latency_us=nic_latency_us,
+            spine_latency_us=spine_latency_us,
+        )
+    )
     if devices % gpus_per_node:
         raise UserError(
             f"cluster.devices={devices} is not a multiple of gpus_per_node={gpus_per_node}"
@@ -213,8 +239,18 @@ def leaf_spine(
     ):
         _positive_int(value, f"cluster.params.{name}")
     _positive_int(devices, "cluster.devices")
-    if not isinstance(oversubscription, int | float) or oversubscription < 1:
-        raise UserError(f"cluster.params.oversubscription={oversubscription!r} must be >= 1")
+    nvlink_bw_gbps, nvlink_latency_us, nic_bw_gbps, nic_latency_us, spine_latency_us = (
+        _link_figures(
+            nvlink_bw_gbps=nvlink_bw_gbps,
+            nvlink_latency_us=nvlink_latency_us,
+            nic_bw_gbps=nic_bw_gbps,
+            nic_latency_us=nic_latency_us,
+            spine_latency_us=spine_latency_us,
+        )
+    )
+    oversubscription = checked_number(
+        oversubscription, "cluster.params.oversubscription", minimum=1.0, strict=False
+    )
     per_leaf = gpus_per_node * nodes_per_leaf
     if devices % per_leaf:
         raise UserError(
