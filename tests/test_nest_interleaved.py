@@ -23,7 +23,6 @@ from nest.dp.space import (
     configurations,
     families,
     interleaved_chunks,
-    interleaved_split,
 )
 from nest.dp.stages import StageModel
 from nest.errors import Infeasible, UserError
@@ -121,9 +120,15 @@ def test_without_an_even_block_split_the_ends_count_as_layers():
     chunks = interleaved_chunks(128, 8, 8)
     assert chunks[0] == (0, 1) and chunks[-1] == (126, 127)
     assert all(j - i == 1 for i, j in chunks)
-    assert interleaved_split(6, 2, 2) == [2, 2, 2, 2]  # 6 blocks: 4 does not divide them, 8 does
-    assert interleaved_split(4, 2, 3) is None  # 6 chunks of one chain layer: the ends hold no block
-    assert interleaved_split(5, 2, 2) is None  # neither 5 nor 7 splits in 4
+    assert chunk_split(6, 4) == [2, 2, 2, 2]  # 6 blocks: 4 does not divide them, 8 does
+    assert chunk_split(4, 6) is None  # 6 chunks of one chain layer: the ends would hold no block
+    assert chunk_split(5, 4) is None  # neither 5 nor 7 splits in 4
+    for blocks in range(1, 130):  # every split covers the chain and leaves every chunk a block
+        for chunks in range(1, blocks + 1):
+            counts = chunk_split(blocks, chunks)
+            if counts is not None:
+                assert sum(counts) == blocks + 2 and len(counts) == chunks
+                assert min(counts) >= 1 and min(counts[0], counts[-1]) >= 2
     cluster = make_cluster(fanouts=(4,), bws_gbps=(300.0,), lat_us=(1.0,))
     options = dict(schedules=["interleaved"], pp=[2], recompute=["none", "full"])
     space = SpaceOptions(**options)
@@ -136,7 +141,8 @@ def test_without_an_even_block_split_the_ends_count_as_layers():
         found = {c.virtual_stages for c in configurations(problem, space)}
         # 6 blocks: v 2 by the ends-counted split (8 = 2 x 2 x 2), v 3 by blocks (6 = 2 x 3)
         assert found == ({2, 3} if blocks == 6 else set()), (blocks, found)
-    # over that space nest finds brute force's optimum, on the ends-counted chunks
+    # over the ends-counted v (2) nest finds brute force's optimum, on those chunks
+    options["virtual_stages"] = [2]
     want = BrutePlanner(**options).solve(problem)
     plan = NestPlanner(**options).solve(problem)
     assert plan.objective_s == pytest.approx(want.objective_s, rel=1e-9)

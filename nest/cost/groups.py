@@ -159,10 +159,10 @@ class RankGroups:
 
 def rank_groups(plan, cluster: Cluster) -> list[RankGroups]:
     """One :class:`RankGroups` per pipeline rank of ``plan``; ranks whose devices are a
-    :func:`translated` copy of another's share it (the same splits, computed once), on a
-    hierarchy only: on a graph cluster (``cluster.network``) a move is no symmetry."""
-    if getattr(cluster, "network", None) is not None:
-        return [RankGroups(stage.devices, plan.ep, cluster) for stage in plan.stages[: plan.pp]]
+    :func:`translated` copy of another's share it (the same splits, computed once): on a
+    hierarchy, or on a graph only where it promises the move changes no cost
+    (:func:`translated` leaves the devices of any other graph where they are), the rule the
+    DP's :class:`~nest.dp.stages.StageModel` shares ranks by."""
     shared: dict[tuple, RankGroups] = {}
     out = []
     for stage in plan.stages[: plan.pp]:

@@ -115,7 +115,8 @@ def _space_rules(problem: Problem, options: SpaceOptions) -> list[str]:
     rules = [*model.shard_rules(), "dp must divide the global batch"]
     if "interleaved" in options.schedules:
         rules.append(
-            f"interleaved needs pp*v to divide the {spec.layers} blocks and pp the microbatches"
+            f"interleaved needs pp*v to divide the {spec.layers} blocks (or the {spec.layers} + 2 "
+            "with the embedding and the head counted as layers) and pp the microbatches"
         )
     return rules
 

@@ -23,10 +23,10 @@ partition and the recompute modes:
 - the schedule ``(schedule, v)`` among ``SpaceOptions.schedules``: ``(1f1b, 1)``, or
   ``(interleaved, v)`` when ``pp >= 2``, ``v >= 2`` (one of ``SpaceOptions.virtual_stages``;
   None: any), ``pp`` divides ``m`` (Megatron-LM's rule) and ``pp * v`` chunks split the chain
-  evenly (:func:`interleaved_split`: ``pp * v`` divides the blocks, or the blocks + 2 with
-  at least two chain layers per chunk). GPipe is left out: under the shared cost model it
-  takes the same time as 1F1B and holds at least as many activations (``m >= min(p - r, m)``),
-  so it is never better.
+  evenly (:func:`chunk_split`: ``pp * v`` divides the blocks, or divides the blocks + 2 while
+  not exceeding the blocks, which leaves every chunk at least two chain layers). GPipe is left
+  out: under the shared cost model it takes the same time as 1F1B and holds at least as many
+  activations (``m >= min(p - r, m)``), so it is never better.
 
 **Its plans**:
 
@@ -123,7 +123,7 @@ class SpaceOptions:
     schedules: Sequence[str] = ("1f1b", "interleaved")
     virtual_stages: Sequence[int] | None = None
     """Interleaved ``v`` candidates; None: every ``v >= 2`` whose ``pp * v`` chunks split the
-    chain evenly (:func:`interleaved_split`)."""
+    chain evenly (:func:`chunk_split`)."""
 
     @property
     def recompute_modes(self) -> tuple[Recompute, ...]:
@@ -170,7 +170,8 @@ def chunk_split(blocks: int, chunks: int) -> list[int] | None:
     ``blocks + 2``: Megatron-LM's ``--account-for-embedding-in-pipeline-split`` and
     ``--account-for-loss-in-pipeline-split`` (``megatron/training/arguments.py``), which count the
     embedding and the loss as one layer each, as NVIDIA's Llama-3.1 405B recipes set (126 blocks
-    in 64 chunks of 2)."""
+    in 64 chunks of 2). With ``chunks <= blocks`` that split has ``(blocks + 2) / chunks >= 2``
+    chain layers per chunk, so every chunk, the first and the last included, holds a block."""
     if chunks > blocks:
         return None
     if blocks % chunks == 0:
@@ -183,23 +184,12 @@ def chunk_split(blocks: int, chunks: int) -> list[int] | None:
     return None
 
 
-def interleaved_split(blocks: int, pp: int, v: int) -> list[int] | None:
-    """The chunk sizes (chain layers) the space gives interleaved ``v`` on ``pp`` ranks:
-    :func:`chunk_split` of ``pp * v`` chunks, where the embedding- and loss-counted split must
-    leave every chunk a block (at least two chain layers each), so that every chunk has a
-    recompute choice; None when there is no such split."""
-    counts = chunk_split(blocks, pp * v)
-    if counts is None or (blocks % (pp * v) and counts[0] < 2):
-        return None
-    return counts
-
-
 def interleaved_chunks(n_layers: int, pp: int, v: int) -> list[tuple[int, int]]:
-    """The partition the space gives interleaved ``v`` on ``pp`` ranks (:func:`interleaved_split`:
-    ``pp * v`` chunks of ``blocks / (pp v)`` blocks with the embedding in chunk 0 and the head in
-    the last, else of ``(blocks + 2) / (pp v)`` chain layers), as inclusive ``(first, last)``
+    """The partition the space gives interleaved ``v`` on ``pp`` ranks (:func:`chunk_split` of
+    ``pp * v`` chunks: ``blocks / (pp v)`` blocks with the embedding in chunk 0 and the head in
+    the last, else ``(blocks + 2) / (pp v)`` chain layers each), as inclusive ``(first, last)``
     chain ranges."""
-    counts = interleaved_split(n_layers - 2, pp, v)
+    counts = chunk_split(n_layers - 2, pp * v)
     if counts is None:
         raise ValueError(f"no interleaved split of {n_layers - 2} blocks into {pp} x {v} chunks")
     out, first = [], 0
@@ -238,7 +228,7 @@ def _schedules(kinds, blocks: int, pp: int, m: int):
         out.append(ONE_F_ONE_B)
     if Schedule.INTERLEAVED in kinds and pp >= 2 and m % pp == 0:
         vs = range(2, (blocks + 2) // pp + 1) if vs is None else vs
-        out += [(Schedule.INTERLEAVED, v) for v in vs if interleaved_split(blocks, pp, v)]
+        out += [(Schedule.INTERLEAVED, v) for v in vs if chunk_split(blocks, pp * v)]
     return tuple(out)
 
 

@@ -30,8 +30,6 @@ from nest.cost.groups import (
     AXES,
     RankGroups,
     collectives_time_s,
-    distinct_splits,
-    group_arrays,
     split_forms,
     translated,
 )
@@ -379,13 +377,9 @@ class StageModel:
         key = ("splits", axis)
         got = self._levels.get(key)
         if got is None:
-            if self.problem.cluster.network is not None:
-                got = tuple(sorted({cls for g in self.groups for cls in g.splits(axis)}))
-            else:
-                arrays = [
-                    group_arrays(self.grid[r], self.config.ep)[axis] for r in range(len(self.grid))
-                ]
-                got = distinct_splits(np.concatenate(arrays), self.problem.cluster)
+            # the ranks' own splits (cached on their groups): on a hierarchy the same set as
+            # pooling all ranks' groups (a split does not change under translation)
+            got = tuple(sorted({s for g in self.groups for s in g.splits(axis)}))
             self._levels[key] = got
         return got
 
