@@ -52,12 +52,21 @@ def linear_forms(op: str, splits, cluster: Cluster) -> tuple[np.ndarray, np.ndar
     k = np.asarray(splits, dtype=float).reshape(-1, cluster.num_levels)
     bw = np.array([cluster.path_bw_bytes_per_s(lv) for lv in range(cluster.num_levels)])
     alpha = np.array([lv.latency_s for lv in cluster.levels])
-    below = np.cumprod(np.hstack([np.ones((len(k), 1)), k[:, :-1]]), axis=1)  # prod_{j<l} k_j
     if op == "all_to_all":
+        below = np.cumprod(np.hstack([np.ones((len(k), 1)), k[:, :-1]]), axis=1)
         crossing = below * (k - 1)  # peers first reached at each level
         return (crossing / k.prod(axis=1)[:, None] / bw).sum(axis=1), (crossing * alpha).sum(axis=1)
-    if op not in OPS:
-        raise ValueError(f"unknown collective {op!r}; one of {OPS}")
+    return ring_forms(op, k, bw, alpha)
+
+
+def ring_forms(op: str, k: np.ndarray, bw, alpha) -> tuple[np.ndarray, np.ndarray]:
+    """``(a, c)`` per row of the level splits ``k`` (``[n, levels]``) of the hierarchical ring
+    collectives (module docstring) with per-level bandwidth ``bw`` (bytes/s) and latency
+    ``alpha`` (s): the cost model's levels here, a graph's floor figures in
+    :func:`nest.graph.floors.floor_forms`."""
+    if op not in OPS or op == "all_to_all":
+        raise ValueError(f"unknown ring collective {op!r}; one of {OPS[:3]}")
+    below = np.cumprod(np.hstack([np.ones((len(k), 1)), k[:, :-1]]), axis=1)  # prod_{j<l} k_j
     a = ((k - 1) / k / below / bw).sum(axis=1)
     c = ((k - 1) * alpha).sum(axis=1)
     return (2 * a, 2 * c) if op == "all_reduce" else (a, c)

@@ -114,7 +114,6 @@ def floor_forms(net: Network, op: str, splits) -> tuple[np.ndarray, np.ndarray]:
     if op == "all_to_all":
         m = 1.0 + (k - 1).sum(axis=1)
         return (1.0 - 1.0 / m) / rate.max(), (m - 1.0) * latency.min()
-    below = np.cumprod(np.hstack([np.ones((len(k), 1)), k[:, :-1]]), axis=1)
-    a = ((k - 1) / k / below / rate).sum(axis=1)
-    c = ((k - 1) * latency).sum(axis=1)
-    return (2 * a, 2 * c) if op == "all_reduce" else (a, c)
+    from nest.cost.collectives import ring_forms  # the cost model's formula at floor figures
+
+    return ring_forms(op, k, rate, latency)

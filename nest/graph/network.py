@@ -441,11 +441,10 @@ class Network:
     def p2p_floor_s(self, n_bytes, level: int):
         """A floor on a stage boundary's transfer of ``n_bytes`` between device pairs whose
         lowest common level is ``level``."""
+        from nest.cost.collectives import affine_time_s
+
         rate, latency = self.pair_bounds()
-        if np.ndim(n_bytes) == 0:
-            return n_bytes / rate[level] + latency[level] if n_bytes > 0 else 0.0
-        n_bytes = np.asarray(n_bytes, dtype=float)
-        return np.where(n_bytes > 0, n_bytes / rate[level] + latency[level], 0.0)
+        return affine_time_s(1.0 / rate[level], latency[level], n_bytes)
 
     # ------------------------------------------------------------------ the derivation's probe
     def level_pattern(self, inner: int, fanout: int) -> tuple[float, float]:
