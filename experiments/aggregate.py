@@ -155,7 +155,7 @@ def _missing_job(job_dir: Path, why: str) -> dict:
     return _missing_row(overrides, num, why)
 
 
-def _rowless_job(job_dir: Path) -> dict:
+def rowless_job(job_dir: Path) -> dict:
     """A job directory without ``row.json``: ``crashed`` when it holds an ``error.txt`` (the
     ``parallel`` launcher writes one for a job that killed its worker process; the last line of a
     traceback otherwise), else ``missing``."""
@@ -186,7 +186,7 @@ def load_rows(sweep_dir: Path, notes: list[str] | None = None) -> pd.DataFrame:
                     job_dir, f"row.json is unreadable ({problem}); rerun the job to rewrite it"
                 )
         else:
-            row = _rowless_job(job_dir)
+            row = rowless_job(job_dir)
         row["job_dir"] = str(where)
         rows.append(row)
     if unreadable and notes is not None:

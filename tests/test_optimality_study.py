@@ -142,3 +142,15 @@ def test_summary_counts_gaps_and_agreement_from_the_rows():
     assert s["nest_agrees_with"]["cpsat_restricted"] == {"compared": 3, "equal": 3}
     assert s["general_already_optimal_share"] == pytest.approx(2 / 3)
     assert s["worst_gap"] == 0.25 and s["worst_gap_seed"] == 1
+
+
+def test_an_instance_without_a_row_and_an_empty_error_file_is_a_note(tmp_path, capsys):
+    """An instance directory whose worker left an empty ``error.txt`` is named in a note (it
+    was an IndexError on the file's last line), read as the sweep aggregation reads it."""
+    from experiments.optimality.aggregate import load_rows
+
+    job = tmp_path / "0"
+    (job / ".hydra").mkdir(parents=True)
+    (job / "error.txt").write_text("")
+    assert load_rows(tmp_path) == []
+    assert "0 has no row.json" in capsys.readouterr().err

@@ -22,6 +22,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from experiments.aggregate import rowless_job
+
 log = logging.getLogger(__name__)
 
 ROW_FILE = "row.json"
@@ -39,8 +41,7 @@ def load_rows(sweep_dir: Path) -> list[dict]:
             print(f"note: {path} is not a readable row; skipped", file=sys.stderr)
     for job_dir in sorted(p.parent for p in sweep_dir.glob("*/.hydra")):
         if not (job_dir / ROW_FILE).exists():
-            error = job_dir / "error.txt"
-            why = error.read_text().strip().splitlines()[-1] if error.is_file() else "killed?"
+            why = rowless_job(job_dir)["error"]  # the sweep aggregation's reading of it
             print(f"note: {job_dir} has no {ROW_FILE} ({why}); skipped", file=sys.stderr)
     return rows
 

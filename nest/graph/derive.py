@@ -24,8 +24,6 @@ oversubscription. Each derived level's bandwidth and latency are its probe's, wh
 baselines' simplified views read; every plan is still scored on the graph itself.
 """
 
-import numpy as np
-
 from nest.graph.network import Network
 from nest.topology import Level
 
@@ -59,7 +57,3 @@ def derive_levels(net: Network, names: tuple = ()) -> tuple[Level, ...]:
         Level(name=str(name), fanout=f, bw_bytes_per_s=float(rate), latency_s=float(lat))
         for name, (f, rate, lat) in zip(names, chosen, strict=True)
     )
-
-
-def fanouts_of(levels) -> np.ndarray:
-    return np.array([lv.fanout for lv in levels], dtype=np.int64)
