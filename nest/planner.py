@@ -234,7 +234,7 @@ def check_memory_floor(problem: Problem, planner_name: str) -> None:
         f"{m.name} does not fit on {cluster.name}: any plan needs {floor / GiB:.1f} GiB per "
         f"device, the device has {have / GiB:.1f} GiB (a floor: the model states alone, "
         f"{params:.4g} parameters x {per_param} bytes spread over all {cluster.num_devices} "
-        f"devices, plus the {cluster.device.memory_reserve_bytes / GiB:g} GiB reserve; "
+        f"devices, plus the {cluster.device.memory_reserve_bytes / GiB:.3g} GiB reserve; "
         f"{planner_name} did not search); " + ", ".join(knobs) + ", or a smaller model",
         min_memory_bytes=floor,
     )
