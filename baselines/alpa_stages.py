@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nest.axes import Axis, LayerKind, Recompute, Schedule
-from nest.cost.collectives import p2p_time_s
+from nest.cost.collectives import p2p_classes, pair_p2p_time_s
 from nest.cost.compute import bwd_collectives, fwd_collectives, recompute_s
 from nest.cost.groups import AXES, RankGroups
 from nest.cost.memory import peak_bytes, rank_memory_bytes, stored_bytes
@@ -83,9 +83,9 @@ class StageCosts:
         tied = costs[-1].tied_copy_params
         self.state_head_bytes[:, -1] = self.state.state_bytes(dense[:, -1] + tied, expert[:, -1])
         self.boundary = np.array([c.boundary_bytes for c in costs])
-        self.levels = [
-            int(np.max(cluster.common_levels(grid[r], grid[r + 1])))
-            for r in range(self.n_stages - 1)
+        # what each stage boundary's cost depends on (the evaluator's term: the slowest pair)
+        self.boundary_classes = [
+            p2p_classes(cluster, grid[r], grid[r + 1]) for r in range(self.n_stages - 1)
         ]
         i, k = np.indices((n, n))
         self.valid = k >= i
@@ -112,10 +112,10 @@ class StageCosts:
         p2p = np.zeros((n, n))
         cluster = self.problem.cluster
         if r + 1 < self.n_stages:  # forward send of the last layer's output
-            p2p += p2p_time_s(self.boundary, self.levels[r], cluster)[None]
+            p2p += pair_p2p_time_s(self.boundary, self.boundary_classes[r], cluster)[None]
         if r > 0:  # backward send of the gradient of the previous layer's output
             prev = np.concatenate([[0.0], self.boundary[:-1]])
-            p2p += p2p_time_s(prev, self.levels[r - 1], cluster)[:, None]
+            p2p += pair_p2p_time_s(prev, self.boundary_classes[r - 1], cluster)[:, None]
         best = np.full((n, n), INF)
         which = np.full((n, n), -1, dtype=np.int64)
         for idx, mode in enumerate(self.modes):
