@@ -106,12 +106,7 @@ def checked_solver(solver_cfg: DictConfig | Mapping) -> tuple[dict, type]:
     (module's :func:`build_planner` docstring): the target must be a planner class, no nested
     ``_target_``, no ``_partial_``."""
     cfg = solver_cfg if isinstance(solver_cfg, DictConfig) else OmegaConf.create(dict(solver_cfg))
-    target = cfg.get("_target_")
-    if not isinstance(target, str) or not target.strip():
-        raise UserError(
-            f"solver._target_={target!r}; a solver config names its planner class, e.g. "
-            "_target_: baselines.fixed.FixedPlanner"
-        )
+    cls = planner_class(cfg.get("_target_"))  # refused before anything else is read
     try:
         plain = OmegaConf.to_container(cfg, resolve=True)
     except Exception as exc:  # an interpolation that does not resolve is a config mistake
@@ -124,7 +119,7 @@ def checked_solver(solver_cfg: DictConfig | Mapping) -> tuple[dict, type]:
         )
     if plain.get("_partial_"):
         raise UserError("solver._partial_=true; a solver config builds a planner, not a partial")
-    return plain, planner_class(target)
+    return plain, cls
 
 
 def build_planner(solver_cfg: DictConfig | Mapping) -> Planner:
@@ -220,7 +215,8 @@ def check_memory_floor(problem: Problem, planner_name: str) -> None:
         return
     m = problem.model
     params = m.total_params()
-    per_param = m.spec.dtype_bytes + training.grad_bytes + training.optimizer_state_bytes_per_param
+    # bytes per parameter unsharded: the model state of one device holding everything
+    per_param = ModelState.of(problem, zero_stage=0, dp=1, cp=1, ep=1).state_bytes(1.0, 0.0)
     # the fewest devices that lift the floor, in whole blocks of the levels below the top
     inner = math.prod(level.fanout for level in cluster.levels[:-1])
     devices_needed = inner * math.ceil(params * per_param / cluster.device.usable_bytes / inner)
