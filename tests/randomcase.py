@@ -96,3 +96,38 @@ def random_case(seed: int, **kw):
     problem = random_problem(rng, **kw)
     planner = random_planner(rng, problem)
     return problem, planner
+
+
+def assert_nest_equals_brute(problem, options: dict, what):
+    """``nest`` against ``brute`` (every plan of the same space through ``evaluate``) on one
+    problem: the same infeasibility and, when nothing fits, the same smallest peak memory (above
+    the device's); else nest's objective is ``evaluate``'s and equals brute's to 1e-9. Returns
+    brute's plan, or None when nothing fits. ``what`` labels a failure (seed, options)."""
+    import pytest
+
+    from baselines.brute import BrutePlanner
+    from nest.cost import evaluate
+    from nest.dp.planner import NestPlanner
+    from nest.errors import Infeasible
+
+    try:
+        oracle = BrutePlanner(**options).solve(problem)
+    except Infeasible as exc:
+        oracle, oracle_need = None, exc.min_memory_bytes
+    try:
+        found = NestPlanner(**options).solve(problem)
+    except Infeasible as exc:
+        found, found_need = None, exc.min_memory_bytes
+    if oracle is None or found is None:
+        assert oracle is None and found is None, (what, oracle, found)
+        # both report the smallest peak memory of any plan of the space
+        assert found_need == pytest.approx(oracle_need, rel=1e-9), what
+        assert found_need > problem.cluster.device.hbm_bytes, what
+        return None
+    assert found.objective_s == evaluate(problem, found).iteration_time_s, what
+    assert found.objective_s == pytest.approx(oracle.objective_s, rel=1e-9), (
+        what,
+        found.objective_s,
+        oracle.objective_s,
+    )
+    return oracle
