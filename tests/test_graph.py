@@ -142,13 +142,11 @@ def test_derivation_reads_the_devices_in_file_order():
     """The derivation probes contiguous blocks of device ids: the same torus numbered z
     fastest derives its z ring first (the order is the file's contract)."""
     graph = tpuv4_torus(128)  # 4 x 4 x 8, x fastest
-    relabel = {}
     order = sorted(graph.nodes, key=lambda n: tuple(reversed(graph.nodes[n]["coord"])))
     assert [graph.nodes[n]["coord"] for n in order[:2]] == [[0, 0, 0], [1, 0, 0]]
     z_first = nx.Graph(**graph.graph)
     for node in sorted(graph.nodes, key=lambda n: tuple(graph.nodes[n]["coord"])):
         z_first.add_node(node, **graph.nodes[node])
-        relabel[node] = node
     z_first.add_edges_from(graph.edges(data=True))
     cluster = graph_cluster("zfirst", DEVICE, z_first)
     assert [lv.fanout for lv in cluster.levels] == [8, 4, 4]

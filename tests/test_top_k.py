@@ -77,7 +77,8 @@ def test_top_k_bookkeeping_keeps_the_k_best_distinct_keys():
 
 
 def test_fewer_configurations_than_k_return_them_all():
-    """A space of two configurations (ZeRO 0 or 1 of one shape) asked for five returns two."""
+    """A space of six configurations (dp 1 or 2 x microbatch 1 or 2 x ZeRO 0 or 1, dp 1 with
+    ZeRO 0 only) asked for five returns five distinct ones, asked for fifty all six, sorted."""
     problem = make_problem(cluster=make_cluster(fanouts=(2,)), global_batch=4)
     planner = NestPlanner(
         top_k=5, tp=[1], cp=[1], pp=[1], zero_stages=[0, 1], schedules=["1f1b"], rank_orders=None
@@ -149,6 +150,7 @@ def test_differs_names_what_changed():
     b = NestPlanner(tp=[2], pp=[2], zero_stages=[0], schedules=["1f1b"]).solve(problem)
     got = differs(a, b)
     assert got["tp"] == [1, 2] and got["pp"] == [1, 2]
-    assert "zero_stage" in got or a.zero_stage == b.zero_stage
+    assert (a.zero_stage, b.zero_stage) == (1, 0)  # dp 4 takes ZeRO-1; dp 1 has only 0
+    assert got["zero_stage"] == [1, 0]
     assert got["layer_partition"] == [[6], [len(s.layers) for s in b.stages]]
     assert differs(a, a) == {}
