@@ -38,7 +38,7 @@ from nest.cost.pipeline import exposed_sync_s, in_flight_microbatches, pipeline_
 from nest.cost.state import ModelState
 from nest.errors import UserError
 from nest.layers import Collective, LayerCost, Shard
-from nest.plan import Plan, StagePlan
+from nest.plan import Plan
 from nest.problem import Problem
 from nest.report import RankReport, Report, StageReport
 
@@ -172,11 +172,12 @@ def _stage_report(
     zero3_fwd, zero3_bwd = state.zero3_traffic_s(groups, chunk.dense_params, chunk.expert_params)
     p2p_fwd = p2p_bwd = 0.0
     if k + 1 < len(chunks):  # the output to the next chunk's devices
-        levels = _common_levels(cluster, stage, plan.stages[k + 1])
-        p2p_fwd = pair_p2p_time_s(chunk.boundary_bytes, levels, cluster)
+        # the device pairs' shared levels (a graph: their cost classes)
+        classes = p2p_classes(cluster, stage.devices, plan.stages[k + 1].devices)
+        p2p_fwd = pair_p2p_time_s(chunk.boundary_bytes, classes, cluster)
     if k > 0:  # the gradient of the input back to the previous chunk's devices
-        levels = _common_levels(cluster, stage, plan.stages[k - 1])
-        p2p_bwd = pair_p2p_time_s(chunks[k - 1].boundary_bytes, levels, cluster)
+        classes = p2p_classes(cluster, stage.devices, plan.stages[k - 1].devices)
+        p2p_bwd = pair_p2p_time_s(chunks[k - 1].boundary_bytes, classes, cluster)
     compute_fwd = sum(cost.fwd_s for cost, _, _ in chunk.layers)
     compute_bwd = sum(cost.bwd_s for cost, _, _ in chunk.layers)
     redo = sum(recompute_s(cost, mode, blk) for cost, mode, blk in chunk.layers)
@@ -203,12 +204,6 @@ def _stage_report(
         fwd_s=fwd,
         bwd_s=bwd,
     )
-
-
-def _common_levels(cluster, a: StagePlan, b: StagePlan) -> list:
-    """The levels the device pairs of two chunks share (same replica, context and tensor rank);
-    on a graph, the pairs' cost classes (:func:`nest.cost.collectives.p2p_classes`)."""
-    return p2p_classes(cluster, a.devices, b.devices)
 
 
 def rank_params(plan: Plan, r: int, chunks: list[Chunk]) -> tuple[float, float]:

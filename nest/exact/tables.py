@@ -161,10 +161,6 @@ def _interleaved(sm: StageModel, modes) -> list[list[Choice]]:
     return ranks
 
 
-def _coefficients(config: ParallelConfig, m: int) -> tuple[float, float]:
-    return pipeline_coefficients(m, config.schedule, config.virtual_stages)
-
-
 def _config_floor_s(
     problem: Problem, config: ParallelConfig, shared: dict, modes, general: bool
 ) -> float:
@@ -178,7 +174,7 @@ def _config_floor_s(
     ``max_r t_r >= F / pp``: ``T >= a F + b F / pp``."""
     sm = StageModel(problem, config, shared)
     floor_s = float(sm.min_compute_s(modes, aligned_tp=not general)[-1])
-    a, b = _coefficients(config, sm.m)
+    a, b = pipeline_coefficients(sm.m, config.schedule, config.virtual_stages)
     return a * floor_s + b * floor_s / config.pp
 
 
@@ -256,7 +252,7 @@ def build_groups(
             if not all(ranks):
                 stats["groups_pruned"] += 1
                 continue
-            a, b = _coefficients(config, sm.m)
+            a, b = pipeline_coefficients(sm.m, config.schedule, config.virtual_stages)
             group = Group(config, sm.grid, general, sm.m, a, b, overlap, ranks)
             if upper_s is not None and not _prune(group, upper_s):
                 stats["groups_pruned"] += 1
