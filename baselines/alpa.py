@@ -33,7 +33,8 @@ against the authors' code, ``alpa/pipeline_parallel/stage_construction.py`` (nam
   ``sum_LB + (B - 1) sum_LB / S`` (the largest stage is at least the mean) reaches the best.
 
 The restriction (the lead's decision): the shared plan contract gives every stage the same
-``(dp, cp, tp)`` (:class:`nest.plan.Plan` enforces it), so this search only considers plans whose
+``(dp, cp, tp)`` (:class:`nest.core.plan.Plan` enforces it), so this search only considers plans
+whose
 stages all use **the same sub-mesh shape and the same intra-op configuration**; Alpa proper may give
 each stage its own. The stage DP is written over a list of stage choices and device counts
 (:func:`baselines.alpa_stages.inter_op_dp`) and is called with one choice at a time; if the
@@ -52,13 +53,13 @@ import numpy as np
 
 from baselines.alpa_stages import INF, MEGATRON_ORDER, StageChoice, StageCosts, inter_op_dp
 from baselines.networks import two_level_cluster, with_cluster
-from nest.axes import Recompute, Schedule
+from nest.core.axes import Recompute, Schedule
+from nest.core.errors import UserError
+from nest.core.layers import Shard
+from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
+from nest.core.problem import Problem
 from nest.cost import evaluate
-from nest.errors import UserError
-from nest.layers import Shard
-from nest.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.planner import finish, infeasible_memory
-from nest.problem import Problem
 
 
 def _divisors(n: int) -> list[int]:

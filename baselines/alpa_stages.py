@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nest.axes import Axis, LayerKind, Recompute, Schedule
+from nest.core.axes import Axis, LayerKind, Recompute, Schedule
+from nest.core.plan import ParallelConfig, place
+from nest.core.problem import Problem
 from nest.cost.collectives import p2p_classes, pair_p2p_time_s
 from nest.cost.compute import bwd_collectives, fwd_collectives, recompute_s
 from nest.cost.groups import AXES, RankGroups
@@ -31,8 +33,6 @@ from nest.cost.memory import peak_bytes, rank_memory_bytes, stored_bytes
 from nest.cost.pipeline import in_flight_microbatches
 from nest.cost.state import ModelState
 from nest.dp.stages import prefix, range_max
-from nest.plan import ParallelConfig, place
-from nest.problem import Problem
 
 INF = float("inf")
 MEGATRON_ORDER = (Axis.TP, Axis.CP, Axis.DP, Axis.PP)
@@ -47,7 +47,7 @@ class StageCosts:
     """Stage latency tables of one (sub-mesh size, intra-op configuration) on ``problem``'s
     cluster (the two-level view), for a pipeline of ``config.pp`` such stages.
 
-    ``config`` is the stage's intra-op configuration as a :class:`~nest.plan.ParallelConfig`
+    ``config`` is the stage's intra-op configuration as a :class:`~nest.core.plan.ParallelConfig`
     (``tp x dp`` devices per stage, expert degree, ZeRO stage for weight-update sharding,
     microbatch size; ``cp`` 1; ``pp`` the number of stages)."""
 

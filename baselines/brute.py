@@ -7,7 +7,8 @@ chunk (only those holding blocks differ by mode), each turned into a plan and pa
 :func:`nest.cost.evaluate`. It shares the space definition with ``nest``, never its cost code.
 Only for tiny problems: ``max_plans`` stops it with an error before it runs for hours.
 
-``top_k = K``: the best plan of each configuration (:meth:`~nest.plan.ParallelConfig.unordered`:
+``top_k = K``: the best plan of each configuration
+(:meth:`~nest.core.plan.ParallelConfig.unordered`:
 the configuration without its rank order, as ``nest`` counts them), sorted by iteration time
 (ties: the first enumerated first), the first K returned: the oracle of ``nest``'s top K.
 """
@@ -16,13 +17,13 @@ import time
 from itertools import combinations, product
 from math import comb
 
-from nest.axes import Recompute
+from nest.core.axes import Recompute
+from nest.core.errors import UserError
+from nest.core.problem import Problem
 from nest.cost import evaluate
 from nest.dp.planner import check_top_k, plan_from_choices
 from nest.dp.space import SpaceOptions, SpacePlanner, configurations, interleaved_chunks
-from nest.errors import UserError
 from nest.planner import finish, infeasible_memory
-from nest.problem import Problem
 
 
 def partitions(n_layers: int, parts: int):

@@ -1,17 +1,17 @@
 """``fixed``: a user-given configuration, scored by the shared evaluator.
 
 The paper's "Manual", "MCMC" and "Phaze" tables are such configurations (data, not code). The
-planner only turns degrees into a placed plan (:func:`nest.build.build_plan`); the evaluator
+planner only turns degrees into a placed plan (:func:`nest.core.build.build_plan`); the evaluator
 decides whether it fits.
 """
 
 import time
 from collections.abc import Sequence
 
-from nest.build import PlanSettings, build_plan
-from nest.plan import Plan
+from nest.core.build import PlanSettings, build_plan
+from nest.core.plan import Plan
+from nest.core.problem import Problem
 from nest.planner import finish
-from nest.problem import Problem
 
 
 class FixedPlanner:
@@ -50,7 +50,8 @@ class FixedPlanner:
         self.sequence_parallel = sequence_parallel
 
     def build(self, problem: Problem) -> Plan:
-        """The plan these hyper-parameters describe (unscored): :func:`nest.build.build_plan`."""
+        """The plan these hyper-parameters describe (unscored):
+        :func:`nest.core.build.build_plan`."""
         return build_plan(problem, self.settings())
 
     def settings(self) -> PlanSettings:

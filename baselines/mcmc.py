@@ -39,12 +39,12 @@ from dataclasses import dataclass, replace
 
 from baselines.megatron import MegatronPlanner
 from baselines.networks import flat_cluster, with_cluster
-from nest.axes import MEGATRON_RANK_ORDER, Recompute, Schedule
+from nest.core.axes import MEGATRON_RANK_ORDER, Recompute, Schedule
+from nest.core.errors import Infeasible, UserError
+from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
+from nest.core.problem import Problem
 from nest.cost import evaluate
-from nest.errors import Infeasible, UserError
-from nest.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.planner import finish, infeasible_memory
-from nest.problem import Problem
 
 
 def _divisors(n: int) -> list[int]:

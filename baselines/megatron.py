@@ -34,12 +34,12 @@ stated), which costs TP traffic on models that would fit with less.
 import time
 from math import gcd
 
-from nest.axes import Recompute, Schedule, parse_rank_order
-from nest.errors import UserError
-from nest.layers import Shard
-from nest.plan import Plan, make_structured_plan, uniform_partition
+from nest.core.axes import Recompute, Schedule, parse_rank_order
+from nest.core.errors import UserError
+from nest.core.layers import Shard
+from nest.core.plan import Plan, make_structured_plan, uniform_partition
+from nest.core.problem import Problem
 from nest.planner import finish, infeasible_memory
-from nest.problem import Problem
 
 RECOMPUTE_ORDER = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 

@@ -9,10 +9,10 @@ found on the view is a valid plan on the real cluster, where it is then scored
 
 from dataclasses import replace
 
-from nest.errors import UserError
-from nest.problem import Problem
-from nest.topology import Cluster, Level
-from nest.units import GB, US
+from nest.core.errors import UserError
+from nest.core.problem import Problem
+from nest.core.topology import Cluster, Level
+from nest.core.units import GB, US
 
 
 def slowest_pair(cluster: Cluster) -> tuple[float, float]:

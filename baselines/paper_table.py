@@ -31,7 +31,7 @@ docs/nest_paper.md §2 and §6):
 
 Rows that cannot run as published (more devices than the cluster has, a ``dp`` that does not
 divide the batch, a ``tp`` the heads do not allow, empty stages, no preset) raise
-:class:`nest.errors.InvalidConfiguration` listing every broken rule: the run reports status
+:class:`nest.core.errors.InvalidConfiguration` listing every broken rule: the run reports status
 ``invalid``. ``solver.variant=nearest_valid`` instead runs the nearest plan that is valid (``dp``
 lowered to the largest value that divides the batch and fits, a balanced split when the
 published one leaves a stage empty), labelled so in ``report.json["search"]``.
@@ -44,11 +44,11 @@ from pathlib import Path
 import yaml
 
 from baselines.fixed import FixedPlanner
-from nest.errors import InvalidConfiguration, NotPublished, UserError, yaml_error_text
-from nest.layers import Shard
-from nest.plan import Plan, uniform_partition
+from nest.core.errors import InvalidConfiguration, NotPublished, UserError, yaml_error_text
+from nest.core.layers import Shard
+from nest.core.plan import Plan, uniform_partition
+from nest.core.problem import Problem
 from nest.planner import finish
-from nest.problem import Problem
 
 TABLES_FILE = Path(__file__).resolve().parent.parent / "conf" / "paper_tables.yaml"
 SETUP_OF_CLUSTER = {"tpuv4_fattree": "tpuv4_fatTree", "h100_spineleaf": "h100_spineLeaf"}

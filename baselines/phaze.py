@@ -31,13 +31,13 @@ import time
 from collections.abc import Sequence
 
 from baselines.networks import flat_cluster, with_cluster
+from nest.core.errors import Infeasible
+from nest.core.plan import Plan
+from nest.core.problem import Problem
+from nest.core.units import GB, US
 from nest.dp.planner import NestPlanner
 from nest.dp.space import SpacePlanner
-from nest.errors import Infeasible
-from nest.plan import Plan
 from nest.planner import finish
-from nest.problem import Problem
-from nest.units import GB, US
 
 
 class PhazePlanner(SpacePlanner):

@@ -80,15 +80,15 @@ from pathlib import Path
 
 import yaml
 
-from nest.build import PlanSettings, build_plan
+from nest.core.build import PlanSettings, build_plan
+from nest.core.errors import Infeasible, InvalidConfiguration, UserError
+from nest.core.layers import Shard
+from nest.core.plan import Plan
+from nest.core.problem import Problem
+from nest.core.units import GiB
 from nest.cost import evaluate
 from nest.dp.space import chunk_split
-from nest.errors import Infeasible, InvalidConfiguration, UserError
-from nest.layers import Shard
-from nest.plan import Plan
 from nest.planner import finish, infeasible_memory
-from nest.problem import Problem
-from nest.units import GiB
 
 RECIPES_FILE = Path(__file__).resolve().parent.parent / "conf" / "recipes.yaml"
 MODEL_DIR = RECIPES_FILE.parent / "model"

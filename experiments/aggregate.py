@@ -1,6 +1,6 @@
 """Aggregate a sweep directory into one comparison: ``python -m experiments.aggregate DIR``.
 
-Reads every job's ``row.json`` (:mod:`nest.results`) under ``DIR``; a job directory without one
+Reads every job's ``row.json`` (:mod:`nest.app.results`) under ``DIR``; a job directory without one
 (killed, timed out, still running) or with one that cannot be read (not JSON, cut short: a note
 lists them) and a job listed in ``sweep.json`` that never started each become a ``missing`` row,
 and one without a row but with an ``error.txt`` (its worker process died: the ``parallel``
@@ -33,7 +33,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from experiments import tables
-from nest.results import (
+from nest.app.results import (
     ERROR_FILE,
     FAILED_STATUSES,
     ROW_COLUMNS,
@@ -72,7 +72,7 @@ class Aggregate:
 
     @property
     def failed(self) -> dict[str, int]:
-        """Jobs per failed status (:data:`nest.results.FAILED_STATUSES`): no answer."""
+        """Jobs per failed status (:data:`nest.app.results.FAILED_STATUSES`): no answer."""
         return {s: n for s, n in sorted(self.status_counts.items()) if s in FAILED_STATUSES}
 
     def describe(self) -> str:

@@ -9,8 +9,8 @@ import time
 
 from hydra import compose, initialize_config_dir
 
-from nest.cli import CONF_DIR, register_schemas
-from nest.config import build_problem
+from nest.app.cli import CONF_DIR, register_schemas
+from nest.app.config import build_problem
 from nest.cost import evaluate
 
 CASES = [

@@ -21,10 +21,10 @@ import time
 from hydra import compose, initialize_config_dir
 
 from baselines.megatron import MegatronPlanner
-from nest.cli import CONF_DIR, register_schemas
-from nest.config import build_problem
+from nest.app.cli import CONF_DIR, register_schemas
+from nest.app.config import build_problem
+from nest.core.errors import Infeasible
 from nest.dp.planner import NestPlanner
-from nest.errors import Infeasible
 
 ISSUE_TARGETS = [
     ("gpt3_175b", "tpuv4_fattree", 1024, 4096, [1, 2, 4, 8], 10.0),

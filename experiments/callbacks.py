@@ -10,9 +10,9 @@
   SLURM jobs).
 - ``on_multirun_end``: aggregates the sweep (:func:`experiments.aggregate.aggregate`), prints
   where the tables and plots are, and exits with status 1 when a job failed
-  (:data:`nest.results.FAILED_STATUSES`: ``timeout``, ``error``, ``crashed``, ``missing``; not
+  (:data:`nest.app.results.FAILED_STATUSES`: ``timeout``, ``error``, ``crashed``, ``missing``; not
   ``infeasible``, ``invalid`` or ``unpublished``, which are answers) or when the aggregation
-  itself failed. Jobs never raise (:func:`nest.results.run_recorded`) and the ``parallel``
+  itself failed. Jobs never raise (:func:`nest.app.results.run_recorded`) and the ``parallel``
   launcher survives a dead worker, so Hydra reaches this point; when it does not (Ctrl-C, a
   launcher that gives up, e.g. submitit on a job SLURM killed), the process prints at exit the
   command that builds the tables from the rows written so far.
@@ -32,8 +32,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from nest.progress import Progress
-from nest.results import FAILED_STATUSES, NO_PLAN_STATUSES, ROW_FILE, SWEEP_FILE
+from nest.app.results import FAILED_STATUSES, NO_PLAN_STATUSES, ROW_FILE, SWEEP_FILE
+from nest.core.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def _counts(statuses: dict[str, int]) -> str:
 
 def sweep_progress(sweep_dir: Path) -> str:
     """``12/50 jobs done, 1 failed (1 crashed), 2 without a plan (2 infeasible)`` from the rows
-    written so far: failed as in :data:`nest.results.FAILED_STATUSES`."""
+    written so far: failed as in :data:`nest.app.results.FAILED_STATUSES`."""
     statuses = Counter()
     for path in sweep_dir.rglob(ROW_FILE):
         try:

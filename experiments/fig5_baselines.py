@@ -22,8 +22,8 @@ from baselines.paper_table import PaperTablePlanner
 from baselines.phaze import PhazePlanner
 from baselines.recipes import RecipesPlanner
 from experiments.bench_search import problem_for
+from nest.core.errors import Infeasible, InvalidConfiguration, UserError
 from nest.dp.planner import NestPlanner
-from nest.errors import Infeasible, InvalidConfiguration, UserError
 
 MODELS = ("bert_large", "llama2_7b", "llama3_70b", "mixtral_8x7b", "gpt3_175b")
 DEVICES = (64, 128, 256, 512, 1024)

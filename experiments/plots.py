@@ -32,8 +32,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from nest.results import FAILED_STATUSES
-from nest.units import GiB
+from nest.app.results import FAILED_STATUSES
+from nest.core.units import GiB
 
 DPI = 110
 MEMORY_TERMS = (
@@ -74,7 +74,7 @@ NO_PLAN_MARKERS = {
 def no_plan_kind(status) -> str | None:
     """``oom`` (nothing fits memory: ``infeasible``, or a plan that does not fit), ``invalid``
     (a published configuration that cannot run as published), ``failed`` (no answer:
-    :data:`nest.results.FAILED_STATUSES`), or None for ``unpublished`` (the paper has no such
+    :data:`nest.app.results.FAILED_STATUSES`), or None for ``unpublished`` (the paper has no such
     row: nothing to draw)."""
     if status == "unpublished":
         return None
@@ -445,7 +445,7 @@ def _job_network(job_dir: Path):
     """The graph network of a run directory's cluster (its ``.hydra/config.yaml``), or None."""
     from omegaconf import OmegaConf
 
-    from nest.config import build_cluster
+    from nest.app.config import build_cluster
 
     config = job_dir / ".hydra" / "config.yaml"
     if not config.exists():

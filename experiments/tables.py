@@ -5,7 +5,7 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 
 from experiments.published import published_table
-from nest.units import GiB
+from nest.core.units import GiB
 
 STATUS_CELL = {"infeasible": "OOM", "error": "error", "crashed": "crashed", "missing": "missing"}
 """What a pivot cell shows for a job without a feasible plan."""

@@ -5,6 +5,6 @@ settings), the plan, the one shared cost model (:func:`nest.cost.evaluate`) and 
 All quantities inside are SI: bytes, seconds, FLOP, bytes/s.
 """
 
-from nest.errors import Infeasible, UserError
+from nest.core.errors import Infeasible, UserError
 
 __all__ = ["Infeasible", "UserError"]

@@ -1,7 +1,8 @@
 """The planner interface, and the one way a planner reports its result.
 
 A planner is built from its Hydra config (keyword hyper-parameters only, stored verbatim) and has
-``solve(problem) -> Plan`` or raises :class:`nest.errors.Infeasible`. A planner that can return the
+``solve(problem) -> Plan`` or raises :class:`nest.core.errors.Infeasible`. A planner that can
+return the
 K best configurations (:class:`RankedPlanner`: ``nest``, ``brute``) also has a ``top_k`` setting
 and ``solve_ranked(problem) -> list[Plan]``; :func:`solve_ranked` is how a run asks any planner
 for its ranked list. Whatever a planner optimises
@@ -22,14 +23,14 @@ from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from nest.axes import Recompute
+from nest.core.axes import Recompute
+from nest.core.errors import Infeasible, UserError
+from nest.core.plan import Plan
+from nest.core.problem import Problem
+from nest.core.report import Report
+from nest.core.units import GiB
 from nest.cost import evaluate
 from nest.cost.state import ModelState
-from nest.errors import Infeasible, UserError
-from nest.plan import Plan
-from nest.problem import Problem
-from nest.report import Report
-from nest.units import GiB
 
 
 @runtime_checkable

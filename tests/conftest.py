@@ -3,13 +3,13 @@
 import pytest
 from hypothesis import settings
 
-from nest.axes import Optimizer
-from nest.hardware import Device
-from nest.layers import AnalyticModel
-from nest.model import ModelSpec
-from nest.problem import Problem, Training
-from nest.topology import Cluster, Level
-from nest.units import GB, TFLOP, US, GiB
+from nest.core.axes import Optimizer
+from nest.core.hardware import Device
+from nest.core.layers import AnalyticModel
+from nest.core.model import ModelSpec
+from nest.core.problem import Problem, Training
+from nest.core.topology import Cluster, Level
+from nest.core.units import GB, TFLOP, US, GiB
 
 # Property tests draw the same examples on every run (CI cannot flake) and keep no database
 # in the working tree.

@@ -8,8 +8,8 @@ import signal
 from dataclasses import dataclass
 
 from baselines.fixed import FixedPlanner
-from nest.plan import Plan
-from nest.problem import Problem
+from nest.core.plan import Plan
+from nest.core.problem import Problem
 
 
 @dataclass(kw_only=True)

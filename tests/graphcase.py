@@ -6,11 +6,11 @@ import random
 import networkx as nx
 
 from baselines.brute import count_plans
-from nest.axes import Optimizer
+from nest.core.axes import Optimizer
+from nest.core.model import ModelSpec
 from nest.dp.space import SpaceOptions
 from nest.graph.build import graph_cluster
 from nest.graph.generators import hierarchy_graph, leaf_spine, rail_optimized, tpuv4_torus
-from nest.model import ModelSpec
 
 from .conftest import make_cluster, make_device, make_problem
 

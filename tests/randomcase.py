@@ -3,8 +3,8 @@
 import random
 
 from baselines.fixed import FixedPlanner
-from nest.axes import Optimizer, Recompute
-from nest.model import ModelSpec
+from nest.core.axes import Optimizer, Recompute
+from nest.core.model import ModelSpec
 
 from .conftest import make_cluster, make_device, make_problem
 
@@ -106,9 +106,9 @@ def assert_nest_equals_brute(problem, options: dict, what):
     import pytest
 
     from baselines.brute import BrutePlanner
+    from nest.core.errors import Infeasible
     from nest.cost import evaluate
     from nest.dp.planner import NestPlanner
-    from nest.errors import Infeasible
 
     try:
         oracle = BrutePlanner(**options).solve(problem)

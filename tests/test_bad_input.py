@@ -1,6 +1,6 @@
 """User mistakes never give a traceback: each gets one line that names the value and the fix.
 
-In-process cases call ``nest.cli.run`` with a list as the ``echo`` collector; a few run
+In-process cases call ``nest.app.cli.run`` with a list as the ``echo`` collector; a few run
 ``python run.py`` in a subprocess to check the exit code and that no traceback is printed. All
 outputs go to ``tmp_path``. The corpus at the end holds bad input by kind (each kind is refused
 at the one place that reads it), generated over every planner in ``conf/solver/`` where the kind
@@ -22,19 +22,19 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from hydra.utils import get_class, instantiate
 
 import baselines.brute
-import nest.cli
+import nest.app.cli
 from baselines.brute import BrutePlanner, one_f_one_b_plans, partitions, plans_to_score
-from nest.config import LIMITS, build_cluster, build_device, build_problem
+from nest.app.config import LIMITS, build_cluster, build_device, build_problem
+from nest.core.errors import Infeasible, UserError
+from nest.core.model import ModelSpec
+from nest.core.units import GiB
 from nest.cost import evaluate
-from nest.errors import Infeasible, UserError
-from nest.model import ModelSpec
 from nest.planner import check_memory_floor, model_state_lower_bound_bytes
-from nest.units import GiB
 
 from .conftest import make_cluster, make_device, make_problem, make_spec
 from .randomcase import random_case
 
-CONF_DIR = nest.cli.CONF_DIR
+CONF_DIR = nest.app.cli.CONF_DIR
 RUN_PY = Path(CONF_DIR).parent / "run.py"
 FIXED = ["solver=fixed"]
 
@@ -46,7 +46,7 @@ def compose(*overrides: str):
 
 def run_case(tmp_path: Path, *overrides: str) -> tuple[dict, list[str]]:
     lines: list[str] = []
-    result = nest.cli.run(compose(*overrides), tmp_path, echo=lines.append)
+    result = nest.app.cli.run(compose(*overrides), tmp_path, echo=lines.append)
     return result, lines
 
 
@@ -489,13 +489,14 @@ def test_subprocess_infeasible_exits_1_with_one_line(tmp_path):
 
 # ================================================================================================
 # Corpus of bad input by kind. Each kind is refused at the one place that reads it:
-#   non-finite numbers and huge integers, empty solver lists, unknown keys: nest.config.check_config
-#     (the composed config), numbers of a preset: nest.config._number;
+#   non-finite numbers and huge integers, empty solver lists, unknown keys:
+#     nest.app.config.check_config
+#     (the composed config), numbers of a preset: nest.app.config._number;
 #   a planner's own setting: its constructor, unwrapped from Hydra's "Error in call to target";
-#   a layer partition: nest.build.chunk_layer_counts, with the values as typed;
-#   sizes beyond the documented limits: nest.config (LIMITS), before anything is built;
+#   a layer partition: nest.core.build.chunk_layer_counts, with the values as typed;
+#   sizes beyond the documented limits: nest.app.config (LIMITS), before anything is built;
 #   a model no plan can fit: nest.planner.check_memory_floor, before any search;
-#   a malformed YAML file: nest.cli.hydra_error_line (python run.py: one line, exit status 2).
+#   a malformed YAML file: nest.app.cli.hydra_error_line (python run.py: one line, exit status 2).
 # Every case asserts the exit status, one line with no traceback, and the value named.
 # ================================================================================================
 
@@ -651,7 +652,7 @@ CORPUS = [
 def test_bad_input_corpus(tmp_path, kind, overrides, named):
     result, lines = run_case(tmp_path, *overrides)
     assert result["status"] == "error", (kind, result)
-    assert nest.cli.exit_status(result["status"]) == 2
+    assert nest.app.cli.exit_status(result["status"]) == 2
     message = result["error"]
     assert_one_line(message)
     assert named in message, (kind, named, message)
@@ -700,7 +701,7 @@ FLOOR = re.compile(r"any plan needs ([\d.]+) GiB per device, the device has ([\d
 def test_searching_planner_answers_a_model_that_fits_nowhere_from_the_floor(tmp_path, solver):
     result, lines = run_case(tmp_path, f"solver={solver}", *TOO_BIG)
     assert result["status"] == "infeasible", result
-    assert nest.cli.exit_status(result["status"]) == 1
+    assert nest.app.cli.exit_status(result["status"]) == 1
     message = result["error"]
     assert_one_line(message)
     assert lines == [f"infeasible: {message}"]
@@ -856,7 +857,7 @@ def test_malformed_yaml_is_one_line_naming_the_file_and_line(tmp_path, name):
     presets = presets_dir(tmp_path, name, text.encode())
     with pytest.raises(Exception) as info:
         compose(f"model={name}", f"hydra.searchpath=[file://{presets}]")
-    message = nest.cli.hydra_error_line(info.value)
+    message = nest.app.cli.hydra_error_line(info.value)
     assert_one_line(message)
     assert str(presets / "model" / f"{name}.yaml") in message
     assert f"line {line}," in message
@@ -866,7 +867,7 @@ def test_config_file_not_utf8_is_one_line_naming_the_file(tmp_path):
     presets = presets_dir(tmp_path, "latin1", "name: m\n# 5 \u00b5s\n".encode("latin-1"))
     with pytest.raises(Exception) as info:
         compose("model=latin1", f"hydra.searchpath=[file://{presets}]")
-    message = nest.cli.hydra_error_line(info.value)
+    message = nest.app.cli.hydra_error_line(info.value)
     assert_one_line(message)
     assert str(presets / "model" / "latin1.yaml") in message and "UTF-8" in message
 

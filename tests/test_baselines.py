@@ -12,12 +12,12 @@ from baselines.mcmc import MCMCPlanner
 from baselines.megatron import MegatronPlanner
 from baselines.networks import flat_cluster, slowest_pair, two_level_cluster, with_cluster
 from baselines.phaze import PhazePlanner
-from nest.axes import MEGATRON_RANK_ORDER, Recompute, Schedule
+from nest.core.axes import MEGATRON_RANK_ORDER, Recompute, Schedule
+from nest.core.errors import Infeasible, UserError
+from nest.core.plan import make_structured_plan
+from nest.core.units import GB, US
 from nest.cost import evaluate
 from nest.dp.planner import NestPlanner
-from nest.errors import Infeasible, UserError
-from nest.plan import make_structured_plan
-from nest.units import GB, US
 
 from .conftest import make_cluster, make_device, make_problem, make_spec
 

@@ -1,6 +1,7 @@
-"""End-to-end tests of the Hydra entry point (``run.py`` -> :func:`nest.cli.run`).
+"""End-to-end tests of the Hydra entry point (``run.py`` -> :func:`nest.app.cli.run`).
 
-In-process runs compose the config with ``hydra.compose`` and call ``nest.cli.run(cfg, tmp_path)``
+In-process runs compose the config with ``hydra.compose`` and call ``nest.app.cli.run(cfg,
+tmp_path)``
 (never the ``@hydra.main`` function); one subprocess test runs the README's main command. Every
 test writes into ``tmp_path`` only.
 """
@@ -17,13 +18,13 @@ import hydra
 import pytest
 from hydra.core.global_hydra import GlobalHydra
 
-import nest.cli
-from nest.config import build_problem
+import nest.app.cli
+from nest.app.config import build_problem
+from nest.core.serialize import plan_from_dict
 from nest.cost import evaluate
 from nest.planner import Planner, build_planner
-from nest.serialize import plan_from_dict
 
-CONF_DIR = nest.cli.CONF_DIR
+CONF_DIR = nest.app.cli.CONF_DIR
 REPO_ROOT = Path(CONF_DIR).parent
 RUN_PY = REPO_ROOT / "run.py"
 
@@ -115,7 +116,7 @@ def run_case(tmp_path: Path, *overrides: str):
     """Compose, run, and return (cfg, result, report.json, plan.json or None, echoed lines)."""
     cfg = compose(*overrides)
     lines: list[str] = []
-    result = nest.cli.run(cfg, tmp_path, echo=lines.append)
+    result = nest.app.cli.run(cfg, tmp_path, echo=lines.append)
     report = json.loads((tmp_path / "report.json").read_text())
     plan_path = tmp_path / "plan.json"
     plan = json.loads(plan_path.read_text()) if plan_path.exists() else None

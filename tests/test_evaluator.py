@@ -7,12 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from baselines.fixed import FixedPlanner
-from nest.axes import Recompute
+from nest.core.axes import Recompute
+from nest.core.hardware import Device
+from nest.core.layers import Shard
+from nest.core.topology import Cluster
 from nest.cost import evaluate
 from nest.cost.collectives import all_reduce_time_s
-from nest.hardware import Device
-from nest.layers import Shard
-from nest.topology import Cluster
 
 from .conftest import make_cluster, make_problem, make_spec
 from .randomcase import random_case
@@ -261,7 +261,7 @@ def test_layer_collectives_follow_megatron():
     """Embedding: forward reduce-scatter (SP) whose backward is an all-gather; pipeline boundary
     is the SP shard, or the full tensor without SP; selective recompute re-uses the backward's
     K/V gather under context parallelism."""
-    from nest.layers import AnalyticModel
+    from nest.core.layers import AnalyticModel
 
     from .conftest import make_device
 
@@ -283,7 +283,7 @@ def test_layer_collectives_follow_megatron():
 def test_flash_backward_recomputes_only_the_scores():
     """FlashAttention-2 (Dao 2023): the backward recomputes S = QK^T, half the attention core's
     forward FLOPs (the reason its backward is 2.5x its forward)."""
-    from nest.layers import AnalyticModel
+    from nest.core.layers import AnalyticModel
 
     from .conftest import make_device
 
@@ -297,7 +297,7 @@ def test_flash_backward_recomputes_only_the_scores():
 
 
 def test_moe_with_tensor_parallelism_needs_sequence_parallelism():
-    from nest.errors import UserError
+    from nest.core.errors import UserError
 
     spec = make_spec(num_experts=4, top_k=2)
     problem = make_problem(spec, make_cluster(fanouts=(4, 2)), sequence_parallel=False)
@@ -306,7 +306,7 @@ def test_moe_with_tensor_parallelism_needs_sequence_parallelism():
 
 
 def test_malformed_placements_are_rejected_with_the_device_named():
-    from nest.errors import UserError
+    from nest.core.errors import UserError
 
     problem = make_problem(make_spec(layers=4), make_cluster(fanouts=(4, 2)), global_batch=16)
     plan = FixedPlanner(pp=2, dp=4, microbatch_size=1).solve(problem)

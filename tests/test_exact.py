@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from baselines.brute import BrutePlanner, partitions
-from nest.axes import Recompute, Schedule
+from nest.core.axes import Recompute, Schedule
+from nest.core.errors import Infeasible, SolverTimeout, UserError
+from nest.core.plan import Plan, make_structured_plan
 from nest.cost import evaluate
 from nest.dp.planner import NestPlanner
 from nest.dp.space import SpaceOptions, configurations, interleaved_chunks
-from nest.errors import Infeasible, SolverTimeout, UserError
 from nest.exact.placements import orderly_assignments, placement_classes
 from nest.exact.planner import ExactPlanner
-from nest.plan import Plan, make_structured_plan
 
 from .conftest import make_cluster, make_problem, make_spec
 from .test_nest_dp import tiny_case

@@ -8,12 +8,12 @@ import sys
 import pytest
 
 from baselines.fixed import FixedPlanner
-from nest.config import build_problem
+from nest.analysis.explain import MEMORY_TERMS, ROW_TERMS, TIME_TERMS, explain_report, main
+from nest.app.config import build_problem
+from nest.core.errors import UserError
+from nest.core.serialize import plan_from_dict, report_to_dict
 from nest.cost import evaluate
 from nest.dp.planner import NestPlanner
-from nest.errors import UserError
-from nest.explain import MEMORY_TERMS, ROW_TERMS, TIME_TERMS, explain_report, main
-from nest.serialize import plan_from_dict, report_to_dict
 
 from .conftest import make_cluster, make_problem, make_spec
 from .randomcase import random_case
@@ -103,7 +103,7 @@ def test_from_a_run_directory_and_as_a_run_option(tmp_path, capsys):
     assert main([str(tmp_path / "nope")]) == 2
     assert "report.json" in capsys.readouterr().err
     done = subprocess.run(
-        [sys.executable, "-m", "nest.explain", str(tmp_path)],
+        [sys.executable, "-m", "nest.analysis.explain", str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,

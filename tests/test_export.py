@@ -16,8 +16,8 @@ import tomllib
 import pytest
 
 from baselines.fixed import FixedPlanner
+from nest.core.errors import UserError
 from nest.cost import evaluate
-from nest.errors import UserError
 from nest.export import export_plan, targets_of
 from nest.export.megatron import megatron_args
 

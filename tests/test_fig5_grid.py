@@ -27,8 +27,8 @@ from baselines.paper_table import PaperTablePlanner
 from baselines.phaze import PhazePlanner
 from experiments.bench_search import problem_for
 from experiments.fig5_baselines import CLUSTERS, DEVICES, GLOBAL_BATCH, MODELS, in_nest_space
+from nest.core.errors import Infeasible, InvalidConfiguration, UserError
 from nest.dp.planner import NestPlanner
-from nest.errors import Infeasible, InvalidConfiguration, UserError
 
 # cases where the full NEST search takes well under a second
 FULL_NEST = {

@@ -11,22 +11,22 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from nest.axes import Axis
-from nest.config import build_cluster
+from nest.app.config import build_cluster
+from nest.core.axes import Axis
+from nest.core.errors import Infeasible, UserError
+from nest.core.layers import AnalyticModel
+from nest.core.plan import place
+from nest.core.units import GB, US
 from nest.cost import evaluate
 from nest.cost.groups import RankGroups, translated
 from nest.dp.bounds import Floors
 from nest.dp.planner import NestPlanner, plan_from_choices
 from nest.dp.space import SpaceOptions, families, interleaved_chunks
 from nest.dp.stages import StageModel
-from nest.errors import Infeasible, UserError
 from nest.exact.placements import placement_classes, signature
 from nest.graph.build import graph_cluster, measured_graph, read_graph_file
 from nest.graph.generators import hierarchy_graph, leaf_spine, rail_optimized, tpuv4_torus
 from nest.graph.placements import graph_assignments
-from nest.layers import AnalyticModel
-from nest.plan import place
-from nest.units import GB, US
 
 from .conftest import make_device, make_problem, make_spec
 from .graphcase import graph_case, random_graph
@@ -103,7 +103,7 @@ def test_a_hierarchy_drawn_as_a_graph_prices_every_plan_as_the_hierarchy(seed):
 def test_the_dgx_8x8_graph_gives_the_hierarchys_plans_and_numbers():
     """The dgx_8x8 preset as a graph (``cluster.topology=hierarchy``): nest and megatron choose
     the same plans with the same iteration times as on the hierarchy."""
-    from nest.cli import register_schemas
+    from nest.app.cli import register_schemas
 
     register_schemas()
     from experiments.bench_search import problem_for
@@ -561,7 +561,7 @@ def test_the_network_picture_draws_the_plan_and_its_traffic(tmp_path):
     """``network.png`` of a graph run, and the traffic it draws: a two-stage pipeline across
     the link between two switches puts every boundary pair on that link."""
     from experiments.plots import plan_traffic, save_network_figure
-    from nest.serialize import plan_to_dict
+    from nest.core.serialize import plan_to_dict
 
     graph = _small_graph()
     cluster = graph_cluster("g", DEVICE, graph)
@@ -643,8 +643,8 @@ def test_every_planner_runs_on_a_graph_and_is_scored_on_it(name):
     """The conformance checks of tests/test_planners.py on graph clusters (a rail-optimised pod
     and a 2x2x2 torus with a mixture of experts): valid plans, the objective is ``evaluate`` on
     the graph, the same plan twice."""
+    from nest.core.serialize import plan_to_dict
     from nest.cost import check_plan
-    from nest.serialize import plan_to_dict
 
     from .test_planners import planner_from_config
 

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-import nest.cli
-from nest.errors import UserError
-from nest.hf import DEFAULT_TRAINING_SEQ_LEN, FAMILIES, load_hf_model, spec_from_hf_config
-from nest.layers import AnalyticModel
-from nest.results import ROW_FILE, run_recorded
+import nest.app.cli
+from nest.app.hf import DEFAULT_TRAINING_SEQ_LEN, FAMILIES, load_hf_model, spec_from_hf_config
+from nest.app.results import ROW_FILE, run_recorded
+from nest.core.errors import UserError
+from nest.core.layers import AnalyticModel
 
 from .test_cli import compose, run_case
 
-DATA = Path(nest.cli.CONF_DIR).parent / "data" / "hf"
+DATA = Path(nest.app.cli.CONF_DIR).parent / "data" / "hf"
 
 PUBLISHED = {
     # file: (published parameters, relative tolerance the published rounding allows)
@@ -107,7 +107,7 @@ def test_the_hf_llama2_equals_the_llama2_preset(tmp_path):
 
 def test_seq_len_override_from_the_command_line(tmp_path):
     cfg = compose("model=hf", f"model.config_path={DATA / 'mistral_7b.json'}", "model.seq_len=4096")
-    from nest.config import build_problem
+    from nest.app.config import build_problem
 
     assert build_problem(cfg).model.seq_len == 4096
 
@@ -132,7 +132,7 @@ def test_unknown_architecture_is_one_line_listing_the_supported_families(tmp_pat
 
 def run_case_lines(tmp_path, *overrides):
     lines: list[str] = []
-    result = nest.cli.run(compose(*overrides), tmp_path / "out", echo=lines.append)
+    result = nest.app.cli.run(compose(*overrides), tmp_path / "out", echo=lines.append)
     return result, lines
 
 
@@ -285,7 +285,7 @@ def test_the_run_prints_and_records_the_length_and_where_it_came_from(tmp_path):
     )
     qwen = f"model.config_path={DATA / 'qwen2.5_7b.json'}"
     cfg = compose("model=hf", qwen, "print_summary=false")
-    run_recorded(nest.cli.run, cfg, tmp_path / "row")
+    run_recorded(nest.app.cli.run, cfg, tmp_path / "row")
     row = json.loads((tmp_path / "row" / ROW_FILE).read_text())
     assert (row["model"], row["seq_len"]) == ("qwen2.5_7b", DEFAULT_TRAINING_SEQ_LEN)
 

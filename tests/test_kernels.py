@@ -1,5 +1,5 @@
-"""The shape-aware compute model (nest/kernels.py) against published measurements, and the
-overlap of collectives with compute (nest/layers.py Overlap, nest/cost/compute.exposed_s)."""
+"""The shape-aware compute model (nest/core/kernels.py) against published measurements, and the
+overlap of collectives with compute (nest/core/layers.py Overlap, nest/cost/compute.exposed_s)."""
 
 import statistics
 from dataclasses import replace
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import yaml
 
-from nest.config import build_device
+from nest.app.config import build_device
+from nest.core.kernels import attention_efficiency, gemm_time_s
+from nest.core.layers import Collective
 from nest.cost import evaluate
 from nest.cost.compute import exposed_s
-from nest.kernels import attention_efficiency, gemm_time_s
-from nest.layers import Collective
 
 from .conftest import make_cluster, make_device, make_problem, make_spec
 
@@ -82,7 +82,7 @@ def test_large_gemms_run_at_the_level_never_above_the_published_ceiling():
 def test_attention_keeps_the_share_of_its_isolated_rate_that_gemms_keep():
     """The published FlashAttention efficiencies are isolated-kernel measurements like the GEMM
     ceiling, so inside a training step they are scaled by the same ``level / ceiling``."""
-    from nest.kernels import attention_time_s
+    from nest.core.kernels import attention_time_s
 
     isolated, in_step = at_ceiling("h100_sxm"), preset("h100_sxm")
     flops = 1e13

@@ -59,4 +59,4 @@ def test_the_layering_check_sees_imports():
     (the evaluator imports the cost terms, fixed imports the plan builder)."""
     evaluate = dict(_imports(ROOT / "nest" / "cost" / "evaluate.py"))
     assert "nest.cost.state" in evaluate
-    assert "nest.build" in dict(_imports(ROOT / "baselines" / "fixed.py"))
+    assert "nest.core.build" in dict(_imports(ROOT / "baselines" / "fixed.py"))

@@ -2,10 +2,10 @@
 
 import pytest
 
-from nest.axes import LayerKind, Recompute
-from nest.config import build_model_spec
-from nest.layers import AnalyticModel, Shard
-from nest.model import ModelSpec
+from nest.app.config import build_model_spec
+from nest.core.axes import LayerKind, Recompute
+from nest.core.layers import AnalyticModel, Shard
+from nest.core.model import ModelSpec
 
 from .conftest import make_device
 

@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 
 from baselines.brute import count_plans
-from nest.axes import Optimizer
+from nest.core.axes import Optimizer
+from nest.core.errors import Infeasible
+from nest.core.model import ModelSpec
 from nest.cost import evaluate
 from nest.dp.planner import NestPlanner
 from nest.dp.space import SpaceOptions
 from nest.dp.stages import StageModel
-from nest.errors import Infeasible
-from nest.model import ModelSpec
 
 from .conftest import make_cluster, make_device, make_problem
 from .randomcase import assert_nest_equals_brute, random_case
@@ -38,7 +38,7 @@ def test_stage_model_equals_the_evaluator(seed):
 
 
 def shape_compute(rng: random.Random) -> dict:
-    """Half the time the shape-aware compute model (nest/kernels.py) with random tiles, SMs,
+    """Half the time the shape-aware compute model (nest/core/kernels.py) with random tiles, SMs,
     ceiling, kernel overhead and attention table; else the flat model."""
     if rng.random() < 0.5:
         return {}
@@ -163,7 +163,7 @@ def test_per_stage_recompute_beats_any_uniform_mode():
 
 
 def test_empty_space_is_a_clear_error():
-    from nest.errors import UserError
+    from nest.core.errors import UserError
 
     problem = make_problem(
         ModelSpec(name="x", hidden=64, layers=2, heads=4, ffn_hidden=128, vocab=256, seq_len=32),
@@ -183,7 +183,7 @@ def test_empty_space_of_a_profile_states_its_measured_widths_not_heads():
     """A profile has no head count (its spec's heads is None): the rule is its measured widths."""
     from dataclasses import replace
 
-    from nest.errors import UserError
+    from nest.core.errors import UserError
     from nest.profile import load_profile_model
 
     model = load_profile_model(Path(__file__).parents[1] / "data/profiles/example_tiny.json")

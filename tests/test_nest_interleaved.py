@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from baselines.brute import BrutePlanner, count_plans
-from nest.axes import Axis, Optimizer, Recompute, Schedule
+from nest.core.axes import Axis, Optimizer, Recompute, Schedule
+from nest.core.errors import Infeasible, UserError
+from nest.core.model import ModelSpec
+from nest.core.plan import place
 from nest.cost import evaluate
 from nest.cost.collectives import collective_time_s
 from nest.cost.groups import RankGroups
@@ -25,9 +28,6 @@ from nest.dp.space import (
     interleaved_chunks,
 )
 from nest.dp.stages import StageModel
-from nest.errors import Infeasible, UserError
-from nest.model import ModelSpec
-from nest.plan import place
 
 from .conftest import make_cluster, make_device, make_problem
 from .randomcase import assert_nest_equals_brute
@@ -315,8 +315,8 @@ def test_schedule_options_are_checked():
 def _uneven_profile_problem(hbm_gib: float, heavy: int):
     """A measured profile whose blocks differ: block ``heavy`` is 20x slower and keeps 50x the
     activations. Interleaved chunks of equal block counts then cost differently."""
-    from nest.axes import LayerKind
-    from nest.problem import Problem, Training
+    from nest.core.axes import LayerKind
+    from nest.core.problem import Problem, Training
     from nest.profile.model import ProfileModel
     from nest.profile.schema import LayerProfile, Measurement, Profile
 

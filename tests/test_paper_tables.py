@@ -8,7 +8,7 @@ from math import ceil
 import hydra
 import pytest
 
-import nest.cli
+import nest.app.cli
 from baselines.paper_table import PaperTablePlanner, artifact_split
 from experiments.convert_paper_tables import (
     OUT,
@@ -19,16 +19,16 @@ from experiments.convert_paper_tables import (
     rows_from_tables,
     tables_from_rows,
 )
-from nest.config import build_problem
+from nest.app.config import build_problem
+from nest.core.errors import InvalidConfiguration, NotPublished, UserError
 from nest.cost import evaluate
-from nest.errors import InvalidConfiguration, NotPublished, UserError
 
 ROWS = load_rows()
 CLUSTER_OF_SETUP = {"tpuv4_fatTree": "tpuv4_fattree", "h100_spineLeaf": "h100_spineleaf"}
 
 
 def compose(*overrides):
-    with hydra.initialize_config_dir(config_dir=nest.cli.CONF_DIR, version_base="1.3"):
+    with hydra.initialize_config_dir(config_dir=nest.app.cli.CONF_DIR, version_base="1.3"):
         return hydra.compose(config_name="config", overrides=list(overrides))
 
 
@@ -204,7 +204,7 @@ def test_an_invalid_row_is_a_report_not_a_traceback(tmp_path):
         "training.global_batch=4096",
     )
     lines: list[str] = []
-    result = nest.cli.run(cfg, tmp_path, echo=lines.append)
+    result = nest.app.cli.run(cfg, tmp_path, echo=lines.append)
     report = json.loads((tmp_path / "report.json").read_text())
     assert result["status"] == report["status"] == "invalid"
     assert not (tmp_path / "plan.json").exists()
@@ -227,7 +227,7 @@ def test_a_missing_row_is_unpublished_and_a_bad_table_a_user_error(tmp_path):
         "training.global_batch=4096",
         "training.microbatch_sizes=[4]",
     )
-    result = nest.cli.run(cfg, tmp_path, echo=lambda _: None)
+    result = nest.app.cli.run(cfg, tmp_path, echo=lambda _: None)
     assert result["status"] == "unpublished" and "tpuv4_fatTree_mbs4" in result["error"]
     with pytest.raises(UserError, match="Manual, MCMC, Phaze|one of"):
         PaperTablePlanner(table="Alpa").solve(prob)

@@ -7,10 +7,10 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from baselines.megatron import MegatronPlanner
-from nest.cli import CONF_DIR
+from nest.app.cli import CONF_DIR
+from nest.core.errors import Infeasible
+from nest.core.serialize import plan_to_dict
 from nest.cost import check_plan, evaluate
-from nest.errors import Infeasible
-from nest.serialize import plan_to_dict
 
 from .conftest import make_cluster, make_device, make_problem, make_spec
 

@@ -11,13 +11,13 @@ from dataclasses import replace
 import pytest
 
 from baselines.fixed import FixedPlanner
-from nest.axes import LayerKind, Recompute
+from nest.core.axes import LayerKind, Recompute
+from nest.core.errors import UserError
+from nest.core.layers import Shard
+from nest.core.problem import Problem
 from nest.cost import evaluate
 from nest.cost.collectives import COLLECTIVE_TIME
 from nest.dp.planner import NestPlanner
-from nest.errors import UserError
-from nest.layers import Shard
-from nest.problem import Problem
 from nest.profile import ProfileModel, profile_to_dict, read_profile, write_profile
 from nest.profile.convert import profile_of
 from nest.profile.schema import profile_from_dict
@@ -142,14 +142,14 @@ def test_bad_files_through_the_cli_are_one_line(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(_bad_layer(fwd_s=-1)))
     lines: list[str] = []
-    import nest.cli
+    import nest.app.cli
 
-    result = nest.cli.run(
+    result = nest.app.cli.run(
         compose("model=profile", f"model.path={bad}"), tmp_path / "out", echo=lines.append
     )
     assert result["status"] == "error" and "fwd_s=-1 is negative" in result["error"]
     assert lines == [f"error: {result['error']}"]
-    result = nest.cli.run(compose("model=profile"), tmp_path / "out2", echo=lines.append)
+    result = nest.app.cli.run(compose("model=profile"), tmp_path / "out2", echo=lines.append)
     assert "model.path=FILE" in result["error"]
 
 
@@ -251,9 +251,9 @@ def test_bad_artifact_instances_are_one_line_errors(tmp_path, change, needle):
     assert message.startswith(f"model.path={path}") and needle in message
     assert "\n" not in message
     lines: list[str] = []
-    import nest.cli
+    import nest.app.cli
 
-    result = nest.cli.run(
+    result = nest.app.cli.run(
         compose("model=profile", f"model.path={path}"), tmp_path / "out", echo=lines.append
     )
     assert result["status"] == "error" and lines == [f"error: {message}"]

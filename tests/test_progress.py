@@ -1,4 +1,4 @@
-"""Progress lines for long steps (nest/progress.py) and where the CLI uses them."""
+"""Progress lines for long steps (nest/core/progress.py) and where the CLI uses them."""
 
 import logging
 import time
@@ -6,19 +6,19 @@ import time
 import pytest
 from hydra import compose, initialize_config_dir
 
-import nest.cli
-from nest.progress import Progress
+import nest.app.cli
+from nest.core.progress import Progress
 
 
 def test_a_short_step_says_nothing(caplog):
-    caplog.set_level(logging.INFO, logger="nest.progress")
+    caplog.set_level(logging.INFO, logger="nest.core.progress")
     with Progress("quick", total=10) as progress:
         progress.done = 10
     assert caplog.records == [] and progress.lines == 0
 
 
 def test_a_long_step_logs_its_count_and_its_end(caplog):
-    caplog.set_level(logging.INFO, logger="nest.progress")
+    caplog.set_level(logging.INFO, logger="nest.core.progress")
     with Progress("counting", total=10, after_s=0.01, every_s=0.05) as progress:
         progress.done = 5
         deadline = time.monotonic() + 10
@@ -44,11 +44,11 @@ def test_the_cli_watches_planning_and_drawing(monkeypatch, tmp_path, simulate):
             steps.append(self.what)
             return super().__enter__()
 
-    monkeypatch.setattr(nest.cli, "Progress", Recorder)
-    with initialize_config_dir(config_dir=nest.cli.CONF_DIR, version_base="1.3"):
+    monkeypatch.setattr(nest.app.cli, "Progress", Recorder)
+    with initialize_config_dir(config_dir=nest.app.cli.CONF_DIR, version_base="1.3"):
         cfg = compose(
             config_name="config",
             overrides=["model=tiny", "solver=fixed", "solver.pp=2", f"simulate={simulate}"],
         )
-    nest.cli.run(cfg, tmp_path, echo=lambda line: None)
+    nest.app.cli.run(cfg, tmp_path, echo=lambda line: None)
     assert steps == ["planning with fixed"] + (["drawing timeline.png"] if simulate else [])

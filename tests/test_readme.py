@@ -3,7 +3,7 @@
 Every shell command of the README is checked: each line of a fenced ``bash`` block and each
 inline code span that starts with ``python``, ``pip`` or ``pytest``.
 
-- ``python run.py ...`` (one run) is run in-process (:func:`nest.cli.run`, outputs in a tmp
+- ``python run.py ...`` (one run) is run in-process (:func:`nest.app.cli.run`, outputs in a tmp
   directory) and must plan, unless it is in :data:`SLOW_RUNS`; then, like every job of a multirun
   (``-m``, each value of each swept key, the experiment's own sweep included), its config is
   composed with the same overrides, the problem built and the planner instantiated.
@@ -37,10 +37,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-import nest.cli
-from nest.config import build_problem
+import nest.app.cli
+from nest.app.config import build_problem
 
-REPO_ROOT = Path(nest.cli.CONF_DIR).parent
+REPO_ROOT = Path(nest.app.cli.CONF_DIR).parent
 README = REPO_ROOT / "README.md"
 
 SLOW_RUNS = {
@@ -171,16 +171,16 @@ class Checker:
         out = self._output(overrides, "hydra.sweep.dir" if multirun else "hydra.run.dir")
         plain = " ".join(o for o in overrides if not o.startswith(("hydra.", "hydra/")))
         if multirun or plain in SLOW_RUNS:
-            for job in self._jobs(nest.cli.CONF_DIR, "config", overrides):
+            for job in self._jobs(nest.app.cli.CONF_DIR, "config", overrides):
                 self._build(job)
             if out:
                 self.written[out] = False
             return
-        cfg = self._compose(nest.cli.CONF_DIR, "config", overrides)
+        cfg = self._compose(nest.app.cli.CONF_DIR, "config", overrides)
         self._files(cfg)
         self.count += 1
         run_dir = self.tmp / (out or f"run{self.count}")
-        result = nest.cli.run(cfg, run_dir, echo=lambda line: None)
+        result = nest.app.cli.run(cfg, run_dir, echo=lambda line: None)
         if expect is not None:  # shown as an example of a refusal: it must be refused so
             assert result["status"] == expect, (text, result["status"])
             return

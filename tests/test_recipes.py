@@ -15,26 +15,26 @@ import pytest
 import yaml
 from hydra.utils import instantiate
 
-import nest.cli
+import nest.app.cli
 from baselines.recipes import RecipesPlanner, load_recipes
-from nest.build import PlanSettings, build_plan
-from nest.config import build_problem
+from nest.app.config import build_problem
+from nest.core.build import PlanSettings, build_plan
+from nest.core.errors import Infeasible, InvalidConfiguration, UserError
+from nest.core.units import GiB
 from nest.cost import evaluate
 from nest.dp.space import chunk_split
-from nest.errors import Infeasible, InvalidConfiguration, UserError
-from nest.units import GiB
 
 from .conftest import make_cluster, make_problem, make_spec
 
 DATA = load_recipes()
 ENTRIES = DATA["recipes"]
 TABLE = DATA["rule_table"]
-CONF = Path(nest.cli.CONF_DIR)
+CONF = Path(nest.app.cli.CONF_DIR)
 DEVICE_PRESETS = {p.stem for p in (CONF / "device").glob("*.yaml")}
 
 
 def compose(*overrides):
-    with hydra.initialize_config_dir(config_dir=nest.cli.CONF_DIR, version_base="1.3"):
+    with hydra.initialize_config_dir(config_dir=nest.app.cli.CONF_DIR, version_base="1.3"):
         return hydra.compose(config_name="config", overrides=list(overrides))
 
 
@@ -261,7 +261,7 @@ def test_a_model_changed_from_its_preset_uses_no_entry():
 def test_a_hugging_face_card_of_a_preset_finds_its_recipes():
     """``model=hf`` on Llama-2 7B's config.json has another name but the preset's architecture:
     the same entry, the same plan and time as ``model=llama2_7b``, and the match is recorded."""
-    card = str(Path(nest.cli.CONF_DIR).parent / "data" / "hf" / "llama2_7b.json")
+    card = str(Path(nest.app.cli.CONF_DIR).parent / "data" / "hf" / "llama2_7b.json")
     _, hf = solve("model=hf", f"model.config_path={card}")
     _, preset = solve("model=llama2_7b")
     assert hf.search["entry"] == preset.search["entry"] == "nemo_llama2_7b"

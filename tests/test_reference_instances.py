@@ -19,12 +19,12 @@ import pytest
 
 from baselines.brute import BrutePlanner
 from baselines.fixed import FixedPlanner
-from nest.axes import Recompute
+from nest.core.axes import Recompute
+from nest.core.errors import UserError
+from nest.core.problem import Problem
 from nest.cost import check_plan, evaluate
 from nest.dp.planner import NestPlanner
-from nest.errors import UserError
 from nest.export.common import rebuild
-from nest.problem import Problem
 from nest.profile import ProfileModel, read_profile
 from nest.profile.artifact import global_batch
 
@@ -70,7 +70,7 @@ def instance_problem(name: str) -> Problem:
         f"training.global_batch={global_batch(raw)}",
         "training.optimizer=sgd",
     ]
-    from nest.config import build_problem
+    from nest.app.config import build_problem
 
     return build_problem(compose(*with_settings))
 
@@ -218,7 +218,7 @@ def _cut(name: str, blocks: int = 3) -> ProfileModel:
 )
 def test_nest_equals_brute_on_instances_cut_to_a_few_blocks(name, blocks):
     """BERT has four tensor widths, so it keeps two blocks to bound brute force's plan count."""
-    from nest.problem import Training
+    from nest.core.problem import Training
 
     model = _cut(name, blocks)
     device = make_device(hbm_bytes=64 * 2**30, hbm_bw_bytes_per_s=1.2e12)

@@ -9,12 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from nest.cost import evaluate
-from nest.dp.planner import NestPlanner
-from nest.errors import UserError
-from nest.graph.build import graph_cluster
-from nest.graph.generators import rail_optimized
-from nest.robust import (
+from nest.analysis.robust import (
     RANGE_NAMES,
     Ranges,
     RobustSettings,
@@ -25,6 +20,11 @@ from nest.robust import (
     summarise,
     verdict,
 )
+from nest.core.errors import UserError
+from nest.cost import evaluate
+from nest.dp.planner import NestPlanner
+from nest.graph.build import graph_cluster
+from nest.graph.generators import rail_optimized
 
 from .conftest import make_cluster, make_problem
 from .test_cli import CONF_DIR, run_case

@@ -16,11 +16,11 @@ import matplotlib.image
 import pandas as pd
 import pytest
 
-import nest.cli
+import nest.app.cli
 from experiments import aggregate as agg
 from experiments import scaling
 
-CONF_DIR = nest.cli.CONF_DIR
+CONF_DIR = nest.app.cli.CONF_DIR
 RUN_PY = Path(CONF_DIR).parent / "run.py"
 PRICE = 3.5
 

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from nest.axes import MEGATRON_RANK_ORDER, Recompute, Schedule
+from nest.analysis.simulate import plot_timeline, rank_order, simulate, simulate_schedule
+from nest.core.axes import MEGATRON_RANK_ORDER, Recompute, Schedule
+from nest.core.plan import make_structured_plan
 from nest.cost import evaluate
-from nest.plan import make_structured_plan
-from nest.simulate import plot_timeline, rank_order, simulate, simulate_schedule
 
 from .randomcase import random_case
 
@@ -136,7 +136,7 @@ def test_timeline_plot_is_written(tmp_path):
 def test_run_with_simulate_writes_the_timeline(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from nest.cli import CONF_DIR, run
+    from nest.app.cli import CONF_DIR, run
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(
@@ -177,9 +177,9 @@ def test_long_schedules_match_the_textbook_formulas(schedule, v, pp, m):
 
 
 def test_the_simulation_reports_its_progress(monkeypatch):
-    """A long simulation says how far it is (nest.progress); the count it reports reaches every
+    """A long simulation says how far it is (nest.core.progress); the count it reports reaches every
     task."""
-    import nest.simulate
+    import nest.analysis.simulate
 
     seen = []
 
@@ -194,7 +194,7 @@ def test_the_simulation_reports_its_progress(monkeypatch):
         def __exit__(self, *exc):
             return None
 
-    monkeypatch.setattr(nest.simulate, "Progress", Recorder)
+    monkeypatch.setattr(nest.analysis.simulate, "Progress", Recorder)
     plan = bare_plan(4, 64)
     simulate_schedule(plan, fwd_s=[1.0] * 4, bwd_s=[2.0] * 4, sync_s=[0] * 4, optimizer_s=[0] * 4)
     (progress,) = seen
@@ -216,7 +216,7 @@ def long_sim(m=1024, schedule="1f1b", v=1, pp=8):
 
 
 def test_format_duration_never_uses_an_exponent():
-    from nest.simulate import format_duration
+    from nest.analysis.simulate import format_duration
 
     assert format_duration(63.09) == "63.09 s"  # was "6.309e+04 ms" in the timeline's title
     assert format_duration(6274.8) == "6,275 s"
@@ -230,7 +230,7 @@ def test_a_long_timeline_shows_its_start_and_its_end(schedule, v, m):
     """At 1024 microbatches the whole timeline is stripes: two windows are shown instead, the
     first holding every rank's fill and first backward, the last every rank's last backward, DP
     sync and the optimizer step, each with a bounded number of bars per row."""
-    from nest.simulate import BARS_PER_ROW, timeline_windows
+    from nest.analysis.simulate import BARS_PER_ROW, timeline_windows
 
     sim = long_sim(m, schedule, v)
     (lo1, hi1), (lo2, hi2) = timeline_windows(sim)
@@ -249,7 +249,7 @@ def test_a_long_timeline_shows_its_start_and_its_end(schedule, v, m):
 
 
 def test_a_short_timeline_is_shown_whole():
-    from nest.simulate import timeline_windows
+    from nest.analysis.simulate import timeline_windows
 
     sim = long_sim(m=8)
     assert timeline_windows(sim) == ((0.0, sim.makespan_s),)

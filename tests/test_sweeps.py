@@ -21,16 +21,16 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-import nest.cli
+import nest.app.cli
 from experiments import aggregate as agg
 from experiments.callbacks import expand_sweep, sweep_progress
 from experiments.plots import NO_PLAN_MARKERS, placement_grid, plot_job, throughput_figure
 from experiments.published import load_published, published_speedups, published_table
-from nest.results import ROW_COLUMNS, make_row, planner_label, run_recorded
+from nest.app.results import ROW_COLUMNS, make_row, planner_label, run_recorded
 
 from .test_cli import compose
 
-CONF_DIR = nest.cli.CONF_DIR
+CONF_DIR = nest.app.cli.CONF_DIR
 REPO_ROOT = Path(CONF_DIR).parent
 RUN_PY = REPO_ROOT / "run.py"
 DATA = REPO_ROOT / "data"
@@ -429,7 +429,7 @@ def test_results_md_lists_each_jobs_schedule(tmp_path):
         overrides = ["solver=fixed", *knobs, "model=tiny", *SMALL_CLUSTER]
         cfg = compose(*overrides, "print_summary=false")
         run_recorded(
-            lambda c, d: nest.cli.run(c, d, echo=lambda _: None),
+            lambda c, d: nest.app.cli.run(c, d, echo=lambda _: None),
             cfg,
             tmp_path / str(num),
             overrides=overrides,
@@ -490,7 +490,7 @@ def test_microbatch_sweep_statuses_and_plots(tmp_path):
         with hydra.initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             cfg = hydra.compose(config_name="config", overrides=overrides)
         run_recorded(
-            lambda c, d: nest.cli.run(c, d, echo=lambda _: None),
+            lambda c, d: nest.app.cli.run(c, d, echo=lambda _: None),
             cfg,
             tmp_path / str(num),
             overrides=overrides,
@@ -562,7 +562,7 @@ def test_rows_name_the_model_the_run_built(tmp_path, overrides, name):
 
     run_recorded(crash, cfg, tmp_path / "crashed")  # a crash result carries no model
     assert json.loads((tmp_path / "crashed" / "row.json").read_text())["model"] == name
-    run_recorded(lambda c, d: nest.cli.run(c, d, echo=lambda _: None), cfg, tmp_path / "ran")
+    run_recorded(lambda c, d: nest.app.cli.run(c, d, echo=lambda _: None), cfg, tmp_path / "ran")
     assert json.loads((tmp_path / "ran" / "row.json").read_text())["model"] == name
 
 
@@ -663,7 +663,7 @@ def test_experiment_composes_and_its_first_job_runs(name, tmp_path):
         assert len(jobs) == len(solvers) * 2 * 2
     with hydra.initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         first = hydra.compose(config_name="config", overrides=jobs[0])
-    result = run_recorded(lambda c, d: nest.cli.run(c, d, echo=lambda _: None), first, tmp_path)
+    result = run_recorded(lambda c, d: nest.app.cli.run(c, d, echo=lambda _: None), first, tmp_path)
     row = json.loads((tmp_path / "row.json").read_text())
     assert result["status"] in ("feasible", "optimal"), result.get("error")
     assert row["feasible"] and row["global_batch"] == 4096
@@ -723,7 +723,7 @@ def test_case_plots_skip_jobs_without_a_plan(tmp_path):
     with hydra.initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = hydra.compose(config_name="config", overrides=overrides)
     run_recorded(
-        lambda c, d: nest.cli.run(c, d, echo=lambda _: None),
+        lambda c, d: nest.app.cli.run(c, d, echo=lambda _: None),
         cfg,
         tmp_path / "0",
         overrides=overrides,

@@ -6,11 +6,11 @@ import random
 import pytest
 
 from baselines.brute import BrutePlanner
-from nest.alternatives import CONFIG_FIELDS, differs
+from nest.analysis.alternatives import CONFIG_FIELDS, differs
+from nest.core.errors import Infeasible, UserError
+from nest.core.model import ModelSpec
 from nest.cost import evaluate
 from nest.dp.planner import NestPlanner, TopK
-from nest.errors import Infeasible, UserError
-from nest.model import ModelSpec
 from nest.planner import build_planner, solve_ranked
 
 from .conftest import make_cluster, make_problem

@@ -1,7 +1,7 @@
 """Unit conversions are pinned: decimal GB/s for bandwidth, GiB only where the source says GiB."""
 
-from nest import units
-from nest.config import build_cluster, build_device
+from nest.app.config import build_cluster, build_device
+from nest.core import units
 
 
 def test_bandwidth_is_decimal():

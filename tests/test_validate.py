@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from nest import validate
-from nest.axes import Schedule
+from nest.app import validate
+from nest.core.axes import Schedule
+from nest.core.errors import UserError
 from nest.cost import evaluate
-from nest.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "experiments" / "validation" / "cases.csv"

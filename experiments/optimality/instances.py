@@ -15,16 +15,16 @@ places ranks on the graph's devices with no tree symmetry (:mod:`nest.graph.plac
 import math
 import random
 
-from nest.axes import Optimizer
-from nest.errors import UserError
+from nest.core.axes import Optimizer
+from nest.core.errors import UserError
+from nest.core.hardware import Device
+from nest.core.layers import AnalyticModel
+from nest.core.model import ModelSpec
+from nest.core.problem import Problem, Training
+from nest.core.topology import Cluster, Level
+from nest.core.units import GB, TFLOP, US, GiB
 from nest.graph.build import graph_cluster
 from nest.graph.generators import leaf_spine, rail_optimized, tpuv4_torus
-from nest.hardware import Device
-from nest.layers import AnalyticModel
-from nest.model import ModelSpec
-from nest.problem import Problem, Training
-from nest.topology import Cluster, Level
-from nest.units import GB, TFLOP, US, GiB
 
 ORDERS = ("tp-cp-dp-pp", "tp-cp-pp-dp", "tp-dp-pp-cp", "tp-pp-dp-cp", "tp-dp-cp-pp", "tp-pp-cp-dp")
 

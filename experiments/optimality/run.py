@@ -31,9 +31,9 @@ from omegaconf import DictConfig
 
 from baselines.brute import BrutePlanner, count_plans
 from experiments.optimality.instances import describe, instance
+from nest.core.errors import Infeasible, SolverTimeout, UserError
 from nest.dp.planner import NestPlanner
 from nest.dp.space import SpaceOptions
-from nest.errors import Infeasible, SolverTimeout, UserError
 from nest.exact.planner import ExactPlanner
 
 CONF_DIR = str(Path(__file__).parent / "conf")

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from nest.errors import Infeasible, SolverTimeout, UserError
+from nest.core.errors import Infeasible, SolverTimeout, UserError
+from nest.core.hardware import Device
+from nest.core.layers import AnalyticModel
+from nest.core.model import ModelSpec
+from nest.core.problem import Problem, Training
+from nest.core.topology import Cluster, Level
+from nest.core.units import GB, TFLOP, US, GiB
 from nest.exact.planner import ExactPlanner
-from nest.hardware import Device
-from nest.layers import AnalyticModel
-from nest.model import ModelSpec
-from nest.problem import Problem, Training
-from nest.topology import Cluster, Level
-from nest.units import GB, TFLOP, US, GiB
 
 SERIES = ((4, 2), (8, 4), (16, 6), (32, 8), (64, 12), (128, 16), (256, 24), (512, 32))
 """(devices, transformer blocks) of each step."""

@@ -16,7 +16,7 @@ aggregated. Here each job is a future of joblib's loky executor, and when the po
 
 A job killed collaterally (it shared the pool with the one that died) therefore runs again and
 keeps its row. Jobs that raise an ordinary exception are Hydra's business as with any launcher
-(this project's entry points never raise: :func:`nest.results.run_recorded`).
+(this project's entry points never raise: :func:`nest.app.results.run_recorded`).
 
 Configured by ``conf/hydra/launcher/parallel.yaml`` (``n_jobs``: worker processes, -1 for every
 CPU, as joblib counts them). Needs ``joblib`` (``pip install '.[parallel]'``).
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 MARKER_DIR = ".launcher"
 """Under the sweep directory: ``<num>`` is written by job ``num`` when it starts."""
 ERROR_FILE = "error.txt"
-"""What a crashed job leaves in its run directory (``nest.results.ERROR_FILE``)."""
+"""What a crashed job leaves in its run directory (``nest.app.results.ERROR_FILE``)."""
 DIED_PREFIX = "worker process died"
 """The first words of the ``error.txt`` of a job that killed its worker."""
 

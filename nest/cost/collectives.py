@@ -1,7 +1,7 @@
 """Alpha-beta costs of collectives on the hierarchy: the one definition every planner uses.
 
 A group's placement enters only through its *level split* ``k`` (``k[l]`` peers per level, from
-:meth:`nest.topology.Cluster.group_factors`). For a fixed split every collective of ``S > 0``
+:meth:`nest.core.topology.Cluster.group_factors`). For a fixed split every collective of ``S > 0``
 bytes costs ``a S + c`` seconds (:func:`linear_forms`), and nothing for ``S = 0`` or a group of
 one. Hierarchical algorithms (Thakur, Rabenseifner and Gropp, "Optimization of Collective
 Communication Operations in MPICH", IJHPCA 2005; Patarasuk and Yuan, "Bandwidth Optimal
@@ -36,8 +36,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from nest.core.topology import Cluster
 from nest.graph.classes import GroupClass, LinkClass, class_forms
-from nest.topology import Cluster
 
 Factors = tuple[int, ...]
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")

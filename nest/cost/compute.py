@@ -1,7 +1,8 @@
 """What one layer adds to its stage's time per microbatch, under the stage's recompute mode.
 
-The model (:class:`nest.layers.AnalyticModel`, or a measured
-:class:`nest.profile.model.ProfileModel`) gives each layer's :class:`~nest.layers.LayerCost` on one
+The model (:class:`nest.core.layers.AnalyticModel`, or a measured
+:class:`nest.profile.model.ProfileModel`) gives each layer's :class:`~nest.core.layers.LayerCost`
+on one
 device for one shard; a stage's terms
 are sums over its layers of the functions here (collectives: summed per group split, then the
 slowest split, :meth:`nest.cost.groups.RankGroups.axis_time_s`). Only transformer blocks are
@@ -17,8 +18,8 @@ recomputed: the embedding and the head always run in mode ``none`` and add no re
 
 import numpy as np
 
-from nest.axes import Recompute
-from nest.layers import Collective, LayerCost
+from nest.core.axes import Recompute
+from nest.core.layers import Collective, LayerCost
 
 
 def layer_mode(mode: Recompute, is_block: bool) -> Recompute:
@@ -50,7 +51,8 @@ def bwd_collectives(cost: LayerCost, mode: Recompute, is_block: bool) -> tuple[C
 
 def exposed_s(time_s, coll: Collective):
     """What a collective of ``time_s`` seconds (scalar or numpy array) adds to its stage when it
-    overlaps compute (:class:`~nest.layers.Collective`): ``max(t - hidden_by_s, min_exposed t)``
+    overlaps compute (:class:`~nest.core.layers.Collective`): ``max(t - hidden_by_s, min_exposed
+    t)``
     plus ``slowdown * min(t, hidden_by_s)`` (all of it without overlap). Non-decreasing in
     ``t``, which the search's floors rely on."""
     if coll.hidden_by_s <= 0.0:

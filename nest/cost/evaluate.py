@@ -29,18 +29,18 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from nest.axes import LayerKind, Recompute, Schedule
+from nest.core.axes import LayerKind, Recompute, Schedule
+from nest.core.errors import UserError
+from nest.core.layers import Collective, LayerCost, Shard
+from nest.core.plan import Plan
+from nest.core.problem import Problem
+from nest.core.report import RankReport, Report, StageReport
 from nest.cost.collectives import p2p_classes, pair_p2p_time_s
 from nest.cost.compute import bwd_collectives, fwd_collectives, hardware_flops, recompute_s
 from nest.cost.groups import AXES, RankGroups, rank_groups
 from nest.cost.memory import rank_memory
 from nest.cost.pipeline import exposed_sync_s, in_flight_microbatches, pipeline_time_s
 from nest.cost.state import ModelState
-from nest.errors import UserError
-from nest.layers import Collective, LayerCost, Shard
-from nest.plan import Plan
-from nest.problem import Problem
-from nest.report import RankReport, Report, StageReport
 
 
 def shard_of(plan: Plan) -> Shard:

@@ -13,7 +13,8 @@ kind (the collectives each kind carries):
 
 All groups of a kind run the same collective at once, so a collective costs its *slowest* group
 (synchronous parallelism: every rank waits for it). The cost model sees a group only through its
-level split (:meth:`nest.topology.Cluster.group_factors`), so :class:`RankGroups` keeps, per kind,
+level split (:meth:`nest.core.topology.Cluster.group_factors`), so :class:`RankGroups` keeps, per
+kind,
 the distinct splits and their affine forms (:func:`nest.cost.collectives.linear_forms`), and
 prices any byte count, scalar or numpy array, as the maximum over the splits. On a graph cluster
 a "split" is a cost class, computed for all groups of the kind together so that the links they
@@ -24,14 +25,14 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from nest.core.layers import Collective
+from nest.core.topology import Cluster
 from nest.cost.collectives import OPS, linear_forms
 from nest.cost.compute import exposed_s
-from nest.layers import Collective
-from nest.topology import Cluster
 
 GROUP_KINDS = ("tp", "cp", "ep", "dense_dp", "expert_dp")
 AXES = ("tp", "cp", "ep")
-"""The kinds that carry a layer's own collectives (:attr:`nest.layers.Collective.axis`)."""
+"""The kinds that carry a layer's own collectives (:attr:`nest.core.layers.Collective.axis`)."""
 
 
 def group_arrays(devices, ep: int) -> dict[str, np.ndarray]:

@@ -14,11 +14,11 @@
 - reserve: the framework's and allocator's overhead (the device preset's ``memory_reserve``).
 """
 
-from nest.axes import Recompute
+from nest.core.axes import Recompute
+from nest.core.layers import LayerCost
+from nest.core.report import MemoryReport
 from nest.cost.compute import layer_mode
 from nest.cost.state import ModelState
-from nest.layers import LayerCost
-from nest.report import MemoryReport
 
 
 def stored_bytes(cost: LayerCost, mode: Recompute, is_block: bool) -> float:

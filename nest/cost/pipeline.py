@@ -20,7 +20,7 @@ the microbatches per replica, ``v`` the model chunks per device.
 
 from collections.abc import Sequence
 
-from nest.axes import Schedule
+from nest.core.axes import Schedule
 
 
 def pipeline_coefficients(

@@ -7,7 +7,7 @@ it. Both are exact as long as each floor is a true lower bound, which this docst
 by term against the shared evaluator (:mod:`nest.cost.evaluate` and the terms it composes).
 
 **Group splits.** A communication group of ``n`` distinct devices has level split ``k``
-(:meth:`~nest.topology.Cluster.group_factors`) with ``1 <= k_l <= fanout_l`` and
+(:meth:`~nest.core.topology.Cluster.group_factors`) with ``1 <= k_l <= fanout_l`` and
 ``prod(k) >= n`` (``k_l`` counts the level-``(l-1)`` blocks touched in one level-``l`` block).
 ``T(n)`` is the set of all such tuples, so the minimum of any collective's time over ``T(n)``
 bounds from below its time on every group of ``n`` devices, whatever the rank order. Every
@@ -93,7 +93,9 @@ from itertools import product
 
 import numpy as np
 
-from nest.axes import LayerKind, Recompute, Schedule
+from nest.core.axes import LayerKind, Recompute, Schedule
+from nest.core.layers import Collective, Shard
+from nest.core.problem import Problem
 from nest.cost.collectives import OPS, floor_forms, p2p_floor_s
 from nest.cost.compute import bwd_collectives, exposed_s, fwd_collectives, recompute_s
 from nest.cost.groups import collectives_time_s, split_forms
@@ -101,8 +103,6 @@ from nest.cost.memory import peak_bytes, stored_bytes
 from nest.cost.pipeline import in_flight_microbatches
 from nest.cost.state import ModelState
 from nest.dp.space import Family, interleaved_chunks
-from nest.layers import Collective, Shard
-from nest.problem import Problem
 
 
 def tp_group_splits(cluster, tp: int) -> set:
@@ -217,7 +217,7 @@ class Floors:
     def min_time_s(self, ops: tuple, n: int) -> float:
         """Least time of the collectives run one after another on one group of ``n`` devices:
         :func:`nest.cost.groups.collectives_time_s` minimised over ``T(n)``. ``ops`` holds
-        ``(op, bytes)`` pairs (charged whole) or :class:`~nest.layers.Collective` objects
+        ``(op, bytes)`` pairs (charged whole) or :class:`~nest.core.layers.Collective` objects
         (charged their exposed part, :func:`~nest.cost.compute.exposed_s`, which is
         non-decreasing in the collective's time, so its minimum is at the least time)."""
         if n <= 1 or not ops:

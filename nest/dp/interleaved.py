@@ -33,7 +33,7 @@ from itertools import combinations_with_replacement
 
 import numpy as np
 
-from nest.axes import Recompute, Schedule
+from nest.core.axes import Recompute, Schedule
 from nest.cost.memory import rank_memory_bytes
 from nest.cost.pipeline import pipeline_coefficients, rank_exposed_sync_s
 from nest.dp.recurrence import DPStats, Front, GreedyFront, Label, backtrack, objective_s

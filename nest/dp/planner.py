@@ -23,7 +23,8 @@ incumbent. The returned plan is re-scored by the shared evaluator (``finish``), 
 the reported objective. Exactness is tested against ``solver=brute`` on random small problems.
 
 **The K best configurations** (``top_k``, :class:`TopK`). Two plans belong to the same
-*configuration* when their :meth:`~nest.plan.ParallelConfig.unordered` configurations are equal:
+*configuration* when their :meth:`~nest.core.plan.ParallelConfig.unordered` configurations are
+equal:
 the same ``tp, cp, ep, dp, pp``, microbatch size, ZeRO stage, schedule and virtual stages; the
 rank order, partition and recompute modes are what the search chooses *for* a configuration (its
 best placement). One bound entry of level 1 is exactly one configuration. With ``top_k = K`` the
@@ -51,15 +52,15 @@ from operator import itemgetter
 
 import numpy as np
 
+from nest.core.errors import UserError
+from nest.core.plan import ParallelConfig, Plan, make_structured_plan
+from nest.core.problem import Problem
 from nest.dp.bounds import Floors
 from nest.dp.interleaved import smallest_peak_interleaved, solve_interleaved
 from nest.dp.recurrence import DPStats, solve_config
 from nest.dp.space import SpaceOptions, SpacePlanner, families
 from nest.dp.stages import StageModel
-from nest.errors import UserError
-from nest.plan import ParallelConfig, Plan, make_structured_plan
 from nest.planner import finish, infeasible_memory
-from nest.problem import Problem
 
 BOUND_SLACK = 1e-12
 """Relative slack before a bound prunes: floors are sums of the same floating-point terms as

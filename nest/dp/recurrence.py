@@ -40,7 +40,7 @@ sums) times the kept-set sizes, which stay small because identical blocks give i
 
 from dataclasses import dataclass, field
 
-from nest.axes import Recompute, Schedule
+from nest.core.axes import Recompute, Schedule
 from nest.cost.pipeline import pipeline_coefficients
 from nest.dp.rows import stage_common, stage_row
 from nest.dp.stages import StageModel

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nest.axes import Recompute
+from nest.core.axes import Recompute
 from nest.cost.collectives import pair_p2p_time_s
 from nest.dp.stages import StageModel
 

@@ -1,11 +1,11 @@
 """The structured search space shared by the NEST DP, the brute-force oracle and the exact solvers.
 
 This module is the single definition of the space: :func:`configurations` yields every
-configuration (:class:`~nest.plan.ParallelConfig`), and a plan of the space is a configuration
+configuration (:class:`~nest.core.plan.ParallelConfig`), and a plan of the space is a configuration
 plus its partition and recompute modes as stated below. Planners that must search "the same
 space" iterate over it rather than re-deriving the rules.
 
-**A configuration** (:class:`~nest.plan.ParallelConfig`) fixes everything but the layer
+**A configuration** (:class:`~nest.core.plan.ParallelConfig`) fixes everything but the layer
 partition and the recompute modes:
 
 - ``tp`` divides the devices, ``cp`` divides ``devices / tp``, ``pp`` is 1 .. chain length, and
@@ -57,11 +57,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import permutations
 
-from nest.axes import Axis, Recompute, Schedule, parse_rank_order
-from nest.errors import UserError
-from nest.layers import Shard
-from nest.plan import ParallelConfig
-from nest.problem import Problem
+from nest.core.axes import Axis, Recompute, Schedule, parse_rank_order
+from nest.core.errors import UserError
+from nest.core.layers import Shard
+from nest.core.plan import ParallelConfig
+from nest.core.problem import Problem
 
 ONE_F_ONE_B = (Schedule.ONE_F_ONE_B, 1)
 

@@ -1,6 +1,6 @@
 """Stage costs of one configuration, as interval queries over the layer chain.
 
-For a fixed :class:`~nest.plan.ParallelConfig`, the shared evaluator's time and memory of a
+For a fixed :class:`~nest.core.plan.ParallelConfig`, the shared evaluator's time and memory of a
 pipeline rank depend only on the rank ``r``, its first and last layer ``i..j`` and its recompute
 mode. :class:`StageModel` tabulates the cost model's per-layer terms as prefix sums (and range
 maxima) so that ``stage(r, i, j, mode)`` returns the forward, backward, DP-sync, optimizer and
@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nest.axes import LayerKind, Recompute
+from nest.core.axes import LayerKind, Recompute
+from nest.core.plan import ParallelConfig, place
+from nest.core.problem import Problem
 from nest.cost.collectives import p2p_classes, pair_p2p_time_s
 from nest.cost.compute import bwd_collectives, fwd_collectives, recompute_s
 from nest.cost.groups import (
@@ -37,8 +39,6 @@ from nest.cost.memory import peak_bytes, rank_memory_bytes, stored_bytes
 from nest.cost.pipeline import in_flight_microbatches
 from nest.cost.state import ModelState
 from nest.dp.bounds import Floors
-from nest.plan import ParallelConfig, place
-from nest.problem import Problem
 
 MODES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 

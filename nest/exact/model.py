@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nest.axes import Schedule
+from nest.core.axes import Schedule
 from nest.cost.pipeline import exposed_sync_s
 from nest.exact.tables import Group
 

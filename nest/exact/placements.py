@@ -5,7 +5,8 @@ devices of the cluster (non-contiguous sets, any rank order, idle devices anywhe
 evaluator sees a placement only through
 
 - for each pipeline rank and each group kind (tp, cp, ep, dense and expert DP), the set of level
-  splits of its groups (:meth:`nest.topology.Cluster.distinct_group_factors`; a collective costs
+  splits of its groups (:meth:`nest.core.topology.Cluster.distinct_group_factors`; a collective
+  costs
   its slowest group), and
 - for each pair of neighbouring pipeline ranks, the set of levels its device pairs share (p2p is
   charged at the slowest pair);
@@ -33,10 +34,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from nest.core.errors import UserError
+from nest.core.topology import Cluster
 from nest.cost.groups import GROUP_KINDS, group_arrays
-from nest.errors import UserError
 from nest.graph.placements import graph_assignments, graph_signature
-from nest.topology import Cluster
 
 
 def orderly_assignments(
@@ -97,7 +98,7 @@ def orderly_assignments(
 
 
 def group_factors(cluster: Cluster, group: tuple[int, ...]) -> tuple[int, ...]:
-    """:meth:`nest.topology.Cluster.group_factors` of one group, in plain Python (the
+    """:meth:`nest.core.topology.Cluster.group_factors` of one group, in plain Python (the
     enumeration calls it for thousands of tiny groups, where numpy's overhead dominates)."""
     out = []
     for level in range(cluster.num_levels):

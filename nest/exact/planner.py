@@ -4,7 +4,8 @@
 configurations, rank orders, partitions, recompute modes and interleaved chunks), so its optimum
 must equal the DP's; ``mode=general`` lets every configuration take any placement of its ranks on
 the cluster (:mod:`nest.exact.placements`), so its optimum is the best plan of the plan contract
-(the plan contract of :mod:`nest.plan`: uniform ``dp x cp x tp`` stages) over all placements, and
+(the plan contract of :mod:`nest.core.plan`: uniform ``dp x cp x tp`` stages) over all placements,
+and
 ``general <= restricted`` shows what the structured space leaves on the table.
 
 Both build the same linear model (:mod:`nest.exact.model`) from the same tables
@@ -22,16 +23,16 @@ import time
 
 import numpy as np
 
+from nest.core.errors import Infeasible, SolverTimeout, UserError
+from nest.core.plan import Plan
+from nest.core.problem import Problem
 from nest.cost import evaluate
 from nest.dp.planner import NestPlanner
 from nest.dp.space import SpacePlanner
-from nest.errors import Infeasible, SolverTimeout, UserError
 from nest.exact.model import build, solve_cpsat, solve_milp
 from nest.exact.placements import signature
 from nest.exact.tables import Group, build_groups
-from nest.plan import Plan
 from nest.planner import finish, infeasible_memory
-from nest.problem import Problem
 
 BACKENDS = {"cpsat": solve_cpsat, "milp": solve_milp}
 MODES = ("restricted", "general")

@@ -32,14 +32,14 @@ from itertools import product
 
 import numpy as np
 
-from nest.axes import Recompute, Schedule
+from nest.core.axes import Recompute, Schedule
+from nest.core.plan import ParallelConfig, Plan, make_structured_plan
+from nest.core.problem import Problem
 from nest.cost.memory import rank_memory_bytes
 from nest.cost.pipeline import pipeline_coefficients
 from nest.dp.space import SpaceOptions, configurations, interleaved_chunks
 from nest.dp.stages import StageModel
 from nest.exact.placements import placement_classes
-from nest.plan import ParallelConfig, Plan, make_structured_plan
-from nest.problem import Problem
 
 SLACK = 1e-9
 """Relative slack of the pruning bound: the group sums the evaluator's terms in another order."""

@@ -8,7 +8,7 @@ plan's evaluated iteration time next to the chosen one's.
 import json
 from pathlib import Path
 
-from nest.errors import UserError
+from nest.core.errors import UserError
 from nest.export.common import Export
 from nest.export.megatron import export_megatron
 from nest.export.torchtitan import export_torchtitan

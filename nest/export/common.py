@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nest.axes import Axis, LayerKind, Recompute, Schedule
+from nest.core.axes import Axis, LayerKind, Recompute, Schedule
+from nest.core.plan import Plan, make_structured_plan, place
+from nest.core.problem import Problem
+from nest.core.report import Report
 from nest.cost import evaluate
-from nest.plan import Plan, make_structured_plan, place
-from nest.problem import Problem
-from nest.report import Report
 
 RECOMPUTE_STRENGTH = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
 

@@ -40,7 +40,9 @@ Mapping of our plan:
 - Schedule: 1F1B and interleaved 1F1B; GPipe is not a Megatron schedule (nearest: 1F1B).
 """
 
-from nest.axes import Axis, LayerKind, Recompute, Schedule
+from nest.core.axes import Axis, LayerKind, Recompute, Schedule
+from nest.core.plan import Plan
+from nest.core.problem import Problem
 from nest.export.common import (
     blocks_per_chunk,
     finish_export,
@@ -50,8 +52,6 @@ from nest.export.common import (
     rebuild,
     strongest_recompute,
 )
-from nest.plan import Plan
-from nest.problem import Problem
 
 CHECKED = "NVIDIA/Megatron-LM megatron/training/arguments.py @ 000c4ac24f61 (2025)"
 DEFAULT_ORDER = (Axis.TP, Axis.CP, Axis.DP, Axis.PP)

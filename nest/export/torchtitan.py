@@ -55,7 +55,9 @@ microbatch count to be a multiple of ``max(1, m // pp)`` (PyTorch's ``ScheduleIn
 which every plan meets: the evaluator requires ``m`` to be a multiple of ``pp`` under interleaving.
 """
 
-from nest.axes import Axis, LayerKind, Recompute, Schedule
+from nest.core.axes import Axis, LayerKind, Recompute, Schedule
+from nest.core.plan import Plan
+from nest.core.problem import Problem
 from nest.cost import evaluate
 from nest.export.common import (
     blocks_per_chunk,
@@ -65,8 +67,6 @@ from nest.export.common import (
     rebuild,
     strongest_recompute,
 )
-from nest.plan import Plan
-from nest.problem import Problem
 
 CHECKED = (
     "pytorch/torchtitan @ 000204a4a8bf (2025): config/job_config.py, train.py, "

@@ -14,10 +14,10 @@ measured tables, your own file) priced by the shared cost model.
 import inspect
 from pathlib import Path
 
-from nest.errors import UserError
+from nest.core.errors import UserError
+from nest.core.hardware import Device
 from nest.graph.build import graph_cluster, measured_graph, read_graph_file
 from nest.graph.generators import GENERATORS, hierarchy_graph
-from nest.hardware import Device
 
 TOPOLOGIES = (*GENERATORS, "measured", "hierarchy", "graph")
 

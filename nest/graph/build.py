@@ -34,12 +34,12 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 
-from nest.errors import UserError
+from nest.core.errors import UserError
+from nest.core.hardware import Device
+from nest.core.topology import Cluster
+from nest.core.units import GB, US
 from nest.graph.derive import derive_levels
 from nest.graph.network import ROUTINGS, Network
-from nest.hardware import Device
-from nest.topology import Cluster
-from nest.units import GB, US
 
 
 def read_graph_file(path) -> nx.Graph:

@@ -1,7 +1,7 @@
 """The hierarchy a graph cluster's structured placements and baselines use, derived from the graph.
 
 NEST's space is structured: a rank order lays the ranks out over device ids read as mixed-radix
-coordinates of a hierarchy (:func:`nest.plan.place`), so a graph cluster needs levels. They are
+coordinates of a hierarchy (:func:`nest.core.plan.place`), so a graph cluster needs levels. They are
 derived bottom-up over the devices **in device-id order** (the file's order; generators number
 devices so that well-connected ones are consecutive):
 
@@ -24,8 +24,8 @@ oversubscription. Each derived level's bandwidth and latency are its probe's, wh
 baselines' simplified views read; every plan is still scored on the graph itself.
 """
 
+from nest.core.topology import Level
 from nest.graph.network import Network
-from nest.topology import Level
 
 TOLERANCE = 1e-9
 

@@ -20,7 +20,8 @@ every split ``k`` a group of ``n`` devices can have (``T(n)``); on a graph the s
   search over all paths: every route's latency is at least it).
 
 **Reduce-scatter / all-gather / all-reduce.** Take a group with split ``k`` (any placement:
-:meth:`~nest.topology.Cluster.group_factors` on the derived hierarchy, ``prod k >= n``). At level
+:meth:`~nest.core.topology.Cluster.group_factors` on the derived hierarchy, ``prod k >= n``). At
+level
 ``l`` some level-``l`` block holds members in ``k_l`` sub-blocks; the members at position 0 of
 those sub-blocks form one ring of exactly ``k_l`` members, whose edges join pairs of lowest
 common level ``l``. Each edge carries ``A_l = (k_l - 1) / k_l / prod_{j<l} k_j S`` bytes, so the

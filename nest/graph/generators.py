@@ -30,11 +30,11 @@ from math import prod
 
 import networkx as nx
 
-from nest.errors import UserError
+from nest.core.errors import UserError
+from nest.core.topology import Cluster
+from nest.core.units import GB, US
 from nest.graph.build import checked_number
 from nest.graph.network import REFERENCE_BYTES, TIE
-from nest.topology import Cluster
-from nest.units import GB, US
 
 TPU_V4_LINK_GBPS = 24_000 / 512
 """46.875 GB/s per ICI link per direction (module docstring: the pod's bisection / its links)."""
@@ -297,7 +297,7 @@ def leaf_spine(
 def hierarchy_graph(cluster: Cluster) -> nx.Graph:
     """A hierarchical cluster as a graph: per level and block a switch, every device on its own
     link to the switch of each of its blocks at that level's bottleneck bandwidth
-    (:meth:`~nest.topology.Cluster.path_bw_bytes_per_s`: the achieved rate, ``bw_efficiency``
+    (:meth:`~nest.core.topology.Cluster.path_bw_bytes_per_s`: the achieved rate, ``bw_efficiency``
     and oversubscription applied, which is what the hierarchy's collectives move) and half its
     latency (a ring step crosses two links; :mod:`nest.cost.collectives` charges one latency per
     step, so a change there needs the matching one here). Routing then

@@ -299,7 +299,7 @@ class Network:
     # ------------------------------------------------------------------ groups
     def group_splits(self, groups: np.ndarray) -> np.ndarray:
         """Per group (row, sorted), its level split on the derived hierarchy
-        (:meth:`nest.topology.Cluster.group_factors`, one row at a time)."""
+        (:meth:`nest.core.topology.Cluster.group_factors`, one row at a time)."""
         rows, n = groups.shape
         out = np.ones((rows, len(self.fanouts)), dtype=np.int64)
         row_ids = np.repeat(np.arange(rows), n)

@@ -30,8 +30,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from nest.core.errors import UserError
 from nest.cost.groups import GROUP_KINDS, group_arrays
-from nest.errors import UserError
 
 
 def graph_signature(network, grid: np.ndarray, ep: int, cache: dict) -> tuple:

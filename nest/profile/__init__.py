@@ -8,7 +8,7 @@ told apart by their keys) or CSV (by the ``.csv`` suffix).
 import json
 from pathlib import Path
 
-from nest.errors import UserError
+from nest.core.errors import UserError
 from nest.profile.artifact import is_artifact, profile_from_artifact
 from nest.profile.model import ProfileModel, ProfileSpec
 from nest.profile.schema import (

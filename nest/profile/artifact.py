@@ -36,10 +36,10 @@ bugs (docs/nest_paper.md §4):
 import math
 from pathlib import Path
 
-from nest.axes import LayerKind
-from nest.errors import UserError
+from nest.core.axes import LayerKind
+from nest.core.errors import UserError
+from nest.core.units import GiB, ms_to_s
 from nest.profile.schema import LayerProfile, Measurement, Profile
-from nest.units import GiB, ms_to_s
 
 HEAD_IN_BLOCKS = ("auto", "true", "false")
 

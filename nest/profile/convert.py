@@ -5,8 +5,8 @@ tests: a profile of the analytic model at tp = cp = ep = 1 must evaluate every p
 analytic model does (no collectives exist at those widths).
 """
 
-from nest.axes import Recompute
-from nest.layers import Shard
+from nest.core.axes import Recompute
+from nest.core.layers import Shard
 from nest.profile.schema import LayerProfile, Measurement, Profile
 
 

@@ -1,4 +1,5 @@
-"""``ProfileModel``: a measured profile behind the interface of :class:`nest.layers.AnalyticModel`.
+"""``ProfileModel``: a measured profile behind the interface of
+:class:`nest.core.layers.AnalyticModel`.
 
 The evaluator, the NEST DP and the baselines call ``chain``, ``layer_cost(ref, shard, device)``,
 ``shard_problem(shard)``, ``total_params()``, ``model_flops_per_sample()``, ``seq_len``, ``name``
@@ -39,10 +40,10 @@ answers them from measurements. The semantics:
 from dataclasses import dataclass, replace
 from math import lcm
 
-from nest.axes import LayerKind, Recompute
-from nest.errors import UserError
-from nest.layers import Collective, LayerCost, Shard
-from nest.model import LayerRef
+from nest.core.axes import LayerKind, Recompute
+from nest.core.errors import UserError
+from nest.core.layers import Collective, LayerCost, Shard
+from nest.core.model import LayerRef
 from nest.profile.schema import LayerProfile, Measurement, Profile
 
 SCALINGS = ("linear", "none")

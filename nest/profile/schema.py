@@ -39,8 +39,8 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from nest.axes import LayerKind
-from nest.errors import UserError
+from nest.core.axes import LayerKind
+from nest.core.errors import UserError
 
 FORMAT = "nest-profile-v1"
 TIME_UNITS = {"s": 1.0, "ms": 1e-3}

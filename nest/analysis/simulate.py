@@ -27,12 +27,12 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from nest.axes import Schedule
+from nest.core.axes import Schedule
+from nest.core.plan import Plan
+from nest.core.problem import Problem
+from nest.core.progress import Progress
+from nest.core.report import Report
 from nest.cost import evaluate
-from nest.plan import Plan
-from nest.problem import Problem
-from nest.progress import Progress
-from nest.report import Report
 
 
 class Task(NamedTuple):

@@ -1,8 +1,8 @@
 """Plans and reports as JSON-ready dictionaries (``plan.json``, ``report.json``)."""
 
-from nest.axes import Axis, Recompute, Schedule
-from nest.plan import ParallelConfig, Plan, StagePlan
-from nest.report import Report
+from nest.core.axes import Axis, Recompute, Schedule
+from nest.core.plan import ParallelConfig, Plan, StagePlan
+from nest.core.report import Report
 
 
 def _choices(plan: Plan) -> dict:

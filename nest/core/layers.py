@@ -38,10 +38,10 @@ Sources:
 from dataclasses import dataclass, field
 from math import ceil
 
-from nest.axes import LayerKind, Recompute
-from nest.hardware import Device
-from nest.kernels import attention_time_s, gemm_time_s
-from nest.model import LayerRef, ModelSpec, build_chain
+from nest.core.axes import LayerKind, Recompute
+from nest.core.hardware import Device
+from nest.core.kernels import attention_time_s, gemm_time_s
+from nest.core.model import LayerRef, ModelSpec, build_chain
 
 VOCAB_PAD_MULTIPLE = 128  # Megatron-LM --make-vocab-size-divisible-by default
 
@@ -349,7 +349,7 @@ class AnalyticModel:
     def _gemms_s(self, device: Device, gemms) -> tuple[float, float]:
         """Forward and backward seconds of ``(m, n, k, groups)`` GEMMs: the forward GEMM, and the
         backward's data gradient ``[m x n] @ [n x k]`` and weight gradient ``[k x m] @ [m x n]``
-        (:func:`nest.kernels.gemm_time_s`)."""
+        (:func:`nest.core.kernels.gemm_time_s`)."""
         p = self.spec.dtype_bytes
         fwd = sum(gemm_time_s(device, m, n, k, g, p) for m, n, k, g in gemms)
         bwd = sum(

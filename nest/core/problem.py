@@ -3,16 +3,16 @@
 from dataclasses import dataclass
 from typing import Protocol
 
-from nest.axes import Optimizer
-from nest.errors import UserError
-from nest.hardware import Device
-from nest.layers import LayerCost, Overlap, Shard
-from nest.model import LayerRef
-from nest.topology import Cluster
+from nest.core.axes import Optimizer
+from nest.core.errors import UserError
+from nest.core.hardware import Device
+from nest.core.layers import LayerCost, Overlap, Shard
+from nest.core.model import LayerRef
+from nest.core.topology import Cluster
 
 
 class ModelFacts(Protocol):
-    """What planners read from ``model.spec`` (a :class:`nest.model.ModelSpec` or a profile's
+    """What planners read from ``model.spec`` (a :class:`nest.core.model.ModelSpec` or a profile's
     :class:`nest.profile.model.ProfileSpec`)."""
 
     name: str
@@ -26,7 +26,7 @@ class ModelFacts(Protocol):
 
 class LayerModel(Protocol):
     """A model as the cost model and the planners see it: a chain of layers and each layer's
-    cost on one device for one shard. :class:`nest.layers.AnalyticModel` (published formulas)
+    cost on one device for one shard. :class:`nest.core.layers.AnalyticModel` (published formulas)
     and :class:`nest.profile.model.ProfileModel` (measurements) both satisfy it."""
 
     spec: ModelFacts
@@ -89,7 +89,7 @@ class Training:
     """Fused attention that keeps no ``s x s`` scores (Dao et al. 2022); False reproduces the
     activation inventory of Korthikanti et al. 2022."""
     tp_comm_overlap: bool = False
-    """Megatron-Core's ``--tp-comm-overlap`` (:class:`nest.layers.Overlap`)."""
+    """Megatron-Core's ``--tp-comm-overlap`` (:class:`nest.core.layers.Overlap`)."""
     cp_comm_overlap: bool = False
     """Context parallelism's ring exchange under the attention (TE ``cp_comm_type=p2p``)."""
     ep_comm_overlap: bool = False

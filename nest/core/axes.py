@@ -54,7 +54,7 @@ def parse_rank_order(value: str | list | tuple) -> tuple[Axis, ...]:
     ``"tp,pp,dp"`` becomes ``tp, pp, dp, cp``; an axis of degree 1 may sit anywhere. ``ep`` is
     accepted and skipped (expert ranks live inside the cp x dp ranks).
     """
-    from nest.errors import UserError
+    from nest.core.errors import UserError
 
     if isinstance(value, str):
         parts = [p.strip() for p in value.replace("-", ",").split(",") if p.strip()]

@@ -1,7 +1,8 @@
 """A plan from a configuration given by hand: degrees, microbatch, ZeRO, schedule, partition.
 
 Building a placed plan from given settings is a core job: the ``fixed`` and ``paper_table``
-planners do it, and so does :mod:`nest.validate` for published runs. The rules are checked here
+planners do it, and so does :mod:`nest.app.validate` for published runs. The rules are checked
+here
 with one-line errors naming the setting (``solver.<key>``, the Hydra names of the ``fixed``
 planner's options).
 """
@@ -9,11 +10,11 @@ planner's options).
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nest.axes import Recompute, Schedule, parse_rank_order
-from nest.errors import UserError
-from nest.layers import Shard
-from nest.plan import Plan, make_structured_plan, uniform_partition
-from nest.problem import Problem
+from nest.core.axes import Recompute, Schedule, parse_rank_order
+from nest.core.errors import UserError
+from nest.core.layers import Shard
+from nest.core.plan import Plan, make_structured_plan, uniform_partition
+from nest.core.problem import Problem
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

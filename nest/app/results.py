@@ -1,6 +1,6 @@
 """One tidy result row per job (``row.json`` in the job's run directory), whatever happened.
 
-A sweep never loses a row: :func:`run_recorded` wraps :func:`nest.cli.run` so that a planned,
+A sweep never loses a row: :func:`run_recorded` wraps :func:`nest.app.cli.run` so that a planned,
 infeasible, rejected (``UserError``) or crashed job (any other exception) each writes the same
 flat row, and a crash in a multirun is recorded (traceback in ``error.txt``) instead of stopping
 the sweep. ``experiments.aggregate`` concatenates the rows into the comparison tables.
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from nest.config import build_problem
+from nest.app.config import build_problem
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def _recompute_runs(stages: Sequence[dict]) -> str:
 
 def _model_label(cfg: DictConfig) -> str | None:
     """The model as the config names it: ``name``, else the Hugging Face config or profile file
-    (``name`` is null for those: the file names the model), as :func:`nest.cli.run` does."""
+    (``name`` is null for those: the file names the model), as :func:`nest.app.cli.run` does."""
     m = _section(cfg, "model")
     if m is None:
         return None
@@ -191,7 +191,7 @@ def make_row(
     job: int | None = None,
     job_wall_s: float | None = None,
 ) -> dict:
-    """The flat row of one job from its config and :func:`nest.cli.run`'s result."""
+    """The flat row of one job from its config and :func:`nest.app.cli.run`'s result."""
     solver = str(result.get("solver") or cfg.get("solver", {}).get("name", "?"))
     plan = result.get("plan") or {}
     row = dict.fromkeys(ROW_COLUMNS)

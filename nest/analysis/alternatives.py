@@ -2,18 +2,18 @@
 summary's table.
 
 Two plans are alternatives of *different configurations* when their
-:meth:`~nest.plan.ParallelConfig.unordered` configurations differ: ``tp, cp, ep, dp, pp``,
+:meth:`~nest.core.plan.ParallelConfig.unordered` configurations differ: ``tp, cp, ep, dp, pp``,
 microbatch size, ZeRO stage, schedule or virtual stages. The rank order (the placement), the
 layer partition and the recompute modes are chosen per configuration: each alternative is the best
 plan of its configuration. Every entry is scored by the shared evaluator, like the chosen plan.
 """
 
-from nest.axes import Schedule
-from nest.plan import Plan
-from nest.problem import Problem
-from nest.report import Report
-from nest.serialize import report_to_dict
-from nest.units import GiB
+from nest.core.axes import Schedule
+from nest.core.plan import Plan
+from nest.core.problem import Problem
+from nest.core.report import Report
+from nest.core.serialize import report_to_dict
+from nest.core.units import GiB
 
 CONFIG_FIELDS = (
     "tp",

@@ -1,4 +1,5 @@
-"""A :class:`~nest.model.ModelSpec` from a Hugging Face ``config.json`` (JSON only, never code).
+"""A :class:`~nest.core.model.ModelSpec` from a Hugging Face ``config.json`` (JSON only, never
+code).
 
 ``model=hf model.config_path=PATH`` reads the file with :func:`json.load` and nothing else: no
 ``transformers`` import, no ``trust_remote_code``, no file of the model folder but ``config.json``.
@@ -48,8 +49,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from nest.errors import UserError
-from nest.model import ModelSpec
+from nest.core.errors import UserError
+from nest.core.model import ModelSpec
 
 GATED = {"silu", "swiglu"}
 GELU = {"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu"}

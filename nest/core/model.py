@@ -6,13 +6,13 @@ docs/nest_paper.md §4.3). Blocks are dense or mixture-of-experts; ``moe_layer_f
 (Megatron-Core's convention: block ``i`` is MoE iff ``i % moe_layer_freq == 0``).
 
 The per-layer formulas (FLOPs, parameters, activation bytes, collectives) live in
-:mod:`nest.layers`; this module holds the spec and builds the chain.
+:mod:`nest.core.layers`; this module holds the spec and builds the chain.
 """
 
 from dataclasses import dataclass
 
-from nest.axes import LayerKind
-from nest.errors import UserError
+from nest.core.axes import LayerKind
+from nest.core.errors import UserError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from nest.axes import Axis, Recompute, Schedule
-from nest.errors import UserError
-from nest.layers import Shard
+from nest.core.axes import Axis, Recompute, Schedule
+from nest.core.errors import UserError
+from nest.core.layers import Shard
 
 Devices = tuple[tuple[tuple[int, ...], ...], ...]  # [dp replica][cp rank][tp rank] -> device id
 

@@ -2,10 +2,10 @@
 
 import numpy as np
 
-from nest.plan import Plan
-from nest.problem import Problem
-from nest.report import Report
-from nest.units import GiB
+from nest.core.plan import Plan
+from nest.core.problem import Problem
+from nest.core.report import Report
+from nest.core.units import GiB
 
 
 def _ms(seconds: float) -> str:
@@ -31,8 +31,8 @@ def _placement(problem: Problem, plan: Plan) -> list[str]:
 
 
 def seq_len_source(model) -> str:
-    """The rule that gave the model's training length: set by :func:`nest.config.build_model`
-    (a Hugging Face config's may be a default, nest/hf.py); a model built directly from a spec
+    """The rule that gave the model's training length: set by :func:`nest.app.config.build_model`
+    (a Hugging Face config's may be a default, nest/app/hf.py); a model built directly from a spec
     takes its ``seq_len`` as given."""
     return getattr(model, "seq_len_source", "model.seq_len")
 

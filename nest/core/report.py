@@ -2,7 +2,7 @@
 
 from dataclasses import asdict, dataclass, field
 
-from nest.units import GiB
+from nest.core.units import GiB
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

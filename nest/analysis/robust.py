@@ -3,7 +3,7 @@
 ``robust=true`` draws ``samples`` perturbed copies of the problem ("worlds") and scores every plan
 of the run (the chosen one and its ``solver.top_k`` alternatives) in each with the shared
 evaluator: no private scoring path, only :func:`nest.cost.evaluate` on a perturbed
-:class:`~nest.problem.Problem` built with :func:`dataclasses.replace` on its frozen parts.
+:class:`~nest.core.problem.Problem` built with :func:`dataclasses.replace` on its frozen parts.
 
 **The uncertain inputs** and how one world perturbs them (each a multiplicative factor drawn
 log-uniformly from its range ``[low, high]``, :class:`Ranges`; the README, "Choosing among the
@@ -18,7 +18,7 @@ best plans", justifies each default from the validation errors):
   chosen plan's shard, ``g`` one factor per world (``layer_time_per_doubling``: how much the
   efficiency of a kernel twice as large differs, the shape-dependent efficiency that one global
   efficiency cannot express), and ``e`` one factor per world and per (layer, shard)
-  (``layer_time``: the scatter no trend explains). A shard is a :class:`~nest.layers.Shard`
+  (``layer_time``: the scatter no trend explains). A shard is a :class:`~nest.core.layers.Shard`
   (tp, cp, ep, sequence parallelism, microbatch size) and a layer is the model's
   :meth:`cost_key`: the same kernels get the same factor in every plan of a world. For a
   measured profile (``model=profile``) these are the only compute factors.
@@ -61,12 +61,12 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from nest.alternatives import seconds_text
+from nest.analysis.alternatives import seconds_text
+from nest.core.errors import UserError
+from nest.core.layers import LayerCost, Shard
+from nest.core.plan import Plan
+from nest.core.problem import Problem
 from nest.cost import evaluate
-from nest.errors import UserError
-from nest.layers import LayerCost, Shard
-from nest.plan import Plan
-from nest.problem import Problem
 
 TIE_RELATIVE = 1e-9
 """Plans within this relative difference of a world's fastest share its win."""
@@ -195,7 +195,8 @@ def _stable_hash(key) -> int:
 
 class PerturbedModel:
     """A layer model whose layers' compute times are scaled by per-(layer, shard) factors; every
-    other question goes to the wrapped model (the :class:`~nest.problem.LayerModel` protocol)."""
+    other question goes to the wrapped model (the :class:`~nest.core.problem.LayerModel`
+    protocol)."""
 
     def __init__(self, base, factor) -> None:
         self._base = base

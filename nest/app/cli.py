@@ -6,7 +6,7 @@ evaluator, prints the summary and writes ``plan.json``, ``report.json`` and ``su
 Hydra run directory. A planner with ``solver.top_k=K`` (``nest``, ``brute``) adds the K best
 configurations (``report.json["alternatives"]``, a table in the summary); ``robust=true`` re-scores
 them under the cost model's uncertainty (``report.json["robustness"]``, ``robustness.png``;
-:mod:`nest.robust`). User mistakes (``UserError``) and infeasible problems
+:mod:`nest.analysis.robust`). User mistakes (``UserError``) and infeasible problems
 (``Infeasible``) print one line, never a traceback; a configuration given as data that cannot run
 as given (``InvalidConfiguration``, e.g. a published table row) is reported with status
 ``invalid``. Mistakes Hydra finds while composing the config (a malformed YAML file, an unknown
@@ -27,10 +27,20 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nest.alternatives import alternatives_to_dict, describe, format_alternatives
-from nest.config import build_problem, check_config, register_schemas
-from nest.cost import evaluate
-from nest.errors import (
+from nest.analysis.alternatives import alternatives_to_dict, describe, format_alternatives
+from nest.analysis.explain import explain_report, format_explain
+from nest.analysis.robust import (
+    check_ranges,
+    format_robustness,
+    plot_robustness,
+    robustness,
+    settings_from_config,
+)
+from nest.analysis.simulate import plot_timeline, simulate
+from nest.app.config import build_problem, check_config, register_schemas
+from nest.app.results import run_recorded
+from nest.app.summary import format_summary, seq_len_source
+from nest.core.errors import (
     Infeasible,
     InvalidConfiguration,
     NotPublished,
@@ -38,23 +48,13 @@ from nest.errors import (
     UserError,
     yaml_error_text,
 )
-from nest.explain import explain_report, format_explain
+from nest.core.progress import Progress
+from nest.core.serialize import plan_to_dict, report_to_dict
+from nest.cost import evaluate
 from nest.export import export_plan, format_export, targets_of, write_export
 from nest.planner import build_planner, check_memory_floor, solve_ranked
-from nest.progress import Progress
-from nest.results import run_recorded
-from nest.robust import (
-    check_ranges,
-    format_robustness,
-    plot_robustness,
-    robustness,
-    settings_from_config,
-)
-from nest.serialize import plan_to_dict, report_to_dict
-from nest.simulate import plot_timeline, simulate
-from nest.summary import format_summary, seq_len_source
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 register_schemas()
 
@@ -242,7 +242,8 @@ def _explain_and_export(cfg, problem, plan, report, result, out_dir, targets, wr
 def hydra_main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    # every job writes row.json (nest/results.py); in a multirun a crash becomes a row, not a stop
+    # every job writes row.json (nest/app/results.py); in a multirun a crash becomes a row, not a
+    # stop
     result = run_recorded(
         run,
         cfg,

@@ -2,7 +2,8 @@
 
 Preset files carry human units with the unit in the key (``peak_tflops``, ``hbm_gb`` /
 ``hbm_gib``, ``bw_gbps``, ``latency_us``); :func:`build_problem` converts them, in one place, with
-:mod:`nest.units`. The schemas reject unknown keys and wrong types when Hydra composes the config;
+:mod:`nest.core.units`. The schemas reject unknown keys and wrong types when Hydra composes the
+config;
 :func:`check_config` refuses what composition lets through (keys added with ``+`` that nothing
 reads, non-finite numbers, empty solver lists), and :func:`build_problem` refuses sizes beyond
 the documented limits (:data:`LIMITS`) before building anything in proportion to them.
@@ -21,14 +22,14 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nest import units
-from nest.axes import Optimizer
-from nest.errors import UserError
-from nest.hardware import Device
-from nest.layers import AnalyticModel
-from nest.model import ModelSpec
-from nest.problem import Problem, Training
-from nest.topology import Cluster, Level
+from nest.core import units
+from nest.core.axes import Optimizer
+from nest.core.errors import UserError
+from nest.core.hardware import Device
+from nest.core.layers import AnalyticModel
+from nest.core.model import ModelSpec
+from nest.core.problem import Problem, Training
+from nest.core.topology import Cluster, Level
 
 
 @dataclass
@@ -50,7 +51,7 @@ class DeviceConfig:
     """Fraction of the HBM kept free for the allocator's fragmentation, [0, 1)."""
     compute_model: str = "flat"
     """``flat``: every FLOP at ``matmul_efficiency``; ``shape``: GEMM tiles and waves, attention
-    by sequence length (nest/kernels.py; needs the fields below)."""
+    by sequence length (nest/core/kernels.py; needs the fields below)."""
     sm_count: int = 0
     """Streaming multiprocessors (datasheet)."""
     gemm_ceiling: float = 1.0
@@ -108,7 +109,7 @@ ModelConfig = make_dataclass(
 
 @dataclass
 class HfModelConfig:
-    """``model=hf``: a Hugging Face ``config.json`` (read as JSON only; :mod:`nest.hf`)."""
+    """``model=hf``: a Hugging Face ``config.json`` (read as JSON only; :mod:`nest.app.hf`)."""
 
     source: str = "hf"
     config_path: str | None = None
@@ -117,7 +118,7 @@ class HfModelConfig:
     seq_len: int | None = None
     """Training length. Default: the config's pre-training context when it states one, else
     ``max_position_embeddings`` (``n_positions`` for GPT-2) up to 4096, with a notice when the
-    model accepts more (:mod:`nest.hf`)."""
+    model accepts more (:mod:`nest.app.hf`)."""
 
 
 @dataclass
@@ -167,10 +168,11 @@ class RunConfig:
     """``megatron`` | ``torchtitan`` | a list of them."""
     plots: bool = False
     robust: Any = False
-    """``true`` or ``false`` (nest/robust.py checks it): re-score the plan and its
+    """``true`` or ``false`` (nest/analysis/robust.py checks it): re-score the plan and its
     ``solver.top_k`` alternatives under the cost model's uncertainty."""
     robustness: Any = None
-    """The settings of ``robust=true`` (samples, seed, ranges; nest/robust.py checks them)."""
+    """The settings of ``robust=true`` (samples, seed, ranges; nest/analysis/robust.py checks
+    them)."""
 
 
 def register_schemas() -> None:
@@ -253,7 +255,8 @@ def _within_limit(key: str, value: int, what: str) -> None:
     limit = LIMITS[key]
     if value > limit:
         raise UserError(
-            f"{key}={value} is beyond the limit of {limit:,} {what} (nest/config.py LIMITS): no "
+            f"{key}={value} is beyond the limit of {limit:,} {what} "
+            "(nest/app/config.py LIMITS): no "
             "real run is this large, and planning one would enumerate for minutes or hours; "
             f"use at most {limit}"
         )
@@ -590,7 +593,7 @@ def build_model(cfg: Any, training: Training):
     c = _plain(cfg)
     source = c.pop("source", "spec")
     if source == "hf":
-        from nest.hf import load_hf_model
+        from nest.app.hf import load_hf_model
 
         hf = load_hf_model(c.get("config_path"), name=c.get("name"), seq_len=c.get("seq_len"))
         _spec_within_limits(hf.spec)

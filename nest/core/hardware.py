@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from nest.errors import UserError
+from nest.core.errors import UserError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -22,11 +22,11 @@ class Device:
     matmul_efficiency: float = 1.0
     """Achieved fraction of ``peak_flops_per_s`` a large matmul keeps inside a training step, in
     (0, 1]: every FLOP's rate (``flat``), the large-GEMM level (``shape``, capped by
-    ``gemm_ceiling``; :mod:`nest.kernels`)."""
+    ``gemm_ceiling``; :mod:`nest.core.kernels`)."""
     memory_reserve_bytes: float = 0.0
     """Bytes unavailable to the model (CUDA context, allocator fragmentation, framework)."""
     compute_model: str = "flat"
-    """``flat`` (every FLOP at ``matmul_efficiency``) or ``shape`` (:mod:`nest.kernels`)."""
+    """``flat`` (every FLOP at ``matmul_efficiency``) or ``shape`` (:mod:`nest.core.kernels`)."""
     sm_count: int = 0
     """Streaming multiprocessors (``shape``: the waves of GEMM tiles)."""
     gemm_ceiling: float = 1.0
@@ -83,7 +83,7 @@ class Device:
 
     @property
     def gemm_level(self) -> float:
-        """``shape``: the fraction of peak a GEMM tile runs at (:mod:`nest.kernels`)."""
+        """``shape``: the fraction of peak a GEMM tile runs at (:mod:`nest.core.kernels`)."""
         return min(self.matmul_efficiency, self.gemm_ceiling)
 
     @property

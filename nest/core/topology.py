@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from nest.errors import UserError
-from nest.hardware import Device
+from nest.core.errors import UserError
+from nest.core.hardware import Device
 
 if TYPE_CHECKING:
     from nest.graph.network import Network

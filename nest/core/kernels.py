@@ -45,7 +45,7 @@ GEMM of the group, all of them filling the same waves).
 
 from math import ceil, log2
 
-from nest.hardware import Device
+from nest.core.hardware import Device
 
 
 def gemm_time_s(

@@ -1,0 +1,1 @@
+"""Analyses of plans: the k best, robustness, the simulator, explain."""

@@ -1,0 +1,485 @@
+"""Validate the cost model against published measured runs: ``python -m nest.validate FILE.csv``.
+
+Each row of the CSV is one published measurement of a training run with its full configuration
+(the format of ``../shared/validation/visible.csv``; ``experiments/validation/cases.csv`` adds
+cited cases and the settings each source implies, with the reason in ``settings_source``). The row
+is turned into a problem (a GPT- or Llama-style model, two-level cluster of 8-GPU nodes with the
+row's NVLink and per-GPU network bandwidths and the device preset of its GPU) and a fixed plan
+(its tp, pp, dp, cp, microbatch, recompute, sequence parallelism), scored by the shared
+evaluator, and the prediction is compared with the measured number:
+
+- ``achieved_tflops_per_gpu (recompute counted)``, ``pct_of_312TF_peak``, ``aggregate_pflops``
+  of SC21 count the FLOPs the GPUs execute (recompute included): ``hardware_flops``;
+- ``tflops_per_gpu``, ``MFU`` and the Megatron-Core ``aggregate_pflops`` count model FLOPs;
+  ``flops_counted`` says which a row uses.
+
+No per-case factor is fitted. Every constant of the device and cluster presets is cited, except
+``matmul_efficiency`` (the rate a large GEMM keeps inside a training step, an assumption: see
+:mod:`nest.core.kernels`) and the latencies across the fabric. Optional columns and their defaults
+when absent:
+``activation`` gelu, ``norm`` layernorm, ``bias`` true, ``position`` learned, ``tied_embeddings``
+true, ``dropout`` true, ``flash_attention`` true, ``schedule`` 1f1b, ``overlap_grad_sync`` false,
+``zero_stage`` 0, ``virtual_stages`` 1 (the chunks per rank of an interleaved ``schedule``),
+``layer_partition`` uniform (blocks per chunk separated by ``;``), ``tp_comm_overlap`` /
+``cp_comm_overlap`` / ``ep_comm_overlap`` false, ``sweep`` none (rows of one published sweep share
+an id; the predicted order of its configurations is compared with the measured one, Kendall
+tau), ``grad_bytes`` 2,
+``nvlink_gbps`` / ``network_gbps`` from the GPU (A100: 300 / 25, H100: 450 / 50),
+``flops_counted`` hardware for metrics that say "recompute counted" and model otherwise,
+``num_experts`` 1 (a dense model; more makes every block a mixture of experts, Mixtral-style, as
+the ``conf/model`` MoE presets do), ``top_k`` 1 (experts each token is routed to), ``ep`` 1 (expert
+ranks, carved out of the ``dp x cp`` ranks). Blank microbatch means 1, blank recompute none, blank
+sequence parallelism "on when tp > 1".
+
+``tokens_per_s_per_gpu`` (training tokens, ``global_batch_seqs x seq`` per iteration, per second
+per GPU) needs no FLOP count, so it is the metric of sources whose FLOP convention differs.
+"""
+
+import argparse
+import csv
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from nest.app.config import build_device
+from nest.core.build import PlanSettings, build_plan
+from nest.core.errors import UserError
+from nest.core.layers import AnalyticModel
+from nest.core.model import ModelSpec
+from nest.core.problem import Problem, Training
+from nest.core.topology import Cluster, Level
+from nest.core.units import US, gbps_to_bytes_per_s
+from nest.cost import evaluate
+
+CONF_DEVICE = Path(__file__).resolve().parents[2] / "conf" / "device"
+CONF_CLUSTER = CONF_DEVICE.parent / "cluster"
+GPU_DEFAULTS = {  # device preset and the cluster preset whose node and network levels it uses
+    "A100": ("a100_80gb", "dgx_a100"),
+    "H100": ("h100_sxm", "dgx_8x8"),
+}
+NODE_GPUS = 8
+
+
+REQUIRED_COLUMNS = (
+    "source", "case", "model_params_b", "layers", "hidden", "heads", "ffn", "vocab", "seq",
+    "gpus", "tp", "pp", "dp", "global_batch_seqs", "gpu", "measured_metric", "measured_value",
+)  # fmt: skip
+"""The columns a row cannot do without; every other one has a default (module docstring)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    row: dict
+    metric: str
+    measured: float
+    predicted: float | None
+    feasible: bool | None
+    note: str = ""
+
+    @property
+    def error(self) -> float | None:
+        """Relative error ``predicted / measured - 1``."""
+        return None if self.predicted is None else self.predicted / self.measured - 1.0
+
+
+def _flag(value: str, default: bool) -> bool:
+    value = (value or "").strip().lower()
+    if not value:
+        return default
+    if value in ("true", "yes", "1", "on"):
+        return True
+    if value in ("false", "no", "0", "off"):
+        return False
+    raise UserError(f"cannot read {value!r} as yes/no")
+
+
+def _float(row: dict, column: str, default: float | None = None) -> float:
+    """A number from ``column``, its default when blank (or absent), else a one-line error
+    naming the column and the text."""
+    text = (row.get(column) or "").strip()
+    if not text:
+        if default is None:
+            raise UserError(f"{column} is blank or missing; give a number")
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise UserError(f"{column}={text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise UserError(f"{column}={text!r} is not a finite number")
+    return value
+
+
+def _int(row: dict, column: str, default: int | None = None) -> int:
+    """A whole number from ``column`` (as :func:`_float`), else a one-line error."""
+    value = _float(row, column, None if default is None else float(default))
+    if value != int(value):
+        raise UserError(f"{column}={row.get(column)!r} is not a whole number")
+    return int(value)
+
+
+def _count(row: dict, column: str, default: int) -> int:
+    """A positive whole number from an optional column (as :func:`_int`), or a one-line error
+    naming it."""
+    text = (row.get(column) or "").strip()
+    try:
+        value = _int(row, column, default)
+    except UserError:
+        value = 0
+    if value < 1:
+        raise UserError(f"{column}={text!r} must be a positive whole number (blank: {default})")
+    return value
+
+
+def _gpu_defaults(gpu: str | None) -> tuple[str, str]:
+    gpu = gpu or ""
+    for key, values in GPU_DEFAULTS.items():
+        if key in gpu:
+            return values
+    raise UserError(f"gpu {gpu!r} is not known; use one containing {sorted(GPU_DEFAULTS)}")
+
+
+def preset_levels(cluster_preset: str) -> tuple[dict, dict]:
+    """The node (first) and network (second) levels of a cluster preset, as written there."""
+    data = yaml.safe_load((CONF_CLUSTER / f"{cluster_preset}.yaml").read_text())
+    return data["levels"][0], data["levels"][1]
+
+
+def _level(preset: dict, fanout: int, bw_gbps: float) -> Level:
+    return Level(
+        name=preset["name"],
+        fanout=fanout,
+        bw_bytes_per_s=gbps_to_bytes_per_s(bw_gbps),
+        latency_s=preset.get("latency_us", 0.0) * US,
+        bw_efficiency=float(preset.get("bw_efficiency", 1.0)),
+    )
+
+
+def load_device(preset: str, matmul_efficiency: float | str | None = None):
+    """A device preset; ``matmul_efficiency`` replaces the preset's (``"ceiling"``: its
+    ``gemm_ceiling``, the kernels at their isolated micro-benchmark rates)."""
+    data = yaml.safe_load((CONF_DEVICE / f"{preset}.yaml").read_text())
+    data.pop("defaults", None)
+    if matmul_efficiency == "ceiling":
+        data["matmul_efficiency"] = data.get("gemm_ceiling", data.get("matmul_efficiency", 1.0))
+    elif matmul_efficiency is not None:
+        data["matmul_efficiency"] = matmul_efficiency
+    return build_device(data)
+
+
+def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
+    """The problem and fixed plan a CSV row describes (``matmul_efficiency``: see
+    :func:`load_device`)."""
+    preset, cluster_preset = _gpu_defaults(row["gpu"])
+    heads = _int(row, "heads")
+    seq = _int(row, "seq")
+    spec = ModelSpec(
+        name=f"{row['model_params_b']}B",
+        hidden=_int(row, "hidden"),
+        layers=_int(row, "layers"),
+        heads=heads,
+        kv_heads=_int(row, "kv_heads", heads),
+        ffn_hidden=_int(row, "ffn"),
+        vocab=_int(row, "vocab"),
+        seq_len=seq,
+        activation=row.get("activation") or "gelu",
+        norm=row.get("norm") or "layernorm",
+        bias=_flag(row.get("bias"), True),
+        position=row.get("position") or "learned",
+        tied_embeddings=_flag(row.get("tied_embeddings"), True),
+        dropout=_flag(row.get("dropout"), True),
+        num_experts=_count(row, "num_experts", 1),
+        top_k=_count(row, "top_k", 1),
+    )
+    gpus = _int(row, "gpus")
+    if gpus % NODE_GPUS:
+        raise UserError(f"gpus={gpus} is not a multiple of {NODE_GPUS} GPUs per node")
+    node, network = preset_levels(cluster_preset)
+    nvlink_gbps = _float(row, "nvlink_gbps", float(node["bw_gbps"]))
+    network_gbps = _float(row, "network_gbps", float(network["bw_gbps"]))
+    cluster = Cluster(
+        name=f"{row['gpu']} x{gpus}",
+        device=load_device(preset, matmul_efficiency),
+        levels=(
+            _level(node, NODE_GPUS, nvlink_gbps),
+            _level(network, gpus // NODE_GPUS, network_gbps),
+        ),
+    )
+    tp = _int(row, "tp")
+    sp = _flag(row.get("sequence_parallel"), tp > 1)
+    mbs = _int(row, "microbatch", 1)
+    flash = _flag(row.get("flash_attention"), True)
+    training = Training(
+        global_batch=_int(row, "global_batch_seqs"),
+        microbatch_sizes=(mbs,),
+        grad_bytes=_int(row, "grad_bytes", 2),
+        overlap_grad_sync=_flag(row.get("overlap_grad_sync"), False),
+        sequence_parallel=sp,
+        flash_attention=flash,
+        tp_comm_overlap=_flag(row.get("tp_comm_overlap"), False),
+        cp_comm_overlap=_flag(row.get("cp_comm_overlap"), False),
+        ep_comm_overlap=_flag(row.get("ep_comm_overlap"), False),
+    )
+    problem = Problem(
+        model=AnalyticModel(spec, flash_attention=flash, overlap=training.overlap),
+        cluster=cluster,
+        training=training,
+    )
+    recompute = (row.get("recompute") or "none").split("(")[0].strip() or "none"
+    settings = PlanSettings(
+        tp=tp,
+        pp=_int(row, "pp"),
+        dp=_int(row, "dp"),
+        cp=_int(row, "cp", 1),
+        ep=_count(row, "ep", 1),
+        microbatch_size=mbs,
+        recompute=recompute,
+        zero_stage=_int(row, "zero_stage", 0),
+        schedule=row.get("schedule") or "1f1b",
+        virtual_stages=_int(row, "virtual_stages", 1),
+        layer_partition=_partition(row.get("layer_partition")),
+        sequence_parallel=sp,
+    )
+    return problem, build_plan(problem, settings)
+
+
+def _partition(text: str | None) -> list[int] | None:
+    """A ``layer_partition`` cell: blocks (or chain layers) per chunk, separated by ``;`` or
+    spaces (a comma would split the CSV cell); blank means the uniform split."""
+    if not text or not text.strip():
+        return None
+    parts = text.replace(";", " ").split()
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        raise UserError(
+            f"layer_partition={text!r} must be integers separated by ';', e.g. '9;8;8;7'"
+        ) from None
+
+
+def predict(row: dict, matmul_efficiency: float | str | None = None) -> Outcome:
+    metric = (row.get("measured_metric") or "").strip()
+    try:
+        measured = _float(row, "measured_value")
+        if measured <= 0:
+            raise UserError(f"measured_value={row.get('measured_value')!r} must be above 0")
+    except UserError as exc:
+        return Outcome(row, metric, float("nan"), None, None, f"error: {exc}")
+    try:
+        problem, plan = problem_and_plan(row, matmul_efficiency)
+        report = evaluate(problem, plan)
+    except UserError as exc:
+        return Outcome(row, metric, measured, None, None, f"error: {exc}")
+    counted = (row.get("flops_counted") or "").strip() or (
+        "hardware" if "recompute" in metric or "312TF" in metric else "model"
+    )
+    flops = (
+        report.hardware_flops_per_iteration
+        if counted == "hardware"
+        else report.model_flops_per_iteration
+    )
+    per_s = flops / report.iteration_time_s
+    gpus = report.devices_used
+    peak = problem.cluster.device.peak_flops_per_s
+    if metric.startswith("tokens_per_s_per_gpu"):
+        tokens = problem.training.global_batch * problem.model.seq_len
+        value = tokens / report.iteration_time_s / gpus
+    elif metric.startswith("aggregate_pflops"):
+        value = per_s / 1e15
+    elif metric.startswith("pct_of_312TF_peak"):
+        value = 100 * per_s / gpus / 312e12
+    elif metric.startswith("MFU"):
+        value = 100 * per_s / gpus / peak
+    elif "tflops_per_gpu" in metric:
+        value = per_s / gpus / 1e12
+    else:
+        return Outcome(row, metric, measured, None, None, f"metric {metric!r} not understood")
+    note = "" if report.feasible else "model says out of memory"
+    return Outcome(row, metric, measured, value, report.feasible, note)
+
+
+def kendall_tau(measured: list[float], predicted: list[float]) -> float | None:
+    """Kendall's rank correlation of two orders (tau-a over the pairs neither list ties): 1 when
+    the prediction orders every pair as measured, -1 when it reverses every pair."""
+    concordant = discordant = 0
+    for i in range(len(measured)):
+        for j in range(i + 1, len(measured)):
+            dm, dp = measured[i] - measured[j], predicted[i] - predicted[j]
+            if dm == 0 or dp == 0:
+                continue
+            if (dm > 0) == (dp > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    pairs = concordant + discordant
+    return (concordant - discordant) / pairs if pairs else None
+
+
+def sweeps(outcomes: list[Outcome]) -> dict:
+    """Per published sweep (rows sharing a ``sweep`` id: one model over several configurations,
+    one metric), whether the predicted order of the configurations is the measured one."""
+    groups: dict[tuple[str, str], list[Outcome]] = {}
+    for o in outcomes:
+        sweep = (o.row.get("sweep") or "").strip()
+        if sweep and o.predicted is not None:
+            groups.setdefault((sweep, o.metric), []).append(o)
+    out = {}
+    for (sweep, metric), items in sorted(groups.items()):
+        tau = kendall_tau([o.measured for o in items], [o.predicted for o in items])
+        out[sweep] = {"metric": metric, "n": len(items), "kendall_tau": tau}
+    return out
+
+
+def summarise(outcomes: list[Outcome]) -> dict:
+    errors = [abs(o.error) for o in outcomes if o.error is not None]
+    by_source: dict[str, list[float]] = {}
+    for o in outcomes:
+        if o.error is not None:
+            by_source.setdefault(o.row["source"], []).append(o.error)
+    return {
+        "sweeps": sweeps(outcomes),
+        "cases": len(outcomes),
+        "predicted": len(errors),
+        "median_abs_error": statistics.median(errors) if errors else None,
+        "max_abs_error": max(errors) if errors else None,
+        "out_of_memory": sum(1 for o in outcomes if o.feasible is False),
+        "by_source": {
+            s: {
+                "n": len(v),
+                "median_abs_error": statistics.median(abs(e) for e in v),
+                "max_abs_error": max(abs(e) for e in v),
+                "median_error": statistics.median(v),
+            }
+            for s, v in sorted(by_source.items())
+        },
+    }
+
+
+def run(
+    path: Path, out_dir: Path | None, echo=print, matmul_efficiency: float | str | None = None
+) -> dict:
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            rows = list(reader)
+            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if missing:
+        raise UserError(
+            f"{path} lacks the columns {missing}; a header needs at least {list(REQUIRED_COLUMNS)}"
+        )
+    if not rows:
+        raise UserError(f"{path} has no rows")
+    outcomes = [predict(r, matmul_efficiency) for r in rows]
+    echo(
+        f"{'source':<36} {'params':>7} {'gpus':>6} {'metric':<28} {'measured':>9} "
+        f"{'predicted':>9} {'error':>8}  note"
+    )
+    for o in outcomes:
+        pred = f"{o.predicted:9.2f}" if o.predicted is not None else f"{'-':>9}"
+        err = f"{100 * o.error:+7.1f}%" if o.error is not None else f"{'-':>8}"
+        echo(
+            f"{o.row['source'][:36]:<36} {o.row['model_params_b']:>7} {o.row['gpus']:>6} "
+            f"{o.metric[:28]:<28} {o.measured:9.2f} {pred} {err}  {o.note}"
+        )
+    summary = summarise(outcomes)
+    med, worst = summary["median_abs_error"], summary["max_abs_error"]
+    errors = (
+        "no errors to summarise"
+        if med is None
+        else f"median |error| {100 * med:.1f} %, max |error| {100 * worst:.1f} %"
+    )
+    echo(
+        f"\n{summary['predicted']} of {summary['cases']} cases predicted; {errors}; "
+        f"{summary['out_of_memory']} cases the memory model says would not fit"
+    )
+    for source, s in summary["by_source"].items():
+        echo(
+            f"  {source}: {s['n']} cases, median |error| {100 * s['median_abs_error']:.1f} %, "
+            f"max {100 * s['max_abs_error']:.1f} %, median signed {100 * s['median_error']:+.1f} %"
+        )
+    for sweep, s in summary["sweeps"].items():
+        tau = "n/a" if s["kendall_tau"] is None else f"{s['kendall_tau']:+.2f}"
+        echo(f"  sweep {sweep}: {s['n']} configurations ({s['metric']}), Kendall tau {tau}")
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with open(out_dir / "validation.csv", "w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(
+                [
+                    "source",
+                    "case",
+                    "gpus",
+                    "metric",
+                    "measured",
+                    "predicted",
+                    "relative_error",
+                    "fits_memory",
+                    "note",
+                ]
+            )
+            for o in outcomes:
+                writer.writerow(
+                    [
+                        o.row["source"],
+                        o.row["case"],
+                        o.row["gpus"],
+                        o.metric,
+                        o.measured,
+                        o.predicted,
+                        o.error,
+                        o.feasible,
+                        o.note,
+                    ]
+                )
+        echo(f"wrote {out_dir / 'validation.csv'}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m nest.validate",
+        description="Compare the cost model with published measured training runs.",
+    )
+    parser.add_argument("csv", type=Path, help="measured runs (see nest/app/validate.py)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("outputs/validate"),
+        help="directory for validation.csv (default: outputs/validate)",
+    )
+    parser.add_argument(
+        "--matmul-efficiency",
+        default=None,
+        metavar="FRACTION|ceiling",
+        help="replace the device presets' matmul_efficiency (the rate a large GEMM keeps in a "
+        "training step); 'ceiling': each preset's micro-benchmark gemm_ceiling",
+    )
+    args = parser.parse_args(argv)
+    try:
+        if not args.csv.is_file():
+            raise UserError(f"{args.csv} does not exist; give the path of a CSV of measured runs")
+        efficiency = args.matmul_efficiency
+        if efficiency not in (None, "ceiling"):
+            try:
+                value = float(efficiency)
+            except ValueError:
+                value = float("nan")
+            if not 0 < value <= 1:
+                raise UserError(
+                    f"--matmul-efficiency={efficiency!r}: give a fraction in (0, 1] or 'ceiling'"
+                )
+            efficiency = value
+        run(args.csv, args.out, matmul_efficiency=efficiency)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
