@@ -1,8 +1,9 @@
 """Every term of the cost model worked by hand on a tiny explicit problem.
 
 Each test builds a small plan, scores it with :func:`nest.cost.evaluate` and recomputes the term
-from its published formula with the numbers of that problem, written out in the test (never by
-calling the code path under test), asserting equality to 1e-12 relative. The layer model's own
+from its published formula (or, where no paper gives one, the form ``nest/cost`` documents) with
+the numbers of that problem, written out in the test (never by calling the code path under
+test), asserting equality to 1e-12 relative. The layer model's own
 numbers (a layer's compute seconds) are inputs here, as in ``tests/test_evaluator.py``; they are
 worked by hand in ``tests/test_model_formulas.py``. Parameter counts are rebuilt from Narayanan
 et al. SC21 §5.1 (a GPT block holds ``12 h^2 + 13 h``). ``docs/evidence-cost-terms.md`` lists
