@@ -2,8 +2,8 @@
 
 In-process runs compose the config with ``hydra.compose`` and call ``nest.app.cli.run(cfg,
 tmp_path)``
-(never the ``@hydra.main`` function); one subprocess test runs the README's main command. Every
-test writes into ``tmp_path`` only.
+(never the ``@hydra.main`` function); one subprocess test runs the main command (with
+``solver=megatron``, docs/getting-started.md). Every test writes into ``tmp_path`` only.
 """
 
 import json
@@ -212,7 +212,7 @@ def check_report_facts(cfg, report: dict, plan_json: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# The default run and the README main command
+# The default run and the main command
 # ------------------------------------------------------------------------------------------------
 
 
@@ -453,7 +453,7 @@ def test_config_groups_and_solver_names_are_frozen():
 def test_default_config_is_frozen():
     cfg = compose()
     assert {"solver", "cluster", "model", "training", "seed", "print_summary"} <= set(cfg)
-    # issue 16: robust=true and its settings (README "Choosing among the best plans")
+    # issue 16: robust=true and its settings (docs/plan/top-k-robust.md)
     assert cfg.robust is False
     assert {"samples", "seed", "confidence", "negligible_regret", "ranges"} == set(cfg.robustness)
     assert (cfg.solver.name, cfg.cluster.name, cfg.model.name) == (

@@ -376,9 +376,9 @@ def test_the_framework_runs_the_exported_plan(problem, settings, target):
 
 
 def test_torchtitan_runs_the_planned_microbatch_of_the_readme_command(tmp_path):
-    """The README's export command (nest, llama2_7b, dgx_8x8): a data-parallel plan of several
-    microbatches per replica (16 of 1 under the first cost model, the issue's case); torchtitan
-    must run them as accumulation steps of one microbatch, not all at once."""
+    """The export command of docs/export.md (nest, llama2_7b, dgx_8x8): a data-parallel plan of
+    several microbatches per replica (16 of 1 under the first cost model, the issue's case);
+    torchtitan must run them as accumulation steps of one microbatch, not all at once."""
     _, result, report, plan, _ = run_case(
         tmp_path,
         "solver=nest",

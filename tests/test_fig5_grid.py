@@ -15,7 +15,7 @@ microbatch, sequence parallelism as the space has them), and (2) NEST's DP restr
 configuration (its tp, cp, ep, pp, ZeRO stage and rank order; partition and recompute free)
 returns a plan at least as fast as ``b``. On the cheap cases (``FULL_NEST``) the full NEST search
 runs too and is asserted directly. ``python -m experiments.fig5_baselines`` runs the full search
-on all 50 cases with every planner (README, "Baselines").
+on all 50 cases with every planner (docs/compare/baselines.md).
 """
 
 import pytest

@@ -1,4 +1,4 @@
-"""The architecture the README states: imports go experiments -> baselines -> nest, and no
+"""The architecture docs/architecture.md states: imports go experiments -> baselines -> nest, and no
 private name of the cost model is used outside it (one set of formulas, public terms)."""
 
 import ast

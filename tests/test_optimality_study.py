@@ -42,7 +42,7 @@ def study(tmp_path_factory):
             "-m",
             "seed=1,4,8",
             "solvers=[nest,brute,cpsat_restricted,milp_restricted,cpsat_general]",
-            "hydra/launcher=parallel",  # the README's command
+            "hydra/launcher=parallel",  # docs/trust/exact.md's command
             "hydra.launcher.n_jobs=2",
             f"hydra.sweep.dir={sweep}",
         ],

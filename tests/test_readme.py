@@ -1,7 +1,9 @@
-"""The README's commands run as written on a clone.
+"""The commands of the README and of the documentation pages run as written on a clone.
 
-Every shell command of the README is checked: each line of a fenced ``bash`` block and each
-inline code span that starts with ``python``, ``pip`` or ``pytest``.
+Every shell command of ``README.md`` and of every Markdown page under ``docs/`` is checked: each
+line of a fenced ``bash`` block and each inline code span that starts with ``python``, ``pip`` or
+``pytest``. A command written on several pages is checked once (a fenced block with the same
+commands, an inline span with the same text or a fenced command equal to it).
 
 - ``python run.py ...`` (one run) is run in-process (:func:`nest.app.cli.run`, outputs in a tmp
   directory) and must plan, unless it is in :data:`SLOW_RUNS`; then, like every job of a multirun
@@ -15,7 +17,11 @@ inline code span that starts with ``python``, ``pip`` or ``pytest``.
   ones an earlier command of the same block wrote (``hydra.run.dir`` / ``hydra.sweep.dir``).
 - Fenced commands hold no placeholders (``<time>``, ``DIR``, ``[--flag]``); an inline span with
   one is a synopsis: its module must exist and know its flags.
-- ``pip install`` extras exist in ``pyproject.toml``; ``pytest`` is this suite.
+- ``pip install`` extras exist in ``pyproject.toml``; ``pytest`` is this suite; ``mkdocs build``
+  / ``serve`` has its ``mkdocs.yml``.
+
+The README stays a front door (at most :data:`README_MAX_LINES` lines), and every relative link
+or image of the README and of the pages points at a file of the repository.
 """
 
 import contextlib
@@ -42,6 +48,9 @@ from nest.app.config import build_problem
 
 REPO_ROOT = Path(nest.app.cli.CONF_DIR).parent
 README = REPO_ROOT / "README.md"
+DOCS = REPO_ROOT / "docs"
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
+README_MAX_LINES = 200
 
 SLOW_RUNS = {
     # 1024 microbatches simulated and drawn: 6 s of CPU, more than the rest of this file
@@ -68,14 +77,19 @@ class Command:
     line: int
     fenced: bool
     expect: str | None = None
-    """The status the README says the command ends with (``... gives `infeasible: ...```), if
+    """The status the page says the command ends with (``... gives `infeasible: ...```), if
     it is shown as an example of a refusal; None: it must find a plan."""
+    page: str = "README.md"
 
     def __str__(self) -> str:
         return shlex.join(self.tokens)
 
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
-def fenced_blocks(text: str) -> list[list[Command]]:
+
+def fenced_blocks(text: str, page: str = "README.md") -> list[list[Command]]:
     """The commands of each ``bash`` block, in order (a trailing backslash continues a line,
     ``&&`` separates two commands, ``#`` starts a comment)."""
     blocks = []
@@ -94,13 +108,13 @@ def fenced_blocks(text: str) -> list[list[Command]]:
                 joined = joined[:-1] + " "
                 continue
             for part in _split_and(shlex.split(joined, comments=True)):
-                commands.append(Command(tuple(part), start, True))
+                commands.append(Command(tuple(part), start, True, page=page))
             joined = ""
         blocks.append(commands)
     return blocks
 
 
-def inline_commands(text: str) -> list[Command]:
+def inline_commands(text: str, page: str = "README.md") -> list[Command]:
     """Inline code spans (possibly wrapped over lines) that are shell commands."""
     prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
     commands = []
@@ -110,7 +124,9 @@ def inline_commands(text: str) -> list[Command]:
             line = prose[: match.start()].count("\n") + 1
             said = re.match(r"\s*gives\s+`(infeasible|error):", prose[match.end() :])
             for part in _split_and(shlex.split(span)):
-                commands.append(Command(tuple(part), line, False, said and said.group(1)))
+                commands.append(
+                    Command(tuple(part), line, False, said and said.group(1), page=page)
+                )
     return commands
 
 
@@ -141,18 +157,22 @@ class Checker:
     def check(self, command: Command) -> None:
         tokens = list(command.tokens)
         if command.fenced:
-            assert not placeholders(command), f"line {command.line}: placeholder in {command}"
+            assert not placeholders(command), f"{command.where}: placeholder in {command}"
         if tokens[0] == "pip":
             self._pip(tokens)
         elif tokens[0] == "pytest":
             # the suite, on every core (addopts) or in one process
             assert tokens in (["pytest"], ["pytest", "-n", "0"]), command
+        elif tokens[0] == "mkdocs":
+            # the documentation site: its config at the root, a command mkdocs has
+            assert (REPO_ROOT / "mkdocs.yml").is_file(), command
+            assert tokens[1:2] in (["build"], ["serve"]), command
         elif tokens[:2] == ["python", "run.py"]:
             self._run_py(tokens[2:], str(command), command.expect)
         elif tokens[:2] == ["python", "-m"]:
             self._module(tokens[2], tokens[3:], synopsis=bool(placeholders(command)))
         else:
-            raise AssertionError(f"line {command.line}: not a command this check knows: {command}")
+            raise AssertionError(f"{command.where}: not a command this check knows: {command}")
 
     def _pip(self, tokens: list[str]) -> None:
         extras = set(
@@ -315,28 +335,94 @@ def _leaves(tree, prefix=""):
         yield prefix.rstrip("."), tree
 
 
-TEXT = README.read_text()
-BLOCKS = fenced_blocks(TEXT)
-INLINE = inline_commands(TEXT)
+def _page_name(path: Path) -> str:
+    return path.relative_to(REPO_ROOT).as_posix()
 
 
-def test_the_readme_has_the_commands_this_check_expects():
-    """The extraction itself: the main command, multi-line blocks and wrapped inline spans."""
+def _commands(pages: list[Path]) -> tuple[list[list[Command]], list[Command]]:
+    """The fenced blocks and inline commands of the pages, each checked once."""
+    blocks, inline, seen_blocks, seen_inline = [], [], set(), set()
+    for path in pages:
+        text, page = path.read_text(), _page_name(path)
+        for block in fenced_blocks(text, page):
+            key = tuple(str(c) for c in block)
+            if key not in seen_blocks:
+                seen_blocks.add(key)
+                blocks.append(block)
+        for command in inline_commands(text, page):
+            key = (str(command), command.expect)
+            if key not in seen_inline:
+                seen_inline.add(key)
+                inline.append(command)
+    fenced = {str(c) for block in blocks for c in block}
+    inline = [c for c in inline if c.expect is not None or str(c) not in fenced]
+    return blocks, inline
+
+
+BLOCKS, INLINE = _commands(PAGES)
+
+
+def test_the_pages_have_the_commands_this_check_expects():
+    """The extraction itself: the README's commands, multi-line blocks and wrapped inline spans
+    on the documentation pages."""
+    readme = fenced_blocks(README.read_text())
+    in_readme = [str(c) for block in readme for c in block]
+    assert "python run.py solver=nest cluster=dgx_8x8 model=llama2_7b" in in_readme
+    assert "pip install -e ." in in_readme and "pip install -e '.[dev]'" in in_readme
+    assert any(c.startswith("python run.py -m solver=nest,megatron") for c in in_readme)
+    assert "pytest" in in_readme
     fenced = [str(c) for block in BLOCKS for c in block]
-    assert "python run.py solver=megatron cluster=dgx_8x8 model=llama2_7b" in fenced
-    assert "pip install -e '.[dev]'" in fenced
     assert any("cluster.devices=64 training.global_batch=4096" in c for c in fenced)
     inline = [str(c) for c in INLINE]
     assert any(
         c.startswith("python run.py -m solver=nest,megatron,recipes,phaze,mcmc,alpa")
         for c in inline
     )
+    assert {c.page for block in BLOCKS for c in block} > {"README.md", "docs/getting-started.md"}
     assert len(fenced) >= 10 and len(inline) >= 10
 
 
-@pytest.mark.parametrize(
-    "block", BLOCKS, ids=[f"line{b[0].line}" if b else "empty" for b in BLOCKS]
-)
+def test_the_readme_is_a_front_door():
+    """The README says what the tool answers and the two commands; the pages hold the rest."""
+    lines = README.read_text().count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move detail into docs/"
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+INLINE_CODE = re.compile(r"(?<!`)`[^`]+`(?!`)")
+
+
+def relative_links(text: str) -> list[tuple[int, str]]:
+    """(line, target) of each Markdown link or image outside code, without web addresses and
+    in-page anchors; a target's own ``#anchor`` is dropped."""
+    prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    prose = INLINE_CODE.sub(lambda m: " " * len(m.group(0)), prose)
+    links = []
+    for match in LINK.finditer(prose):
+        target = match.group(1)
+        if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue
+        links.append((prose[: match.start()].count("\n") + 1, target.split("#", 1)[0]))
+    return links
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[_page_name(p) for p in PAGES])
+def test_relative_links_point_at_files(page):
+    missing = [
+        f"line {line}: {target}"
+        for line, target in relative_links(page.read_text())
+        if not (page.parent / target).exists()
+    ]
+    assert not missing, f"{_page_name(page)} links to files that do not exist: {missing}"
+
+
+def test_relative_links_are_found():
+    text = "[a](docs/x.md#y) ![b](img/p.png) [c](https://e.org) [d](#top) `[e](no.md)`\n"
+    text += "```\n[f](code.md)\n```\n"
+    assert relative_links(text) == [(1, "docs/x.md"), (1, "img/p.png")]
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[b[0].where if b else "empty" for b in BLOCKS])
 def test_fenced_block_runs_as_written(block, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO_ROOT)
     checker = Checker(tmp_path)
@@ -344,7 +430,7 @@ def test_fenced_block_runs_as_written(block, tmp_path, monkeypatch):
         checker.check(command)
 
 
-@pytest.mark.parametrize("command", INLINE, ids=[f"line{c.line}" for c in INLINE])
+@pytest.mark.parametrize("command", INLINE, ids=[c.where for c in INLINE])
 def test_inline_command_runs_as_written(command, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO_ROOT)
     Checker(tmp_path).check(command)

@@ -318,7 +318,7 @@ def test_the_table_rows_agree_with_their_published_text():
     assert parse_size_text("TP=1-2")["tp"] == TABLE["moe"]["tp"]
 
 
-# Parameter counts (README "Presets"): BERT-large 0.34B, Llama-2 7B 6.74B, Mixtral 46.7B,
+# Parameter counts (docs/plan/presets.md): BERT-large 0.34B, Llama-2 7B 6.74B, Mixtral 46.7B,
 # Llama-3 70B 70.55B, GPT-3 174.6B, Llama-3.1 405B 405.9B; sequence lengths from the presets.
 PUBLISHED_RULE = {
     # model: (size row, tp range, pp range, cp)

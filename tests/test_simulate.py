@@ -109,7 +109,7 @@ def test_peak_in_flight_matches_the_memory_model():
 
 
 def test_analytic_formula_error_on_random_plans():
-    """Measured on 1000 random plans (README, "Cost-model fidelity"): the analytic iteration
+    """Measured on 1000 random plans (docs/trust/fidelity.md): the analytic iteration
     time equals the simulation on 77 % of them; it over-estimates unequal pipelines (95th
     percentile +8.3 %, worst +20.8 %) and rarely under-estimates (worst -7.5 %, where the
     exposed-sync and optimizer maxima of different ranks are added). The bounds below are that

@@ -72,7 +72,7 @@ def _same(a, b) -> bool:
 
 
 def summarise(df: pd.DataFrame) -> dict:
-    """The numbers the README quotes."""
+    """The numbers docs/trust/exact.md quotes."""
     solved = df[df["nest_status"] == "optimal"]
     out: dict[str, Any] = {"instances": len(df), "feasible": len(solved)}
     out["infeasible"] = int((df["nest_status"] == "infeasible").sum())

@@ -6,8 +6,8 @@ evaluator: no private scoring path, only :func:`nest.cost.evaluate` on a perturb
 :class:`~nest.core.problem.Problem` built with :func:`dataclasses.replace` on its frozen parts.
 
 **The uncertain inputs** and how one world perturbs them (each a multiplicative factor drawn
-log-uniformly from its range ``[low, high]``, :class:`Ranges`; the README, "Choosing among the
-best plans", justifies each default from the validation errors):
+log-uniformly from its range ``[low, high]``, :class:`Ranges`; docs/plan/top-k-robust.md
+justifies each default from the validation errors):
 
 - ``matmul_efficiency``: the achieved matmul rate (``peak x matmul_efficiency``), one factor per
   world. It is applied to the peak so that an efficiency of 1.0 can move up too; only the

@@ -226,7 +226,7 @@ MAX_BLOCKS = 256
 """Transformer blocks (``model.layers``) at most: twice the 126 of Llama 3.1 405B, the deepest
 preset (large LLMs have about a hundred). The planners' work grows faster than the chain: on
 dgx_8x8 a 256-block Llama-2-wide model takes the DP seconds, a 512-block one over ten minutes
-(README, "Errors"). Deep research models (DeepNet's 1,000 layers, arXiv 2203.00555) are beyond."""
+(docs/errors.md). Deep research models (DeepNet's 1,000 layers, arXiv 2203.00555) are beyond."""
 MAX_DEVICES = 131_072
 """Devices (``cluster.devices``, or the product of the fan-outs) at most: 8x the 16,384 H100s
 Llama 3 was trained on (Dubey et al., arXiv 2407.21783, §3.3.1). Candidate degrees are the
@@ -248,7 +248,7 @@ LIMITS = {
     "cluster.devices": MAX_DEVICES,
     "training.global_batch": MAX_GLOBAL_BATCH,
 }
-"""The documented size limits, by the key that sets each (README, "Errors")."""
+"""The documented size limits, by the key that sets each (docs/errors.md)."""
 
 
 def _within_limit(key: str, value: int, what: str) -> None:

@@ -27,7 +27,7 @@ Two models, chosen per device preset (``compute_model``):
   kernels this model does not list); no published micro-benchmark isolates it, so the presets
   keep the first cost model's stated assumption, 0.65. At the ceiling instead
   (``matmul_efficiency`` = ``gemm_ceiling``) the model over-predicts every published run it is
-  validated against (README, "Cost-model fidelity"). The shape model's job is the *relative*
+  validated against (docs/trust/fidelity.md). The shape model's job is the *relative*
   cost of shapes: small, ragged and grouped GEMMs lose against large ones as the tiles, waves
   and overheads say, at whatever level.
 

@@ -32,7 +32,9 @@ def read_profile(
 ) -> Profile:
     """A profile from a JSON, CSV or NEST artifact file (``None`` keeps the file's value)."""
     if path_like is None or str(path_like).strip() == "":
-        raise UserError("model=profile needs model.path=FILE (.json or .csv, see the README)")
+        raise UserError(
+            "model=profile needs model.path=FILE (.json or .csv, see docs/inputs/profiles.md)"
+        )
     path = Path(str(path_like)).expanduser()
     if not path.is_file():
         raise UserError(
