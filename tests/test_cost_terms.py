@@ -6,7 +6,7 @@ the numbers of that problem, written out in the test (never by calling the code 
 test), asserting equality to 1e-12 relative. The layer model's own
 numbers (a layer's compute seconds) are inputs here, as in ``tests/test_evaluator.py``; they are
 worked by hand in ``tests/test_model_formulas.py``. Parameter counts are rebuilt from Narayanan
-et al. SC21 §5.1 (a GPT block holds ``12 h^2 + 13 h``). ``docs/evidence-cost-terms.md`` lists
+et al. SC21 §5.1 (a GPT block holds ``12 h^2 + 13 h``). ``docs/trust/cost-terms.md`` lists
 the terms, their sources and the test of each.
 
 Collective closed forms used below (Thakur, Rabenseifner and Gropp, IJHPCA 2005; Patarasuk and
