@@ -25,29 +25,15 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from nest.core.alphabeta import OPS
 from nest.core.layers import Collective
+from nest.core.plan import group_arrays
 from nest.core.topology import Cluster
-from nest.cost.collectives import OPS, linear_forms
+from nest.cost.collectives import linear_forms
 from nest.cost.compute import exposed_s
 
-GROUP_KINDS = ("tp", "cp", "ep", "dense_dp", "expert_dp")
 AXES = ("tp", "cp", "ep")
 """The kinds that carry a layer's own collectives (:attr:`nest.core.layers.Collective.axis`)."""
-
-
-def group_arrays(devices, ep: int) -> dict[str, np.ndarray]:
-    """The groups of each kind of one rank's ``[dp][cp][tp]`` devices, one group per row."""
-    devices = np.asarray(devices, dtype=np.int64)
-    dp, cp, tp = devices.shape
-    flat = devices.reshape(dp * cp, tp)  # row j = replica * cp + context rank
-    blocks = flat.reshape(dp * cp // ep, ep, tp)
-    return {
-        "tp": flat,
-        "cp": devices.transpose(0, 2, 1).reshape(-1, cp),
-        "ep": blocks.transpose(0, 2, 1).reshape(-1, ep),
-        "dense_dp": flat.T,
-        "expert_dp": blocks.transpose(1, 2, 0).reshape(-1, dp * cp // ep),
-    }
 
 
 def translated(devices, cluster: Cluster) -> np.ndarray:
@@ -99,7 +85,7 @@ class RankGroups:
     def splits(self, kind: str) -> tuple:
         """The distinct level splits of the groups of ``kind``, sorted (empty for groups of
         one member: they never communicate); on a graph, their cost classes
-        (:class:`nest.graph.classes.GroupClass`)."""
+        (:class:`nest.core.fabric.GroupClass`)."""
         got = self._splits.get(kind)
         if got is None:
             arr = self.arrays[kind]
