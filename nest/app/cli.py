@@ -14,6 +14,7 @@ preset, key or override) print one ``error:`` line too (:func:`main`).
 """
 
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -409,7 +410,12 @@ def main() -> None:
     """``python run.py ...``: :func:`hydra_main`, with a mistake Hydra finds while composing the
     config printed as one ``error:`` line and exit status 2, as a run's own mistakes are (Hydra
     would print a parser's traceback for a malformed YAML file). ``HYDRA_FULL_ERROR=1`` keeps
-    Hydra's full report. A single run's config is composed once (:func:`_one_composition`)."""
+    Hydra's full report. A single run's config is composed once (:func:`_one_composition`).
+
+    The objects the imports made (modules, classes, functions) live as long as the process:
+    ``gc.freeze()`` keeps the collector from scanning them again (a run spent about 0.1 s in
+    collections, one full pass over them alone 0.04 to 0.1 s)."""
+    gc.freeze()
     once = _one_composition() if sets_no_mode(sys.argv[1:]) else contextlib.nullcontext()
     with once:
         _main()
