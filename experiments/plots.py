@@ -326,7 +326,7 @@ def plan_traffic(network, plan: Mapping) -> np.ndarray:
     it: every pipeline boundary's device pairs and, per rank, the ring of each tensor, context
     and data-parallel group (its members in id order), routed as the cost model routes them
     (shares of a split flow count as shares)."""
-    from nest.cost.groups import group_arrays
+    from nest.core.plan import group_arrays
 
     load = np.zeros(network.num_links)
     pairs: list[tuple[int, int]] = []

@@ -3,7 +3,7 @@
 - ``throughput_vs_devices.png`` when the sweep has several device counts (Figure 5's shape);
 - ``throughput_vs_microbatch.png`` when it has several microbatch sizes (Figure 6's shape);
 - ``scaling.png`` when it has several device counts: throughput, MFU and cost per token against
-  the devices (:mod:`experiments.scaling`);
+  the devices (:mod:`experiments.scaling_plot`);
 - per model and cluster, at the largest scale where some planner fits: ``memory_<case>.png``
   (per-stage memory, one panel per planner) and ``placement_<case>.png`` (the devices coloured by
   stage and by replica, one row per planner).
@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import plots
-from experiments.scaling import plot_scaling
+from experiments.scaling_plot import plot_scaling
 
 PANEL_KEYS = ("model", "cluster", "variant", "devices", "microbatch")
 

@@ -206,7 +206,8 @@ def test_translated_ranks_have_the_same_group_splits():
     between, e.g., pipeline ranks in different scalable units)."""
     import random
 
-    from nest.cost.groups import GROUP_KINDS, RankGroups, translated
+    from nest.core.plan import GROUP_KINDS
+    from nest.cost.groups import RankGroups, translated
 
     rng = random.Random(5)
     for fanouts in [(4,), (2, 4), (4, 2, 4), (2, 2, 2, 2)]:

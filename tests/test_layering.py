@@ -60,3 +60,133 @@ def test_the_layering_check_sees_imports():
     evaluate = dict(_imports(ROOT / "nest" / "cost" / "evaluate.py"))
     assert "nest.cost.state" in evaluate
     assert "nest.core.build" in dict(_imports(ROOT / "baselines" / "fixed.py"))
+
+
+# Rooms: a top-level module file (``nest/planner.py``) or a sub-package as a whole
+# (``nest/cost/``); an import between two rooms is an edge, wherever it stands (inside a function,
+# under TYPE_CHECKING): a cycle between rooms means neither can be read, tested or loaded alone.
+ROOM_PACKAGES = ("nest", "baselines", "experiments")
+
+LAYERS = (
+    ("nest.core",),
+    ("nest", "nest.cost", "nest.graph", "nest.profile"),
+    ("nest.planner", "nest.export"),
+    ("nest.dp",),
+    ("nest.exact",),
+    ("nest.analysis",),
+    ("nest.app",),
+    ("nest.explain", "nest.validate"),
+)
+"""The library's layers, lowest first: a room imports only rooms of lower layers, so rooms of one
+layer (the cost model and the graph, say) never import each other."""
+
+
+def _module_files(packages) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of ``packages``."""
+    out = {}
+    for package in packages:
+        for path in _sources(package):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def _room(module: str) -> str:
+    """``nest.cost.groups`` -> ``nest.cost``; ``nest.planner`` -> itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def _imported_modules(module: str, path: Path) -> list[str]:
+    """Every module an import statement of ``path`` names (relative ones resolved; for
+    ``from X import y`` both ``X`` and ``X.y``, which may be a module)."""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package[: len(package) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            out += [base] + [f"{base}.{alias.name}" for alias in node.names]
+    return out
+
+
+def room_graph(packages=ROOM_PACKAGES) -> dict[str, set[str]]:
+    """Room -> the other rooms of ``packages`` it imports."""
+    modules = _module_files(packages)
+    edges: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        here = _room(module)
+        edges.setdefault(here, set())
+        for name in _imported_modules(module, path):
+            while name and name not in modules:  # an imported name, not a module
+                name = name.rpartition(".")[0]
+            if name and _room(name) != here:
+                edges[here].add(_room(name))
+    return edges
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as ``[a, b, ..., a]``, or None (depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle_between_rooms():
+    cycle = find_cycle(room_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_cycles_and_sees_nested_imports():
+    """The check above cannot pass by seeing nothing: it finds a planted cycle, and the room
+    graph holds imports made inside functions (the exact solvers import OR-Tools there; the
+    sweep's callback imports the aggregation there)."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+    edges = room_graph()
+    assert "experiments.aggregate" in edges["experiments.callbacks"]  # inside a method
+    assert "nest.graph" in edges["nest.app"]  # inside build_cluster
+    assert {"nest.cost", "nest.core"} <= edges["nest.planner"]
+
+
+def test_the_core_imports_nothing_above_it():
+    """``nest.core`` (errors, units, hardware, model, topology, problem, plan, report) is what
+    every other room is written in; it imports no other room of the library."""
+    above = room_graph(("nest",))["nest.core"]
+    assert not above, f"nest.core imports {sorted(above)}"
+
+
+def test_the_library_is_layered():
+    """Each room of ``nest`` imports only rooms of lower layers (:data:`LAYERS`); a new room
+    must be given a layer."""
+    layer = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}
+    edges = room_graph(("nest",))
+    assert set(edges) == set(layer), f"rooms without a layer: {sorted(set(edges) - set(layer))}"
+    bad = [
+        f"{room} (layer {layer[room]}) imports {other} (layer {layer[other]})"
+        for room, targets in edges.items()
+        for other in targets
+        if layer[other] >= layer[room]
+    ]
+    assert not bad, bad

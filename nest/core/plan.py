@@ -222,6 +222,28 @@ def place(
     return offset + p + d + c + t
 
 
+GROUP_KINDS = ("tp", "cp", "ep", "dense_dp", "expert_dp")
+"""The kinds of communication group of a pipeline rank (:func:`group_arrays`; what each carries
+and how its collectives are priced: :mod:`nest.cost.groups`)."""
+
+
+def group_arrays(devices, ep: int) -> dict[str, np.ndarray]:
+    """The groups of each kind (:data:`GROUP_KINDS`) of one rank's ``[dp][cp][tp]`` devices, one
+    group per row: expert ranks are carved out of the ``dp x cp`` ranks (Megatron-Core's
+    convention), dense gradients sync over all ``dp x cp`` ranks of a tensor rank."""
+    devices = np.asarray(devices, dtype=np.int64)
+    dp, cp, tp = devices.shape
+    flat = devices.reshape(dp * cp, tp)  # row j = replica * cp + context rank
+    blocks = flat.reshape(dp * cp // ep, ep, tp)
+    return {
+        "tp": flat,
+        "cp": devices.transpose(0, 2, 1).reshape(-1, cp),
+        "ep": blocks.transpose(0, 2, 1).reshape(-1, ep),
+        "dense_dp": flat.T,
+        "expert_dp": blocks.transpose(1, 2, 0).reshape(-1, dp * cp // ep),
+    }
+
+
 def uniform_partition(num_layers: int, parts: int) -> list[int]:
     """Split ``num_layers`` into ``parts`` contiguous counts differing by at most one."""
     if not 1 <= parts <= num_layers:

@@ -22,15 +22,12 @@ shares links instead, and keeps a hierarchy derived from the graph here.
 
 from dataclasses import dataclass, field
 from math import prod
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from nest.core.errors import UserError
+from nest.core.fabric import Fabric
 from nest.core.hardware import Device
-
-if TYPE_CHECKING:
-    from nest.graph.network import Network
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,7 +77,7 @@ class Cluster:
     name: str
     device: Device
     levels: tuple[Level, ...]
-    network: "Network | None" = None
+    network: Fabric | None = None
     """A graph cluster's network (:mod:`nest.graph`): it prices every collective and transfer,
     and ``levels`` is then the hierarchy derived from it (:mod:`nest.graph.derive`), which
     numbers the devices for structured placements. None on a hierarchy."""

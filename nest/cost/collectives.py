@@ -36,17 +36,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from nest.core.alphabeta import affine_time_s, ring_forms
+from nest.core.fabric import GroupClass, LinkClass, class_forms
 from nest.core.topology import Cluster
-from nest.graph.classes import GroupClass, LinkClass, class_forms
 
 Factors = tuple[int, ...]
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
 def linear_forms(op: str, splits, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
     """``(a, c)`` for every row of ``splits`` (shape ``[n, levels]``): a collective ``op`` of
     ``S > 0`` bytes on a group split so costs ``a S + c`` seconds (module docstring). On a graph
-    cluster the "splits" are cost classes that carry their own forms (:mod:`nest.graph`)."""
+    cluster the "splits" are cost classes that carry their own forms (:mod:`nest.core.fabric`);
+    the ring collectives' forms are :func:`nest.core.alphabeta.ring_forms`."""
     if len(splits) and isinstance(splits[0], GroupClass):
         return class_forms(op, splits)
     k = np.asarray(splits, dtype=float).reshape(-1, cluster.num_levels)
@@ -59,31 +60,10 @@ def linear_forms(op: str, splits, cluster: Cluster) -> tuple[np.ndarray, np.ndar
     return ring_forms(op, k, bw, alpha)
 
 
-def ring_forms(op: str, k: np.ndarray, bw, alpha) -> tuple[np.ndarray, np.ndarray]:
-    """``(a, c)`` per row of the level splits ``k`` (``[n, levels]``) of the hierarchical ring
-    collectives (module docstring) with per-level bandwidth ``bw`` (bytes/s) and latency
-    ``alpha`` (s): the cost model's levels here, a graph's floor figures in
-    :func:`nest.graph.floors.floor_forms`."""
-    if op not in OPS or op == "all_to_all":
-        raise ValueError(f"unknown ring collective {op!r}; one of {OPS[:3]}")
-    below = np.cumprod(np.hstack([np.ones((len(k), 1)), k[:, :-1]]), axis=1)  # prod_{j<l} k_j
-    a = ((k - 1) / k / below / bw).sum(axis=1)
-    c = ((k - 1) * alpha).sum(axis=1)
-    return (2 * a, 2 * c) if op == "all_reduce" else (a, c)
-
-
 def linear_form(op: str, factors: Factors, cluster: Cluster) -> tuple[float, float]:
     """``(a, c)`` of one level split: ``time(S) = a S + c`` seconds for ``S > 0`` bytes."""
     a, c = linear_forms(op, [factors], cluster)
     return float(a[0]), float(c[0])
-
-
-def affine_time_s(a, c, n_bytes):
-    """``a S + c`` where ``S > 0`` bytes, else 0 (scalars or numpy arrays alike)."""
-    if np.ndim(n_bytes) == 0:
-        return a * n_bytes + c if n_bytes > 0 else 0.0
-    n_bytes = np.asarray(n_bytes, dtype=float)
-    return np.where(n_bytes > 0, a * n_bytes + c, 0.0)
 
 
 def split_time_s(op: str, n_bytes: float, factors: Factors, cluster: Cluster) -> float:
@@ -138,7 +118,7 @@ def collective_time_s(op: str, n_bytes: float, group: Sequence[int], cluster: Cl
 def p2p_time_s(n_bytes, level, cluster: Cluster):
     """Point-to-point transfer of ``n_bytes`` (scalar or array) between devices whose common
     level is ``level``: ``S / bw + alpha``; level -1 (the same device) costs nothing. On a graph
-    cluster ``level`` is a pair's cost class (:class:`nest.graph.classes.LinkClass`)."""
+    cluster ``level`` is a pair's cost class (:class:`nest.core.fabric.LinkClass`)."""
     if isinstance(level, LinkClass):
         return affine_time_s(level.a, level.c, n_bytes)
     if level < 0:

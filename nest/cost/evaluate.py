@@ -125,12 +125,19 @@ class Chunk:
         return self.layers[-1][0].boundary_bytes
 
     def collectives(self, direction: str) -> list[tuple[Collective, int]]:
-        """The chunk's collectives of one direction (``f`` or ``b``), with multiplicities."""
+        """The chunk's collectives of one direction (``f`` or ``b``), with multiplicities, in
+        the order they first occur. Layers that share one cost (a chunk's identical blocks) are
+        counted together, so each distinct layer's collectives are counted once."""
+        same: Counter = Counter((id(cost), mode, blk) for cost, mode, blk in self.layers)
         counter: Counter = Counter()
         for cost, mode, blk in self.layers:
-            counter.update(
-                fwd_collectives(cost) if direction == "f" else bwd_collectives(cost, mode, blk)
-            )
+            n = same.pop((id(cost), mode, blk), 0)
+            if n:
+                colls = (
+                    fwd_collectives(cost) if direction == "f" else bwd_collectives(cost, mode, blk)
+                )
+                for coll in colls:
+                    counter[coll] += n
         return list(counter.items())
 
 
@@ -154,29 +161,33 @@ def _chunks(problem: Problem, plan: Plan) -> list[Chunk]:
 
 
 def _stage_report(
-    problem: Problem, plan: Plan, k: int, chunks: list[Chunk], groups: RankGroups, state: ModelState
+    problem: Problem,
+    plan: Plan,
+    k: int,
+    chunks: list[Chunk],
+    groups: RankGroups,
+    state: ModelState,
+    rank_devices: list[np.ndarray],
 ) -> StageReport:
-    """Chunk ``k``'s forward and backward per microbatch, term by term."""
+    """Chunk ``k``'s forward and backward per microbatch, term by term (``rank_devices``: each
+    pipeline rank's devices as an array, converted once)."""
     cluster = problem.cluster
     stage, chunk = plan.stages[k], chunks[k]
+    devices = rank_devices[k % plan.pp]
     fwd_colls, bwd_colls = chunk.collectives("f"), chunk.collectives("b")
-    comm = {  # exposed (charged) forward and backward time per axis
-        axis: (groups.axis_time_s(fwd_colls, axis), groups.axis_time_s(bwd_colls, axis))
-        for axis in AXES
-    }
-    total = {  # and all of it, hidden or not
-        axis: groups.axis_time_s(fwd_colls, axis, exposed=False)
-        + groups.axis_time_s(bwd_colls, axis, exposed=False)
-        for axis in AXES
-    }
+    # per axis, (exposed, total) of the forward's and of the backward's collectives
+    fwd_comm = {axis: groups.axis_times_s(fwd_colls, axis) for axis in AXES}
+    bwd_comm = {axis: groups.axis_times_s(bwd_colls, axis) for axis in AXES}
+    comm = {axis: (fwd_comm[axis][0], bwd_comm[axis][0]) for axis in AXES}  # exposed: charged
+    total = {axis: fwd_comm[axis][1] + bwd_comm[axis][1] for axis in AXES}  # hidden or not
     zero3_fwd, zero3_bwd = state.zero3_traffic_s(groups, chunk.dense_params, chunk.expert_params)
     p2p_fwd = p2p_bwd = 0.0
     if k + 1 < len(chunks):  # the output to the next chunk's devices
         # the device pairs' shared levels (a graph: their cost classes)
-        classes = p2p_classes(cluster, stage.devices, plan.stages[k + 1].devices)
+        classes = p2p_classes(cluster, devices, rank_devices[(k + 1) % plan.pp])
         p2p_fwd = pair_p2p_time_s(chunk.boundary_bytes, classes, cluster)
     if k > 0:  # the gradient of the input back to the previous chunk's devices
-        classes = p2p_classes(cluster, stage.devices, plan.stages[k - 1].devices)
+        classes = p2p_classes(cluster, devices, rank_devices[(k - 1) % plan.pp])
         p2p_bwd = pair_p2p_time_s(chunks[k - 1].boundary_bytes, classes, cluster)
     compute_fwd = sum(cost.fwd_s for cost, _, _ in chunk.layers)
     compute_bwd = sum(cost.bwd_s for cost, _, _ in chunk.layers)
@@ -256,8 +267,9 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
     state = ModelState.of(problem, zero_stage=plan.zero_stage, dp=plan.dp, cp=plan.cp, ep=plan.ep)
     groups = rank_groups(plan, cluster)
     chunks = _chunks(problem, plan)
+    rank_devices = [np.asarray(plan.stages[r].devices, dtype=np.int64) for r in range(plan.pp)]
     stages = [
-        _stage_report(problem, plan, k, chunks, groups[k % plan.pp], state)
+        _stage_report(problem, plan, k, chunks, groups[k % plan.pp], state, rank_devices)
         for k in range(len(chunks))
     ]
     ranks = [

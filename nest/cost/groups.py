@@ -25,29 +25,15 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from nest.core.alphabeta import OPS
 from nest.core.layers import Collective
+from nest.core.plan import group_arrays
 from nest.core.topology import Cluster
-from nest.cost.collectives import OPS, linear_forms
+from nest.cost.collectives import linear_forms
 from nest.cost.compute import exposed_s
 
-GROUP_KINDS = ("tp", "cp", "ep", "dense_dp", "expert_dp")
 AXES = ("tp", "cp", "ep")
 """The kinds that carry a layer's own collectives (:attr:`nest.core.layers.Collective.axis`)."""
-
-
-def group_arrays(devices, ep: int) -> dict[str, np.ndarray]:
-    """The groups of each kind of one rank's ``[dp][cp][tp]`` devices, one group per row."""
-    devices = np.asarray(devices, dtype=np.int64)
-    dp, cp, tp = devices.shape
-    flat = devices.reshape(dp * cp, tp)  # row j = replica * cp + context rank
-    blocks = flat.reshape(dp * cp // ep, ep, tp)
-    return {
-        "tp": flat,
-        "cp": devices.transpose(0, 2, 1).reshape(-1, cp),
-        "ep": blocks.transpose(0, 2, 1).reshape(-1, ep),
-        "dense_dp": flat.T,
-        "expert_dp": blocks.transpose(1, 2, 0).reshape(-1, dp * cp // ep),
-    }
 
 
 def translated(devices, cluster: Cluster) -> np.ndarray:
@@ -99,7 +85,7 @@ class RankGroups:
     def splits(self, kind: str) -> tuple:
         """The distinct level splits of the groups of ``kind``, sorted (empty for groups of
         one member: they never communicate); on a graph, their cost classes
-        (:class:`nest.graph.classes.GroupClass`)."""
+        (:class:`nest.core.fabric.GroupClass`)."""
         got = self._splits.get(kind)
         if got is None:
             arr = self.arrays[kind]
@@ -145,17 +131,25 @@ class RankGroups:
     ) -> float:
         """The collectives of ``axis`` among ``(collective, count)`` pairs (a stage's, over
         all its layers), run one after another on every group of ``axis`` at once: the slowest
-        group's total, seconds (:func:`collectives_time_s` on each split's forms); only the
-        part their overlap does not hide (``exposed``) or all of it."""
-        collectives = list(collectives)
+        group's total, seconds; only the part their overlap does not hide (``exposed``) or all
+        of it (:meth:`axis_times_s`)."""
+        return self.axis_times_s(collectives, axis)[0 if exposed else 1]
+
+    def axis_times_s(
+        self, collectives: Iterable[tuple[Collective, int]], axis: str
+    ) -> tuple[float, float]:
+        """``(exposed, total)``: :meth:`axis_time_s` both ways, each collective priced once per
+        split (:func:`collectives_times_s`); each is its own slowest group's."""
+        collectives = [pair for pair in collectives if pair[0].axis == axis]
+        if not collectives:
+            return 0.0, 0.0
         forms = self.forms(axis)
-        return max(
-            (
-                collectives_time_s(collectives, axis, forms, k, exposed=exposed)
-                for k in range(len(self.splits(axis)))
-            ),
-            default=0.0,
-        )
+        per_split = [
+            collectives_times_s(collectives, axis, forms, k) for k in range(len(self.splits(axis)))
+        ]
+        exposed = max((e for e, _ in per_split), default=0.0)
+        total = max((t for _, t in per_split), default=0.0)
+        return exposed, total
 
 
 def rank_groups(plan, cluster: Cluster) -> list[RankGroups]:
@@ -206,12 +200,21 @@ def collectives_time_s(
     """Seconds of the collectives of ``axis`` among ``(collective, count)`` pairs, one after
     another, on one group whose split has the forms ``forms[op][0][k], forms[op][1][k]``
     (:meth:`RankGroups.forms` or :func:`split_forms`): each collective's exposed part
-    (:func:`nest.cost.compute.exposed_s`), or its whole time. A stage sums this over its layers
-    per split and takes the slowest split (:meth:`RankGroups.axis_time_s`)."""
-    total = 0.0
+    (:func:`nest.cost.compute.exposed_s`), or its whole time (:func:`collectives_times_s`)."""
+    return collectives_times_s(collectives, axis, forms, k)[0 if exposed else 1]
+
+
+def collectives_times_s(
+    collectives: Iterable[tuple[Collective, int]], axis: str, forms: dict, k: int = 0
+) -> tuple[float, float]:
+    """``(exposed, total)`` seconds of :func:`collectives_time_s`, each collective priced once.
+    A stage sums this over its layers per split and takes the slowest split
+    (:meth:`RankGroups.axis_times_s`)."""
+    exposed = total = 0.0
     for coll, count in collectives:
         if coll.axis == axis and coll.n_bytes > 0 and forms[coll.op] is not None:
             a, c = forms[coll.op]
             t = float(a[k]) * coll.n_bytes + float(c[k])
-            total += count * (exposed_s(t, coll) if exposed else t)
-    return total
+            exposed += count * exposed_s(t, coll)
+            total += count * t
+    return exposed, total

@@ -93,10 +93,11 @@ from itertools import product
 
 import numpy as np
 
+from nest.core.alphabeta import OPS
 from nest.core.axes import LayerKind, Recompute, Schedule
 from nest.core.layers import Collective, Shard
 from nest.core.problem import Problem
-from nest.cost.collectives import OPS, floor_forms, p2p_floor_s
+from nest.cost.collectives import floor_forms, p2p_floor_s
 from nest.cost.compute import bwd_collectives, exposed_s, fwd_collectives, recompute_s
 from nest.cost.groups import collectives_time_s, split_forms
 from nest.cost.memory import peak_bytes, stored_bytes

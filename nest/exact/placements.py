@@ -35,8 +35,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from nest.core.errors import UserError
+from nest.core.plan import GROUP_KINDS, group_arrays
 from nest.core.topology import Cluster
-from nest.cost.groups import GROUP_KINDS, group_arrays
 from nest.graph.placements import graph_assignments, graph_signature
 
 

@@ -3,7 +3,8 @@ measured tables, your own file) priced by the shared cost model.
 
 - :mod:`nest.graph.build`: the file format, validation, measured tables, the Cluster of a graph;
 - :mod:`nest.graph.generators`: presets with cited link figures;
-- :mod:`nest.graph.network`: routing, link sharing and the collectives' cost classes;
+- :mod:`nest.graph.network`: routing, link sharing and the collectives' cost classes (the
+  :class:`~nest.core.fabric.Fabric` the cost model asks);
 - :mod:`nest.graph.derive`: the hierarchy structured placements use;
 - :mod:`nest.graph.floors`: provable floors for the search's bounds;
 - :mod:`nest.graph.placements`: the exact planners' placements on a graph.

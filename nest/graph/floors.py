@@ -44,6 +44,7 @@ group. This is weaker than the hierarchy's per-level form; weaker bounds only co
 
 import numpy as np
 
+from nest.core.alphabeta import ring_forms
 from nest.graph.network import Network, least_costs
 
 
@@ -115,6 +116,4 @@ def floor_forms(net: Network, op: str, splits) -> tuple[np.ndarray, np.ndarray]:
     if op == "all_to_all":
         m = 1.0 + (k - 1).sum(axis=1)
         return (1.0 - 1.0 / m) / rate.max(), (m - 1.0) * latency.min()
-    from nest.cost.collectives import ring_forms  # the cost model's formula at floor figures
-
-    return ring_forms(op, k, rate, latency)
+    return ring_forms(op, k, rate, latency)  # the hierarchy's formula at the floor figures

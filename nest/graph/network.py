@@ -44,9 +44,10 @@ level, each device on its own link to each: :func:`nest.graph.generators.hierarc
 groups of a kind share a link and every formula reduces to the hierarchical model's (tested).
 
 What the cost model keeps per group kind is the set of *cost classes*
-(:class:`nest.graph.classes.GroupClass`: the affine forms of one group) with dominated ones
+(:class:`nest.core.fabric.GroupClass`: the affine forms of one group) with dominated ones
 dropped, so a collective's time is still "the slowest group", now
-with contention inside it.
+with contention inside it. A :class:`Network` is the :class:`nest.core.fabric.Fabric` the cost
+model asks.
 """
 
 from collections.abc import Sequence
@@ -54,7 +55,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nest.graph.classes import GroupClass, LinkClass, pareto
+from nest.core.alphabeta import affine_time_s
+from nest.core.fabric import GroupClass, LinkClass
 
 REFERENCE_BYTES = 2**20
 """Routing metric: a link costs its latency plus the time it takes to carry this many bytes."""
@@ -441,8 +443,6 @@ class Network:
     def p2p_floor_s(self, n_bytes, level: int):
         """A floor on a stage boundary's transfer of ``n_bytes`` between device pairs whose
         lowest common level is ``level``."""
-        from nest.cost.collectives import affine_time_s
-
         rate, latency = self.pair_bounds()
         return affine_time_s(1.0 / rate[level], latency[level], n_bytes)
 
@@ -485,6 +485,17 @@ def rings_of(g: np.ndarray, block: np.ndarray, pos: np.ndarray):
     big = sizes >= 2
     renumber = np.cumsum(big) - 1
     return src[keep], dst[keep], renumber[ring[keep]], ring_row[big], sizes[big]
+
+
+def pareto(values: list[tuple]) -> list[tuple]:
+    """The tuples no other tuple dominates (at least as large in every entry), sorted: the maximum
+    of ``a S + c`` over them equals the maximum over all of them for every ``S >= 0``."""
+    unique = sorted(set(values))
+    return [
+        v
+        for v in unique
+        if not any(w != v and all(x >= y for x, y in zip(w, v, strict=True)) for w in unique)
+    ]
 
 
 def least_costs(net: Network, weight: np.ndarray) -> np.ndarray:

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from nest.core.errors import UserError
-from nest.cost.groups import GROUP_KINDS, group_arrays
+from nest.core.plan import GROUP_KINDS, group_arrays
 
 
 def graph_signature(network, grid: np.ndarray, ep: int, cache: dict) -> tuple:
