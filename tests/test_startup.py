@@ -1,4 +1,4 @@
-"""What a run loads and composes: only what it needs (docs/speed-startup.md).
+"""What a run loads and composes: only what it needs (docs/trust/startup.md).
 
 A plain ``python run.py solver=nest cluster=dgx_8x8 model=llama2_7b`` plans on a hierarchy and
 prints its summary: it needs neither networkx (graph clusters), matplotlib (plots), pandas
