@@ -16,7 +16,7 @@ Two rank orders are the same point of the space iff they place every device alik
 decided by computing the placement each order produces (:func:`grid`, mixed-radix device ids in
 the order, innermost first, as the docstring of :func:`nest.core.plan.place` states) and the groups
 it forms (:func:`placement`), never by the space's own shortcut ("the axes of degree > 1 in the
-same order"), which :func:`tests.test_space_oracle` checks against this one.
+same order"), which ``tests/test_space_oracle.py`` checks against this one.
 
 Only the public domain types are used (:class:`~nest.core.plan.ParallelConfig`, the problem, the
 rank-order parser); the space's options are taken as the planner's keyword arguments
@@ -161,7 +161,8 @@ def schedules(options: dict, blocks: int, pp: int, m: int) -> list[tuple[Schedul
 
 # ------------------------------------------------------------------------------ the space
 def _allowed(options: dict, key: str, value) -> bool:
-    """An option restricts the space: a value must be listed (None: every value)."""
+    """An option restricts the space (``SpaceOptions``: "Restrictions of the space"): a value
+    must be listed (None: every value) and pass every rule; a listed value never adds one."""
     given = options.get(key)
     return given is None or value in given
 

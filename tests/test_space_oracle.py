@@ -173,6 +173,10 @@ def test_space_equals_the_oracle_on_graph_clusters():
         _compare(problem, options, (seed, options))
 
 
+HBM_GIB = (0.001, 0.002, 0.005, 0.01, 0.05, 1)
+"""Device memories of the exact cases: from nothing fits to everything fits."""
+
+
 def exact_case(seed: int, max_plans: int = 1000):
     """A tiny problem (2-8 devices, 1-6 blocks, memory from tight to ample) and a random
     restriction whose oracle space holds 1 .. ``max_plans`` plans (a third of them interleaved
@@ -185,7 +189,9 @@ def exact_case(seed: int, max_plans: int = 1000):
             problem,
             cluster=make_cluster(
                 fanouts=tuple(lv.fanout for lv in problem.cluster.levels),
-                device=make_device(hbm_bytes=rng.choice([0.001, 0.002, 0.005, 0.01, 0.05, 1]) * 2**30),
+                device=make_device(
+                    hbm_bytes=rng.choice([0.001, 0.002, 0.005, 0.01, 0.05, 1]) * 2**30
+                ),
             ),
         )
         options = random_options(rng, problem.cluster.num_devices)
@@ -244,3 +250,18 @@ def test_nest_is_the_minimum_of_evaluate_over_the_oracles_plans():
         infeasible,
         zero_checked,
     )
+
+
+def test_the_random_suites_draw_from_every_order_the_space_allows():
+    """tests/randomcase.py's :data:`RANK_ORDERS` (what the nest == brute suites draw from) are
+    the oracle's six orders and exactly the orders the space yields when every axis but tp has
+    degree > 1 (before, the suites drew from four: ``tp,dp,cp,pp`` and ``tp,pp,cp,dp`` were in
+    no case)."""
+    from .randomcase import RANK_ORDERS
+
+    assert sorted(RANK_ORDERS) == sorted(ORDER_STRINGS)
+    spec = ModelSpec(name="t", hidden=64, layers=2, heads=4, ffn_hidden=128, vocab=256, seq_len=64)
+    problem = make_problem(spec, make_cluster(fanouts=(2, 4)), global_batch=8)
+    options = dict(tp=[1], cp=[2], pp=[2], schedules=["1f1b"])
+    used = {",".join(c.rank_order) for c in _space_configs(problem, options) if c.dp == 2}
+    assert used == set(RANK_ORDERS), used
