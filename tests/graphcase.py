@@ -13,6 +13,7 @@ from nest.graph.build import graph_cluster
 from nest.graph.generators import hierarchy_graph, leaf_spine, rail_optimized, tpuv4_torus
 
 from .conftest import make_cluster, make_device, make_problem
+from .randomcase import random_rank_orders
 
 FAMILIES = ("torus", "switches", "rails", "leaf_spine", "hierarchy", "complete")
 
@@ -151,11 +152,10 @@ def graph_case(seed: int, *, max_plans: int = 2500, max_devices: int = 16):
             cp_comm_overlap=overlap.random() < 0.5,
             ep_comm_overlap=overlap.random() < 0.5,
         )
-        orders = ["tp,cp,dp,pp", "tp,cp,pp,dp", "tp,dp,pp,cp", "tp,pp,dp,cp"]
         options = dict(
             zero_stages=sorted(rng.sample([0, 1, 2, 3], rng.randint(1, 2))),
             recompute=sorted(rng.sample(["none", "selective", "full"], rng.randint(1, 3))),
-            rank_orders=rng.sample(orders, rng.randint(1, 2)),
+            rank_orders=random_rank_orders(rng),
             schedules=rng.choice([["1f1b"], ["1f1b", "interleaved"]]),
         )
         if count_plans(problem, SpaceOptions(**options)) <= max_plans:

@@ -1,12 +1,25 @@
 """Random small problems and valid structured plans, drawn from a seed."""
 
 import random
+from itertools import permutations
 
 from baselines.fixed import FixedPlanner
 from nest.core.axes import Optimizer, Recompute
 from nest.core.model import ModelSpec
 
 from .conftest import make_cluster, make_device, make_problem
+
+RANK_ORDERS: tuple[str, ...] = tuple(
+    ",".join(("tp", *rest)) for rest in permutations(("cp", "dp", "pp"))
+)
+"""Every rank order the space allows: ``tp`` innermost, any order of ``cp, dp, pp`` above it
+(nest/dp/space.py; tests/test_space_oracle.py checks the space uses exactly these six)."""
+
+
+def random_rank_orders(rng: random.Random) -> list[str]:
+    """One or two of :data:`RANK_ORDERS`, for a random restriction of the space: the exactness
+    suites (nest == brute) draw from all six, not a fixed subset."""
+    return rng.sample(RANK_ORDERS, rng.randint(1, 2))
 
 
 def _divisors(n):

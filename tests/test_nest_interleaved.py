@@ -30,10 +30,8 @@ from nest.dp.space import (
 from nest.dp.stages import StageModel
 
 from .conftest import make_cluster, make_device, make_problem
-from .randomcase import assert_nest_equals_brute
+from .randomcase import assert_nest_equals_brute, random_rank_orders
 from .test_nest_dp import tiny_case
-
-ORDERS = ["tp,cp,dp,pp", "tp,cp,pp,dp", "tp,dp,pp,cp", "tp,pp,dp,cp"]
 
 
 def interleaved_case(seed: int, max_plans: int = 1500):
@@ -86,7 +84,7 @@ def interleaved_case(seed: int, max_plans: int = 1500):
         options = dict(
             zero_stages=sorted(rng.sample([0, 1, 2, 3], rng.randint(1, 2))),
             recompute=sorted(rng.sample(["none", "selective", "full"], rng.randint(1, 3))),
-            rank_orders=rng.sample(ORDERS, rng.randint(1, 2)),
+            rank_orders=random_rank_orders(rng),
             schedules=rng.choice([["1f1b", "interleaved"], ["interleaved"]]),
         )
         if rng.random() < 0.5:  # a pipeline is forced: 1F1B and interleaved compete directly

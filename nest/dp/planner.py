@@ -113,7 +113,12 @@ def smallest_peak_bytes(sm: StageModel, modes) -> float:
 def _space_rules(problem: Problem, options: SpaceOptions) -> list[str]:
     """The divisibility rules of :func:`nest.dp.space.families` that apply to this problem."""
     model, spec = problem.model, problem.model.spec
-    rules = [*model.shard_rules(), "dp must divide the global batch"]
+    n = problem.cluster.num_devices
+    rules = [
+        *model.shard_rules(),
+        "dp must divide the global batch",
+        f"tp must divide the {n} devices and cp the devices / tp",
+    ]
     if "interleaved" in options.schedules:
         rules.append(
             f"interleaved needs pp*v to divide the {spec.layers} blocks (or the {spec.layers} + 2 "

@@ -203,6 +203,11 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _restricted(given: Sequence[int] | None, valid: list[int]) -> Sequence[int]:
+    """The valid values a restriction lists, in its order (None: every valid value)."""
+    return valid if given is None else [v for v in given if v in valid]
+
+
 def _orders(options: SpaceOptions) -> list[tuple[Axis, ...]]:
     if options.rank_orders is None:
         return [(Axis.TP, *rest) for rest in permutations((Axis.CP, Axis.DP, Axis.PP))]
@@ -241,8 +246,11 @@ def families(problem: Problem, options: SpaceOptions) -> Iterator[Family]:
     orders = _orders(options)
     kinds = options.schedule_kinds, options.virtual_values
     batch_divisors = _divisors(training.global_batch)
-    for tp in options.tp or _divisors(n):
-        for cp in options.cp or _divisors(n // tp):
+    # a restriction intersects the space: a listed tp (cp) that does not divide the devices
+    # (devices / tp) is not in it (before: solver.tp=[3] on 8 devices added tp=3, which the
+    # whole space does not hold)
+    for tp in _restricted(options.tp, _divisors(n)):
+        for cp in _restricted(options.cp, _divisors(n // tp)):
             for pp in options.pp or range(1, chain + 1):
                 if pp > chain or tp * cp * pp > n:
                     continue
