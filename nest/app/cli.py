@@ -216,6 +216,26 @@ def _alternatives(problem, planner, plans, report, robust, result, out_dir, writ
     return text
 
 
+def _replanner(cfg, problem):
+    """``replan(option)`` for an export that falls back: the solver run again with the option
+    that keeps it inside what the target runs (a solver that has the option and did not use it),
+    ``None`` when that finds nothing."""
+    solver = OmegaConf.to_container(cfg.solver, resolve=True)
+    if "export_runnable" not in solver or solver.get("export_runnable"):
+        return None
+
+    def replan(option: str):
+        key, _, value = option.partition("=")
+        restricted = {**solver, key.removeprefix("solver."): value, "top_k": 1}
+        try:
+            with Progress(f"re-planning with {option}"):
+                return build_planner(restricted).solve(problem)
+        except (UserError, Infeasible):
+            return None
+
+    return replan
+
+
 def _explain_and_export(cfg, problem, plan, report, result, out_dir, targets, written) -> list:
     """``explain=true`` and ``export=...``: write their files, return the text blocks to print."""
     blocks = []
@@ -227,7 +247,7 @@ def _explain_and_export(cfg, problem, plan, report, result, out_dir, targets, wr
         written += ["explain.txt", "explain.json"]
         blocks.append(text)
     for target in targets:
-        exp = export_plan(problem, plan, target, report)
+        exp = export_plan(problem, plan, target, report, _replanner(cfg, problem))
         written += write_export(exp, out_dir)
         result.setdefault("export", {})[target] = {
             k: v for k, v in exp.to_dict().items() if k != "text"

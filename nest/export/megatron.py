@@ -101,7 +101,8 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     """The plan Megatron can run that differs least from ``plan``, and what had to change."""
     issues, changes = [], {}
     modes = [s.recompute for s in plan.stages]
-    if len(set(modes)) > 1:
+    held = {m for m, n in zip(modes, blocks_per_chunk(problem, plan), strict=True) if n}
+    if len(held) > 1:  # a stage without blocks has nothing to recompute
         strongest = strongest_recompute(plan)
         issues.append(
             f"per-stage recompute {[str(s.recompute) for s in plan.stages]} (Megatron applies one "
