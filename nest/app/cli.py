@@ -51,6 +51,7 @@ from nest.core.errors import (
 from nest.core.progress import Progress
 from nest.core.serialize import plan_to_dict, report_to_dict
 from nest.cost import evaluate
+from nest.cost.mfu import mfu_figures
 from nest.export import export_plan, format_export, targets_of, write_export
 from nest.planner import build_planner, check_memory_floor, solve_ranked
 
@@ -137,7 +138,7 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
         echo_error(f"infeasible: {exc.reason}")
         return result
     report = evaluate(problem, plan)
-    result = {**base, **report_to_dict(plan, report)}
+    result = {**base, **report_to_dict(plan, report), **mfu_figures(problem, report)}
     _write_json(out_dir / "plan.json", plan_to_dict(plan))
     _write_json(out_dir / "report.json", result)
     if cfg.get("simulate", False):
@@ -155,7 +156,8 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
         with Progress("drawing timeline.png"):
             plot_timeline(sim, out_dir / "timeline.png")
     summary = format_summary(problem, plan, report)
-    summary += "".join(f"\nnote: {n}" for n in problem.model.notes)
+    notes = (*problem.model.notes, *problem.cluster.device.notes)
+    summary += "".join(f"\nnote: {n}" for n in notes)
     if "simulation" in result:
         sim_d = result["simulation"]
         summary += (
