@@ -104,9 +104,11 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     held = {m for m, n in zip(modes, blocks_per_chunk(problem, plan), strict=True) if n}
     if len(held) > 1:  # a stage without blocks has nothing to recompute
         strongest = strongest_recompute(plan)
+        counts = {str(m): modes.count(m) for m in dict.fromkeys(modes)}
+        shown = ", ".join(f"{m} on {n} of {len(modes)}" for m, n in counts.items())
         issues.append(
-            f"per-stage recompute {[str(s.recompute) for s in plan.stages]} (Megatron applies one "
-            f"mode to every stage; used {strongest} everywhere)"
+            f"per-stage recompute ({shown} stages; Megatron applies one mode to every stage; used "
+            f"{strongest} everywhere)"
         )
         changes["recompute"] = [strongest] * len(modes)
     if plan.schedule is Schedule.GPIPE:
