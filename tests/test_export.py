@@ -551,4 +551,3 @@ def test_the_export_runs_what_the_plan_was_scored_with(defaults_problem, target,
         assert exp.exported_iteration_time_s == exp.plan_iteration_time_s and not exp.warnings
     if target == "megatron":  # Megatron can carry every default: nothing re-scored
         assert not differs
-
