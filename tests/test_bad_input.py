@@ -634,7 +634,20 @@ def _huge_cases():
         yield pytest.param("huge", overrides, named, id=overrides[-1])
 
 
+def _physical_range_cases():
+    """Figures no device has (a unit mistake): refused with the range and its reason."""
+    for override, named in [
+        ("cluster.device.hbm_gb=1e12", "hbm_gb=1e+12"),
+        ("cluster.device.peak_tflops=1e-9", "peak_tflops=1e-09"),
+        ("cluster.device.peak_tflops=9.894e14", "peak_tflops=9.894e+14"),  # FLOP/s for TFLOP/s
+        ("cluster.device.hbm_bw_gbps=3.35", "hbm_bw_gbps=3.35"),
+        ("cluster.levels.0.bw_gbps=4.5e8", "bw_gbps=4.5e+08"),
+    ]:
+        yield pytest.param("physical-range", [override], named, id=override)
+
+
 CORPUS = [
+    *_physical_range_cases(),
     *_non_finite_cases(),
     *_empty_list_cases(),
     *_unknown_key_cases(),
@@ -913,3 +926,71 @@ def test_subprocess_malformed_yaml_is_one_line(tmp_path):
     presets = presets_dir(tmp_path, "flow", MALFORMED["flow"][0].encode())
     line = one_error_line(run_py(tmp_path, "model=flow", f"hydra.searchpath=[file://{presets}]")[0])
     assert "malformed YAML" in line and "flow.yaml, line 3," in line
+
+
+# ------------------------------------------------------------------------------------------------
+# Devices without their own kernel figures, and graphs with attributes the model would ignore
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override", ["cluster.device.hbm_gb=1e12", "cluster.device.peak_tflops=1e-9"]
+)
+def test_physical_range_message_states_the_range(tmp_path, override):
+    result, _ = run_case(tmp_path, override)
+    assert "outside the physical range" in result["error"] and "check the unit" in result["error"]
+    assert re.search(r"\d[\d,.]*-[\d,.]+ (GB|TFLOP/s)", result["error"])
+
+
+def test_a_device_given_by_overrides_does_not_run_on_h100_kernel_figures(tmp_path):
+    """B200-like figures over the H100 preset (compute_model: shape): the GEMM ceiling, kernel
+    overhead and FlashAttention table are H100's, so the run uses the flat model (every FLOP at
+    peak x matmul_efficiency) and says so in one line."""
+    b200 = [
+        "cluster.device.name=b200",
+        "cluster.device.peak_tflops=2250",
+        "cluster.device.hbm_gb=192",
+    ]
+    cfg = compose("cluster=dgx_h100_superpod", *b200)
+    device = build_problem(cfg).cluster.device
+    assert device.compute_model == "flat"
+    (note,) = device.notes
+    assert_one_line(note)
+    assert "peak_tflops=2250" in note and "compute_model=flat" in note
+    # the preset itself keeps the shape model (its own published figures)
+    assert build_problem(compose("cluster=dgx_h100_superpod")).cluster.device.compute_model == (
+        "shape"
+    )
+    result, lines = run_case(tmp_path, "solver=fixed", "model=tiny", *b200)
+    assert result["status"] != "error", result.get("error")
+    assert any(f"note: {note}" in line for line in lines)
+
+
+def _graph(**node_extra):
+    from networkx import Graph
+
+    graph = Graph()
+    graph.add_node("a", kind="gpu", **node_extra)
+    graph.add_node("b", kind="gpu")
+    graph.add_edge("a", "b", bw_gbps=100, latency_us=1)
+    return graph
+
+
+def test_a_per_node_device_in_a_graph_is_refused():
+    from nest.graph.build import network_from_graph
+
+    with pytest.raises(UserError) as info:
+        network_from_graph(_graph(device="a100_80gb"), "g")
+    assert_one_line(str(info.value))
+    assert "device='a100_80gb'" in str(info.value) and "heterogeneous" in str(info.value)
+
+
+def test_unknown_graph_node_and_edge_attributes_are_refused():
+    from nest.graph.build import network_from_graph
+
+    with pytest.raises(UserError, match=r"node 'a' has attributes \['hbm_gb'\]"):
+        network_from_graph(_graph(hbm_gb=40), "g")
+    graph = _graph()
+    graph.edges["a", "b"]["bandwidth"] = 5
+    with pytest.raises(UserError, match=r"edge 'a' - 'b' has attributes \['bandwidth'\]"):
+        network_from_graph(graph, "g")

@@ -10,6 +10,7 @@ framework derives from the exported values (its batch arithmetic, its refusals, 
 data parallelism keeps per device in ZeRO terms); the tests check that this is the exported plan.
 """
 
+import dataclasses
 import json
 import tomllib
 
@@ -17,6 +18,8 @@ import pytest
 
 from baselines.fixed import FixedPlanner
 from nest.core.errors import UserError
+from nest.core.layers import AnalyticModel
+from nest.core.problem import Problem
 from nest.cost import evaluate
 from nest.export import export_plan, targets_of
 from nest.export.megatron import megatron_args
@@ -46,12 +49,29 @@ MEGATRON_FLAGS = {
     "--decoder-last-pipeline-num-layers",
     "--pipeline-model-parallel-layout",
     "--use-tp-pp-dp-mapping",
+    "--no-gradient-accumulation-fusion",
+    "--bf16",
+    "--grad-reduce-in-bf16",
+    "--overlap-grad-reduce",
+    "--tp-comm-overlap",
+    "--overlap-moe-expert-parallel-comm",
+    "--optimizer",
+    "--sgd-momentum",
 }
 
 
 @pytest.fixture(scope="module")
 def problem():
-    return make_problem(make_spec(layers=8, heads=8), make_cluster(fanouts=(4, 4)), global_batch=32)
+    """Settings both frameworks run as scored (fp32 gradients, the context ring overlapped, no
+    TP overlap), so the tests of the plan mapping see no re-scoring; the training defaults are
+    tested by ``test_the_export_runs_what_the_plan_was_scored_with``."""
+    return make_problem(
+        make_spec(layers=8, heads=8),
+        make_cluster(fanouts=(4, 4)),
+        global_batch=32,
+        grad_bytes=4,
+        cp_comm_overlap=True,
+    )
 
 
 def fixed(problem, **kw):
@@ -84,6 +104,7 @@ def test_megatron_uniform_plan(problem):
         "--recompute-method": "uniform",
         "--recompute-num-layers": "1",
         "--use-distributed-optimizer": "",
+        "--bf16": "",
     }
     exp = export_plan(problem, plan, "megatron")
     assert not exp.warnings
@@ -119,7 +140,9 @@ def test_megatron_interleaving_rank_order_and_zero3(problem):
     got = flags(problem, plan)
     assert got["--use-megatron-fsdp"] == "" and got["--ckpt-format"] == "fsdp_dtensor"
     assert got["--data-parallel-sharding-strategy"] == "optim_grads_params"
-    assert "--use-distributed-optimizer" not in got
+    # Megatron-FSDP's guide at the checked commit (megatron/core/distributed/fsdp/src/README.md)
+    # lists both beside --use-megatron-fsdp
+    assert "--use-distributed-optimizer" in got and "--no-gradient-accumulation-fusion" in got
 
 
 def test_megatron_warns_on_per_stage_recompute_with_the_nearest_plans_cost(problem):
@@ -266,6 +289,15 @@ def torchtitan_runs(t: dict, world: int) -> dict:
     else:
         mbs, n = local, 1
     reshard = par.get("fsdp_reshard_after_forward", "default")
+    # [training] mixed_precision_reduce is Literal["float32"] (its only value) and DDP runs fp32
+    # weights under autocast: 4-byte gradients. Async TP only under [training] compile.
+    assert tr.get("mixed_precision_reduce", "float32") == "float32"
+    assert tr.get("mixed_precision_param", "bfloat16") == "bfloat16"
+    settings = dict(
+        grad_bytes=4,
+        tp_comm_overlap=bool(par.get("enable_async_tensor_parallel") and tr.get("compile")),
+        ep_comm_overlap=False,
+    )
     if not fsdp:
         zero = 0 if rep > 1 else None  # None: no data parallelism, every stage is the same
     elif pp > 1:
@@ -274,7 +306,7 @@ def torchtitan_runs(t: dict, world: int) -> dict:
         zero = 2 if reshard == "never" else 3
     return dict(
         tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, microbatch_size=mbs, num_microbatches=steps * n,
-        global_batch=global_batch, zero_stage=zero, seq_len=tr.get("seq_len"),
+        global_batch=global_batch, zero_stage=zero, seq_len=tr.get("seq_len"), training=settings,
     )  # fmt: skip
 
 
@@ -308,11 +340,27 @@ def megatron_runs(flags: dict, world: int) -> dict:
     assert cp == 1 or seq % (2 * cp) == 0
     strategy = flags.get("--data-parallel-sharding-strategy")
     zero = {"optim_grads": 2, "optim_grads_params": 3}.get(strategy)
+    if zero is not None:  # the guide's required flags (fsdp/src/README.md)
+        assert "--use-distributed-optimizer" in flags
+        assert "--no-gradient-accumulation-fusion" in flags
+    # Training settings: every one off by default; --bf16 reduces in fp32 unless
+    # --grad-reduce-in-bf16; --tp-comm-overlap asserts --sequence-parallel; --cp-comm-type
+    # defaults to p2p (the ring overlapped).
+    assert "--bf16" in flags
+    if "--tp-comm-overlap" in flags:
+        assert "--sequence-parallel" in flags
+    settings = dict(
+        grad_bytes=2 if "--grad-reduce-in-bf16" in flags else 4,
+        overlap_grad_sync="--overlap-grad-reduce" in flags,
+        tp_comm_overlap="--tp-comm-overlap" in flags,
+        cp_comm_overlap=True,
+        ep_comm_overlap="--overlap-moe-expert-parallel-comm" in flags,
+    )
     if zero is None:
         zero = 1 if "--use-distributed-optimizer" in flags else 0
     return dict(
         tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, microbatch_size=micro, num_microbatches=n,
-        global_batch=global_batch, zero_stage=zero, seq_len=seq,
+        global_batch=global_batch, zero_stage=zero, seq_len=seq, training=settings,
     )  # fmt: skip
 
 
@@ -402,6 +450,7 @@ def test_torchtitan_expert_parallelism_needs_ep_a_multiple_of_cp():
         make_spec(layers=4, heads=8, num_experts=4, top_k=2, seq_len=128),
         make_cluster(fanouts=(4, 4)),
         global_batch=32,
+        grad_bytes=4,  # as torchtitan runs
     )
     plan = fixed(moe, tp=1, cp=4, pp=1, dp=4, ep=2, zero_stage=3)
     exp = export_plan(moe, plan, "torchtitan")
@@ -431,3 +480,74 @@ def test_targets_and_cli(tmp_path):
     assert any("--pipeline-model-parallel-size" in line for line in lines)
     _, bad, _, _, lines = run_case(tmp_path / "bad", "export=deepspeed")
     assert bad["status"] == "error" and lines == [f"error: {bad['error']}"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Every assumption of the score is exported, or the export re-scores under what the framework runs
+# ------------------------------------------------------------------------------------------------
+
+
+def as_run(problem, settings: dict):
+    """The problem under the training settings a framework derives from the exported values,
+    built here independently of the exporter (the analytic model carries the overlaps)."""
+    training = dataclasses.replace(problem.training, **settings)
+    model = AnalyticModel(
+        problem.model.spec,
+        flash_attention=problem.training.flash_attention,
+        overlap=training.overlap,
+    )
+    return Problem(model=model, cluster=problem.cluster, training=training)
+
+
+@pytest.fixture(scope="module")
+def defaults_problem():
+    """conf/training/default.yaml's settings: bf16 gradients, every overlap the model knows on."""
+    return make_problem(
+        make_spec(layers=8, heads=8),
+        make_cluster(fanouts=(4, 4)),
+        global_batch=32,
+        overlap_grad_sync=True,
+        tp_comm_overlap=True,
+        cp_comm_overlap=True,
+    )
+
+
+RUN_CASES = [
+    ("megatron", dict(tp=2, pp=2, dp=4, zero_stage=1)),
+    ("megatron", dict(tp=2, cp=2, pp=1, dp=4, zero_stage=0)),
+    ("megatron", dict(tp=2, pp=1, dp=8, zero_stage=3)),
+    ("torchtitan", dict(tp=2, pp=1, dp=8, zero_stage=3)),
+    ("torchtitan", dict(tp=1, pp=2, dp=8, zero_stage=1)),
+]
+
+
+@pytest.mark.parametrize("target, settings", RUN_CASES, ids=lambda v: str(v))
+def test_the_export_runs_what_the_plan_was_scored_with(defaults_problem, target, settings):
+    """The framework's own rules applied to the exported values give its training settings; the
+    exported iteration time is the plan evaluated under them, and any setting that differs from
+    the scored one is named in a warning and in the JSON (issue 26: Megatron ran without
+    --overlap-grad-reduce and --tp-comm-overlap while the export said exported = planned)."""
+    problem = defaults_problem
+    plan = fixed(problem, **settings)
+    exp = export_plan(problem, plan, target)
+    if target == "torchtitan":
+        ran = torchtitan_runs(toml_of(exp), plan.devices_used)
+    else:
+        ran = megatron_runs(megatron_flags(exp.text), plan.devices_used)
+    want = evaluate(as_run(problem, ran["training"]), plan).iteration_time_s
+    assert exp.exported_iteration_time_s == pytest.approx(want, rel=1e-12)
+    unused = {"tp_comm_overlap": plan.tp, "cp_comm_overlap": plan.cp, "ep_comm_overlap": plan.ep}
+    differs = {
+        k
+        for k, v in ran["training"].items()
+        if getattr(problem.training, k) != v and unused.get(k, 2) > 1  # settings the plan uses
+    }
+    assert set(exp.framework_differences) == differs
+    assert exp.to_dict()["framework_differences"] == exp.framework_differences
+    if differs:
+        warning = next(w for w in exp.warnings if "where the plan was scored with" in w)
+        assert all(k in warning for k in differs) and f"{want:.4f} s" in warning
+    else:
+        assert exp.exported_iteration_time_s == exp.plan_iteration_time_s and not exp.warnings
+    if target == "megatron":  # Megatron can carry every default: nothing re-scored
+        assert not differs

@@ -47,6 +47,7 @@ from nest.core.problem import Problem
 from nest.core.progress import Progress
 from nest.core.serialize import plan_to_dict, report_to_dict
 from nest.cost import evaluate
+from nest.cost.mfu import mfu_figures
 from nest.planner import build_planner, check_memory_floor, solve_ranked
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
@@ -163,11 +164,12 @@ def _report(cfg: DictConfig, planned: _Planned, base: dict, out_dir: Path, echo)
     content."""
     problem, plan = planned.problem, planned.plans[0]
     report = evaluate(problem, plan)
-    result = {**base, **report_to_dict(plan, report)}
+    result = {**base, **report_to_dict(plan, report), **mfu_figures(problem, report)}
     _write_json(out_dir / "plan.json", plan_to_dict(plan))
     _write_json(out_dir / "report.json", result)
     summary = format_summary(problem, plan, report)
-    summary += "".join(f"\nnote: {n}" for n in problem.model.notes)
+    notes = (*problem.model.notes, *problem.cluster.device.notes)
+    summary += "".join(f"\nnote: {n}" for n in notes)
     if cfg.get("simulate", False):
         summary += _simulate(problem, plan, report, result, out_dir)
     written = ["plan.json", "report.json", "summary.txt"]
@@ -273,6 +275,26 @@ def _alternatives(planned: _Planned, report, result: dict, out_dir: Path, writte
     return text
 
 
+def _replanner(cfg, problem):
+    """``replan(option)`` for an export that falls back: the solver run again with the option
+    that keeps it inside what the target runs (a solver that has the option and did not use it),
+    ``None`` when that finds nothing."""
+    solver = OmegaConf.to_container(cfg.solver, resolve=True)
+    if "export_runnable" not in solver or solver.get("export_runnable"):
+        return None
+
+    def replan(option: str):
+        key, _, value = option.partition("=")
+        restricted = {**solver, key.removeprefix("solver."): value, "top_k": 1}
+        try:
+            with Progress(f"re-planning with {option}"):
+                return build_planner(restricted).solve(problem)
+        except (UserError, Infeasible):
+            return None
+
+    return replan
+
+
 def _explain_and_export(cfg, planned: _Planned, report, result, out_dir, written) -> list:
     """``explain=true`` and ``export=...``: write their files, return the text blocks to print."""
     blocks = []
@@ -289,7 +311,13 @@ def _explain_and_export(cfg, planned: _Planned, report, result, out_dir, written
         from nest.export import export_plan, format_export, write_export
 
         for target in planned.export_targets:
-            exp = export_plan(planned.problem, planned.plans[0], target, report)
+            exp = export_plan(
+                planned.problem,
+                planned.plans[0],
+                target,
+                report,
+                _replanner(cfg, planned.problem),
+            )
             written += write_export(exp, out_dir)
             result.setdefault("export", {})[target] = {
                 k: v for k, v in exp.to_dict().items() if k != "text"

@@ -60,6 +60,9 @@ class DeviceConfig:
     """Fixed microseconds of every kernel (from a published GEMM measurement table)."""
     attention_efficiency: list = field(default_factory=list)
     """[[key length, fraction of peak], ...] of the fused attention kernel (published)."""
+    kernel_figures_peak_tflops: float | None = None
+    """``shape``: the peak of the chip the four figures above were published for; a device whose
+    ``peak_tflops`` differs (e.g. another chip given by overrides) does not use them."""
 
 
 @dataclass
@@ -408,12 +411,24 @@ def build_device(cfg: Any) -> Device:
     def positive(key: str) -> float:
         return _number(where, key, c.get(key), lambda v: v > 0, "must be > 0")
 
-    peak_tflops = positive("peak_tflops")
-    hbm_bw_gbps = positive("hbm_bw_gbps")
+    def physical(key: str) -> float:
+        value = positive(key)
+        low, high, unit, why = PHYSICAL_RANGES[key]
+        _require(
+            where,
+            key,
+            c.get(key),  # as typed
+            low <= value <= high,
+            f"is outside the physical range {low:,g}-{high:,g} {unit} ({why}); check the unit",
+        )
+        return value
+
+    peak_tflops = physical("peak_tflops")
+    hbm_bw_gbps = physical("hbm_bw_gbps")
     if c.get("hbm_gb") is not None:
-        hbm = units.gb_to_bytes(positive("hbm_gb"))
+        hbm = units.gb_to_bytes(physical("hbm_gb"))
     else:
-        hbm = units.gib_to_bytes(positive("hbm_gib"))
+        hbm = units.gib_to_bytes(physical("hbm_gib"))
     eff = _number(
         where,
         "matmul_efficiency",
@@ -444,14 +459,16 @@ def build_device(cfg: Any) -> Device:
         reserve_bytes < hbm,
         "must leave some of the HBM to the model",
     )
+    compute_model, notes = _compute_model(c, peak_tflops)
     return Device(
         name=c["name"],
+        notes=notes,
         peak_flops_per_s=units.tflops_to_flops_per_s(peak_tflops),
         hbm_bytes=hbm,
         hbm_bw_bytes_per_s=units.gbps_to_bytes_per_s(hbm_bw_gbps),
         matmul_efficiency=eff,
         memory_reserve_bytes=reserve_bytes,
-        compute_model=str(c.get("compute_model", "flat")),
+        compute_model=compute_model,
         sm_count=int(
             _number(where, "sm_count", c.get("sm_count", 0) or 0, lambda v: v >= 0, "must be >= 0")
         ),
@@ -472,6 +489,46 @@ def build_device(cfg: Any) -> Device:
             )
         ),
         attention_efficiency=_attention_table(where, c.get("attention_efficiency") or []),
+    )
+
+
+PHYSICAL_RANGES = {
+    # key: (low, high, unit, why); generous on both sides of every accelerator sold, so that a
+    # figure outside is a unit mistake (TB for GB, FLOP/s for TFLOP/s), never a real device
+    "peak_tflops": (
+        1,
+        100_000,
+        "TFLOP/s",
+        "dense 16-bit peaks run from ~125 (V100) to ~2,250 (B200)",
+    ),
+    "hbm_gb": (1, 1024, "GB", "device memories run from 16 GB to 288 GB"),
+    "hbm_gib": (1, 1024, "GiB", "device memories run from 16 GB to 288 GB"),
+    "hbm_bw_gbps": (10, 100_000, "GB/s", "HBM runs from ~900 GB/s (V100) to ~8,000 (B200)"),
+    "bw_gbps": (
+        0.01,
+        100_000,
+        "GB/s per device",
+        "links run from 1 Gb Ethernet (0.125 GB/s) to NVLink 5 (900 GB/s per direction)",
+    ),
+}
+"""Physical ranges of a device's figures (:func:`build_device` refuses a value outside)."""
+
+
+def _compute_model(c: dict, peak_tflops: float) -> tuple[str, tuple[str, ...]]:
+    """The compute model a device uses, and a notice when it cannot use the one it names:
+    ``shape`` needs kernel figures published for this chip (``kernel_figures_peak_tflops``
+    equal to its ``peak_tflops``); a device given by overrides over another chip's preset
+    would otherwise run on that chip's GEMM ceiling, kernel overhead and attention table."""
+    model = str(c.get("compute_model", "flat"))
+    figures_for = c.get("kernel_figures_peak_tflops")
+    if model != "shape" or figures_for is None or math.isclose(figures_for, peak_tflops):
+        return model, ()
+    return "flat", (
+        f"device {c.get('name')}: peak_tflops={peak_tflops:g} is not the chip its kernel figures "
+        f"(gemm_ceiling, kernel_overhead_us, attention_efficiency) were published for "
+        f"({figures_for:g} TFLOP/s): using compute_model=flat (every FLOP at peak x "
+        "matmul_efficiency); give the chip's own figures and kernel_figures_peak_tflops to use "
+        "compute_model=shape",
     )
 
 
@@ -533,6 +590,14 @@ def build_cluster(cfg: Any) -> Cluster:
     for i, lv in enumerate(levels_cfg):
         where = f"cluster.levels[{i}] ({lv.get('name')})"
         bw = _number(where, "bw_gbps", lv.get("bw_gbps"), lambda v: v > 0, "must be > 0")
+        low, high, unit, why = PHYSICAL_RANGES["bw_gbps"]
+        _require(
+            where,
+            "bw_gbps",
+            lv.get("bw_gbps"),  # as typed
+            low <= bw <= high,
+            f"is outside the physical range {low:,g}-{high:,g} {unit} ({why}); check the unit",
+        )
         lat = _number(
             where, "latency_us", lv.get("latency_us", 0.0), lambda v: v >= 0, "must be >= 0"
         )

@@ -1,6 +1,6 @@
 """An accelerator: what the cost model needs to know about one device."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nest.core.errors import UserError
 
@@ -39,6 +39,9 @@ class Device:
     attention_efficiency: tuple[tuple[float, float], ...] = ()
     """``shape``: (key length, fraction of peak) of the fused attention kernel, increasing
     lengths; empty: attention at ``matmul_efficiency``."""
+    notes: tuple[str, ...] = field(default=(), compare=False)
+    """One-line notices about how the device was built (e.g. the compute model it fell back to),
+    printed after the summary."""
 
     def __post_init__(self) -> None:
         for field_name in ("peak_flops_per_s", "hbm_bytes", "hbm_bw_bytes_per_s"):

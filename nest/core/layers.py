@@ -244,6 +244,19 @@ class AnalyticModel:
             total += self._fwd_flops(ref, tokens, m.vocab)
         return 3.0 * total
 
+    def attention_score_flops_per_sample(self) -> float:
+        """The part of :meth:`model_flops_per_sample` spent on attention scores and their
+        weighted sum (``4 b s^2 h`` per block forward, x3 with the backward): what a causal
+        kernel skips half of."""
+        s, h = self.spec.seq_len, self.spec.hidden
+        blocks = sum(ref.kind is LayerKind.BLOCK for ref in self.chain)
+        return 3.0 * blocks * 4.0 * s * s * h
+
+    @property
+    def causal(self) -> bool:
+        """Decoder attention (a causal mask); an encoder attends to every position."""
+        return not self.spec.encoder
+
     # ----------------------------------------------------------------- parameters
     def _norm_params(self) -> int:
         return 2 * self.spec.hidden if self.spec.norm == "layernorm" else self.spec.hidden

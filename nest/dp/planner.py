@@ -52,7 +52,8 @@ from operator import itemgetter
 
 import numpy as np
 
-from nest.core.errors import UserError
+from nest.core.axes import Axis, parse_rank_order
+from nest.core.errors import Infeasible, UserError
 from nest.core.plan import ParallelConfig, Plan, make_structured_plan
 from nest.core.problem import Problem
 from nest.dp.bounds import Floors
@@ -190,11 +191,41 @@ class TopK:
             self.threshold = self.best[-1][0]
 
 
+RUNNABLE_ORDERS = {
+    # Megatron-LM lays ranks out tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping
+    # (megatron/core/parallel_state.py, as nest/export/megatron.py maps them)
+    "megatron": ((Axis.TP, Axis.CP, Axis.DP, Axis.PP), (Axis.TP, Axis.CP, Axis.PP, Axis.DP)),
+}
+"""``solver.export_runnable``: the rank orders each export target runs. Every target also applies
+one recompute mode to every stage that holds blocks (Megatron's ``--recompute-granularity`` and
+``--recompute-method uniform``); GPipe is outside the NEST space already."""
+
+
+def check_export_runnable(value) -> str | None:
+    """``solver.export_runnable`` as a target name, or a one-line error naming the value."""
+    if value is None or str(value).lower() in ("none", "null", ""):
+        return None
+    if str(value).lower() not in RUNNABLE_ORDERS:
+        raise UserError(
+            f"solver.export_runnable={value!r}; use one of {sorted(RUNNABLE_ORDERS)} (search only "
+            "plans that target runs as planned) or null (the whole space)"
+        )
+    return str(value).lower()
+
+
 class NestPlanner(SpacePlanner):
     def __init__(
-        self, *, name: str = "nest", seed_configs: int = 200, top_k: int = 1, **space
+        self,
+        *,
+        name: str = "nest",
+        seed_configs: int = 200,
+        top_k: int = 1,
+        export_runnable: str | None = None,
+        **space,
     ) -> None:
         super().__init__(name=name, **space)
+        self.export_runnable = export_runnable
+        """Keep the search inside what an export target runs (:data:`RUNNABLE_ORDERS`)."""
         self.seed_configs = seed_configs
         """Configurations the heuristic first pass visits to seed the bound (up to ten times
         as many while none of them has a plan that fits)."""
@@ -239,9 +270,54 @@ class NestPlanner(SpacePlanner):
         """The optimal plan (the first of :meth:`solve_ranked`)."""
         return self.solve_ranked(problem)[0]
 
+    def _solve_runnable(self, problem: Problem) -> list[Plan]:
+        """The space restricted to what ``export_runnable`` runs: its rank orders and one
+        recompute mode for every stage. Solved exactly as one search per mode (each exact on
+        its sub-space), merged by configuration: a configuration of the restricted top K is in
+        the top K of the mode its best plan uses (fewer than K configurations beat it there,
+        as each value there is at least that configuration's restricted optimum)."""
+        target = check_export_runnable(self.export_runnable)
+        options = self.options()
+        allowed = RUNNABLE_ORDERS[target]
+        given = [parse_rank_order(o) for o in options.rank_orders or ()] or list(allowed)
+        orders = ["-".join(str(a) for a in o) for o in given if o in allowed]
+        if not orders:
+            raise UserError(
+                f"solver.rank_orders={list(options.rank_orders)} has no order {target} runs "
+                f"(solver.export_runnable={target}); use "
+                f"{['-'.join(str(a) for a in o) for o in allowed]} or drop one of the two"
+            )
+        found, last_error = [], None
+        for mode in options.recompute:
+            sub = NestPlanner(
+                name=self.name,
+                seed_configs=self.seed_configs,
+                top_k=self.top_k,
+                **{**self.space_kwargs(), "recompute": [mode], "rank_orders": orders},
+            )
+            try:
+                found += sub.solve_ranked(problem)
+            except (UserError, Infeasible) as error:  # nothing fits with this mode everywhere
+                last_error = error
+        if not found:
+            raise last_error
+        best: dict = {}
+        for plan in sorted(found, key=lambda p: p.objective_s):  # stable: first mode on ties
+            best.setdefault(plan.config.unordered(), plan)
+        plans = list(best.values())[: self.top_k]
+        return [
+            plan.with_record(
+                status="optimal" if rank == 0 else "alternative",
+                search={**plan.search, "export_runnable": target} if rank == 0 else plan.search,
+            )
+            for rank, plan in enumerate(plans)
+        ]
+
     def solve_ranked(self, problem: Problem) -> list[Plan]:
         """The best plan of each of the ``top_k`` best configurations, best first, each scored
         by the shared evaluator; fewer when fewer configurations have a plan that fits."""
+        if check_export_runnable(self.export_runnable) is not None:
+            return self._solve_runnable(problem)
         started = time.perf_counter()
         top = TopK(check_top_k(self.top_k, self.name))
         options = self.options()

@@ -29,10 +29,12 @@ def targets_of(value) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def export_plan(problem, plan, target: str, report=None) -> Export:
+def export_plan(problem, plan, target: str, report=None, replan=None) -> Export:
+    """``replan(option)``, when given, returns the plan the planner finds with the solver option
+    that keeps it inside what ``target`` runs (``solver.export_runnable=...``), or ``None``."""
     if target not in TARGETS:
         raise UserError(f"export={target!r}; use one of {sorted(TARGETS)}")
-    return TARGETS[target](problem, plan, report)
+    return TARGETS[target](problem, plan, report, replan)
 
 
 def write_export(exp: Export, out_dir: Path) -> list[str]:

@@ -6,11 +6,12 @@ plan is built with :func:`rebuild` and scored with the shared evaluator, so the 
 the exported plan costs next to the chosen one.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from nest.core.axes import Axis, LayerKind, Recompute, Schedule
+from nest.core.layers import AnalyticModel
 from nest.core.plan import Plan, make_structured_plan, place
 from nest.core.problem import Problem
 from nest.core.report import Report
@@ -37,6 +38,13 @@ class Export:
     exported_feasible: bool
     exported_plan: dict = field(default_factory=dict)
     """Degrees and stages of the exported plan (as in report.json)."""
+    framework_differences: dict = field(default_factory=dict)
+    """Training settings the score assumed that the exported arguments cannot carry:
+    ``{setting: {"scored": value, "framework": value, "why": text}}``; the exported iteration time
+    is evaluated under the framework's values."""
+    runnable_option: dict = field(default_factory=dict)
+    """When the plan is not expressible and the planner could re-plan inside what the target runs:
+    ``{"option": "solver.export_runnable=...", "iteration_time_s": ..., "plan": {...}}``."""
 
     def to_dict(self) -> dict:
         return {
@@ -50,6 +58,8 @@ class Export:
             "exported_iteration_time_s": self.exported_iteration_time_s,
             "exported_feasible": self.exported_feasible,
             "exported_plan": self.exported_plan,
+            "framework_differences": self.framework_differences,
+            "runnable_option": self.runnable_option,
         }
 
 
@@ -140,6 +150,57 @@ def plan_summary(problem: Problem, plan: Plan) -> dict:
     }
 
 
+def framework_problem(problem: Problem, runs: dict) -> tuple[Problem, dict]:
+    """The problem under what the framework runs, and the differences from the scored one.
+
+    ``runs`` maps a :class:`~nest.core.problem.Training` setting to ``(value the framework runs
+    with the exported arguments, why)``; a setting equal to the scored one is no difference. The
+    analytic layer model is rebuilt for the overlap settings it carries; a measured profile keeps
+    its own (its timings are what they are)."""
+    training = problem.training
+    diffs = {
+        name: {"scored": getattr(training, name), "framework": value, "why": why}
+        for name, (value, why) in (runs or {}).items()
+        if getattr(training, name) != value
+    }
+    if not diffs:
+        return problem, {}
+    ran = replace(training, **{name: d["framework"] for name, d in diffs.items()})
+    model = problem.model
+    if isinstance(model, AnalyticModel):
+        model = AnalyticModel(
+            model.spec, flash_attention=model.flash_attention, overlap=ran.overlap
+        )
+    return replace(problem, training=ran, model=model), diffs
+
+
+def _differences_warning(target: str, diffs: dict, got, base) -> str:
+    said = "; ".join(
+        f"{name}={d['framework']} where the plan was scored with {d['scored']} ({d['why']})"
+        for name, d in diffs.items()
+    )
+    return (
+        f"{target} runs the exported arguments with {said}: evaluated iteration "
+        f"{got.iteration_time_s:.4f} s vs {base.iteration_time_s:.4f} s as scored "
+        f"({got.iteration_time_s / base.iteration_time_s:.3f}x)"
+        + ("" if got.feasible else f"; it does NOT fit: {got.violation}")
+    )
+
+
+def _runnable_option(problem, got, option: str, replanned: Plan | None) -> dict:
+    """The re-planned plan inside what the target runs, scored under the framework's settings."""
+    if replanned is None:
+        return {}
+    again = evaluate(problem, replanned)
+    return {
+        "option": option,
+        "iteration_time_s": again.iteration_time_s,
+        "feasible": again.feasible,
+        "fallback_vs_option": got.iteration_time_s / again.iteration_time_s,
+        "plan": plan_summary(problem, replanned),
+    }
+
+
 def finish_export(
     problem: Problem,
     plan: Plan,
@@ -153,23 +214,49 @@ def finish_export(
     notes: list[str],
     report: Report | None = None,
     warnings: list[str] = (),
+    runs: dict | None = None,
+    option: str | None = None,
+    replan=None,
 ) -> Export:
     """Score the exported plan and phrase the warning when it differs from the chosen one;
-    ``warnings`` are further ones (what the target may refuse or run differently)."""
+    ``warnings`` are further ones (what the target may refuse or run differently).
+
+    ``runs`` is what the framework runs of the training settings (:func:`framework_problem`); the
+    exported plan is scored under it, so ``exported_iteration_time_s`` is what the exported
+    arguments run. ``option`` names the solver option that keeps the search inside what the
+    target runs; ``replan(option)`` (when given) returns the plan the planner finds with it, which
+    the warning prices next to the fallback."""
     base = report or evaluate(problem, plan)
+    ran, diffs = framework_problem(problem, runs)
+    warnings = list(warnings)
+    found = {}
     if issues:
-        got = evaluate(problem, exported)
+        got = evaluate(ran, exported)
         ratio = got.iteration_time_s / base.iteration_time_s
         fit = "" if got.feasible else f"; it does NOT fit: {got.violation}"
-        warnings = [
+        head = (
             f"{target} cannot express this plan: {'; '.join(issues)}. Exported the nearest "
             f"expressible plan instead ({describe(exported, blocks_per_chunk(problem, exported))})"
             f": evaluated iteration {got.iteration_time_s:.4f} s vs {base.iteration_time_s:.4f} s "
-            f"for the chosen plan ({ratio:.3f}x){fit}",
-            *warnings,
-        ]
+            f"for the chosen plan ({ratio:.3f}x){fit}"
+        )
+        if option:
+            replanned = replan(option) if replan is not None else None
+            found = _runnable_option(ran, got, option, replanned)
+            if found:
+                head += (
+                    f". Re-planning with {option} keeps the search inside what {target} runs: "
+                    f"{found['iteration_time_s']:.4f} s "
+                    f"({found['iteration_time_s'] / base.iteration_time_s:.3f}x the chosen plan; "
+                    f"this fallback is {found['fallback_vs_option']:.3f}x that)"
+                )
+            else:
+                head += f". Re-plan with {option} to search only plans {target} runs"
+        warnings.insert(0, head)
     else:
-        got, warnings = base, list(warnings)
+        got = evaluate(ran, exported) if diffs else base
+    if diffs:
+        warnings.insert(1 if issues else 0, _differences_warning(target, diffs, got, base))
     return Export(
         target=target,
         checked_against=checked_against,
@@ -181,6 +268,8 @@ def finish_export(
         exported_iteration_time_s=got.iteration_time_s,
         exported_feasible=got.feasible,
         exported_plan=plan_summary(problem, exported),
+        framework_differences=diffs,
+        runnable_option=found,
     )
 
 

@@ -38,9 +38,29 @@ Mapping of our plan:
   (or an explicit placement) is not expressible: nearest = the same plan in Megatron's order.
   Device ids are ranks: launch on ranks ``0..N-1`` in the cluster's device order.
 - Schedule: 1F1B and interleaved 1F1B; GPipe is not a Megatron schedule (nearest: 1F1B).
+
+Training settings the score assumes (``conf/training``), each emitted or re-scored (Megatron's
+defaults are off for every one of them):
+
+- ``--bf16`` (bf16 weights and activations, the cost model's 2-byte elements).
+- ``grad_bytes: 2``: ``--grad-reduce-in-bf16``; without it ``validate_args`` sets
+  ``accumulate_allreduce_grads_in_fp32`` under ``--bf16`` (4-byte gradients).
+- ``overlap_grad_sync``: ``--overlap-grad-reduce`` (default off).
+- ``tp_comm_overlap`` with ``tp > 1``: ``--tp-comm-overlap``, which Megatron refuses without
+  ``--sequence-parallel`` (the cost model, too, overlaps only sequence-parallel collectives).
+- ``cp_comm_overlap``: Megatron's default ``--cp-comm-type p2p`` overlaps the ring (nothing to
+  emit); a run scored without it is re-scored with it.
+- ``ep_comm_overlap`` with ``ep > 1``: ``--overlap-moe-expert-parallel-comm``.
+- ``optimizer: sgd``: ``--optimizer sgd --sgd-momentum 0`` (no optimizer state, as scored).
+- ZeRO-2/3 (Megatron FSDP): ``--use-distributed-optimizer`` and
+  ``--no-gradient-accumulation-fusion`` beside ``--use-megatron-fsdp``, as Megatron-FSDP's guide
+  at the same commit lists them (``megatron/core/distributed/fsdp/src/README.md``).
+
+A setting the arguments cannot carry is scored under what Megatron runs
+(:func:`nest.export.common.framework_problem`), and the export says the difference.
 """
 
-from nest.core.axes import Axis, LayerKind, Recompute, Schedule
+from nest.core.axes import Axis, LayerKind, Optimizer, Recompute, Schedule
 from nest.core.plan import Plan
 from nest.core.problem import Problem
 from nest.export.common import (
@@ -63,24 +83,32 @@ ZERO_FLAGS = {
         "--use-megatron-fsdp",
         "--data-parallel-sharding-strategy optim_grads",
         "--ckpt-format fsdp_dtensor",
+        "--use-distributed-optimizer",
+        "--no-gradient-accumulation-fusion",
     ],
     3: [
         "--use-megatron-fsdp",
         "--data-parallel-sharding-strategy optim_grads_params",
         "--ckpt-format fsdp_dtensor",
+        "--use-distributed-optimizer",
+        "--no-gradient-accumulation-fusion",
     ],
 }
+OPTION = "solver.export_runnable=megatron"
 
 
 def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     """The plan Megatron can run that differs least from ``plan``, and what had to change."""
     issues, changes = [], {}
     modes = [s.recompute for s in plan.stages]
-    if len(set(modes)) > 1:
+    held = {m for m, n in zip(modes, blocks_per_chunk(problem, plan), strict=True) if n}
+    if len(held) > 1:  # a stage without blocks has nothing to recompute
         strongest = strongest_recompute(plan)
+        counts = {str(m): modes.count(m) for m in dict.fromkeys(modes)}
+        shown = ", ".join(f"{m} on {n} of {len(modes)}" for m, n in counts.items())
         issues.append(
-            f"per-stage recompute {[str(s.recompute) for s in plan.stages]} (Megatron applies one "
-            f"mode to every stage; used {strongest} everywhere)"
+            f"per-stage recompute ({shown} stages; Megatron applies one mode to every stage; used "
+            f"{strongest} everywhere)"
         )
         changes["recompute"] = [strongest] * len(modes)
     if plan.schedule is Schedule.GPIPE:
@@ -148,10 +176,41 @@ def megatron_args(problem: Problem, plan: Plan) -> list[str]:
     args += _partition_args(problem, plan)
     if placement_order(plan, (DEFAULT_ORDER,)) is None:
         args.append("--use-tp-pp-dp-mapping")
+    return args + training_args(problem, plan)
+
+
+def _tp_overlap_runs(problem: Problem, plan: Plan) -> bool:
+    """``--tp-comm-overlap`` is emitted (Megatron asserts sequence parallelism with it)."""
+    t = problem.training
+    return t.tp_comm_overlap and plan.tp > 1 and plan.sequence_parallel
+
+
+def training_args(problem: Problem, plan: Plan) -> list[str]:
+    """The flags that carry the training settings the plan was scored with (module docstring)."""
+    t = problem.training
+    args = ["--bf16"]
+    if t.grad_bytes == 2:
+        args.append("--grad-reduce-in-bf16")
+    if t.overlap_grad_sync:
+        args.append("--overlap-grad-reduce")
+    if _tp_overlap_runs(problem, plan):
+        args.append("--tp-comm-overlap")
+    if t.ep_comm_overlap and plan.ep > 1:
+        args.append("--overlap-moe-expert-parallel-comm")
+    if t.optimizer is Optimizer.SGD:
+        args += ["--optimizer sgd", "--sgd-momentum 0"]
     return args
 
 
-def export_megatron(problem: Problem, plan: Plan, report=None):
+def framework_runs(problem: Problem, plan: Plan) -> dict:
+    """What Megatron runs of the settings :func:`training_args` cannot always carry."""
+    runs = {}
+    if plan.cp > 1:
+        runs["cp_comm_overlap"] = (True, "Megatron's default --cp-comm-type p2p overlaps the ring")
+    return runs
+
+
+def export_megatron(problem: Problem, plan: Plan, report=None, replan=None):
     exported, issues = nearest_expressible(problem, plan)
     args = megatron_args(problem, exported)
     n = exported.devices_used
@@ -189,4 +248,7 @@ def export_megatron(problem: Problem, plan: Plan, report=None):
         text=text,
         notes=notes,
         report=report,
+        runs=framework_runs(problem, exported),
+        option=OPTION,
+        replan=replan,
     )

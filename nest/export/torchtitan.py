@@ -53,6 +53,15 @@ attention-core recompute. Stages after the first must start with a transformer b
 point); a stage holding only the head is moved one block back. ``Interleaved1F1B`` needs the
 microbatch count to be a multiple of ``max(1, m // pp)`` (PyTorch's ``ScheduleInterleaved1F1B``),
 which every plan meets: the evaluator requires ``m`` to be a multiple of ``pp`` under interleaving.
+
+**Training settings the score assumes.** ``[training] mixed_precision_param = "bfloat16"`` is
+emitted; ``mixed_precision_reduce`` accepts only ``"float32"`` at this commit
+(``Literal["float32"]``)
+and DDP runs fp32 weights under autocast, so torchtitan's gradients are 4 bytes: a plan scored
+with ``grad_bytes: 2`` is re-scored with 4. ``tp_comm_overlap``: torchtitan's
+``enable_async_tensor_parallel`` works only under ``[training] compile``, which this export does
+not turn on, so a plan with ``tp > 1`` is re-scored without it; ``ep_comm_overlap``: no option
+overlaps the MoE all-to-all. The export states each difference and the re-scored time.
 """
 
 from nest.core.axes import Axis, LayerKind, Recompute, Schedule
@@ -62,6 +71,7 @@ from nest.cost import evaluate
 from nest.export.common import (
     blocks_per_chunk,
     finish_export,
+    framework_problem,
     global_batch,
     placement_order,
     rebuild,
@@ -169,7 +179,8 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
         for ep in _ep_candidates(problem, plan):
             for z in data_parallel_modes(plan, ep):
                 option = rebuild(plan, zero_stage=z, ep=ep, **changes)
-                report = evaluate(problem, option)
+                ran, _ = framework_problem(problem, framework_runs(option))
+                report = evaluate(ran, option)  # as torchtitan runs it
                 scored.append((not report.feasible, report.iteration_time_s, z, ep))
         _, _, zero, ep = min(scored)
         issues.append(
@@ -227,6 +238,8 @@ def torchtitan_sections(problem: Problem, plan: Plan) -> dict:
     training = {
         "local_batch_size": local_batch_size(plan),
         "global_batch_size": global_batch(plan),
+        "mixed_precision_param": "bfloat16",
+        "mixed_precision_reduce": "float32",
     }
     if problem.model.seq_len:
         training["seq_len"] = problem.model.seq_len
@@ -252,7 +265,20 @@ def _batch_note(plan: Plan) -> str:
     return f"each data-parallel rank runs {m} microbatches (microbatch size {b}) per step: {how}"
 
 
-def export_torchtitan(problem: Problem, plan: Plan, report=None):
+def framework_runs(plan: Plan) -> dict:
+    """What torchtitan runs of the training settings (module docstring)."""
+    runs = {"grad_bytes": (4, "torchtitan reduces and keeps gradients in float32 only")}
+    if plan.tp > 1:
+        runs["tp_comm_overlap"] = (
+            False,
+            "enable_async_tensor_parallel needs [training] compile, not turned on here",
+        )
+    if plan.ep > 1:
+        runs["ep_comm_overlap"] = (False, "torchtitan has no MoE all-to-all overlap")
+    return runs
+
+
+def export_torchtitan(problem: Problem, plan: Plan, report=None, replan=None):
     exported, issues = nearest_expressible(problem, plan)
     sections = torchtitan_sections(problem, exported)
     lines = [f"# torchtitan job config sections for {plan.solver or 'the plan'} ({CHECKED})"]
@@ -285,4 +311,5 @@ def export_torchtitan(problem: Problem, plan: Plan, report=None):
         notes=notes,
         report=report,
         warnings=warnings,
+        runs=framework_runs(exported),
     )

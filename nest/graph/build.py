@@ -8,6 +8,9 @@ a GraphML file (``networkx.write_graphml``), undirected, one edge per link:
   all of ``cluster.device``'s kind) or ``kind: switch``; optional ``pos: [x, y]`` for drawing and,
   under dimension-order routing, ``coord: [x, y, z]``;
 - edges: ``bw_gbps`` (decimal GB/s per direction, > 0) and ``latency_us`` (>= 0);
+- any other node or edge attribute is refused (the cost model would ignore it), a node's
+  ``device`` above all: every gpu node is ``cluster.device`` until heterogeneous clusters are
+  supported;
 - graph attributes, all optional: ``routing`` (``ecmp``, the default, or ``dimension_order``
   with ``dims: [X, Y, Z]`` and a ``coord`` per device), ``relay`` (``false``: devices do not
   forward other devices' traffic, only switches do), ``symmetric`` (see
@@ -105,11 +108,42 @@ def _sequence(value, what: str) -> list:
     return list(value)
 
 
+NODE_ATTRIBUTES = ("kind", "pos", "coord")
+EDGE_ATTRIBUTES = ("bw_gbps", "latency_us")
+
+
+def _check_attributes(graph: nx.Graph, where: str) -> None:
+    """Refuse node and edge attributes the cost model would ignore (module docstring): a
+    per-node ``device`` above all, since every gpu node is ``cluster.device`` until
+    heterogeneous clusters are supported."""
+    for node, data in graph.nodes(data=True):
+        unknown = sorted(set(data) - set(NODE_ATTRIBUTES))
+        if "device" in unknown:
+            raise UserError(
+                f"{where}: node {node!r} has device={data['device']!r}; per-node devices are not "
+                "supported (every gpu node is cluster.device until heterogeneous clusters are): "
+                "remove it and set cluster.device"
+            )
+        if unknown:
+            raise UserError(
+                f"{where}: node {node!r} has attributes {unknown} that the cost model would "
+                f"ignore; a node takes only {list(NODE_ATTRIBUTES)}"
+            )
+    for a, b, data in graph.edges(data=True):
+        unknown = sorted(set(data) - set(EDGE_ATTRIBUTES))
+        if unknown:
+            raise UserError(
+                f"{where}: edge {a!r} - {b!r} has attributes {unknown} that the cost model would "
+                f"ignore; an edge takes only {list(EDGE_ATTRIBUTES)}"
+            )
+
+
 def network_from_graph(graph: nx.Graph, name: str) -> Network:
     """Validate a graph (module docstring) and build its :class:`Network`."""
     where = f"graph {name}"
     if graph.is_directed() or graph.is_multigraph():
         raise UserError(f"{where}: the graph must be undirected and simple; one edge per link")
+    _check_attributes(graph, where)
     devices, switches = [], []
     for node, data in graph.nodes(data=True):
         kind = data.get("kind")

@@ -1,0 +1,67 @@
+"""MFU states its FLOP convention and gives the causal-aware figure next to the conventional one.
+
+Worked example: Narayanan et al., SC21, §5.1 count a GPT block's forward as ``24 b s h^2 +
+4 b s^2 h`` FLOPs and the logits as ``2 b s h V``; the training step is three forwards. The
+``4 b s^2 h`` are the attention scores and their weighted sum, which a causal kernel computes half
+of. So for ``L`` blocks the causal-aware MFU is the conventional one times
+``1 - (L 4 s^2 h / 2) / (L (24 s h^2 + 4 s^2 h) + 2 s h V)``, recomputed here from the formula.
+"""
+
+import pytest
+
+from baselines.fixed import FixedPlanner
+from nest.app.summary import format_summary
+from nest.cost import evaluate
+from nest.cost.mfu import FLOP_CONVENTION, causal_mfu
+
+from .conftest import make_cluster, make_problem, make_spec
+from .test_cli import run_case
+
+
+def sc21_causal_fraction(layers: int, s: int, h: int, vocab: int) -> float:
+    """The share of SC21's model FLOPs a causal run does usefully (module docstring)."""
+    total = layers * (24 * s * h * h + 4 * s * s * h) + 2 * s * h * vocab
+    return 1 - (layers * 4 * s * s * h / 2) / total
+
+
+@pytest.mark.parametrize("seq_len", [64, 1024, 8192])
+def test_causal_mfu_is_sc21_with_half_the_attention_scores(seq_len):
+    """A GPT-shaped model (MHA, GELU, F = 4h, untied head): the model's FLOPs are SC21's, and the
+    causal figure discounts exactly half of the ``4 b s^2 h`` terms."""
+    layers, h, vocab = 4, 128, 1000
+    spec = make_spec(layers=layers, hidden=h, ffn_hidden=4 * h, vocab=vocab, seq_len=seq_len)
+    problem = make_problem(spec, make_cluster(fanouts=(4,)), global_batch=8)
+    per_sample = 3 * (
+        layers * (24 * seq_len * h * h + 4 * seq_len**2 * h) + 2 * seq_len * h * vocab
+    )
+    assert problem.model.model_flops_per_sample() == pytest.approx(per_sample, rel=1e-12)
+    report = evaluate(problem, FixedPlanner(tp=1, pp=1, dp=4, microbatch_size=1).solve(problem))
+    want = report.mfu * sc21_causal_fraction(layers, seq_len, h, vocab)
+    assert causal_mfu(problem, report) == pytest.approx(want, rel=1e-12)
+    assert causal_mfu(problem, report) < report.mfu
+
+
+def test_an_encoder_counts_all_its_attention():
+    spec = make_spec(encoder=True, seq_len=512)
+    problem = make_problem(spec, make_cluster(fanouts=(4,)), global_batch=8)
+    report = evaluate(problem, FixedPlanner(tp=1, pp=1, dp=4, microbatch_size=1).solve(problem))
+    assert causal_mfu(problem, report) == report.mfu
+
+
+def test_the_summary_shows_both_where_they_differ():
+    long = make_problem(
+        make_spec(seq_len=8192), make_cluster(fanouts=(4,)), global_batch=8, flash=True
+    )
+    report = evaluate(long, FixedPlanner(tp=1, pp=1, dp=4, microbatch_size=1).solve(long))
+    text = format_summary(long, FixedPlanner(tp=1, pp=1, dp=4).solve(long), report)
+    causal = causal_mfu(long, report)
+    assert f"MFU {100 * report.mfu:.1f} % (SC21/Megatron model FLOPs" in text
+    assert f"{100 * causal:.1f} % counting half of the causal attention scores" in text
+
+
+def test_report_json_states_the_convention_and_the_causal_figure(tmp_path):
+    _, result, report, _, lines = run_case(tmp_path, "solver=fixed", "model=tiny")
+    assert report["flop_convention"] == FLOP_CONVENTION
+    assert "SC21" in report["flop_convention"] and "in full" in report["flop_convention"]
+    assert 0 < report["mfu_causal"] <= report["mfu"]
+    assert any("SC21/Megatron model FLOPs" in line for line in lines)
