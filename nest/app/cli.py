@@ -48,6 +48,7 @@ from nest.core.errors import (
     UserError,
     yaml_error_text,
 )
+from nest.core.files import write_text
 from nest.core.progress import Progress
 from nest.core.serialize import plan_to_dict, report_to_dict
 from nest.cost import evaluate
@@ -60,7 +61,7 @@ register_schemas()
 
 
 def _write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def _stderr(line: str) -> None:
@@ -164,7 +165,7 @@ def run(cfg: DictConfig, out_dir: Path, *, echo=None) -> dict:
         )
     written = ["plan.json", "report.json", "summary.txt"]
     summary += _alternatives(problem, planner, plans, report, robust, result, out_dir, written)
-    (out_dir / "summary.txt").write_text(summary + "\n")
+    write_text(out_dir / "summary.txt", summary + "\n")
     extra = _explain_and_export(
         cfg, problem, plan, report, result, out_dir, export_targets, written
     )
@@ -223,7 +224,7 @@ def _explain_and_export(cfg, problem, plan, report, result, out_dir, targets, wr
         explanation = explain_report(result)
         text = format_explain(explanation)
         _write_json(out_dir / "explain.json", explanation)
-        (out_dir / "explain.txt").write_text(text + "\n")
+        write_text(out_dir / "explain.txt", text + "\n")
         written += ["explain.txt", "explain.json"]
         blocks.append(text)
     for target in targets:

@@ -40,6 +40,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from nest.app.config import build_problem
+from nest.core.files import write_text
 
 log = logging.getLogger(__name__)
 
@@ -230,11 +231,7 @@ def make_row(
 
 def write_row(out_dir: Path, row: dict) -> Path:
     """Write ``row.json`` atomically (a reader never sees half a row)."""
-    path = out_dir / ROW_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(row, indent=1, default=str) + "\n")
-    tmp.replace(path)
-    return path
+    return write_text(out_dir / ROW_FILE, json.dumps(row, indent=1, default=str) + "\n")
 
 
 def _crash_result(cfg: DictConfig, exc: Exception) -> dict:
@@ -267,7 +264,7 @@ def run_recorded(
     try:
         result = run(cfg, out_dir)
     except Exception as exc:
-        (out_dir / ERROR_FILE).write_text(traceback.format_exc())
+        write_text(out_dir / ERROR_FILE, traceback.format_exc())
         result = _crash_result(cfg, exc)
         row = make_row(
             cfg,
