@@ -8,6 +8,7 @@ and no partial file behind, so a reader never sees half a report.
 """
 
 import contextlib
+import errno
 import hashlib
 import os
 import tempfile
@@ -84,4 +85,58 @@ def safe_name(stem: str, suffix: str = "") -> str:
     return clean + suffix
 
 
-__all__ = ["MAX_NAME_BYTES", "atomic_path", "safe_name", "write_text"]
+INTERRUPTED = (
+    "interrupted (Ctrl-C): the run stopped; files already written are whole (each is written "
+    "atomically), the others were not written"
+)
+
+# What an output directory that cannot be written raises: no permission, a file where a directory
+# should be, a read-only file system, a full disk or quota.
+_OUTPUT_ERRNOS = {
+    errno.EACCES,
+    errno.EPERM,
+    errno.EEXIST,
+    errno.ENOTDIR,
+    errno.EISDIR,
+    errno.EROFS,
+    errno.ENOSPC,
+    errno.EDQUOT,
+}
+
+
+def _in_mkdir(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised making a directory (a run directory nothing can create, e.g.
+    under ``/proc``), not reading a missing file."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_name == "mkdir"
+
+
+def output_error_line(exc: BaseException) -> str | None:
+    """One line for an output file or directory that cannot be written (the path, the reason
+    and the fix), or None."""
+    seen = exc
+    while seen is not None and not (
+        isinstance(seen, OSError)
+        and seen.filename
+        and (seen.errno in _OUTPUT_ERRNOS or (seen.errno == errno.ENOENT and _in_mkdir(seen)))
+    ):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return None
+    if seen.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free space on that disk or point hydra.run.dir=DIR at another one"
+    else:
+        fix = "point hydra.run.dir=DIR (hydra.sweep.dir=DIR in a multirun) at a writable directory"
+    return f"cannot write {seen.filename}: {seen.strerror}; {fix}"
+
+
+__all__ = [
+    "INTERRUPTED",
+    "MAX_NAME_BYTES",
+    "atomic_path",
+    "output_error_line",
+    "safe_name",
+    "write_text",
+]
