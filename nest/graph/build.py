@@ -65,6 +65,7 @@ def read_graph_file(path) -> nx.Graph:
                 )
             edges = "links" if "links" in data and "edges" not in data else "edges"
             data.setdefault(edges, [])
+            _refuse_duplicates(data, edges, f"cluster.graph_path={path}")
             return nx.node_link_graph(data, edges=edges)
         if suffix in (".graphml", ".xml"):
             graph = nx.read_graphml(file)
@@ -83,6 +84,37 @@ def read_graph_file(path) -> nx.Graph:
     raise UserError(
         f"cluster.graph_path={path}: unknown format {suffix!r}; use a node-link .json or .graphml"
     )
+
+
+def _refuse_duplicates(data: dict, edges: str, where: str) -> None:
+    """A node listed twice, or a link listed twice (in either direction), is one error: networkx
+    would keep the last one silently, and a second bandwidth would change the derived levels."""
+    seen: set = set()
+    for node in data.get("nodes") or []:
+        key = node.get("id") if isinstance(node, dict) else None
+        if key in seen:
+            raise UserError(f"{where}: node {key!r} is listed twice; list each node once")
+        seen.add(key)
+    links: dict = {}
+    for link in data.get(edges) or []:
+        if not isinstance(link, dict) or "source" not in link or "target" not in link:
+            continue  # networkx names what is missing
+        a, b = link["source"], link["target"]
+        key = frozenset((a, b)) if _hashable(a) and _hashable(b) else None
+        if key is not None and key in links:
+            raise UserError(
+                f"{where}: edge {a!r} - {b!r} is listed twice (as {links[key]}); the graph is "
+                "undirected, one edge per link carries both directions: list it once"
+            )
+        links[key] = f"{a!r} - {b!r}"
+
+
+def _hashable(x) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
 
 
 def checked_number(value, what: str, *, minimum: float, strict: bool) -> float:
@@ -178,6 +210,8 @@ def network_from_graph(graph: nx.Graph, name: str) -> Network:
         positions=positions,
     )
     _check_connected(graph, devices, where)
+    if not net.relay:
+        _check_reach_without_relay(net, where)
     if routing == "dimension_order":
         _check_torus_links(net, where)
     return net
@@ -239,6 +273,20 @@ def _check_connected(graph, devices, where: str) -> None:
                 f"{where}: device {node!r} cannot reach device {devices[0]!r} (the graph is "
                 "disconnected); add the missing links"
             )
+
+
+def _check_reach_without_relay(net: Network, where: str) -> None:
+    """With ``relay: false`` traffic passes through switches only: every device pair needs a link
+    or a path of switches between them (the route check assumes it)."""
+    cost = net._distances()[: net.num_devices]
+    bad = np.argwhere(~np.isfinite(cost))
+    if bad.size:
+        u, v = (net.devices[i] for i in bad[0])  # from u, to v
+        raise UserError(
+            f"{where}: device {u!r} cannot reach device {v!r} without passing through another "
+            "device, and the graph sets relay: false (devices do not forward traffic); link them "
+            "directly or through a switch, or set relay: true"
+        )
 
 
 def graph_cluster(name: str, device: Device, graph: nx.Graph) -> Cluster:
