@@ -363,7 +363,7 @@ def run(
     path: Path, out_dir: Path | None, echo=print, matmul_efficiency: float | str | None = None
 ) -> dict:
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
             reader = csv.DictReader(fh)
             rows = list(reader)
             missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]

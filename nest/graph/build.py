@@ -52,7 +52,7 @@ def read_graph_file(path) -> nx.Graph:
     suffix = file.suffix.lower()
     try:
         if suffix == ".json":
-            data = json.loads(file.read_text())
+            data = json.loads(file.read_text(encoding="utf-8-sig"))
             if not isinstance(data, dict) or "nodes" not in data:
                 raise UserError(
                     f"cluster.graph_path={path}: not a node-link document (no 'nodes'); write "
@@ -309,7 +309,7 @@ def measured_graph(table, *, latency_us: float = 5.0) -> nx.Graph:
         raise UserError(f"cluster.params.table={table}: no such file")
     default_lat = checked_number(latency_us, "cluster.params.latency_us", minimum=0.0, strict=False)
     try:
-        with file.open(newline="", encoding="utf-8") as handle:
+        with file.open(newline="", encoding="utf-8-sig") as handle:
             reader = csv.DictReader(handle)
             fields = [f.strip() for f in reader.fieldnames or []]
             rows = [{k.strip(): (v or "").strip() for k, v in row.items() if k} for row in reader]

@@ -305,7 +305,7 @@ def _csv_value(text: str):
 
 def read_csv_profile(path: Path, **top) -> Profile:
     """A profile from CSV rows grouped by (tp, cp, ep, microbatch_size), in file order."""
-    with path.open(newline="", encoding="utf-8") as f:
+    with path.open(newline="", encoding="utf-8-sig") as f:
         rows = list(csv.DictReader(f))
     if not rows:
         raise _bad(f"model.path={path}", "has no rows (CSV with a header row expected)")
