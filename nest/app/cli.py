@@ -319,9 +319,8 @@ def hydra_error_line(exc: BaseException) -> str | None:
 def main() -> None:
     """``python run.py ...``: :func:`hydra_main`, with a mistake Hydra finds while composing the
     config printed as one ``error:`` line and exit status 2, as a run's own mistakes are (Hydra
-    would print a parser's traceback for a malformed YAML file), an output directory that cannot
-    be written as one ``error:`` line naming it (exit status 2), and Ctrl-C as one line (exit
-    status 130). ``HYDRA_FULL_ERROR=1`` keeps Hydra's full report."""
+    would print a parser's traceback for a malformed YAML file). ``HYDRA_FULL_ERROR=1`` keeps
+    Hydra's full report."""
     previous = os.environ.get("HYDRA_FULL_ERROR")
     if previous == "1":
         hydra_main()
@@ -331,10 +330,11 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its own report
     try:
         hydra_main()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback
         print(INTERRUPTED, file=sys.stderr)
         sys.exit(130)  # 128 + SIGINT, what a shell reports for a process Ctrl-C stopped
     except Exception as exc:
+        # an output directory that cannot be written (a file, read-only, full): one line too
         line = hydra_error_line(exc) or output_error_line(exc)
         if line is None:
             raise
