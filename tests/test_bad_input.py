@@ -1113,6 +1113,28 @@ def test_graph_file_mistakes_are_one_line(tmp_path, nodes, edges, graph, named):
         assert text in result["error"], (text, result["error"])
 
 
+@pytest.mark.parametrize("twice", ["node", "edge"])
+def test_graphml_listing_a_node_or_edge_twice_is_one_line(tmp_path, twice):
+    import networkx as nx
+
+    graph = nx.Graph()
+    graph.add_nodes_from((f"g{i}", {"kind": "gpu"}) for i in range(2))
+    graph.add_edge("g0", "g1", bw_gbps=100.0, latency_us=1.0)
+    path = tmp_path / "g.graphml"
+    nx.write_graphml(graph, path)
+    text = path.read_text()
+    pattern = r'<node id="g1">.*?</node>' if twice == "node" else r"<edge .*?</edge>"
+    element = re.search(pattern, text, re.S).group(0)
+    if twice == "edge":  # reversed, with another bandwidth
+        element = element.replace('source="g0" target="g1"', 'source="g1" target="g0"')
+        element = element.replace(">100.0<", ">10.0<")
+    path.write_text(text.replace("</graph>", element + "</graph>"))
+    result, _ = run_case(tmp_path, "cluster=graph", f"cluster.graph_path={path}", "model=tiny")
+    assert result["status"] == "error", result
+    assert_one_line(result["error"])
+    assert "twice" in result["error"], result["error"]
+
+
 def test_relay_false_through_a_switch_is_planned(tmp_path):
     """The same four devices behind one switch route without relays."""
     nodes = [*GPUS, {"id": "s", "kind": "switch"}]

@@ -30,6 +30,7 @@ import csv
 import json
 from math import isfinite
 from pathlib import Path
+from xml.etree import ElementTree
 
 import networkx as nx
 import numpy as np
@@ -68,11 +69,12 @@ def read_graph_file(path) -> nx.Graph:
             _refuse_duplicates(data, edges, f"cluster.graph_path={path}")
             return nx.node_link_graph(data, edges=edges)
         if suffix in (".graphml", ".xml"):
+            _refuse_duplicate_graphml_nodes(file, f"cluster.graph_path={path}")
             graph = nx.read_graphml(file)
             if graph.is_directed() or graph.is_multigraph():
                 raise UserError(
-                    f"cluster.graph_path={path}: the graph must be undirected and simple; give "
-                    "one edge per link"
+                    f"cluster.graph_path={path}: the graph must be undirected and simple (an "
+                    "edge listed twice makes it a multigraph); give one edge per link"
                 )
             return graph
     except UserError:
@@ -107,6 +109,18 @@ def _refuse_duplicates(data: dict, edges: str, where: str) -> None:
                 "undirected, one edge per link carries both directions: list it once"
             )
         links[key] = f"{a!r} - {b!r}"
+
+
+def _refuse_duplicate_graphml_nodes(file: Path, where: str) -> None:
+    """A GraphML node listed twice is one error (networkx merges the two silently; an edge listed
+    twice already makes a multigraph, refused by the caller)."""
+    seen: set = set()
+    for _, element in ElementTree.iterparse(file):
+        if element.tag.rsplit("}", 1)[-1] == "node":
+            key = element.get("id")
+            if key in seen:
+                raise UserError(f"{where}: node {key!r} is listed twice; list each node once")
+            seen.add(key)
 
 
 def _hashable(x) -> bool:
