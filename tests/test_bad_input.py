@@ -1044,6 +1044,34 @@ def test_a_write_that_fails_half_way_leaves_the_previous_files_whole(tmp_path, m
     assert after == before
 
 
+def test_a_full_disk_in_a_single_run_is_one_line(tmp_path, monkeypatch, capsys):
+    """The run's own writes fail (every write to the run directory: plan.json, then error.txt
+    and row.json): python run.py prints one line naming plan.json, exit status 2, and leaves no
+    partial file (the previous code left an empty plan.json and error.txt and 59 lines of
+    traceback on a full 12 KiB tmpfs)."""
+    from nest.app.results import run_recorded
+    from nest.core import files
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full)  # after the first bytes reach the file
+    cfg = compose(*FIXED, "model=tiny", "solver.dp=64")
+
+    def hydra_main():
+        run_recorded(nest.app.cli.run, cfg, tmp_path, keep_going=False)
+
+    monkeypatch.setattr(nest.app.cli, "hydra_main", hydra_main)
+    with pytest.raises(SystemExit) as info:
+        nest.app.cli.main()
+    assert info.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: cannot write ") and "plan.json" in lines[0], lines
+    assert "No space left on device" in lines[0] and "free space" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_empty_model_preset_is_one_line(tmp_path):
     presets = presets_dir(tmp_path, "empty", b"")
     result, _ = run_case(tmp_path, "model=empty", f"hydra.searchpath=[file://{presets}]")

@@ -325,7 +325,7 @@ def main() -> None:
     if previous == "1":
         hydra_main()
         return
-    from nest.core.files import INTERRUPTED, output_error_line
+    from nest.core.files import INTERRUPTED, Unwritable, output_error_line
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its own report
     try:
@@ -333,6 +333,9 @@ def main() -> None:
     except KeyboardInterrupt:  # Ctrl-C: one line, no traceback
         print(INTERRUPTED, file=sys.stderr)
         sys.exit(130)  # 128 + SIGINT, what a shell reports for a process Ctrl-C stopped
+    except Unwritable as exc:  # the run's own outputs (nest.app.results.run_recorded)
+        print(f"error: {exc.line}", file=sys.stderr)
+        sys.exit(2)
     except Exception as exc:
         # an output directory that cannot be written (a file, read-only, full): one line too
         line = hydra_error_line(exc) or output_error_line(exc)

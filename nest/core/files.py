@@ -50,9 +50,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(exc, OSError) and not exc.filename:  # flush/close: name the file
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
 
 
@@ -104,6 +106,16 @@ _OUTPUT_ERRNOS = {
 }
 
 
+class Unwritable(SystemExit):
+    """A single run's output that cannot be written, as the one line to print (``line``); exit
+    status 2. A ``SystemExit``, so Hydra passes it through without its "Error executing job"
+    report, and :func:`nest.app.cli.main` prints the line."""
+
+    def __init__(self, line: str):
+        super().__init__(2)
+        self.line = line
+
+
 def _in_mkdir(exc: BaseException) -> bool:
     """Whether ``exc`` was raised making a directory (a run directory nothing can create, e.g.
     under ``/proc``), not reading a missing file."""
@@ -135,6 +147,7 @@ def output_error_line(exc: BaseException) -> str | None:
 __all__ = [
     "INTERRUPTED",
     "MAX_NAME_BYTES",
+    "Unwritable",
     "atomic_path",
     "output_error_line",
     "safe_name",
