@@ -101,7 +101,7 @@ class BrutePlanner(SpacePlanner):
     def solve_ranked(self, problem: Problem) -> list:
         """The best plan of each of the ``top_k`` best configurations, best first."""
         started = time.perf_counter()
-        top_k = check_top_k(self.top_k, self.name)
+        top_k = check_top_k(self.top_k, self.name, limit=None)  # max_plans bounds the time
         options = self.options()
         modes = options.recompute_modes
         # refused up front, not after scoring max_plans of them (minutes on a long chain)

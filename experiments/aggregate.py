@@ -42,6 +42,7 @@ from nest.app.results import (
     one_line,
     planner_label,
 )
+from nest.core.files import atomic_path, write_text
 
 PLOTS_DIR = "plots"
 DEFAULT_BASELINE = "megatron"
@@ -300,7 +301,8 @@ def comparison(
 def _write_parquet(df: pd.DataFrame, path: Path) -> str | None:
     """``results.parquet``, or the note saying why not (pandas finds no parquet engine)."""
     try:
-        df.to_parquet(path, index=False)
+        with atomic_path(path) as tmp:
+            df.to_parquet(tmp, index=False)
     except ImportError as exc:
         path.unlink(missing_ok=True)
         return (
@@ -337,12 +339,14 @@ def aggregate(
     also = [a for a in also if a in planners]
     comp = comparison(df, baseline, also, gpu_hour_usd)
     files = [sweep_dir / "results.csv", sweep_dir / "comparison.csv", sweep_dir / "results.md"]
-    df.to_csv(files[0], index=False)
-    comp.to_csv(files[1], index=False)
-    files[2].write_text(
+    for frame, file in ((df, files[0]), (comp, files[1])):
+        with atomic_path(file) as tmp:
+            frame.to_csv(tmp, index=False)
+    write_text(
+        files[2],
         tables.results_markdown(
             df, comp, baseline, planners, sweep_dir.name, also=also, gpu_hour_usd=gpu_hour_usd
-        )
+        ),
     )
     note = _write_parquet(df, sweep_dir / "results.parquet")
     if note:

@@ -33,6 +33,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from nest.app.results import FAILED_STATUSES, NO_PLAN_STATUSES, ROW_FILE, SWEEP_FILE
+from nest.core.files import write_text
 from nest.core.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def write_sweep_record(config: DictConfig) -> dict:
         except Exception as exc:  # the sweeper will report a bad override itself
             log.warning("could not count the sweep's jobs: %s", exc)
     record = {"total_jobs": len(jobs) if jobs is not None else None, "jobs": jobs}
-    (sweep_dir / SWEEP_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    write_text(sweep_dir / SWEEP_FILE, json.dumps(record, indent=1) + "\n")
     return record
 
 

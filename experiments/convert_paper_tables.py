@@ -17,6 +17,8 @@ from pathlib import Path
 
 import yaml
 
+from nest.core.files import write_text
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "conf" / "paper_tables.yaml"
 SOURCE_NAME = Path("reference-instances") / "baseline_tables.json"
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {source} not found; pass the path of baseline_tables.json", file=sys.stderr)
         return 2
     rows = rows_from_tables(json.loads(source.read_text()))
-    args.out.write_text(dump_rows(rows))
+    write_text(args.out, dump_rows(rows))
     print(f"wrote {len(rows)} rows to {args.out}")
     return 0
 

@@ -33,6 +33,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from nest.app.results import FAILED_STATUSES
+from nest.core.files import atomic_path
 from nest.core.units import GiB
 
 DPI = 110
@@ -150,7 +151,9 @@ def throughput_figure(
 
 def plot_throughput_lines(comp: pd.DataFrame, path: Path, **kwargs) -> Path:
     """:func:`throughput_figure` saved as ``path`` (PNG)."""
-    throughput_figure(comp, **kwargs).savefig(path, dpi=DPI)
+    fig = throughput_figure(comp, **kwargs)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=DPI)
     return path
 
 
@@ -211,7 +214,8 @@ def save_memory_figure(panels: Mapping[str, Mapping], path: Path, *, title: str)
         ax.set_visible(False)
     _memory_legend(fig)
     fig.suptitle(title)
-    fig.savefig(path, dpi=DPI)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=DPI)
     return path
 
 
@@ -312,7 +316,8 @@ def save_placement_figure(
             )
             _placement_colorbar(fig, ax, image, color_by, plan)
     fig.suptitle(title)
-    fig.savefig(path, dpi=DPI)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=DPI)
     return path
 
 
@@ -437,7 +442,8 @@ def save_network_figure(plan: Mapping, network, path: Path, *, title: str) -> Pa
     if network.routing == "dimension_order":
         note += "; z planes side by side, wrap-around links not drawn"
     fig.suptitle(f"{title}\n({note})")
-    fig.savefig(path, dpi=DPI)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=DPI)
     return path
 
 

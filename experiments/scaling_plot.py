@@ -23,6 +23,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
 from experiments.plots import DPI, planner_colors
+from nest.core.files import atomic_path
 
 GROUP_KEYS = ("model", "cluster", "variant", "global_batch", "microbatch")
 
@@ -106,5 +107,6 @@ def plot_scaling(
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6))
     billed = "every device billed, idle ones included"
     fig.suptitle(f"Scaling per planner: throughput, MFU and cost per token ({billed})")
-    fig.savefig(path, dpi=DPI)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=DPI)
     return path

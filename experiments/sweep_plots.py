@@ -21,6 +21,7 @@ import pandas as pd
 
 from experiments import plots
 from experiments.scaling_plot import plot_scaling
+from nest.core.files import safe_name
 
 PANEL_KEYS = ("model", "cluster", "variant", "devices", "microbatch")
 
@@ -73,8 +74,10 @@ def _lines(comp, path, *, x, xlabel, title, baseline, planners) -> Path:
 
 
 def _slug(*parts) -> str:
+    """The case's part of a file name: safe characters, cut to a length every file system
+    takes (a 300-character model name still makes a file; :func:`nest.core.files.safe_name`)."""
     text = "_".join(str(p) for p in parts if p not in ("", None) and not pd.isna(p))
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text)
+    return safe_name(re.sub(r"[^A-Za-z0-9_.-]+", "-", text))
 
 
 def _largest_cases(comp: pd.DataFrame) -> list[pd.DataFrame]:

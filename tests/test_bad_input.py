@@ -994,3 +994,292 @@ def test_unknown_graph_node_and_edge_attributes_are_refused():
     graph.edges["a", "b"]["bandwidth"] = 5
     with pytest.raises(UserError, match=r"edge 'a' - 'b' has attributes \['bandwidth'\]"):
         network_from_graph(graph, "g")
+
+
+# ================================================================================================
+# Failures of the machine and of files, not of the settings (issue 26). Each prints one line:
+#   Ctrl-C: nest.app.cli.main, exit status 130;
+#   an output directory that cannot be written (a file, read-only, a full disk):
+#     nest.app.cli.main through nest.core.files.output_error_line, exit status 2;
+#   a write that fails half-way leaves the previous file whole (nest.core.files.atomic_path);
+#   a preset with no fields, a name too long for a file, too many alternatives, a graph file
+#   that lists a node or link twice or cannot route without relays, CSV saved by Excel.
+# ================================================================================================
+
+ROOT = Path(CONF_DIR).parent
+
+
+def _python(code: str, tmp_path: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_ctrl_c_is_one_line_and_exit_status_130(tmp_path):
+    """SIGINT while planning (the planner stands in as a sleep): one line, no traceback, 130."""
+    import signal
+
+    code = (
+        "import sys, time\n"
+        "import nest.app.cli as cli\n"
+        "def busy():\n"
+        "    print('planning', flush=True)\n"
+        "    time.sleep(60)\n"
+        "cli.hydra_main = busy\n"
+        "cli.main()\n"
+    )
+    proc = _python(code, tmp_path)
+    assert proc.stdout.readline().strip() == "planning"
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("interrupted"), out
+
+
+@pytest.mark.parametrize("where", ["file", "under-a-file"])
+def test_run_directory_that_is_a_file_is_one_line(tmp_path, where):
+    target = tmp_path / "taken"
+    target.write_text("not a directory\n")
+    run_dir = target if where == "file" else target / "run"
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.run(
+        [sys.executable, str(RUN_PY), "solver=fixed", "model=tiny", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    line = one_error_line(proc)
+    assert str(run_dir) in line and "hydra.run.dir" in line, line
+    assert target.read_text() == "not a directory\n"
+
+
+@pytest.mark.parametrize(
+    "error, fix",
+    [
+        (PermissionError(13, "Permission denied", "/ro/run/.hydra/config.yaml"), "writable"),
+        (OSError(30, "Read-only file system", "/ro/run/plan.json"), "writable"),
+        (OSError(28, "No space left on device", "/full/run/plan.json"), "free space"),
+    ],
+    ids=["permission", "read-only", "disk-full"],
+)
+def test_output_that_cannot_be_written_is_one_line(monkeypatch, capsys, error, fix):
+    def fail():
+        raise error
+
+    monkeypatch.setattr(nest.app.cli, "hydra_main", fail)
+    with pytest.raises(SystemExit) as info:
+        nest.app.cli.main()
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert error.filename in lines[0] and error.strerror in lines[0] and fix in lines[0]
+
+
+def test_a_write_that_fails_half_way_leaves_the_previous_files_whole(tmp_path, monkeypatch):
+    """A full disk while the second run writes its outputs: the first run's plan.json and
+    report.json stay as they were, and no partial or temporary file is left."""
+    run_case(tmp_path, *FIXED, "model=tiny", "solver.dp=64")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert "plan.json" in before
+
+    class HalfWrite:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def write(self, text):
+            self.handle.write(text[: len(text) // 2])
+            raise OSError(28, "No space left on device", self.handle.name)
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+    real_open = Path.open
+
+    def full_disk(self, mode="r", *args, **kwargs):
+        handle = real_open(self, mode, *args, **kwargs)
+        return HalfWrite(handle) if "w" in mode else handle
+
+    monkeypatch.setattr(Path, "open", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        run_case(tmp_path, *FIXED, "model=tiny", "solver.dp=32", "solver.pp=2")
+    monkeypatch.undo()
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert after == before
+
+
+def test_a_full_disk_in_a_single_run_is_one_line(tmp_path, monkeypatch, capsys):
+    """The run's own writes fail (every write to the run directory: plan.json, then error.txt
+    and row.json): python run.py prints one line naming plan.json, exit status 2, and leaves no
+    partial file (the previous code left an empty plan.json and error.txt and 59 lines of
+    traceback on a full 12 KiB tmpfs)."""
+    from nest.app.results import run_recorded
+    from nest.core import files
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full)  # after the first bytes reach the file
+    cfg = compose(*FIXED, "model=tiny", "solver.dp=64")
+
+    def hydra_main():
+        run_recorded(nest.app.cli.run, cfg, tmp_path, keep_going=False)
+
+    monkeypatch.setattr(nest.app.cli, "hydra_main", hydra_main)
+    with pytest.raises(SystemExit) as info:
+        nest.app.cli.main()
+    assert info.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: cannot write ") and "plan.json" in lines[0], lines
+    assert "No space left on device" in lines[0] and "free space" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_empty_model_preset_is_one_line(tmp_path):
+    presets = presets_dir(tmp_path, "empty", b"")
+    result, _ = run_case(tmp_path, "model=empty", f"hydra.searchpath=[file://{presets}]")
+    assert result["status"] == "error", result
+    assert_one_line(result["error"])
+    for field in ("hidden", "layers", "heads"):
+        assert field in result["error"], result["error"]
+
+
+def test_sweep_plot_names_fit_a_file_system(tmp_path):
+    """A 300-character model name still makes the sweep's plot files (255 bytes per name)."""
+    from experiments.sweep_plots import _slug
+
+    names = [_slug("m" * 300 + tail, "dgx_8x8", 64, "", "v") for tail in ("a", "b")]
+    assert names[0] != names[1]
+    for slug in names:
+        name = f"placement_{slug}.png"
+        assert len(name.encode()) <= 255
+        (tmp_path / name).write_bytes(b"")  # the file system takes it
+
+
+def test_top_k_beyond_the_limit_is_one_line(tmp_path):
+    result, _ = run_case(tmp_path, "solver=nest", "solver.top_k=100000", "model=tiny")
+    assert result["status"] == "error", result.get("plan")
+    assert_one_line(result["error"])
+    assert "solver.top_k=100000" in result["error"] and "100" in result["error"]
+
+
+def _graph_file(tmp_path: Path, nodes, edges, **graph) -> Path:
+    doc = {"directed": False, "multigraph": False, "graph": graph, "nodes": nodes, "edges": edges}
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _link(a, b, bw=100):
+    return {"source": a, "target": b, "bw_gbps": bw, "latency_us": 1}
+
+
+GPUS = [{"id": f"g{i}", "kind": "gpu"} for i in range(4)]
+CHAIN = [_link("g0", "g1"), _link("g1", "g2"), _link("g2", "g3")]
+GRAPH_FILES = [
+    ("duplicate-node", [*GPUS, GPUS[1]], CHAIN, {}, ["'g1'", "twice"]),
+    (
+        "duplicate-edge-reversed",
+        GPUS,
+        [*CHAIN, _link("g1", "g0", bw=10)],
+        {},
+        ["'g1' - 'g0'", "twice"],
+    ),
+    ("duplicate-edge", GPUS, [*CHAIN, _link("g2", "g3")], {}, ["'g2' - 'g3'", "twice"]),
+    ("relay-false-chain", GPUS, CHAIN, {"relay": False}, ["relay", "cannot reach"]),
+]
+
+
+@pytest.mark.parametrize(
+    "nodes, edges, graph, named", [pytest.param(*c[1:], id=c[0]) for c in GRAPH_FILES]
+)
+def test_graph_file_mistakes_are_one_line(tmp_path, nodes, edges, graph, named):
+    path = _graph_file(tmp_path, nodes, edges, **graph)
+    result, _ = run_case(
+        tmp_path, "cluster=graph", f"cluster.graph_path={path}", "model=tiny", *FIXED
+    )
+    assert result["status"] == "error", result
+    assert_one_line(result["error"])
+    for text in named:
+        assert text in result["error"], (text, result["error"])
+
+
+@pytest.mark.parametrize("twice", ["node", "edge"])
+def test_graphml_listing_a_node_or_edge_twice_is_one_line(tmp_path, twice):
+    import networkx as nx
+
+    graph = nx.Graph()
+    graph.add_nodes_from((f"g{i}", {"kind": "gpu"}) for i in range(2))
+    graph.add_edge("g0", "g1", bw_gbps=100.0, latency_us=1.0)
+    path = tmp_path / "g.graphml"
+    nx.write_graphml(graph, path)
+    text = path.read_text()
+    pattern = r'<node id="g1">.*?</node>' if twice == "node" else r"<edge .*?</edge>"
+    element = re.search(pattern, text, re.S).group(0)
+    if twice == "edge":  # reversed, with another bandwidth
+        element = element.replace('source="g0" target="g1"', 'source="g1" target="g0"')
+        element = element.replace(">100.0<", ">10.0<")
+    path.write_text(text.replace("</graph>", element + "</graph>"))
+    result, _ = run_case(tmp_path, "cluster=graph", f"cluster.graph_path={path}", "model=tiny")
+    assert result["status"] == "error", result
+    assert_one_line(result["error"])
+    assert "twice" in result["error"], result["error"]
+
+
+def test_relay_false_through_a_switch_is_planned(tmp_path):
+    """The same four devices behind one switch route without relays."""
+    nodes = [*GPUS, {"id": "s", "kind": "switch"}]
+    path = _graph_file(tmp_path, nodes, [_link(f"g{i}", "s") for i in range(4)], relay=False)
+    result, _ = run_case(tmp_path, "cluster=graph", f"cluster.graph_path={path}", "model=tiny")
+    assert result["status"] == "feasible", result.get("error")
+
+
+def _excel(source: Path, target: Path) -> Path:
+    """``source`` as Excel saves "CSV UTF-8": a byte-order mark and CRLF line ends."""
+    text = source.read_text(encoding="utf-8").replace("\r\n", "\n")
+    target.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
+    return target
+
+
+@pytest.mark.parametrize(
+    "reader, source, overrides",
+    [
+        ("measured", "data/measured/dgx_2x8_example.csv", ["cluster=measured"]),
+        ("profile", "data/profiles/example_tiny.csv", ["model=profile"]),
+    ],
+)
+def test_csv_saved_by_excel_is_read_as_the_same_file(tmp_path, reader, source, overrides):
+    key = "cluster.params.table" if reader == "measured" else "model.path"
+    plain, _ = run_case(tmp_path / "plain", *overrides, f"{key}={ROOT / source}")
+    assert plain["status"] == "feasible", plain.get("error")
+    excel = _excel(ROOT / source, tmp_path / "excel.csv")
+    result, _ = run_case(tmp_path / "excel", *overrides, f"{key}={excel}")
+    assert result["status"] == "feasible", result.get("error")
+    assert result["iteration_time_s"] == plain["iteration_time_s"]
+
+
+def test_validation_csv_saved_by_excel_is_read_as_the_same_file(tmp_path):
+    from nest.app import validate
+
+    cases = ROOT / "experiments" / "validation" / "cases.csv"
+    plain = validate.run(cases, None, echo=lambda _: None)
+    excel = validate.run(_excel(cases, tmp_path / "cases.csv"), None, echo=lambda _: None)
+    assert excel == plain

@@ -23,6 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from experiments.aggregate import rowless_job
+from nest.core.files import atomic_path, write_text
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,8 @@ def histogram(df: pd.DataFrame, path: Path) -> None:
     ax.set_ylabel("instances (log)")
     ax.set_title(f"What the structured space leaves on the table ({len(gaps)} instances)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
 
 
@@ -236,10 +238,11 @@ def aggregate(sweep_dir: Path) -> dict:
     if not rows:
         raise SystemExit(f"no {ROW_FILE} under {sweep_dir}; is it an optimality sweep?")
     df = table(rows)
-    df.to_csv(sweep_dir / "optimality.csv", index=False)
+    with atomic_path(sweep_dir / "optimality.csv") as tmp:
+        df.to_csv(tmp, index=False)
     summary = summarise(df)
-    (sweep_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (sweep_dir / "summary.md").write_text(markdown(summary))
+    write_text(sweep_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
+    write_text(sweep_dir / "summary.md", markdown(summary))
     histogram(df, sweep_dir / "gap_histogram.png")
     return summary
 

@@ -32,6 +32,7 @@ from omegaconf import DictConfig
 from baselines.brute import BrutePlanner, count_plans
 from experiments.optimality.instances import describe, instance
 from nest.core.errors import Infeasible, SolverTimeout, UserError
+from nest.core.files import write_text
 from nest.dp.planner import NestPlanner
 from nest.dp.space import SpaceOptions
 from nest.exact.planner import ExactPlanner
@@ -166,7 +167,7 @@ def main(cfg: DictConfig) -> None:
     except UserError as exc:
         row = {"seed": cfg.seed, "error": str(exc)}
         log.error("error: %s", exc)
-    (out_dir / ROW_FILE).write_text(json.dumps(row, indent=1, default=str) + "\n")
+    write_text(out_dir / ROW_FILE, json.dumps(row, indent=1, default=str) + "\n")
     log.info(
         "seed %s done in %.1f s: %s",
         cfg.seed,

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from nest.core.errors import Infeasible, SolverTimeout, UserError
+from nest.core.files import atomic_path
 from nest.core.hardware import Device
 from nest.core.layers import AnalyticModel
 from nest.core.model import ModelSpec
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     print(df.to_markdown(index=False, floatfmt=".3g"))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        df.to_csv(args.out / "scaling.csv", index=False)
+        with atomic_path(args.out / "scaling.csv") as tmp:
+            df.to_csv(tmp, index=False)
     return 0
 
 

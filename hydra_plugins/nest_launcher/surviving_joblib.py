@@ -35,6 +35,8 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
+from nest.core.files import write_text
+
 log = logging.getLogger(__name__)
 
 MARKER_DIR = ".launcher"
@@ -68,7 +70,7 @@ def run_one(
     sweep_config = _job_config(hydra_context, config, num, overrides)
     HydraConfig.instance().set_config(sweep_config)
     run_dir = Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir)
-    (Path(marker_dir) / str(num)).write_text(str(run_dir.absolute()) + "\n")
+    write_text(Path(marker_dir) / str(num), str(run_dir.absolute()) + "\n")
     return run_job(
         hydra_context=hydra_context,
         task_function=task_function,
@@ -208,7 +210,7 @@ class SurvivingJoblibLauncher(Launcher):
             "out-of-memory killer)"
         )
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / ERROR_FILE).write_text(message + "\n")
+        write_text(run_dir / ERROR_FILE, message + "\n")
         log.error("job #%d killed its worker process (%s): recorded in %s", num, why, run_dir)
         results[num] = JobReturn(
             overrides=overrides,

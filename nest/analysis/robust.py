@@ -63,6 +63,7 @@ import numpy as np
 
 from nest.analysis.alternatives import seconds_text
 from nest.core.errors import UserError
+from nest.core.files import atomic_path
 from nest.core.layers import LayerCost, Shard
 from nest.core.plan import Plan
 from nest.core.problem import Problem
@@ -554,4 +555,5 @@ def plot_robustness(result: dict, labels: list[str], path) -> None:
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)

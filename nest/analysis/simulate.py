@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from nest.core.axes import Schedule
+from nest.core.files import atomic_path
 from nest.core.plan import Plan
 from nest.core.problem import Problem
 from nest.core.progress import Progress
@@ -405,7 +406,8 @@ def plot_timeline(sim: SimResult, path, *, title: str = "") -> TimelineView:
     ]
     fig.legend(handles=legend, loc="lower center", ncol=4, frameon=False, fontsize=9)
     fig.subplots_adjust(left=0.08, right=0.98, top=1 - 0.6 / height, bottom=0.95 / height)
-    fig.savefig(path, dpi=130)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=130)
     plt.close(fig)
     return TimelineView(
         windows=windows,

@@ -42,6 +42,7 @@ from nest.core.errors import (
     UserError,
     yaml_error_text,
 )
+from nest.core.files import write_text
 from nest.core.plan import Plan
 from nest.core.problem import Problem
 from nest.core.progress import Progress
@@ -56,7 +57,7 @@ register_schemas()
 
 
 def _write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def _stderr(line: str) -> None:
@@ -174,7 +175,7 @@ def _report(cfg: DictConfig, planned: _Planned, base: dict, out_dir: Path, echo)
         summary += _simulate(problem, plan, report, result, out_dir)
     written = ["plan.json", "report.json", "summary.txt"]
     summary += _alternatives(planned, report, result, out_dir, written)
-    (out_dir / "summary.txt").write_text(summary + "\n")
+    write_text(out_dir / "summary.txt", summary + "\n")
     extra = _explain_and_export(cfg, planned, report, result, out_dir, written)
     if cfg.get("print_summary", True):
         echo(summary)
@@ -304,7 +305,7 @@ def _explain_and_export(cfg, planned: _Planned, report, result, out_dir, written
         explanation = explain_report(result)
         text = format_explain(explanation)
         _write_json(out_dir / "explain.json", explanation)
-        (out_dir / "explain.txt").write_text(text + "\n")
+        write_text(out_dir / "explain.txt", text + "\n")
         written += ["explain.txt", "explain.json"]
         blocks.append(text)
     if planned.export_targets:
@@ -454,11 +455,20 @@ def _main() -> None:
     if previous == "1":
         hydra_main()
         return
+    from nest.core.files import INTERRUPTED, Unwritable, output_error_line
+
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its own report
     try:
         hydra_main()
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback
+        print(INTERRUPTED, file=sys.stderr)
+        sys.exit(130)  # 128 + SIGINT, what a shell reports for a process Ctrl-C stopped
+    except Unwritable as exc:  # the run's own outputs (nest.app.results.run_recorded)
+        print(f"error: {exc.line}", file=sys.stderr)
+        sys.exit(2)
     except Exception as exc:
-        line = hydra_error_line(exc)
+        # an output directory that cannot be written (a file, read-only, full): one line too
+        line = hydra_error_line(exc) or output_error_line(exc)
         if line is None:
             raise
         print(f"error: {line}", file=sys.stderr)

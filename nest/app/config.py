@@ -634,7 +634,21 @@ def build_cluster(cfg: Any) -> Cluster:
 
 
 def build_model_spec(cfg: Any) -> ModelSpec:
+    """The :class:`ModelSpec` of a model section; a preset missing a required field (an empty
+    file, one without ``defaults: [model_schema]``) is one line naming the fields."""
     c = _plain(cfg)
+    required = [
+        f.name
+        for f in dataclasses.fields(ModelSpec)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    missing = [k for k in required if c.get(k) is None]
+    if missing:
+        name = f"model {c['name']!r}" if c.get("name") else "the model preset"
+        raise UserError(
+            f"{name} sets no {', '.join(missing)}; a model preset needs "
+            f"{', '.join(required)} (copy conf/model/tiny.yaml, keeping defaults: [model_schema])"
+        )
     return ModelSpec(**c)
 
 

@@ -29,6 +29,7 @@ Row columns (:data:`ROW_COLUMNS`), units in the names:
   spaces).
 """
 
+import contextlib
 import json
 import logging
 import time
@@ -40,6 +41,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from nest.app.config import build_problem
+from nest.core.files import Unwritable, output_error_line, write_text
 
 log = logging.getLogger(__name__)
 
@@ -230,11 +232,7 @@ def make_row(
 
 def write_row(out_dir: Path, row: dict) -> Path:
     """Write ``row.json`` atomically (a reader never sees half a row)."""
-    path = out_dir / ROW_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(row, indent=1, default=str) + "\n")
-    tmp.replace(path)
-    return path
+    return write_text(out_dir / ROW_FILE, json.dumps(row, indent=1, default=str) + "\n")
 
 
 def _crash_result(cfg: DictConfig, exc: Exception) -> dict:
@@ -260,15 +258,21 @@ def run_recorded(
     An unexpected exception is written as a ``crashed`` row with its traceback in ``error.txt``;
     with ``keep_going`` (multiruns) it is logged in one line and the crash result is returned, so
     the sweep goes on; otherwise (single runs: a crash is a bug) it is re-raised after the row is
-    written.
+    written. An output that cannot be written (a full disk, a read-only directory) is no bug: its
+    row says ``error`` with one line naming the file, and a single run raises
+    :class:`~nest.core.files.Unwritable` with that line.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     try:
         result = run(cfg, out_dir)
     except Exception as exc:
-        (out_dir / ERROR_FILE).write_text(traceback.format_exc())
+        unwritable = output_error_line(exc)  # a full disk, a read-only directory: not a bug
+        with contextlib.suppress(OSError) if unwritable else contextlib.nullcontext():
+            write_text(out_dir / ERROR_FILE, traceback.format_exc())
         result = _crash_result(cfg, exc)
+        if unwritable:
+            result.update(status="error", error=unwritable)
         row = make_row(
             cfg,
             result,
@@ -276,8 +280,11 @@ def run_recorded(
             job=job,
             job_wall_s=time.perf_counter() - started,
         )
-        write_row(out_dir, row)
+        with contextlib.suppress(OSError) if unwritable else contextlib.nullcontext():
+            write_row(out_dir, row)
         if not keep_going:
+            if unwritable:
+                raise Unwritable(unwritable) from exc
             raise
         log.error("crashed: %s (traceback in %s)", result["error"], out_dir / ERROR_FILE)
         return result

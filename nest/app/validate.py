@@ -47,6 +47,7 @@ import yaml
 from nest.app.config import build_device
 from nest.core.build import PlanSettings, build_plan
 from nest.core.errors import UserError
+from nest.core.files import atomic_path
 from nest.core.layers import AnalyticModel
 from nest.core.model import ModelSpec
 from nest.core.problem import Problem, Training
@@ -362,7 +363,7 @@ def run(
     path: Path, out_dir: Path | None, echo=print, matmul_efficiency: float | str | None = None
 ) -> dict:
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
             reader = csv.DictReader(fh)
             rows = list(reader)
             missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
@@ -407,7 +408,10 @@ def run(
         echo(f"  sweep {sweep}: {s['n']} configurations ({s['metric']}), Kendall tau {tau}")
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        with open(out_dir / "validation.csv", "w", newline="") as fh:
+        with (
+            atomic_path(out_dir / "validation.csv") as tmp,
+            open(tmp, "w", newline="", encoding="utf-8") as fh,
+        ):
             writer = csv.writer(fh)
             writer.writerow(
                 [

@@ -145,12 +145,27 @@ def empty_space_error(problem: Problem, options: SpaceOptions) -> UserError:
     )
 
 
-def check_top_k(top_k, solver: str) -> int:
-    """``solver.top_k`` as a positive integer, or a one-line error naming the value."""
+MAX_TOP_K = 100
+"""The most configurations ``solver.top_k`` asks for. The search for the K best grows with K
+(the threshold that prunes configurations is the K-th best): llama2_7b on dgx_8x8 takes 9 s with
+K = 100, 199 s with K = 1,000 and 736 s with K = 100,000 (2 shared cores, 2026-12), and a table
+of more than 100 alternatives is not read."""
+
+
+def check_top_k(top_k, solver: str, limit: int | None = MAX_TOP_K) -> int:
+    """``solver.top_k`` as an integer in 1..``limit`` (:data:`MAX_TOP_K`; None: no limit, for a
+    planner whose time K does not change, e.g. ``brute``), or a one-line error naming the
+    value."""
     if isinstance(top_k, bool) or not isinstance(top_k, int | np.integer) or top_k < 1:
         raise UserError(
             f"solver.top_k={top_k!r} must be a positive integer: how many configurations "
             f"{solver} returns, best first (1: the optimum only)"
+        )
+    if limit is not None and top_k > limit:
+        raise UserError(
+            f"solver.top_k={top_k} is beyond the limit of {limit} configurations "
+            f"(nest/dp/planner.py MAX_TOP_K): the search grows with K (K = 1,000 takes minutes); "
+            f"use at most solver.top_k={limit}"
         )
     return int(top_k)
 

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from nest.core.errors import UserError
+from nest.core.files import write_text
 from nest.export.common import Export
 from nest.export.megatron import export_megatron
 from nest.export.torchtitan import export_torchtitan
@@ -39,9 +40,9 @@ def export_plan(problem, plan, target: str, report=None, replan=None) -> Export:
 
 def write_export(exp: Export, out_dir: Path) -> list[str]:
     """Write the paste-able file and ``export_<target>.json``; return the file names."""
-    (out_dir / exp.filename).write_text(exp.text)
+    write_text(out_dir / exp.filename, exp.text)
     name = f"export_{exp.filename.split('.')[0]}.json"
-    (out_dir / name).write_text(json.dumps(exp.to_dict(), indent=2) + "\n")
+    write_text(out_dir / name, json.dumps(exp.to_dict(), indent=2) + "\n")
     return [exp.filename, name]
 
 

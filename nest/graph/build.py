@@ -33,6 +33,7 @@ import csv
 import json
 from math import isfinite
 from pathlib import Path
+from xml.etree import ElementTree
 
 import networkx as nx
 import numpy as np
@@ -55,7 +56,7 @@ def read_graph_file(path) -> nx.Graph:
     suffix = file.suffix.lower()
     try:
         if suffix == ".json":
-            data = json.loads(file.read_text())
+            data = json.loads(file.read_text(encoding="utf-8-sig"))
             if not isinstance(data, dict) or "nodes" not in data:
                 raise UserError(
                     f"cluster.graph_path={path}: not a node-link document (no 'nodes'); write "
@@ -68,13 +69,15 @@ def read_graph_file(path) -> nx.Graph:
                 )
             edges = "links" if "links" in data and "edges" not in data else "edges"
             data.setdefault(edges, [])
+            _refuse_duplicates(data, edges, f"cluster.graph_path={path}")
             return nx.node_link_graph(data, edges=edges)
         if suffix in (".graphml", ".xml"):
+            _refuse_duplicate_graphml_nodes(file, f"cluster.graph_path={path}")
             graph = nx.read_graphml(file)
             if graph.is_directed() or graph.is_multigraph():
                 raise UserError(
-                    f"cluster.graph_path={path}: the graph must be undirected and simple; give "
-                    "one edge per link"
+                    f"cluster.graph_path={path}: the graph must be undirected and simple (an "
+                    "edge listed twice makes it a multigraph); give one edge per link"
                 )
             return graph
     except UserError:
@@ -86,6 +89,49 @@ def read_graph_file(path) -> nx.Graph:
     raise UserError(
         f"cluster.graph_path={path}: unknown format {suffix!r}; use a node-link .json or .graphml"
     )
+
+
+def _refuse_duplicates(data: dict, edges: str, where: str) -> None:
+    """A node listed twice, or a link listed twice (in either direction), is one error: networkx
+    would keep the last one silently, and a second bandwidth would change the derived levels."""
+    seen: set = set()
+    for node in data.get("nodes") or []:
+        key = node.get("id") if isinstance(node, dict) else None
+        if key in seen:
+            raise UserError(f"{where}: node {key!r} is listed twice; list each node once")
+        seen.add(key)
+    links: dict = {}
+    for link in data.get(edges) or []:
+        if not isinstance(link, dict) or "source" not in link or "target" not in link:
+            continue  # networkx names what is missing
+        a, b = link["source"], link["target"]
+        key = frozenset((a, b)) if _hashable(a) and _hashable(b) else None
+        if key is not None and key in links:
+            raise UserError(
+                f"{where}: edge {a!r} - {b!r} is listed twice (as {links[key]}); the graph is "
+                "undirected, one edge per link carries both directions: list it once"
+            )
+        links[key] = f"{a!r} - {b!r}"
+
+
+def _refuse_duplicate_graphml_nodes(file: Path, where: str) -> None:
+    """A GraphML node listed twice is one error (networkx merges the two silently; an edge listed
+    twice already makes a multigraph, refused by the caller)."""
+    seen: set = set()
+    for _, element in ElementTree.iterparse(file):
+        if element.tag.rsplit("}", 1)[-1] == "node":
+            key = element.get("id")
+            if key in seen:
+                raise UserError(f"{where}: node {key!r} is listed twice; list each node once")
+            seen.add(key)
+
+
+def _hashable(x) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
 
 
 def checked_number(value, what: str, *, minimum: float, strict: bool) -> float:
@@ -212,6 +258,8 @@ def network_from_graph(graph: nx.Graph, name: str) -> Network:
         positions=positions,
     )
     _check_connected(graph, devices, where)
+    if not net.relay:
+        _check_reach_without_relay(net, where)
     if routing == "dimension_order":
         _check_torus_links(net, where)
     return net
@@ -275,6 +323,20 @@ def _check_connected(graph, devices, where: str) -> None:
             )
 
 
+def _check_reach_without_relay(net: Network, where: str) -> None:
+    """With ``relay: false`` traffic passes through switches only: every device pair needs a link
+    or a path of switches between them (the route check assumes it)."""
+    cost = net._distances()[: net.num_devices]
+    bad = np.argwhere(~np.isfinite(cost))
+    if bad.size:
+        u, v = (net.devices[i] for i in bad[0])  # from u, to v
+        raise UserError(
+            f"{where}: device {u!r} cannot reach device {v!r} without passing through another "
+            "device, and the graph sets relay: false (devices do not forward traffic); link them "
+            "directly or through a switch, or set relay: true"
+        )
+
+
 def graph_cluster(name: str, device: Device, graph: nx.Graph) -> Cluster:
     """The Cluster of a graph network: its derived levels (:mod:`nest.graph.derive`) and the
     network that prices every collective."""
@@ -295,7 +357,7 @@ def measured_graph(table, *, latency_us: float = 5.0) -> nx.Graph:
         raise UserError(f"cluster.params.table={table}: no such file")
     default_lat = checked_number(latency_us, "cluster.params.latency_us", minimum=0.0, strict=False)
     try:
-        with file.open(newline="", encoding="utf-8") as handle:
+        with file.open(newline="", encoding="utf-8-sig") as handle:
             reader = csv.DictReader(handle)
             fields = [f.strip() for f in reader.fieldnames or []]
             rows = [{k.strip(): (v or "").strip() for k, v in row.items() if k} for row in reader]

@@ -44,7 +44,7 @@ def read_profile(
     if path.suffix.lower() == ".csv":
         return read_csv_profile(path, name=name, seq_len=seq_len, tp_collectives=tp_collectives)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"model.path={path} is neither CSV nor valid JSON: {exc}") from None
     if is_artifact(data):

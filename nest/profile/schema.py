@@ -41,6 +41,7 @@ from pathlib import Path
 
 from nest.core.axes import LayerKind
 from nest.core.errors import UserError
+from nest.core.files import atomic_path, write_text
 
 FORMAT = "nest-profile-v1"
 TIME_UNITS = {"s": 1.0, "ms": 1e-3}
@@ -279,7 +280,7 @@ def write_profile(p: Profile, path: Path) -> None:
     """JSON or CSV by the file's suffix."""
     if path.suffix.lower() == ".csv":
         columns = [*MEASUREMENT_KEYS, *LAYER_FIELDS]
-        with path.open("w", newline="", encoding="utf-8") as f:
+        with atomic_path(path) as tmp, tmp.open("w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
             for m in p.measurements:
@@ -288,7 +289,7 @@ def write_profile(p: Profile, path: Path) -> None:
                         {**{k: getattr(m, k) for k in MEASUREMENT_KEYS}, **_layer_dict(layer)}
                     )
     else:
-        path.write_text(json.dumps(profile_to_dict(p), indent=1) + "\n", encoding="utf-8")
+        write_text(path, json.dumps(profile_to_dict(p), indent=1) + "\n")
 
 
 def _csv_value(text: str):
@@ -304,7 +305,7 @@ def _csv_value(text: str):
 
 def read_csv_profile(path: Path, **top) -> Profile:
     """A profile from CSV rows grouped by (tp, cp, ep, microbatch_size), in file order."""
-    with path.open(newline="", encoding="utf-8") as f:
+    with path.open(newline="", encoding="utf-8-sig") as f:
         rows = list(csv.DictReader(f))
     if not rows:
         raise _bad(f"model.path={path}", "has no rows (CSV with a header row expected)")
