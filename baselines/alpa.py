@@ -53,17 +53,13 @@ import numpy as np
 
 from baselines.alpa_stages import INF, MEGATRON_ORDER, StageChoice, StageCosts, inter_op_dp
 from baselines.networks import two_level_cluster, with_cluster
-from nest.core.axes import Recompute, Schedule
+from nest.core.axes import Recompute, Schedule, divisors
 from nest.core.errors import UserError
 from nest.core.layers import Shard
 from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.core.problem import Problem
 from nest.cost import evaluate
 from nest.planner import finish, infeasible_memory
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def submesh_shapes(hosts: int, per_host: int) -> list[tuple[int, int]]:
@@ -125,12 +121,12 @@ class AlpaPlanner:
             stages = n // size
             if n % size or stages > problem.num_layers:
                 continue
-            for tp in _divisors(min(per_host, size)):
+            for tp in divisors(min(per_host, size)):
                 if per_host % tp or size % tp:
                     continue
                 dp = size // tp
                 eps = (
-                    [e for e in _divisors(model.spec.num_experts) if dp % e == 0]
+                    [e for e in divisors(model.spec.num_experts) if dp % e == 0]
                     if model.spec.is_moe
                     else [1]
                 )

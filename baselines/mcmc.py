@@ -39,16 +39,12 @@ from dataclasses import dataclass, replace
 
 from baselines.megatron import MegatronPlanner
 from baselines.networks import flat_cluster, with_cluster
-from nest.core.axes import MEGATRON_RANK_ORDER, Recompute, Schedule
+from nest.core.axes import MEGATRON_RANK_ORDER, Recompute, Schedule, divisors
 from nest.core.errors import Infeasible, UserError
 from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.core.problem import Problem
 from nest.cost import evaluate
 from nest.planner import finish, infeasible_memory
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +81,11 @@ class Moves:
         spec = problem.model.spec
         self.axes = ["tp", "cp", "dp", "pp"] + (["ep"] if spec.is_moe else [])
         self.values = {
-            "tp": _divisors(self.n),
-            "cp": _divisors(self.n),
-            "dp": [d for d in _divisors(problem.training.global_batch) if d <= self.n],
+            "tp": divisors(self.n),
+            "cp": divisors(self.n),
+            "dp": [d for d in divisors(problem.training.global_batch) if d <= self.n],
             "pp": list(range(1, self.chain + 1)),
-            "ep": _divisors(spec.num_experts),
+            "ep": divisors(spec.num_experts),
         }
 
     def valid(self, s: State) -> bool:

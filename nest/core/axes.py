@@ -41,6 +41,12 @@ class Optimizer(StrEnum):
     SGD = "sgd"  # no optimizer state, as the NEST artifact's scripts use
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` in increasing order, 1 and ``n`` included: the degrees an axis of
+    ``n`` ranks (or a batch of ``n`` sequences) can be split into."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 class LayerKind(StrEnum):
     EMBEDDING = "embedding"
     BLOCK = "block"

@@ -57,7 +57,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import permutations
 
-from nest.core.axes import Axis, Recompute, Schedule, parse_rank_order
+from nest.core.axes import Axis, Recompute, Schedule, divisors, parse_rank_order
 from nest.core.errors import UserError
 from nest.core.layers import Shard
 from nest.core.plan import ParallelConfig
@@ -199,10 +199,6 @@ def interleaved_chunks(n_layers: int, pp: int, v: int) -> list[tuple[int, int]]:
     return out
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _orders(options: SpaceOptions) -> list[tuple[Axis, ...]]:
     if options.rank_orders is None:
         return [(Axis.TP, *rest) for rest in permutations((Axis.CP, Axis.DP, Axis.PP))]
@@ -240,9 +236,9 @@ def families(problem: Problem, options: SpaceOptions) -> Iterator[Family]:
     spec = model.spec
     orders = _orders(options)
     kinds = options.schedule_kinds, options.virtual_values
-    batch_divisors = _divisors(training.global_batch)
-    for tp in options.tp or _divisors(n):
-        for cp in options.cp or _divisors(n // tp):
+    batch_divisors = divisors(training.global_batch)
+    for tp in options.tp or divisors(n):
+        for cp in options.cp or divisors(n // tp):
             for pp in options.pp or range(1, chain + 1):
                 if pp > chain or tp * cp * pp > n:
                     continue
@@ -250,7 +246,7 @@ def families(problem: Problem, options: SpaceOptions) -> Iterator[Family]:
                 for dp in batch_divisors:
                     if dp > n // (tp * cp * pp):
                         break
-                    eps = options.ep or (_divisors(spec.num_experts) if spec.is_moe else [1])
+                    eps = options.ep or (divisors(spec.num_experts) if spec.is_moe else [1])
                     for ep in eps:
                         if (dp * cp) % ep:
                             continue
