@@ -53,7 +53,7 @@ import numpy as np
 
 from baselines.alpa_stages import INF, MEGATRON_ORDER, StageChoice, StageCosts, inter_op_dp
 from baselines.networks import two_level_cluster, with_cluster
-from nest.core.axes import Recompute, Schedule, divisors
+from nest.core.axes import Recompute, divisors
 from nest.core.errors import UserError
 from nest.core.layers import Shard
 from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
@@ -154,20 +154,11 @@ class AlpaPlanner:
     def _plan(self, problem: Problem, config: ParallelConfig, result, modes) -> Plan:
         training = problem.training
         return make_structured_plan(
-            tp=config.tp,
-            cp=1,
-            ep=config.ep,
-            dp=config.dp,
-            pp=config.pp,
+            config,
             layer_counts=[k - i + 1 for i, k, _, _ in result.stages],
             recompute=[modes[m] for _, _, _, m in result.stages],
-            microbatch_size=config.microbatch_size,
             num_microbatches=config.num_microbatches(training.global_batch),
-            zero_stage=config.zero_stage,
-            schedule=Schedule.ONE_F_ONE_B,
-            virtual_stages=1,
             sequence_parallel=training.sequence_parallel,
-            rank_order=MEGATRON_ORDER,
         )
 
     def _smallest_tried_peak(self, problem: Problem, configs, modes) -> float | None:

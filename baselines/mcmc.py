@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 
 from baselines.megatron import MegatronPlanner
 from baselines.networks import flat_cluster, with_cluster
-from nest.core.axes import MEGATRON_RANK_ORDER, Recompute, Schedule, divisors
+from nest.core.axes import MEGATRON_RANK_ORDER, Recompute, divisors
 from nest.core.errors import Infeasible, UserError
 from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.core.problem import Problem
@@ -146,20 +146,11 @@ class Moves:
     def plan(self, s: State) -> Plan:
         c = s.config
         return make_structured_plan(
-            tp=c.tp,
-            cp=c.cp,
-            ep=c.ep,
-            dp=c.dp,
-            pp=c.pp,
+            c,
             layer_counts=list(s.counts),
             recompute=list(s.modes),
-            microbatch_size=c.microbatch_size,
             num_microbatches=c.num_microbatches(self.problem.training.global_batch),
-            zero_stage=c.zero_stage,
-            schedule=Schedule.ONE_F_ONE_B,
-            virtual_stages=1,
             sequence_parallel=self.problem.training.sequence_parallel,
-            rank_order=MEGATRON_RANK_ORDER,
         )
 
 

@@ -37,7 +37,7 @@ from math import gcd
 from nest.core.axes import Recompute, Schedule, divisors, parse_rank_order
 from nest.core.errors import UserError
 from nest.core.layers import Shard
-from nest.core.plan import Plan, make_structured_plan, uniform_partition
+from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.core.problem import Problem
 from nest.planner import finish, infeasible_memory
 
@@ -102,21 +102,22 @@ class MegatronPlanner:
                 for mbs in sorted(training.microbatch_sizes, reverse=True):
                     if training.global_batch % (mbs * dp):
                         continue
-                    yield make_structured_plan(
+                    config = ParallelConfig(
                         tp=tp,
-                        cp=1,
                         ep=ep,
                         dp=dp,
                         pp=pp,
-                        layer_counts=counts,
-                        recompute=[mode] * pp,
                         microbatch_size=mbs,
-                        num_microbatches=training.global_batch // (mbs * dp),
                         zero_stage=self.zero_stage,
                         schedule=Schedule.ONE_F_ONE_B,
-                        virtual_stages=1,
+                        rank_order=tuple(order),
+                    )
+                    yield make_structured_plan(
+                        config,
+                        layer_counts=counts,
+                        recompute=[mode] * pp,
+                        num_microbatches=training.global_batch // (mbs * dp),
                         sequence_parallel=training.sequence_parallel,
-                        rank_order=order,
                     )
 
     def solve(self, problem: Problem) -> Plan:

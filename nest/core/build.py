@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from nest.core.axes import Recompute, Schedule, parse_rank_order
 from nest.core.errors import UserError
 from nest.core.layers import Shard
-from nest.core.plan import Plan, make_structured_plan, uniform_partition
+from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.core.problem import Problem
 
 
@@ -175,19 +175,22 @@ def build_plan(problem: Problem, settings: "PlanSettings") -> Plan:
         raise UserError(
             f"solver.recompute={s.recompute!r}; use {[r.value for r in Recompute]}"
         ) from None
-    return make_structured_plan(
+    config = ParallelConfig(
         tp=s.tp,
         cp=s.cp,
         ep=s.ep,
         dp=dp,
         pp=s.pp,
-        layer_counts=counts,
-        recompute=recompute,
         microbatch_size=mbs,
-        num_microbatches=training.global_batch // (mbs * dp),
         zero_stage=s.zero_stage,
         schedule=schedule,
         virtual_stages=s.virtual_stages,
-        sequence_parallel=bool(sp),
         rank_order=parse_rank_order(s.rank_order),
+    )
+    return make_structured_plan(
+        config,
+        layer_counts=counts,
+        recompute=recompute,
+        num_microbatches=training.global_batch // (mbs * dp),
+        sequence_parallel=bool(sp),
     )

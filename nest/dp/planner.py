@@ -71,20 +71,11 @@ def plan_from_choices(problem: Problem, config: ParallelConfig, choices) -> Plan
     """The structured plan of a configuration and its (first, last, mode) stages or chunks."""
     training = problem.training
     return make_structured_plan(
-        tp=config.tp,
-        cp=config.cp,
-        ep=config.ep,
-        dp=config.dp,
-        pp=config.pp,
+        config,
         layer_counts=[j - i + 1 for i, j, _ in choices],
         recompute=[mode for _, _, mode in choices],
-        microbatch_size=config.microbatch_size,
         num_microbatches=training.global_batch // (config.microbatch_size * config.dp),
-        zero_stage=config.zero_stage,
-        schedule=config.schedule,
-        virtual_stages=config.virtual_stages,
         sequence_parallel=training.sequence_parallel,
-        rank_order=config.rank_order,
     )
 
 

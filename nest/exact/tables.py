@@ -81,20 +81,11 @@ class Group:
             chunks = [pick.span for pick in picks]
             modes = [pick.modes[0] for pick in picks]
         return make_structured_plan(
-            tp=c.tp,
-            cp=c.cp,
-            ep=c.ep,
-            dp=c.dp,
-            pp=c.pp,
+            c.unordered() if self.general else c,
             layer_counts=[j - i + 1 for i, j in chunks],
             recompute=modes,
-            microbatch_size=c.microbatch_size,
             num_microbatches=self.m,
-            zero_stage=c.zero_stage,
-            schedule=c.schedule,
-            virtual_stages=c.virtual_stages,
             sequence_parallel=problem.training.sequence_parallel,
-            rank_order=None if self.general else c.rank_order,
             grid=self.grid,
         )
 
