@@ -27,9 +27,17 @@ evaluator calls it on one stage, the DP on a row of candidate stages, the bounds
 parameter.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nest.cost.groups import RankGroups
+
+
+def per_param(term: Callable, *args) -> tuple[float, float]:
+    """``term(dense, expert, *args)``'s coefficients per dense and per expert parameter: every
+    :class:`ModelState` term below is linear in the two counts, so searches that price many
+    stages multiply these instead of calling the term."""
+    return term(1.0, 0.0, *args), term(0.0, 1.0, *args)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +91,11 @@ class ModelState:
             + self.grads_bytes(dense, expert)
             + self.optimizer_bytes(dense, expert)
         )
+
+    def state_bytes_per_param(self) -> tuple[float, float]:
+        """Bytes one device keeps per dense and per expert parameter: :meth:`state_bytes`'s
+        coefficients under this ZeRO stage and these replica counts."""
+        return per_param(self.state_bytes)
 
     def gathered_bytes(self, dense, expert):
         """ZeRO-3: a layer's weights gathered beyond the device's own shard while it runs

@@ -131,7 +131,7 @@ class StageModel:
         self.tied_copy_params = costs[-1].tied_copy_params
         self.state = ModelState.of(problem, zero_stage=c.zero_stage, dp=c.dp, cp=c.cp, ep=c.ep)
         # the state bytes are linear in the parameters (ModelState): their two coefficients
-        self._state_per_param = (self.state.state_bytes(1.0, 0.0), self.state.state_bytes(0.0, 1.0))
+        self._state_per_param = self.state.state_bytes_per_param()
         key = ("chain", shard, c.zero_stage >= 3, c.dp * c.cp, c.ep)
         if key not in self._shared:
             self._shared[key] = ChainTerms.build(costs, self.is_block, self.state)
