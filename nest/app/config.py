@@ -9,13 +9,16 @@ reads, non-finite numbers, empty solver lists), and :func:`build_problem` refuse
 the documented limits (:data:`LIMITS`) before building anything in proportion to them.
 """
 
+import copy
 import dataclasses
 import difflib
+import functools
 import inspect
 import json
 import math
 from dataclasses import dataclass, field, make_dataclass
 from math import prod
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -185,6 +188,31 @@ def register_schemas() -> None:
     cs.store(group="model", name="hf_model_schema", node=HfModelConfig)
     cs.store(group="model", name="profile_model_schema", node=ProfileModelConfig)
     cs.store(group="training", name="training_schema", node=TrainingConfig)
+
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+"""The presets: ``conf/<group>/<name>.yaml``."""
+
+
+def load_preset(group: str, name: str) -> dict:
+    """The preset ``conf/<group>/<name>.yaml`` as the CLI composes it (Hydra: its defaults list,
+    nested presets such as a cluster's device, and the schema defaults), as a plain dict the
+    caller may change."""
+    return copy.deepcopy(_composed(group, name))
+
+
+@functools.cache
+def _composed(group: str, name: str) -> dict:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_schemas()
+    if GlobalHydra.instance().is_initialized():  # inside the CLI: its search path is conf/
+        cfg = compose(config_name=f"{group}/{name}")
+    else:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name=f"{group}/{name}")
+    return _plain(cfg[group])
 
 
 def _plain(cfg: Any) -> dict:
