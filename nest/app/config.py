@@ -601,15 +601,6 @@ def build_model_spec(cfg: Any) -> ModelSpec:
     return ModelSpec(**c)
 
 
-def _with_provenance(model, seq_len_source: str, notes=()):
-    """Attach where the model's sequence length came from (``seq_len_source``, printed in the
-    summary and written to report.json) and one-line notices (``notes``, printed after the
-    summary) to a built model."""
-    model.seq_len_source = seq_len_source
-    model.notes = tuple(getattr(model, "notes", ())) + tuple(notes)
-    return model
-
-
 def _spec_within_limits(spec) -> None:
     """A model's size against :data:`LIMITS`, before anything is built per block."""
     _within_limit("model.layers", spec.layers, "transformer blocks")
@@ -625,10 +616,13 @@ def build_model(cfg: Any, training: Training):
 
         hf = load_hf_model(c.get("config_path"), name=c.get("name"), seq_len=c.get("seq_len"))
         _spec_within_limits(hf.spec)
-        model = AnalyticModel(
-            hf.spec, flash_attention=training.flash_attention, overlap=training.overlap
+        return AnalyticModel(
+            hf.spec,
+            flash_attention=training.flash_attention,
+            overlap=training.overlap,
+            seq_len_source=hf.seq_len_source,
+            notes=tuple(hf.notes),
         )
-        return _with_provenance(model, hf.seq_len_source, hf.notes)
     if source == "profile":
         from nest.profile import load_profile_model
 
@@ -641,12 +635,12 @@ def build_model(cfg: Any, training: Training):
             microbatch_scaling=c.get("microbatch_scaling", "linear"),
         )
         _spec_within_limits(model.spec)
-        given = "model.seq_len" if c.get("seq_len") else "the profile file"
-        return _with_provenance(model, given if model.seq_len else "not given")
+        if c.get("seq_len") and model.seq_len:
+            model.seq_len_source = "model.seq_len"  # the config's, over the file's
+        return model
     spec = build_model_spec(c)
     _spec_within_limits(spec)
-    model = AnalyticModel(spec, flash_attention=training.flash_attention, overlap=training.overlap)
-    return _with_provenance(model, "model.seq_len")
+    return AnalyticModel(spec, flash_attention=training.flash_attention, overlap=training.overlap)
 
 
 def build_training(cfg: Any) -> Training:

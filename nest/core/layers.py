@@ -164,13 +164,22 @@ class AnalyticModel:
     """
 
     def __init__(
-        self, spec: ModelSpec, *, flash_attention: bool = False, overlap: Overlap | None = None
+        self,
+        spec: ModelSpec,
+        *,
+        flash_attention: bool = False,
+        overlap: Overlap | None = None,
+        seq_len_source: str = "model.seq_len",
+        notes: tuple[str, ...] = (),
     ) -> None:
         self.spec = spec
         self.flash_attention = flash_attention
         self.overlap = overlap or Overlap()
         self.chain: tuple[LayerRef, ...] = build_chain(spec)
-        self.notes: tuple[str, ...] = ()
+        self.seq_len_source = seq_len_source
+        """Where ``spec.seq_len`` came from (``LayerModel.seq_len_source``)."""
+        self.notes = tuple(notes)
+        """Remarks the run summary prints (e.g. a Hugging Face config's defaults)."""
         self._cache: dict = {}
 
     @property

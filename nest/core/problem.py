@@ -33,7 +33,11 @@ class LayerModel(Protocol):
     chain: tuple[LayerRef, ...]
     """Embedding, transformer blocks, head."""
     notes: tuple[str, ...]
-    """Remarks the run summary prints (e.g. how a profile was converted)."""
+    """Remarks the run summary prints (e.g. how a profile was converted); ``()`` by default."""
+    seq_len_source: str
+    """The rule that gave the training length, printed in the summary and written to
+    report.json: ``"model.seq_len"`` (given) by default, else e.g. a Hugging Face config's field
+    (nest/app/hf.py), ``"the profile file"`` or ``"not given"``."""
 
     @property
     def name(self) -> str: ...

@@ -125,6 +125,9 @@ class ProfileModel:
         )
         self.widths = sorted({m.width for m in profile.measurements})
         self.notes = tuple(profile.notes)
+        """Remarks the run summary prints (how the profile was converted)."""
+        self.seq_len_source = "the profile file" if self.spec.seq_len else "not given"
+        """Where ``spec.seq_len`` came from (``LayerModel.seq_len_source``)."""
         self._cache: dict = {}
 
     @property
