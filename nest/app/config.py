@@ -139,19 +139,25 @@ class ProfileModelConfig:
     """NEST artifact files only: the LM head copied into every block (auto / true / false)."""
 
 
+TRAINING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Training)}
+"""The training options' defaults, stated once (:class:`nest.core.problem.Training`)."""
+
+
 @dataclass
 class TrainingConfig:
+    """``training``: the options of :class:`nest.core.problem.Training`, with its defaults."""
+
     global_batch: int = 1024
     """Sequences per iteration."""
     microbatch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4])
-    optimizer: str = "adam"
-    grad_bytes: int = 2
-    overlap_grad_sync: bool = False
-    sequence_parallel: bool = True
-    flash_attention: bool = True
-    tp_comm_overlap: bool = False
-    cp_comm_overlap: bool = False
-    ep_comm_overlap: bool = False
+    optimizer: str = TRAINING_DEFAULTS["optimizer"].value
+    grad_bytes: int = TRAINING_DEFAULTS["grad_bytes"]
+    overlap_grad_sync: bool = TRAINING_DEFAULTS["overlap_grad_sync"]
+    sequence_parallel: bool = TRAINING_DEFAULTS["sequence_parallel"]
+    flash_attention: bool = TRAINING_DEFAULTS["flash_attention"]
+    tp_comm_overlap: bool = TRAINING_DEFAULTS["tp_comm_overlap"]
+    cp_comm_overlap: bool = TRAINING_DEFAULTS["cp_comm_overlap"]
+    ep_comm_overlap: bool = TRAINING_DEFAULTS["ep_comm_overlap"]
 
 
 @dataclass
@@ -646,7 +652,7 @@ def build_model(cfg: Any, training: Training):
 def build_training(cfg: Any) -> Training:
     c = _plain(cfg)
     try:
-        optimizer = Optimizer(c.get("optimizer", "adam"))
+        optimizer = Optimizer(c.get("optimizer", TRAINING_DEFAULTS["optimizer"]))
     except ValueError:
         raise UserError(
             f"training.optimizer={c.get('optimizer')!r}; use one of {[o.value for o in Optimizer]}"
@@ -656,17 +662,20 @@ def build_training(cfg: Any) -> Training:
         sizes = [sizes]
     if isinstance(c.get("global_batch"), int):
         _within_limit("training.global_batch", c["global_batch"], "sequences")
+    flags = (
+        "overlap_grad_sync",
+        "sequence_parallel",
+        "flash_attention",
+        "tp_comm_overlap",
+        "cp_comm_overlap",
+        "ep_comm_overlap",
+    )
     return Training(
         global_batch=c["global_batch"],
         microbatch_sizes=tuple(sorted(set(sizes))),
         optimizer=optimizer,
-        grad_bytes=c.get("grad_bytes", 2),
-        overlap_grad_sync=bool(c.get("overlap_grad_sync", False)),
-        sequence_parallel=bool(c.get("sequence_parallel", True)),
-        flash_attention=bool(c.get("flash_attention", True)),
-        tp_comm_overlap=bool(c.get("tp_comm_overlap", False)),
-        cp_comm_overlap=bool(c.get("cp_comm_overlap", False)),
-        ep_comm_overlap=bool(c.get("ep_comm_overlap", False)),
+        grad_bytes=c.get("grad_bytes", TRAINING_DEFAULTS["grad_bytes"]),
+        **{key: bool(c.get(key, TRAINING_DEFAULTS[key])) for key in flags},
     )
 
 
