@@ -536,8 +536,19 @@ def build_cluster(cfg: Any) -> Cluster:
         raise UserError(f"cluster {name}: give at least one level under cluster.levels")
     if not 1 <= len(levels_cfg) <= 8:
         raise UserError(f"cluster {name}: {len(levels_cfg)} levels; use 1 to 8")
+    fanouts = _fanouts(name, levels_cfg, c.get("devices"))
+    levels = [_level(i, lv, fanouts[i]) for i, lv in enumerate(levels_cfg)]
+    cluster = Cluster(name=name, device=build_device(c["device"]), levels=tuple(levels))
+    if c.get("topology") == "hierarchy":  # the same hierarchy, priced as a graph
+        from nest.graph import build_graph_cluster
+
+        return build_graph_cluster(c, cluster.device, hierarchy=cluster)
+    return cluster
+
+
+def _fanouts(name: str, levels_cfg: list, devices) -> list[int]:
+    """The levels' fan-outs, the top one filled in from ``devices`` when it is null."""
     fanouts = [lv.get("fanout") for lv in levels_cfg]
-    devices = c.get("devices")
     if devices is not None and (not isinstance(devices, int) or devices < 1):
         raise UserError(f"cluster.devices={devices!r} must be a positive integer")
     for i, f in enumerate(fanouts):
@@ -563,43 +574,36 @@ def build_cluster(cfg: Any) -> Cluster:
             " make them agree (or set the top level's fanout to null)"
         )
     _within_limit("cluster.devices", prod(fanouts), "devices")
-    levels = []
-    for i, lv in enumerate(levels_cfg):
-        where = f"cluster.levels[{i}] ({lv.get('name')})"
-        bw = _number(where, "bw_gbps", lv.get("bw_gbps"), lambda v: v > 0, "must be > 0")
-        lat = _number(
-            where, "latency_us", lv.get("latency_us", 0.0), lambda v: v >= 0, "must be >= 0"
-        )
-        over = _number(
-            where,
-            "oversubscription",
-            lv.get("oversubscription", 1.0),
-            lambda v: v >= 1,
-            "must be >= 1",
-        )
-        bw_eff = _number(
-            where,
-            "bw_efficiency",
-            lv.get("bw_efficiency", 1.0),
-            lambda v: 0 < v <= 1,
-            "must be in (0, 1]",
-        )
-        levels.append(
-            Level(
-                name=lv.get("name", f"level{i}"),
-                fanout=fanouts[i],
-                bw_bytes_per_s=units.gbps_to_bytes_per_s(bw),
-                latency_s=units.us_to_s(lat),
-                oversubscription=over,
-                bw_efficiency=bw_eff,
-            )
-        )
-    cluster = Cluster(name=name, device=build_device(c["device"]), levels=tuple(levels))
-    if c.get("topology") == "hierarchy":  # the same hierarchy, priced as a graph
-        from nest.graph import build_graph_cluster
+    return fanouts
 
-        return build_graph_cluster(c, cluster.device, hierarchy=cluster)
-    return cluster
+
+def _level(i: int, lv: dict, fanout: int) -> Level:
+    """Level ``i`` of a preset, in SI units, its values checked."""
+    where = f"cluster.levels[{i}] ({lv.get('name')})"
+    bw = _number(where, "bw_gbps", lv.get("bw_gbps"), lambda v: v > 0, "must be > 0")
+    lat = _number(where, "latency_us", lv.get("latency_us", 0.0), lambda v: v >= 0, "must be >= 0")
+    over = _number(
+        where,
+        "oversubscription",
+        lv.get("oversubscription", 1.0),
+        lambda v: v >= 1,
+        "must be >= 1",
+    )
+    bw_eff = _number(
+        where,
+        "bw_efficiency",
+        lv.get("bw_efficiency", 1.0),
+        lambda v: 0 < v <= 1,
+        "must be in (0, 1]",
+    )
+    return Level(
+        name=lv.get("name", f"level{i}"),
+        fanout=fanout,
+        bw_bytes_per_s=units.gbps_to_bytes_per_s(bw),
+        latency_s=units.us_to_s(lat),
+        oversubscription=over,
+        bw_efficiency=bw_eff,
+    )
 
 
 def build_model_spec(cfg: Any) -> ModelSpec:

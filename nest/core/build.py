@@ -115,21 +115,7 @@ def build_plan(problem: Problem, settings: "PlanSettings") -> Plan:
     cover the chain); whether it fits in memory is the evaluator's call.
     """
     s = settings
-    for key in ("tp", "pp", "cp", "ep", "virtual_stages"):
-        value = getattr(s, key)
-        if not isinstance(value, int) or value < 1:
-            raise UserError(f"solver.{key}={value!r} must be a positive integer")
-    if s.dp is not None and (not isinstance(s.dp, int) or s.dp < 1):
-        raise UserError(
-            f"solver.dp={s.dp!r} must be a positive integer (or null for the remaining devices)"
-        )
-    if s.microbatch_size is not None and (
-        not isinstance(s.microbatch_size, int) or s.microbatch_size < 1
-    ):
-        raise UserError(
-            f"solver.microbatch_size={s.microbatch_size!r} must be a positive integer (or "
-            "null for the first of training.microbatch_sizes)"
-        )
+    _check_sizes(s)
     n = problem.cluster.num_devices
     width = s.tp * s.cp * s.pp
     if width > n:
@@ -162,19 +148,7 @@ def build_plan(problem: Problem, settings: "PlanSettings") -> Plan:
         ) from None
     n_chunks = s.pp * s.virtual_stages
     counts = chunk_layer_counts(problem.model.spec.layers, n_chunks, _as_list(s.layer_partition))
-    modes = _as_list(s.recompute) or ["none"]
-    if len(modes) == 1:
-        modes = modes * n_chunks
-    if len(modes) != n_chunks:
-        raise UserError(
-            f"solver.recompute has {len(modes)} entries; give one, or one per chunk ({n_chunks})"
-        )
-    try:
-        recompute = [Recompute(m) for m in modes]
-    except ValueError:
-        raise UserError(
-            f"solver.recompute={s.recompute!r}; use {[r.value for r in Recompute]}"
-        ) from None
+    recompute = _recompute_modes(s, n_chunks)
     config = ParallelConfig(
         tp=s.tp,
         cp=s.cp,
@@ -194,3 +168,41 @@ def build_plan(problem: Problem, settings: "PlanSettings") -> Plan:
         num_microbatches=training.global_batch // (mbs * dp),
         sequence_parallel=bool(sp),
     )
+
+
+def _check_sizes(s: "PlanSettings") -> None:
+    """The degrees, ``dp`` and the microbatch size are positive integers (or null where
+    allowed)."""
+    for key in ("tp", "pp", "cp", "ep", "virtual_stages"):
+        value = getattr(s, key)
+        if not isinstance(value, int) or value < 1:
+            raise UserError(f"solver.{key}={value!r} must be a positive integer")
+    if s.dp is not None and (not isinstance(s.dp, int) or s.dp < 1):
+        raise UserError(
+            f"solver.dp={s.dp!r} must be a positive integer (or null for the remaining devices)"
+        )
+    if s.microbatch_size is not None and (
+        not isinstance(s.microbatch_size, int) or s.microbatch_size < 1
+    ):
+        raise UserError(
+            f"solver.microbatch_size={s.microbatch_size!r} must be a positive integer (or "
+            "null for the first of training.microbatch_sizes)"
+        )
+
+
+def _recompute_modes(s: "PlanSettings", n_chunks: int) -> list[Recompute]:
+    """One recompute mode per chunk: ``solver.recompute`` given once or per chunk."""
+    modes = _as_list(s.recompute) or ["none"]
+    if len(modes) == 1:
+        modes = modes * n_chunks
+    if len(modes) != n_chunks:
+        raise UserError(
+            f"solver.recompute has {len(modes)} entries; give one, or one per chunk ({n_chunks})"
+        )
+    try:
+        recompute = [Recompute(m) for m in modes]
+    except ValueError:
+        raise UserError(
+            f"solver.recompute={s.recompute!r}; use {[r.value for r in Recompute]}"
+        ) from None
+    return recompute
