@@ -53,7 +53,7 @@ import numpy as np
 
 from baselines.alpa_stages import INF, MEGATRON_ORDER, StageChoice, StageCosts, inter_op_dp
 from baselines.networks import two_level_cluster, with_cluster
-from nest.core.axes import Recompute, divisors
+from nest.core.axes import Recompute, divisors, parse_recompute_modes
 from nest.core.errors import UserError
 from nest.core.layers import Shard
 from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
@@ -99,13 +99,7 @@ class AlpaPlanner:
             )
         if not isinstance(self.t_max_gap_s, int | float) or self.t_max_gap_s < 0:
             raise UserError(f"solver.t_max_gap_s={self.t_max_gap_s!r} must be >= 0")
-        try:
-            modes = tuple(Recompute(m) for m in self.recompute)
-        except ValueError:
-            raise UserError(
-                f"solver.recompute={list(self.recompute)}; use values of "
-                f"{[r.value for r in Recompute]}"
-            ) from None
+        modes = parse_recompute_modes(self.recompute)
         if not modes:
             raise UserError("solver.recompute is empty; give at least one mode, e.g. [none]")
         return modes

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 
 from baselines.megatron import MegatronPlanner
 from baselines.networks import flat_cluster, with_cluster
-from nest.core.axes import MEGATRON_RANK_ORDER, Recompute, divisors
+from nest.core.axes import MEGATRON_RANK_ORDER, Recompute, divisors, parse_recompute_modes
 from nest.core.errors import Infeasible, UserError
 from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.core.problem import Problem
@@ -212,12 +212,7 @@ class MCMCPlanner:
             raise UserError(f"solver.start={self.start!r}; use megatron or data_parallel")
         if not self.zero_stages or any(z not in (0, 1, 2, 3) for z in self.zero_stages):
             raise UserError(f"solver.zero_stages={list(self.zero_stages)}; use values 0-3")
-        try:
-            modes = tuple(Recompute(m) for m in self.recompute)
-        except ValueError:
-            raise UserError(
-                f"solver.recompute={list(self.recompute)}; use {[r.value for r in Recompute]}"
-            ) from None
+        modes = parse_recompute_modes(self.recompute)
         if not modes:
             raise UserError("solver.recompute is empty; give at least one mode")
         return modes

@@ -30,6 +30,18 @@ class Recompute(StrEnum):
     FULL = "full"  # keep only each layer's input; recompute its forward in the backward pass
 
 
+def parse_recompute_modes(values) -> tuple[Recompute, ...]:
+    """``solver.recompute`` as modes, or a one-line error naming the value and the choices."""
+    from nest.core.errors import UserError
+
+    try:
+        return tuple(Recompute(m) for m in values)
+    except ValueError:
+        raise UserError(
+            f"solver.recompute={list(values)}; use values of {[r.value for r in Recompute]}"
+        ) from None
+
+
 class Schedule(StrEnum):
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"  # interleaved 1F1B with v virtual stages per device (SC21 §2.2.2)

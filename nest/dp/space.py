@@ -57,7 +57,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import permutations
 
-from nest.core.axes import Axis, Recompute, Schedule, divisors, parse_rank_order
+from nest.core.axes import (
+    Axis,
+    Recompute,
+    Schedule,
+    divisors,
+    parse_rank_order,
+    parse_recompute_modes,
+)
 from nest.core.errors import UserError
 from nest.core.layers import Shard
 from nest.core.plan import ParallelConfig
@@ -127,13 +134,7 @@ class SpaceOptions:
 
     @property
     def recompute_modes(self) -> tuple[Recompute, ...]:
-        try:
-            return tuple(Recompute(m) for m in self.recompute)
-        except ValueError:
-            raise UserError(
-                f"solver.recompute={list(self.recompute)}; use values of "
-                f"{[r.value for r in Recompute]}"
-            ) from None
+        return parse_recompute_modes(self.recompute)
 
     @property
     def schedule_kinds(self) -> tuple[Schedule, ...]:
