@@ -6,6 +6,7 @@ means that axis is disabled.
 """
 
 from enum import StrEnum
+from typing import Literal
 
 
 class Axis(StrEnum):
@@ -46,6 +47,30 @@ class Schedule(StrEnum):
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"  # interleaved 1F1B with v virtual stages per device (SC21 §2.2.2)
     GPIPE = "gpipe"
+
+
+ZeroStage = Literal[0, 1, 2, 3]
+"""ZeRO stage (Rajbhandari et al. SC20): 0 plain data parallelism; 1 optimizer state sharded;
+2 also the gradients; 3 also the weights."""
+
+
+class CollectiveOp(StrEnum):
+    """The collectives the cost model prices (nest/cost/collectives.py)."""
+
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+
+
+class GroupKind(StrEnum):
+    """The communicator groups of one pipeline rank (nest/cost/groups.py)."""
+
+    TP = "tp"  # tensor ranks of one (replica, context rank)
+    CP = "cp"  # context ranks of one (replica, tensor rank)
+    EP = "ep"  # expert ranks, carved out of the cp x dp ranks
+    DENSE_DP = "dense_dp"  # replicas of the dense weights: the dp x cp ranks of a tensor rank
+    EXPERT_DP = "expert_dp"  # replicas of the experts: dp x cp / ep ranks
 
 
 class Optimizer(StrEnum):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from nest.core.axes import Axis, Recompute, Schedule
+from nest.core.axes import Axis, Recompute, Schedule, ZeroStage
 from nest.core.errors import UserError
 from nest.core.layers import Shard
 
@@ -66,7 +66,7 @@ class ParallelConfig:
     """Pipeline ranks (devices along the pipeline)."""
     microbatch_size: int = 1
     """Sequences per microbatch."""
-    zero_stage: int = 0
+    zero_stage: ZeroStage = 0
     """0: plain DP; 1: optimizer state sharded (distributed optimizer); 2: + gradients;
     3: + weights."""
     schedule: Schedule = Schedule.ONE_F_ONE_B

@@ -25,13 +25,14 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from nest.core.axes import GroupKind
 from nest.core.layers import Collective
 from nest.core.topology import Cluster
 from nest.cost.collectives import OPS, linear_forms
 from nest.cost.compute import exposed_s
 
-GROUP_KINDS = ("tp", "cp", "ep", "dense_dp", "expert_dp")
-AXES = ("tp", "cp", "ep")
+GROUP_KINDS = tuple(GroupKind)
+AXES = (GroupKind.TP, GroupKind.CP, GroupKind.EP)
 """The kinds that carry a layer's own collectives (:attr:`nest.core.layers.Collective.axis`)."""
 
 
@@ -42,11 +43,11 @@ def group_arrays(devices, ep: int) -> dict[str, np.ndarray]:
     flat = devices.reshape(dp * cp, tp)  # row j = replica * cp + context rank
     blocks = flat.reshape(dp * cp // ep, ep, tp)
     return {
-        "tp": flat,
-        "cp": devices.transpose(0, 2, 1).reshape(-1, cp),
-        "ep": blocks.transpose(0, 2, 1).reshape(-1, ep),
-        "dense_dp": flat.T,
-        "expert_dp": blocks.transpose(1, 2, 0).reshape(-1, dp * cp // ep),
+        GroupKind.TP: flat,
+        GroupKind.CP: devices.transpose(0, 2, 1).reshape(-1, cp),
+        GroupKind.EP: blocks.transpose(0, 2, 1).reshape(-1, ep),
+        GroupKind.DENSE_DP: flat.T,
+        GroupKind.EXPERT_DP: blocks.transpose(1, 2, 0).reshape(-1, dp * cp // ep),
     }
 
 
@@ -106,7 +107,7 @@ class RankGroups:
             if arr.shape[1] > 1 and self.cluster.network is not None:
                 # cost classes of all the kind's groups at once (they share links); never the
                 # translated level splits, which only a tree's symmetry makes equal
-                got = self.cluster.network.group_classes(arr, all_to_all=kind == "ep")
+                got = self.cluster.network.group_classes(arr, all_to_all=kind == GroupKind.EP)
             else:
                 got = distinct_splits(arr, self.cluster)
             self._splits[kind] = got

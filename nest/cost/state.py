@@ -30,6 +30,7 @@ parameter.
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from nest.core.axes import CollectiveOp, GroupKind, ZeroStage
 from nest.cost.groups import RankGroups
 
 
@@ -44,7 +45,7 @@ def per_param(term: Callable, *args) -> tuple[float, float]:
 class ModelState:
     """The state terms of one configuration (module docstring)."""
 
-    zero_stage: int
+    zero_stage: ZeroStage
     dense_replicas: int
     """Ranks holding the same dense weights: ``dp x cp``."""
     expert_replicas: int
@@ -121,15 +122,15 @@ class ModelState:
         (dense including a tied-embedding copy), seconds."""
         g, p = self.grad_bytes, self.param_bytes
         if self.zero_stage == 0:
-            return groups.time_s("all_reduce", g * dense, "dense_dp") + groups.time_s(
-                "all_reduce", g * expert, "expert_dp"
-            )
+            return groups.time_s(
+                CollectiveOp.ALL_REDUCE, g * dense, GroupKind.DENSE_DP
+            ) + groups.time_s(CollectiveOp.ALL_REDUCE, g * expert, GroupKind.EXPERT_DP)
         if self.zero_stage in (1, 2):
             return (
-                groups.time_s("reduce_scatter", g * dense, "dense_dp")
-                + groups.time_s("all_gather", p * dense, "dense_dp")
-                + groups.time_s("reduce_scatter", g * expert, "expert_dp")
-                + groups.time_s("all_gather", p * expert, "expert_dp")
+                groups.time_s(CollectiveOp.REDUCE_SCATTER, g * dense, GroupKind.DENSE_DP)
+                + groups.time_s(CollectiveOp.ALL_GATHER, p * dense, GroupKind.DENSE_DP)
+                + groups.time_s(CollectiveOp.REDUCE_SCATTER, g * expert, GroupKind.EXPERT_DP)
+                + groups.time_s(CollectiveOp.ALL_GATHER, p * expert, GroupKind.EXPERT_DP)
             )
         return 0.0 * (dense + expert)  # ZeRO-3 reduce-scatters every microbatch
 
@@ -140,10 +141,10 @@ class ModelState:
             zero = 0.0 * (dense + expert)
             return zero, zero
         p, g = self.param_bytes, self.grad_bytes
-        gather = groups.time_s("all_gather", p * dense, "dense_dp") + groups.time_s(
-            "all_gather", p * expert, "expert_dp"
-        )
-        scatter = groups.time_s("reduce_scatter", g * dense, "dense_dp") + groups.time_s(
-            "reduce_scatter", g * expert, "expert_dp"
-        )
+        gather = groups.time_s(
+            CollectiveOp.ALL_GATHER, p * dense, GroupKind.DENSE_DP
+        ) + groups.time_s(CollectiveOp.ALL_GATHER, p * expert, GroupKind.EXPERT_DP)
+        scatter = groups.time_s(
+            CollectiveOp.REDUCE_SCATTER, g * dense, GroupKind.DENSE_DP
+        ) + groups.time_s(CollectiveOp.REDUCE_SCATTER, g * expert, GroupKind.EXPERT_DP)
         return gather, gather + scatter

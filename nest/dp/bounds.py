@@ -93,7 +93,7 @@ from itertools import product
 
 import numpy as np
 
-from nest.core.axes import LayerKind, Recompute, Schedule
+from nest.core.axes import GroupKind, LayerKind, Recompute, Schedule
 from nest.core.layers import Collective, Shard
 from nest.core.problem import Problem
 from nest.cost.collectives import OPS, floor_forms, p2p_floor_s
@@ -244,18 +244,22 @@ class Floors:
 
     def groups(self, dp: int, cp: int, ep: int, *, with_latency: bool) -> FloorGroups:
         """Floor groups of the data-parallel kinds (the sizes the configuration gives them)."""
-        sizes = {"dense_dp": dp * cp, "expert_dp": dp * cp // ep}
+        sizes = {GroupKind.DENSE_DP: dp * cp, GroupKind.EXPERT_DP: dp * cp // ep}
         return FloorGroups(self, sizes, with_latency=with_latency)
 
     def _axis_s(self, colls, shard: Shard, tp_splits) -> float:
         """Floor of a layer's collectives, per axis the cheapest group split."""
         total = 0.0
         pairs = [(c, 1) for c in colls]
-        for axis, n in (("tp", shard.tp), ("cp", shard.cp), ("ep", shard.ep)):
+        for axis, n in (
+            (GroupKind.TP, shard.tp),
+            (GroupKind.CP, shard.cp),
+            (GroupKind.EP, shard.ep),
+        ):
             ops = tuple(c for c in colls if c.axis == axis)
             if not ops or n <= 1:
                 continue
-            if axis == "tp" and tp_splits is not None:
+            if axis == GroupKind.TP and tp_splits is not None:
                 total += min(
                     collectives_time_s(pairs, axis, split_forms(f, self.cluster)) for f in tp_splits
                 )

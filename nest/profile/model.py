@@ -40,7 +40,7 @@ answers them from measurements. The semantics:
 from dataclasses import dataclass, replace
 from math import lcm
 
-from nest.core.axes import LayerKind, Recompute
+from nest.core.axes import CollectiveOp, GroupKind, LayerKind, Recompute
 from nest.core.errors import UserError
 from nest.core.layers import Collective, LayerCost, Shard
 from nest.core.model import LayerRef
@@ -235,7 +235,9 @@ class ProfileModel:
             and shard.tp > 1
             and ref.kind is LayerKind.BLOCK
         ):
-            fwd_coll = (Collective("all_reduce", "tp", layer.boundary_bytes * k),) * 2
+            fwd_coll = (
+                Collective(CollectiveOp.ALL_REDUCE, GroupKind.TP, layer.boundary_bytes * k),
+            ) * 2
         p = self.profile.dtype_bytes
         return LayerCost(
             dense_params=layer.param_bytes / p,
