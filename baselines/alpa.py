@@ -53,17 +53,13 @@ import numpy as np
 
 from baselines.alpa_stages import INF, MEGATRON_ORDER, StageChoice, StageCosts, inter_op_dp
 from baselines.networks import two_level_cluster, with_cluster
-from nest.core.axes import Recompute, Schedule
+from nest.core.axes import Recompute, divisors, parse_recompute_modes
 from nest.core.errors import UserError
 from nest.core.layers import Shard
 from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.core.problem import Problem
 from nest.cost import evaluate
 from nest.planner import finish, infeasible_memory
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def submesh_shapes(hosts: int, per_host: int) -> list[tuple[int, int]]:
@@ -103,13 +99,7 @@ class AlpaPlanner:
             )
         if not isinstance(self.t_max_gap_s, int | float) or self.t_max_gap_s < 0:
             raise UserError(f"solver.t_max_gap_s={self.t_max_gap_s!r} must be >= 0")
-        try:
-            modes = tuple(Recompute(m) for m in self.recompute)
-        except ValueError:
-            raise UserError(
-                f"solver.recompute={list(self.recompute)}; use values of "
-                f"{[r.value for r in Recompute]}"
-            ) from None
+        modes = parse_recompute_modes(self.recompute)
         if not modes:
             raise UserError("solver.recompute is empty; give at least one mode, e.g. [none]")
         return modes
@@ -125,12 +115,12 @@ class AlpaPlanner:
             stages = n // size
             if n % size or stages > problem.num_layers:
                 continue
-            for tp in _divisors(min(per_host, size)):
+            for tp in divisors(min(per_host, size)):
                 if per_host % tp or size % tp:
                     continue
                 dp = size // tp
                 eps = (
-                    [e for e in _divisors(model.spec.num_experts) if dp % e == 0]
+                    [e for e in divisors(model.spec.num_experts) if dp % e == 0]
                     if model.spec.is_moe
                     else [1]
                 )
@@ -158,20 +148,11 @@ class AlpaPlanner:
     def _plan(self, problem: Problem, config: ParallelConfig, result, modes) -> Plan:
         training = problem.training
         return make_structured_plan(
-            tp=config.tp,
-            cp=1,
-            ep=config.ep,
-            dp=config.dp,
-            pp=config.pp,
+            config,
             layer_counts=[k - i + 1 for i, k, _, _ in result.stages],
             recompute=[modes[m] for _, _, _, m in result.stages],
-            microbatch_size=config.microbatch_size,
             num_microbatches=config.num_microbatches(training.global_batch),
-            zero_stage=config.zero_stage,
-            schedule=Schedule.ONE_F_ONE_B,
-            virtual_stages=1,
             sequence_parallel=training.sequence_parallel,
-            rank_order=MEGATRON_ORDER,
         )
 
     def _smallest_tried_peak(self, problem: Problem, configs, modes) -> float | None:

@@ -39,16 +39,12 @@ from dataclasses import dataclass, replace
 
 from baselines.megatron import MegatronPlanner
 from baselines.networks import flat_cluster, with_cluster
-from nest.core.axes import MEGATRON_RANK_ORDER, Recompute, Schedule
+from nest.core.axes import MEGATRON_RANK_ORDER, Recompute, divisors, parse_recompute_modes
 from nest.core.errors import Infeasible, UserError
 from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.core.problem import Problem
 from nest.cost import evaluate
 from nest.planner import finish, infeasible_memory
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +81,11 @@ class Moves:
         spec = problem.model.spec
         self.axes = ["tp", "cp", "dp", "pp"] + (["ep"] if spec.is_moe else [])
         self.values = {
-            "tp": _divisors(self.n),
-            "cp": _divisors(self.n),
-            "dp": [d for d in _divisors(problem.training.global_batch) if d <= self.n],
+            "tp": divisors(self.n),
+            "cp": divisors(self.n),
+            "dp": [d for d in divisors(problem.training.global_batch) if d <= self.n],
             "pp": list(range(1, self.chain + 1)),
-            "ep": _divisors(spec.num_experts),
+            "ep": divisors(spec.num_experts),
         }
 
     def valid(self, s: State) -> bool:
@@ -150,20 +146,11 @@ class Moves:
     def plan(self, s: State) -> Plan:
         c = s.config
         return make_structured_plan(
-            tp=c.tp,
-            cp=c.cp,
-            ep=c.ep,
-            dp=c.dp,
-            pp=c.pp,
+            c,
             layer_counts=list(s.counts),
             recompute=list(s.modes),
-            microbatch_size=c.microbatch_size,
             num_microbatches=c.num_microbatches(self.problem.training.global_batch),
-            zero_stage=c.zero_stage,
-            schedule=Schedule.ONE_F_ONE_B,
-            virtual_stages=1,
             sequence_parallel=self.problem.training.sequence_parallel,
-            rank_order=MEGATRON_RANK_ORDER,
         )
 
 
@@ -225,12 +212,7 @@ class MCMCPlanner:
             raise UserError(f"solver.start={self.start!r}; use megatron or data_parallel")
         if not self.zero_stages or any(z not in (0, 1, 2, 3) for z in self.zero_stages):
             raise UserError(f"solver.zero_stages={list(self.zero_stages)}; use values 0-3")
-        try:
-            modes = tuple(Recompute(m) for m in self.recompute)
-        except ValueError:
-            raise UserError(
-                f"solver.recompute={list(self.recompute)}; use {[r.value for r in Recompute]}"
-            ) from None
+        modes = parse_recompute_modes(self.recompute)
         if not modes:
             raise UserError("solver.recompute is empty; give at least one mode")
         return modes

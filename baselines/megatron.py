@@ -34,18 +34,14 @@ stated), which costs TP traffic on models that would fit with less.
 import time
 from math import gcd
 
-from nest.core.axes import Recompute, Schedule, parse_rank_order
+from nest.core.axes import Recompute, Schedule, divisors, parse_rank_order
 from nest.core.errors import UserError
 from nest.core.layers import Shard
-from nest.core.plan import Plan, make_structured_plan, uniform_partition
+from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.core.problem import Problem
 from nest.planner import finish, infeasible_memory
 
 RECOMPUTE_ORDER = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 class MegatronPlanner:
@@ -72,7 +68,7 @@ class MegatronPlanner:
         sp = problem.training.sequence_parallel
         return [
             tp
-            for tp in sorted(_divisors(node), reverse=True)
+            for tp in sorted(divisors(node), reverse=True)
             if tp <= limit and problem.model.shard_problem(Shard(tp=tp, sp=sp and tp > 1)) is None
         ] or [1]
 
@@ -82,7 +78,7 @@ class MegatronPlanner:
     def _model_parallel(self, problem: Problem) -> list[tuple[int, int]]:
         """(tp, pp) pairs in the order the rules try them."""
         n = problem.cluster.num_devices
-        pps = _divisors(problem.model.spec.layers)  # uniform split: pp divides the layers
+        pps = divisors(problem.model.spec.layers)  # uniform split: pp divides the layers
         if self.tensor == "fill_node":
             tp = self.tensor_degree(problem)
             return [(tp, pp) for pp in pps if tp * pp <= n]
@@ -97,7 +93,7 @@ class MegatronPlanner:
         order = parse_rank_order(self.rank_order)
         for tp, pp in self._model_parallel(problem):
             # DP for the rest: the most replicas that fit and divide the batch (others stay idle)
-            dp = max(d for d in _divisors(training.global_batch) if d <= n // (tp * pp))
+            dp = max(d for d in divisors(training.global_batch) if d <= n // (tp * pp))
             ep = gcd(model.spec.num_experts, dp) if model.spec.is_moe else 1
             counts = uniform_partition(blocks, pp)
             counts[0] += 1
@@ -106,21 +102,22 @@ class MegatronPlanner:
                 for mbs in sorted(training.microbatch_sizes, reverse=True):
                     if training.global_batch % (mbs * dp):
                         continue
-                    yield make_structured_plan(
+                    config = ParallelConfig(
                         tp=tp,
-                        cp=1,
                         ep=ep,
                         dp=dp,
                         pp=pp,
-                        layer_counts=counts,
-                        recompute=[mode] * pp,
                         microbatch_size=mbs,
-                        num_microbatches=training.global_batch // (mbs * dp),
                         zero_stage=self.zero_stage,
                         schedule=Schedule.ONE_F_ONE_B,
-                        virtual_stages=1,
+                        rank_order=tuple(order),
+                    )
+                    yield make_structured_plan(
+                        config,
+                        layer_counts=counts,
+                        recompute=[mode] * pp,
+                        num_microbatches=training.global_batch // (mbs * dp),
                         sequence_parallel=training.sequence_parallel,
-                        rank_order=order,
                     )
 
     def solve(self, problem: Problem) -> Plan:

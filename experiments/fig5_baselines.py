@@ -15,15 +15,12 @@ import argparse
 import json
 import time
 
-from baselines.alpa import AlpaPlanner
-from baselines.mcmc import MCMCPlanner
-from baselines.megatron import MegatronPlanner
-from baselines.paper_table import PaperTablePlanner
-from baselines.phaze import PhazePlanner
-from baselines.recipes import RecipesPlanner
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
 from experiments.bench_search import problem_for
+from nest.app.config import CONF_DIR, register_schemas
 from nest.core.errors import Infeasible, InvalidConfiguration, UserError
-from nest.dp.planner import NestPlanner
 
 MODELS = ("bert_large", "llama2_7b", "llama3_70b", "mixtral_8x7b", "gpt3_175b")
 DEVICES = (64, 128, 256, 512, 1024)
@@ -31,17 +28,31 @@ CLUSTERS = ("tpuv4_fattree", "h100_spineleaf")
 GLOBAL_BATCH = 4096
 
 
+NOT_IN_FIGURE = {
+    "brute": "exponential in the stages",
+    "cpsat": "an exact solver with a time limit (experiments/optimality compares it)",
+    "milp": "an exact solver with a time limit (experiments/optimality compares it)",
+    "fixed": "a user-given plan",
+    "paper_table": "paper_manual, paper_mcmc and paper_phaze fix its table",
+}
+"""Planners of conf/solver/ this figure leaves out, and why; it runs every other one."""
+
+
 def planners(mcmc_evaluations: int = 300) -> dict:
-    out = {
-        "nest": NestPlanner(),
-        "megatron": MegatronPlanner(),
-        "recipes": RecipesPlanner(),
-        "phaze": PhazePlanner(),
-        "alpa": AlpaPlanner(),
-        "mcmc": MCMCPlanner(max_evaluations=mcmc_evaluations),
-    }
-    for table in ("Manual", "MCMC", "Phaze"):
-        out[f"paper_{table}"] = PaperTablePlanner(name=f"paper_{table}", table=table)
+    """Every planner of conf/solver/ but :data:`NOT_IN_FIGURE`, as its preset configures it
+    (the paper's microbatch of 1; mcmc with ``mcmc_evaluations`` evaluations)."""
+    names = sorted(p.stem for p in (CONF_DIR / "solver").glob("*.yaml"))
+    out = {}
+    register_schemas()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for name in names:
+            if name in NOT_IN_FIGURE:
+                continue
+            overrides = [f"solver={name}", "training.microbatch_sizes=[1]"]
+            if name == "mcmc":
+                overrides.append(f"solver.max_evaluations={mcmc_evaluations}")
+            cfg = compose(config_name="config", overrides=overrides)
+            out[name] = instantiate(cfg.solver, _convert_="all")
     return out
 
 

@@ -260,17 +260,21 @@ def placement_grid(plan: Mapping, fanouts: Sequence[int]) -> tuple[np.ndarray, n
     return stage.reshape(-1, cols), replica.reshape(-1, cols), level
 
 
+def _stage_colormap(values, color_by: str):
+    """``(cmap, norm)`` for device values (NaN: idle): one distinct colour per stage while the
+    palette has enough, else viridis."""
+    count = int(np.nanmax(values)) + 1 if np.isfinite(values).any() else 1
+    palette = _stage_palette()
+    if color_by == "stage" and count <= len(palette):
+        return ListedColormap(palette[:count]), BoundaryNorm(np.arange(count + 1) - 0.5, count)
+    return colormaps["viridis"], None
+
+
 def plot_placement(ax, plan: Mapping, fanouts: Sequence[int], *, color_by: str, title: str):
     """Devices on the hierarchy coloured by ``stage`` or ``replica``; returns the image."""
     stage, replica, level = placement_grid(plan, fanouts)
     grid = stage if color_by == "stage" else replica
-    count = int(np.nanmax(grid)) + 1 if np.isfinite(grid).any() else 1
-    palette = _stage_palette()
-    if color_by == "stage" and count <= len(palette):
-        cmap = ListedColormap(palette[:count])
-        norm = BoundaryNorm(np.arange(count + 1) - 0.5, count)
-    else:
-        cmap, norm = colormaps["viridis"], None
+    cmap, norm = _stage_colormap(grid, color_by)
     cmap = cmap.with_extremes(bad=IDLE_COLOR)
     image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, norm=norm, aspect="auto")
     rows, cols = grid.shape
@@ -399,13 +403,7 @@ def plot_network(ax, plan: Mapping, network, *, color_by: str, title: str, traff
             ids = np.asarray(rep, dtype=np.int64).ravel()
             stage[ids], replica[ids] = r, d
     values = stage if color_by == "stage" else replica
-    count = int(np.nanmax(values)) + 1 if np.isfinite(values).any() else 1
-    palette = _stage_palette()
-    if color_by == "stage" and count <= len(palette):
-        cmap = ListedColormap(palette[:count])
-        norm = BoundaryNorm(np.arange(count + 1) - 0.5, count)
-    else:
-        cmap, norm = colormaps["viridis"], None
+    cmap, norm = _stage_colormap(values, color_by)
     size = max(6.0, min(60.0, 4000.0 / max(n, 1)))
     idle = ~np.isfinite(values)
     ax.scatter(*xy[:n][idle].T, s=size, c=IDLE_COLOR, marker="s", zorder=3, linewidths=0)

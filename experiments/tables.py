@@ -154,6 +154,15 @@ def results_markdown(
         "`python -m experiments.aggregate`; every column is in `results.csv`. A cell shows the "
         "job's status when it has no feasible plan (OOM: nothing fits memory).",
     ]
+    parts += _speedup_sections(comp, baseline, planners, also)
+    parts += _context_sections(comp, baseline, planners)
+    parts += _measure_sections(df, comp, planners, gpu_hour_usd)
+    return "\n".join(parts)
+
+
+def _speedup_sections(comp, baseline: str, planners, also) -> list[str]:
+    """Throughput normalised to the baseline, speed-ups over it and over each of ``also``."""
+    parts: list[str] = []
     if comp["norm_throughput"].notna().any():
         parts += [
             "",
@@ -179,6 +188,12 @@ def results_markdown(
                 "",
                 _md(pivot(comp, column, lambda v: f"{v:.2f}x", planners)),
             ]
+    return parts
+
+
+def _context_sections(comp, baseline: str, planners) -> list[str]:
+    """What topology awareness buys, and the paper's published speed-ups next to this sweep's."""
+    parts: list[str] = []
     topology = topology_table(comp, planners)
     if topology is not None:
         parts += [
@@ -206,7 +221,12 @@ def results_markdown(
             "",
             _md(published),
         ]
-    parts += [
+    return parts
+
+
+def _measure_sections(df, comp, planners, gpu_hour_usd) -> list[str]:
+    """Throughput, MFU, cost per token, planner wall time and every job."""
+    return [
         "",
         "## Throughput (samples/s)",
         "",
@@ -253,4 +273,3 @@ def results_markdown(
         _md(_all_jobs(df)),
         "",
     ]
-    return "\n".join(parts)

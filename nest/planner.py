@@ -217,7 +217,7 @@ def check_memory_floor(problem: Problem, planner_name: str) -> None:
     m = problem.model
     params = m.total_params()
     # bytes per parameter unsharded: the model state of one device holding everything
-    per_param = ModelState.of(problem, zero_stage=0, dp=1, cp=1, ep=1).state_bytes(1.0, 0.0)
+    per_param, _ = ModelState.of(problem, zero_stage=0, dp=1, cp=1, ep=1).state_bytes_per_param()
     # the fewest devices that lift the floor, in whole blocks of the levels below the top
     inner = math.prod(level.fanout for level in cluster.levels[:-1])
     devices_needed = inner * math.ceil(params * per_param / cluster.device.usable_bytes / inner)

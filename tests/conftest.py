@@ -60,8 +60,12 @@ def make_spec(**over) -> ModelSpec:
     return ModelSpec(**kw)
 
 
+NO_OVERLAP = dict(overlap_grad_sync=False, tp_comm_overlap=False, cp_comm_overlap=False)
+"""The hand-made problems overlap nothing unless a test says so."""
+
+
 def make_problem(spec=None, cluster=None, *, flash=False, **train) -> Problem:
-    kw = dict(global_batch=16, microbatch_sizes=(1, 2), optimizer=Optimizer.ADAM)
+    kw = dict(global_batch=16, microbatch_sizes=(1, 2), optimizer=Optimizer.ADAM, **NO_OVERLAP)
     kw.update(train)
     training = Training(flash_attention=flash, **kw)
     return Problem(

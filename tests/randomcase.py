@@ -4,7 +4,7 @@ import random
 from itertools import permutations
 
 from baselines.fixed import FixedPlanner
-from nest.core.axes import Optimizer, Recompute
+from nest.core.axes import Optimizer, Recompute, divisors
 from nest.core.model import ModelSpec
 
 from .conftest import make_cluster, make_device, make_problem
@@ -20,10 +20,6 @@ def random_rank_orders(rng: random.Random) -> list[str]:
     """One or two of :data:`RANK_ORDERS`, for a random restriction of the space: the exactness
     suites (nest == brute) draw from all six, not a fixed subset."""
     return rng.sample(RANK_ORDERS, rng.randint(1, 2))
-
-
-def _divisors(n):
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def random_problem(rng: random.Random, *, hbm_gib: float | None = None):
@@ -70,17 +66,17 @@ def random_problem(rng: random.Random, *, hbm_gib: float | None = None):
 def random_planner(rng: random.Random, problem) -> FixedPlanner:
     spec = problem.model.spec
     n = problem.cluster.num_devices
-    tp = rng.choice([t for t in _divisors(n) if spec.heads % t == 0 and spec.ffn_hidden % t == 0])
+    tp = rng.choice([t for t in divisors(n) if spec.heads % t == 0 and spec.ffn_hidden % t == 0])
     rest = n // tp
-    pp = rng.choice([p for p in _divisors(rest) if p <= spec.layers + 2])
+    pp = rng.choice([p for p in divisors(rest) if p <= spec.layers + 2])
     rest //= pp
-    cp = rng.choice([c for c in _divisors(rest) if spec.seq_len % (2 * c) == 0])
+    cp = rng.choice([c for c in divisors(rest) if spec.seq_len % (2 * c) == 0])
     rest //= cp
     gb = problem.training.global_batch
-    dp = rng.choice([d for d in _divisors(rest) if gb % d == 0])
+    dp = rng.choice([d for d in divisors(rest) if gb % d == 0])
     mbs = rng.choice([b for b in problem.training.microbatch_sizes if gb % (b * dp) == 0])
     ep = (
-        rng.choice([e for e in _divisors(dp * cp) if spec.num_experts % e == 0])
+        rng.choice([e for e in divisors(dp * cp) if spec.num_experts % e == 0])
         if spec.is_moe
         else 1
     )

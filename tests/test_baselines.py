@@ -1,6 +1,7 @@
 """Each baseline's defining behaviour on hand-made cases: phaze, alpa, mcmc, megatron's options,
 and the network views they search on."""
 
+from dataclasses import replace
 from itertools import combinations
 
 import numpy as np
@@ -199,14 +200,12 @@ def test_alpa_stage_costs_equal_the_evaluator_on_the_two_level_view(index):
         bounds = [0, *cuts, n]
         modes = [Recompute(rng.choice(["none", "full"])) for _ in range(stages)]
         plan = make_structured_plan(
-            tp=config.tp, cp=1, ep=config.ep, dp=config.dp, pp=stages,
-            layer_counts=[bounds[r + 1] - bounds[r] for r in range(stages)], recompute=modes,
-            microbatch_size=config.microbatch_size,
+            replace(config, cp=1, schedule=Schedule.ONE_F_ONE_B, rank_order=MEGATRON_RANK_ORDER),
+            layer_counts=[bounds[r + 1] - bounds[r] for r in range(stages)],
+            recompute=modes,
             num_microbatches=config.num_microbatches(problem.training.global_batch),
-            zero_stage=config.zero_stage, schedule=Schedule.ONE_F_ONE_B,
-            virtual_stages=1, sequence_parallel=problem.training.sequence_parallel,
-            rank_order=MEGATRON_RANK_ORDER,
-        )  # fmt: skip
+            sequence_parallel=problem.training.sequence_parallel,
+        )
         report = evaluate(view, plan)
         both = StageCosts(view, config, (Recompute.NONE, Recompute.FULL))
         for r in range(stages):

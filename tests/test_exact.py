@@ -159,20 +159,11 @@ def _brute_general(problem, options: dict) -> float | None:
                 ]
                 for combo in product(*per_stage):
                     plan = make_structured_plan(
-                        tp=c.tp,
-                        cp=c.cp,
-                        ep=c.ep,
-                        dp=c.dp,
-                        pp=c.pp,
+                        c.unordered(),
                         layer_counts=[j - i + 1 for i, j in parts],
                         recompute=combo,
-                        microbatch_size=c.microbatch_size,
                         num_microbatches=m,
-                        zero_stage=c.zero_stage,
-                        schedule=c.schedule,
-                        virtual_stages=c.virtual_stages,
                         sequence_parallel=problem.training.sequence_parallel,
-                        rank_order=None,
                         grid=grid,
                     )
                     report = evaluate(problem, plan)

@@ -29,7 +29,7 @@ from nest.dp.space import (
 )
 from nest.dp.stages import StageModel
 
-from .conftest import make_cluster, make_device, make_problem
+from .conftest import NO_OVERLAP, make_cluster, make_device, make_problem
 from .randomcase import assert_nest_equals_brute, random_rank_orders
 from .test_nest_dp import tiny_case
 
@@ -346,7 +346,9 @@ def _uneven_profile_problem(hbm_gib: float, heavy: int):
     layers.append(layer("head", LayerKind.HEAD, 1e-4, 1e5))
     model = ProfileModel(Profile(name="uneven", measurements=(Measurement(layers=tuple(layers)),)))
     cluster = make_cluster(fanouts=(2,), device=make_device(hbm_bytes=hbm_gib * 2**30))
-    training = Training(global_batch=4, microbatch_sizes=(1,), optimizer=Optimizer.ADAM)
+    training = Training(
+        global_batch=4, microbatch_sizes=(1,), optimizer=Optimizer.ADAM, **NO_OVERLAP
+    )
     return Problem(model=model, cluster=cluster, training=training)
 
 

@@ -171,9 +171,14 @@ class Checker:
             self._run_py(tokens[2:], str(command), command.expect)
         elif tokens[:2] == ["python", "-m"]:
             self._module(tokens[2], tokens[3:], synopsis=bool(placeholders(command)))
-        elif tokens[0] == "python" and "-c" in tokens and tokens[1:] in (
-            ["-c", tokens[-1]],
-            ["-X", "importtime", "-c", tokens[-1]],
+        elif (
+            tokens[0] == "python"
+            and "-c" in tokens
+            and tokens[1:]
+            in (
+                ["-c", tokens[-1]],
+                ["-X", "importtime", "-c", tokens[-1]],
+            )
         ):
             # a one-line program (an import to time): it compiles and runs
             exec(compile(tokens[-1], str(command), "exec"), {"__name__": "__readme__"})

@@ -28,7 +28,7 @@ from nest.export.common import rebuild
 from nest.profile import ProfileModel, read_profile
 from nest.profile.artifact import global_batch
 
-from .conftest import make_cluster, make_device
+from .conftest import NO_OVERLAP, make_cluster, make_device
 from .test_cli import REPO_ROOT, compose
 
 
@@ -223,7 +223,7 @@ def test_nest_equals_brute_on_instances_cut_to_a_few_blocks(name, blocks):
     model = _cut(name, blocks)
     device = make_device(hbm_bytes=64 * 2**30, hbm_bw_bytes_per_s=1.2e12)
     cluster = make_cluster(fanouts=(8, 2), bws_gbps=(900, 100), lat_us=(100, 200), device=device)
-    training = Training(global_batch=8, microbatch_sizes=(1, 2))
+    training = Training(global_batch=8, microbatch_sizes=(1, 2), **NO_OVERLAP)
     problem = Problem(model=model, cluster=cluster, training=training)
     space = dict(zero_stages=[0, 1, 3], rank_orders=["tp-cp-dp-pp", "tp-cp-pp-dp"])
     nest = NestPlanner(**space).solve(problem)

@@ -5,7 +5,7 @@ import pytest
 
 from nest.analysis.simulate import plot_timeline, rank_order, simulate, simulate_schedule
 from nest.core.axes import MEGATRON_RANK_ORDER, Recompute, Schedule
-from nest.core.plan import make_structured_plan
+from nest.core.plan import ParallelConfig, make_structured_plan
 from nest.cost import evaluate
 
 from .randomcase import random_case
@@ -13,21 +13,15 @@ from .randomcase import random_case
 
 def bare_plan(pp, m, schedule="1f1b", v=1):
     n = pp * v
+    config = ParallelConfig(
+        pp=pp, schedule=Schedule(schedule), virtual_stages=v, rank_order=MEGATRON_RANK_ORDER
+    )
     return make_structured_plan(
-        tp=1,
-        cp=1,
-        ep=1,
-        dp=1,
-        pp=pp,
+        config,
         layer_counts=[1] * n,
         recompute=[Recompute.NONE] * n,
-        microbatch_size=1,
         num_microbatches=m,
-        zero_stage=0,
-        schedule=Schedule(schedule),
-        virtual_stages=v,
         sequence_parallel=False,
-        rank_order=MEGATRON_RANK_ORDER,
     )
 
 

@@ -134,6 +134,8 @@ def instance(
         grad_bytes=rng.choice([2, 4]),
         overlap_grad_sync=rng.random() < 0.5,
         flash_attention=flash,
+        tp_comm_overlap=False,  # the model below overlaps nothing
+        cp_comm_overlap=False,
     )
     cluster = Cluster(name=f"random{seed}", device=device, levels=levels)
     if network != "hierarchy":

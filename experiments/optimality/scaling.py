@@ -57,7 +57,13 @@ def step_problem(devices: int, blocks: int) -> Problem:
         activation="swiglu",
         dropout=False,
     )
-    training = Training(global_batch=2 * devices, microbatch_sizes=(1, 2))
+    training = Training(
+        global_batch=2 * devices,
+        microbatch_sizes=(1, 2),
+        overlap_grad_sync=False,
+        tp_comm_overlap=False,  # the model below overlaps nothing
+        cp_comm_overlap=False,
+    )
     return Problem(
         model=AnalyticModel(spec),
         cluster=Cluster(name=f"{devices}dev", device=device, levels=tuple(levels)),

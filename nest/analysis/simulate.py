@@ -109,25 +109,10 @@ def simulate(problem: Problem, plan: Plan, report: Report | None = None) -> SimR
     )
 
 
-def simulate_schedule(
-    plan: Plan,
-    *,
-    fwd_s,
-    bwd_s,
-    sync_s,
-    optimizer_s,
-    overlap_grad_sync: bool = False,
-    analytic_s: float = float("nan"),
-) -> SimResult:
-    """The simulation on given per-chunk forward/backward and per-rank sync/step seconds.
-
-    List scheduling, round by round: each rank runs its next tasks in order until one waits for
-    a task of another rank. A task's start is the latest of its rank's free time and its
-    dependencies' ends; the loop only decides the order in which these are computed.
-    """
+def _list_schedule(plan: Plan, orders, fwd: list[float], bwd: list[float]):
+    """Run every rank's forwards and backwards in its order (:func:`simulate_schedule`):
+    ``(rank, kind, chunk, microbatch, start, end)`` of each task, and each rank's free time."""
     n_chunks, m, pp = len(plan.stages), plan.num_microbatches, plan.pp
-    fwd, bwd = [float(x) for x in fwd_s], [float(x) for x in bwd_s]
-    orders = [rank_order(plan, r) for r in range(pp)]
     total = sum(len(o) for o in orders)
     # end time of F(k, j) / B(k, j), None until it ran; B of chunk n_chunks counts as done at 0
     f_end: list[list[float | None]] = [[None] * m for _ in range(n_chunks)]
@@ -165,6 +150,47 @@ def simulate_schedule(
             if len(raw) == before:
                 raise AssertionError(f"schedule {plan.schedule} deadlocked; this is a bug")
             progress.done = len(raw)
+    return raw, free_at
+
+
+def _busy_and_peak(raw, pp: int) -> tuple[list[float], list[int]]:
+    """Per rank: seconds busy computing, and the most microbatches' activations held at once."""
+    busy = [0.0] * pp
+    events: list[list[tuple[float, int]]] = [[] for _ in range(pp)]
+    for r, kind, _, _, start, end in raw:
+        busy[r] += end - start
+        # a forward holds its activations from its start until its backward ends
+        events[r].append((start, 1) if kind == "F" else (end, -1))
+    peak = []
+    for rank_events in events:
+        held = best = 0
+        for _, delta in sorted(rank_events):  # at equal times a release (-1) comes first
+            held += delta
+            best = max(best, held)
+        peak.append(best)
+    return busy, peak
+
+
+def simulate_schedule(
+    plan: Plan,
+    *,
+    fwd_s,
+    bwd_s,
+    sync_s,
+    optimizer_s,
+    overlap_grad_sync: bool = False,
+    analytic_s: float = float("nan"),
+) -> SimResult:
+    """The simulation on given per-chunk forward/backward and per-rank sync/step seconds.
+
+    List scheduling, round by round: each rank runs its next tasks in order until one waits for
+    a task of another rank. A task's start is the latest of its rank's free time and its
+    dependencies' ends; the loop only decides the order in which these are computed.
+    """
+    pp = plan.pp
+    fwd, bwd = [float(x) for x in fwd_s], [float(x) for x in bwd_s]
+    orders = [rank_order(plan, r) for r in range(pp)]
+    raw, free_at = _list_schedule(plan, orders, fwd, bwd)
     tasks = list(map(Task._make, raw))
     pipeline_s = max(free_at)
     last = {}
@@ -180,19 +206,7 @@ def simulate_schedule(
     for r in range(pp):
         tasks.append(Task(r, "opt", -1, -1, step_start, step_start + optimizer_s[r]))
     makespan = step_start + max(optimizer_s)
-    busy = [0.0] * pp
-    events: list[list[tuple[float, int]]] = [[] for _ in range(pp)]
-    for r, kind, _, _, start, end in raw:
-        busy[r] += end - start
-        # a forward holds its activations from its start until its backward ends
-        events[r].append((start, 1) if kind == "F" else (end, -1))
-    peak = []
-    for rank_events in events:
-        held = best = 0
-        for _, delta in sorted(rank_events):  # at equal times a release (-1) comes first
-            held += delta
-            best = max(best, held)
-        peak.append(best)
+    busy, peak = _busy_and_peak(raw, pp)
     return SimResult(
         makespan_s=makespan,
         pipeline_s=pipeline_s,
@@ -278,6 +292,99 @@ def timeline_windows(sim: SimResult) -> tuple[tuple[float, float], ...]:
     return ((0.0, first_end), (last_start, sim.makespan_s))
 
 
+TIMELINE_COLORS = {"F": "#4c72b0", "B": "#dd8452", "sync": "#8c8c8c", "opt": "#55a868"}
+"""Bar colour of each task kind: forward blue, backward orange, DP sync grey, step green."""
+TIMELINE_LABELS = {
+    "F": "forward",
+    "B": "backward",
+    "sync": "DP gradient sync",
+    "opt": "optimizer step",
+}
+
+
+def _number_bars(ax, r: int, s, e, microbatch, window, scale, inch_s, bar_in) -> None:
+    """Write each bar's microbatch number on it: across when it fits, upright when only that
+    fits, not at all on a bar too narrow (widths in inches of the figure)."""
+    import numpy as np
+
+    lo, hi = window
+    digits = np.floor(np.log10(np.maximum(microbatch, 1))) + 1
+    text_in = 0.02 + CHAR_IN * digits
+    width_in = (np.minimum(e, hi) - np.maximum(s, lo)) / inch_s
+    across = width_in > text_in  # the number fits across the bar
+    upright = ~across & (width_in > 1.6 * CHAR_IN) & (text_in < bar_in)
+    shown = across | upright
+    for a, b, j, turn in zip(s[shown], e[shown], microbatch[shown], upright[shown], strict=True):
+        ax.text(
+            (max(a, lo) + min(b, hi)) / 2 * scale,
+            r,
+            str(j),
+            ha="center",
+            va="center",
+            rotation=90 if turn else 0,
+            fontsize=5.5,
+            color="white",
+            clip_on=True,
+        )
+
+
+def _break_marks(axes) -> None:
+    """The broken-axis marks between the two panels of a long iteration."""
+    axes[0].spines["right"].set_visible(False)
+    axes[1].spines["left"].set_visible(False)
+    axes[1].tick_params(left=False)
+    marks = {"marker": [(-1, -2.5), (1, 2.5)], "markersize": 10, "linestyle": "none"}
+    marks |= {"color": "k", "mec": "k", "mew": 1, "clip_on": False}
+    axes[0].plot([1, 1], [0, 1], transform=axes[0].transAxes, **marks)
+    axes[1].plot([0, 0], [0, 1], transform=axes[1].transAxes, **marks)
+
+
+def _draw_window(ax, window, cols, ranks: int, scale, inch_s, bar_in) -> int:
+    """Draw the tasks inside one time window (one collection per rank and kind); returns the
+    forward and backward bars drawn."""
+    import numpy as np
+
+    kinds, rank_of, start, end, microbatch = cols
+    lo, hi = window
+    bars = 0
+    ax.set_xlim(lo * scale, hi * scale)
+    ax.set_autoscale_on(False)
+    inside = (end > lo) & (start < hi) | ((start == end) & (start >= lo) & (start <= hi))
+    visible = np.flatnonzero(inside)
+    for kind, color in TIMELINE_COLORS.items():
+        of_kind = visible[kinds[visible] == kind]
+        for r in np.unique(rank_of[of_kind]).tolist():
+            sel = of_kind[rank_of[of_kind] == r]
+            s, e = start[sel], end[sel]
+            ax.broken_barh(
+                list(zip(s * scale, (e - s) * scale, strict=True)),
+                (r - 0.4, 0.8),
+                facecolors=color,
+                edgecolors="white",
+                linewidth=0.3,
+            )
+            if kind not in ("F", "B"):
+                continue
+            bars += len(sel)
+            if ranks <= 32:  # else rows too thin for numbers
+                _number_bars(ax, r, s, e, microbatch[sel], (lo, hi), scale, inch_s, bar_in)
+    return bars
+
+
+def _timeline_title(sim: SimResult, n_windows: int, microbatches: int) -> str:
+    """The simulated time, the analytic formula's and their gap, and what part is shown."""
+    return (
+        f"simulated iteration {format_duration(sim.makespan_s)}"
+        + (
+            f"; analytic formula {format_duration(sim.analytic_s)} "
+            f"({100 * sim.relative_error:+.2f} %)"
+            if math.isfinite(sim.analytic_s)
+            else ""
+        )
+        + ("" if n_windows == 1 else f"; {microbatches:,} microbatches, start and end shown")
+    )
+
+
 def plot_timeline(sim: SimResult, path, *, title: str = "") -> TimelineView:
     """Draw the iteration as one row per pipeline rank (forward blue, backward orange, DP sync
     grey, optimizer step green), microbatch numbers on the bars wide enough to hold them.
@@ -297,7 +404,6 @@ def plot_timeline(sim: SimResult, path, *, title: str = "") -> TimelineView:
     ranks = 1 + max(t.rank for t in sim.tasks)
     windows = timeline_windows(sim)
     scale, unit = (1.0, "s") if sim.makespan_s >= 1 else (1e3, "ms")
-    colors = {"F": "#4c72b0", "B": "#dd8452", "sync": "#8c8c8c", "opt": "#55a868"}
     n = len(sim.tasks)
     kinds = np.array([t.kind for t in sim.tasks])
     rank_of = np.fromiter((t.rank for t in sim.tasks), int, n)
@@ -317,51 +423,9 @@ def plot_timeline(sim: SimResult, path, *, title: str = "") -> TimelineView:
     axes = axes[0]
     bars = 0
     inch_s = sum(b - a for a, b in windows) / AXES_WIDTH_IN  # seconds per inch of axis
-    for ax, (lo, hi) in zip(axes, windows, strict=True):
-        ax.set_xlim(lo * scale, hi * scale)
-        ax.set_autoscale_on(False)
-        inside = (end > lo) & (start < hi) | ((start == end) & (start >= lo) & (start <= hi))
-        visible = np.flatnonzero(inside)
-        for kind, color in colors.items():
-            of_kind = visible[kinds[visible] == kind]
-            for r in np.unique(rank_of[of_kind]).tolist():
-                sel = of_kind[rank_of[of_kind] == r]
-                s, e = start[sel], end[sel]
-                ax.broken_barh(
-                    list(zip(s * scale, (e - s) * scale, strict=True)),
-                    (r - 0.4, 0.8),
-                    facecolors=color,
-                    edgecolors="white",
-                    linewidth=0.3,
-                )
-                if kind not in ("F", "B"):
-                    continue
-                bars += len(sel)
-                if ranks > 32:
-                    continue  # rows too thin for numbers
-                digits = np.floor(np.log10(np.maximum(microbatch[sel], 1))) + 1
-                text_in = 0.02 + CHAR_IN * digits
-                width_in = (np.minimum(e, hi) - np.maximum(s, lo)) / inch_s
-                across = width_in > text_in  # the number fits across the bar
-                upright = ~across & (width_in > 1.6 * CHAR_IN) & (text_in < bar_in)
-                for a, b, j, turn in zip(
-                    s[across | upright],
-                    e[across | upright],
-                    microbatch[sel][across | upright],
-                    upright[across | upright],
-                    strict=True,
-                ):
-                    ax.text(
-                        (max(a, lo) + min(b, hi)) / 2 * scale,
-                        r,
-                        str(j),
-                        ha="center",
-                        va="center",
-                        rotation=90 if turn else 0,
-                        fontsize=5.5,
-                        color="white",
-                        clip_on=True,
-                    )
+    cols = (kinds, rank_of, start, end, microbatch)
+    for ax, window in zip(axes, windows, strict=True):
+        bars += _draw_window(ax, window, cols, ranks, scale, inch_s, bar_in)
     first = axes[0]
     step = max(1, ranks // 32)
     first.set_yticks(range(0, ranks, step), [f"rank {r}" for r in range(0, ranks, step)])
@@ -370,13 +434,7 @@ def plot_timeline(sim: SimResult, path, *, title: str = "") -> TimelineView:
     m = 1 + int(microbatch[compute].max())
     shown = m
     if len(windows) == 2:
-        axes[0].spines["right"].set_visible(False)
-        axes[1].spines["left"].set_visible(False)
-        axes[1].tick_params(left=False)
-        marks = {"marker": [(-1, -2.5), (1, 2.5)], "markersize": 10, "linestyle": "none"}
-        marks |= {"color": "k", "mec": "k", "mew": 1, "clip_on": False}
-        axes[0].plot([1, 1], [0, 1], transform=axes[0].transAxes, **marks)
-        axes[1].plot([0, 0], [0, 1], transform=axes[1].transAxes, **marks)
+        _break_marks(axes)
         started = compute & (kinds == "F") & (start < windows[0][1])
         shown = len(set(microbatch[started].tolist()))
         (_, first_s), (last_from, _) = windows
@@ -384,26 +442,9 @@ def plot_timeline(sim: SimResult, path, *, title: str = "") -> TimelineView:
         axes[1].set_xlabel(f"its last {format_duration(sim.makespan_s - last_from)} ({unit})")
     else:
         first.set_xlabel(f"time within the iteration ({unit})")
-    title = title or (
-        f"simulated iteration {format_duration(sim.makespan_s)}"
-        + (
-            f"; analytic formula {format_duration(sim.analytic_s)} "
-            f"({100 * sim.relative_error:+.2f} %)"
-            if math.isfinite(sim.analytic_s)
-            else ""
-        )
-        + ("" if len(windows) == 1 else f"; {m:,} microbatches, start and end shown")
-    )
+    title = title or _timeline_title(sim, len(windows), m)
     fig.suptitle(title, fontsize=11)
-    legend = [
-        Patch(color=c, label=k)
-        for k, c in (
-            ("forward", colors["F"]),
-            ("backward", colors["B"]),
-            ("DP gradient sync", colors["sync"]),
-            ("optimizer step", colors["opt"]),
-        )
-    ]
+    legend = [Patch(color=TIMELINE_COLORS[k], label=label) for k, label in TIMELINE_LABELS.items()]
     fig.legend(handles=legend, loc="lower center", ncol=4, frameon=False, fontsize=9)
     fig.subplots_adjust(left=0.08, right=0.98, top=1 - 0.6 / height, bottom=0.95 / height)
     with atomic_path(path) as tmp:

@@ -9,13 +9,16 @@ reads, non-finite numbers, empty solver lists), and :func:`build_problem` refuse
 the documented limits (:data:`LIMITS`) before building anything in proportion to them.
 """
 
+import copy
 import dataclasses
 import difflib
+import functools
 import inspect
 import json
 import math
 from dataclasses import dataclass, field, make_dataclass
 from math import prod
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -139,19 +142,25 @@ class ProfileModelConfig:
     """NEST artifact files only: the LM head copied into every block (auto / true / false)."""
 
 
+TRAINING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Training)}
+"""The training options' defaults, stated once (:class:`nest.core.problem.Training`)."""
+
+
 @dataclass
 class TrainingConfig:
+    """``training``: the options of :class:`nest.core.problem.Training`, with its defaults."""
+
     global_batch: int = 1024
     """Sequences per iteration."""
     microbatch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4])
-    optimizer: str = "adam"
-    grad_bytes: int = 2
-    overlap_grad_sync: bool = False
-    sequence_parallel: bool = True
-    flash_attention: bool = True
-    tp_comm_overlap: bool = False
-    cp_comm_overlap: bool = False
-    ep_comm_overlap: bool = False
+    optimizer: str = TRAINING_DEFAULTS["optimizer"].value
+    grad_bytes: int = TRAINING_DEFAULTS["grad_bytes"]
+    overlap_grad_sync: bool = TRAINING_DEFAULTS["overlap_grad_sync"]
+    sequence_parallel: bool = TRAINING_DEFAULTS["sequence_parallel"]
+    flash_attention: bool = TRAINING_DEFAULTS["flash_attention"]
+    tp_comm_overlap: bool = TRAINING_DEFAULTS["tp_comm_overlap"]
+    cp_comm_overlap: bool = TRAINING_DEFAULTS["cp_comm_overlap"]
+    ep_comm_overlap: bool = TRAINING_DEFAULTS["ep_comm_overlap"]
 
 
 @dataclass
@@ -188,6 +197,31 @@ def register_schemas() -> None:
     cs.store(group="model", name="hf_model_schema", node=HfModelConfig)
     cs.store(group="model", name="profile_model_schema", node=ProfileModelConfig)
     cs.store(group="training", name="training_schema", node=TrainingConfig)
+
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+"""The presets: ``conf/<group>/<name>.yaml``."""
+
+
+def load_preset(group: str, name: str) -> dict:
+    """The preset ``conf/<group>/<name>.yaml`` as the CLI composes it (Hydra: its defaults list,
+    nested presets such as a cluster's device, and the schema defaults), as a plain dict the
+    caller may change."""
+    return copy.deepcopy(_composed(group, name))
+
+
+@functools.cache
+def _composed(group: str, name: str) -> dict:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_schemas()
+    if GlobalHydra.instance().is_initialized():  # inside the CLI: its search path is conf/
+        cfg = compose(config_name=f"{group}/{name}")
+    else:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name=f"{group}/{name}")
+    return _plain(cfg[group])
 
 
 def _plain(cfg: Any) -> dict:
@@ -559,8 +593,19 @@ def build_cluster(cfg: Any) -> Cluster:
         raise UserError(f"cluster {name}: give at least one level under cluster.levels")
     if not 1 <= len(levels_cfg) <= 8:
         raise UserError(f"cluster {name}: {len(levels_cfg)} levels; use 1 to 8")
+    fanouts = _fanouts(name, levels_cfg, c.get("devices"))
+    levels = [_level(i, lv, fanouts[i]) for i, lv in enumerate(levels_cfg)]
+    cluster = Cluster(name=name, device=build_device(c["device"]), levels=tuple(levels))
+    if c.get("topology") == "hierarchy":  # the same hierarchy, priced as a graph
+        from nest.graph import build_graph_cluster
+
+        return build_graph_cluster(c, cluster.device, hierarchy=cluster)
+    return cluster
+
+
+def _fanouts(name: str, levels_cfg: list, devices) -> list[int]:
+    """The levels' fan-outs, the top one filled in from ``devices`` when it is null."""
     fanouts = [lv.get("fanout") for lv in levels_cfg]
-    devices = c.get("devices")
     if devices is not None and (not isinstance(devices, int) or devices < 1):
         raise UserError(f"cluster.devices={devices!r} must be a positive integer")
     for i, f in enumerate(fanouts):
@@ -586,51 +631,44 @@ def build_cluster(cfg: Any) -> Cluster:
             " make them agree (or set the top level's fanout to null)"
         )
     _within_limit("cluster.devices", prod(fanouts), "devices")
-    levels = []
-    for i, lv in enumerate(levels_cfg):
-        where = f"cluster.levels[{i}] ({lv.get('name')})"
-        bw = _number(where, "bw_gbps", lv.get("bw_gbps"), lambda v: v > 0, "must be > 0")
-        low, high, unit, why = PHYSICAL_RANGES["bw_gbps"]
-        _require(
-            where,
-            "bw_gbps",
-            lv.get("bw_gbps"),  # as typed
-            low <= bw <= high,
-            f"is outside the physical range {low:,g}-{high:,g} {unit} ({why}); check the unit",
-        )
-        lat = _number(
-            where, "latency_us", lv.get("latency_us", 0.0), lambda v: v >= 0, "must be >= 0"
-        )
-        over = _number(
-            where,
-            "oversubscription",
-            lv.get("oversubscription", 1.0),
-            lambda v: v >= 1,
-            "must be >= 1",
-        )
-        bw_eff = _number(
-            where,
-            "bw_efficiency",
-            lv.get("bw_efficiency", 1.0),
-            lambda v: 0 < v <= 1,
-            "must be in (0, 1]",
-        )
-        levels.append(
-            Level(
-                name=lv.get("name", f"level{i}"),
-                fanout=fanouts[i],
-                bw_bytes_per_s=units.gbps_to_bytes_per_s(bw),
-                latency_s=units.us_to_s(lat),
-                oversubscription=over,
-                bw_efficiency=bw_eff,
-            )
-        )
-    cluster = Cluster(name=name, device=build_device(c["device"]), levels=tuple(levels))
-    if c.get("topology") == "hierarchy":  # the same hierarchy, priced as a graph
-        from nest.graph import build_graph_cluster
+    return fanouts
 
-        return build_graph_cluster(c, cluster.device, hierarchy=cluster)
-    return cluster
+
+def _level(i: int, lv: dict, fanout: int) -> Level:
+    """Level ``i`` of a preset, in SI units, its values checked."""
+    where = f"cluster.levels[{i}] ({lv.get('name')})"
+    bw = _number(where, "bw_gbps", lv.get("bw_gbps"), lambda v: v > 0, "must be > 0")
+    low, high, unit, why = PHYSICAL_RANGES["bw_gbps"]
+    _require(
+        where,
+        "bw_gbps",
+        lv.get("bw_gbps"),  # as typed
+        low <= bw <= high,
+        f"is outside the physical range {low:,g}-{high:,g} {unit} ({why}); check the unit",
+    )
+    lat = _number(where, "latency_us", lv.get("latency_us", 0.0), lambda v: v >= 0, "must be >= 0")
+    over = _number(
+        where,
+        "oversubscription",
+        lv.get("oversubscription", 1.0),
+        lambda v: v >= 1,
+        "must be >= 1",
+    )
+    bw_eff = _number(
+        where,
+        "bw_efficiency",
+        lv.get("bw_efficiency", 1.0),
+        lambda v: 0 < v <= 1,
+        "must be in (0, 1]",
+    )
+    return Level(
+        name=lv.get("name", f"level{i}"),
+        fanout=fanout,
+        bw_bytes_per_s=units.gbps_to_bytes_per_s(bw),
+        latency_s=units.us_to_s(lat),
+        oversubscription=over,
+        bw_efficiency=bw_eff,
+    )
 
 
 def build_model_spec(cfg: Any) -> ModelSpec:
@@ -652,15 +690,6 @@ def build_model_spec(cfg: Any) -> ModelSpec:
     return ModelSpec(**c)
 
 
-def _with_provenance(model, seq_len_source: str, notes=()):
-    """Attach where the model's sequence length came from (``seq_len_source``, printed in the
-    summary and written to report.json) and one-line notices (``notes``, printed after the
-    summary) to a built model."""
-    model.seq_len_source = seq_len_source
-    model.notes = tuple(getattr(model, "notes", ())) + tuple(notes)
-    return model
-
-
 def _spec_within_limits(spec) -> None:
     """A model's size against :data:`LIMITS`, before anything is built per block."""
     _within_limit("model.layers", spec.layers, "transformer blocks")
@@ -676,10 +705,13 @@ def build_model(cfg: Any, training: Training):
 
         hf = load_hf_model(c.get("config_path"), name=c.get("name"), seq_len=c.get("seq_len"))
         _spec_within_limits(hf.spec)
-        model = AnalyticModel(
-            hf.spec, flash_attention=training.flash_attention, overlap=training.overlap
+        return AnalyticModel(
+            hf.spec,
+            flash_attention=training.flash_attention,
+            overlap=training.overlap,
+            seq_len_source=hf.seq_len_source,
+            notes=tuple(hf.notes),
         )
-        return _with_provenance(model, hf.seq_len_source, hf.notes)
     if source == "profile":
         from nest.profile import load_profile_model
 
@@ -692,18 +724,18 @@ def build_model(cfg: Any, training: Training):
             microbatch_scaling=c.get("microbatch_scaling", "linear"),
         )
         _spec_within_limits(model.spec)
-        given = "model.seq_len" if c.get("seq_len") else "the profile file"
-        return _with_provenance(model, given if model.seq_len else "not given")
+        if c.get("seq_len") and model.seq_len:
+            model.seq_len_source = "model.seq_len"  # the config's, over the file's
+        return model
     spec = build_model_spec(c)
     _spec_within_limits(spec)
-    model = AnalyticModel(spec, flash_attention=training.flash_attention, overlap=training.overlap)
-    return _with_provenance(model, "model.seq_len")
+    return AnalyticModel(spec, flash_attention=training.flash_attention, overlap=training.overlap)
 
 
 def build_training(cfg: Any) -> Training:
     c = _plain(cfg)
     try:
-        optimizer = Optimizer(c.get("optimizer", "adam"))
+        optimizer = Optimizer(c.get("optimizer", TRAINING_DEFAULTS["optimizer"]))
     except ValueError:
         raise UserError(
             f"training.optimizer={c.get('optimizer')!r}; use one of {[o.value for o in Optimizer]}"
@@ -713,17 +745,20 @@ def build_training(cfg: Any) -> Training:
         sizes = [sizes]
     if isinstance(c.get("global_batch"), int):
         _within_limit("training.global_batch", c["global_batch"], "sequences")
+    flags = (
+        "overlap_grad_sync",
+        "sequence_parallel",
+        "flash_attention",
+        "tp_comm_overlap",
+        "cp_comm_overlap",
+        "ep_comm_overlap",
+    )
     return Training(
         global_batch=c["global_batch"],
         microbatch_sizes=tuple(sorted(set(sizes))),
         optimizer=optimizer,
-        grad_bytes=c.get("grad_bytes", 2),
-        overlap_grad_sync=bool(c.get("overlap_grad_sync", False)),
-        sequence_parallel=bool(c.get("sequence_parallel", True)),
-        flash_attention=bool(c.get("flash_attention", True)),
-        tp_comm_overlap=bool(c.get("tp_comm_overlap", False)),
-        cp_comm_overlap=bool(c.get("cp_comm_overlap", False)),
-        ep_comm_overlap=bool(c.get("ep_comm_overlap", False)),
+        grad_bytes=c.get("grad_bytes", TRAINING_DEFAULTS["grad_bytes"]),
+        **{key: bool(c.get(key, TRAINING_DEFAULTS[key])) for key in flags},
     )
 
 

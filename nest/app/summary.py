@@ -35,7 +35,7 @@ def seq_len_source(model) -> str:
     """The rule that gave the model's training length: set by :func:`nest.app.config.build_model`
     (a Hugging Face config's may be a default, nest/app/hf.py); a model built directly from a spec
     takes its ``seq_len`` as given."""
-    return getattr(model, "seq_len_source", "model.seq_len")
+    return model.seq_len_source
 
 
 def sequence_line(model) -> str:

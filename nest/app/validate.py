@@ -42,26 +42,20 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from nest.app.config import build_device
+from nest.app.config import build_cluster, load_preset
 from nest.core.build import PlanSettings, build_plan
 from nest.core.errors import UserError
 from nest.core.files import atomic_path
 from nest.core.layers import AnalyticModel
 from nest.core.model import ModelSpec
 from nest.core.problem import Problem, Training
-from nest.core.topology import Cluster, Level
-from nest.core.units import US, gbps_to_bytes_per_s
+from nest.core.topology import Cluster
 from nest.cost import evaluate
 
-CONF_DEVICE = Path(__file__).resolve().parents[2] / "conf" / "device"
-CONF_CLUSTER = CONF_DEVICE.parent / "cluster"
 GPU_DEFAULTS = {  # device preset and the cluster preset whose node and network levels it uses
     "A100": ("a100_80gb", "dgx_a100"),
     "H100": ("h100_sxm", "dgx_8x8"),
 }
-NODE_GPUS = 8
 
 
 REQUIRED_COLUMNS = (
@@ -143,38 +137,43 @@ def _gpu_defaults(gpu: str | None) -> tuple[str, str]:
     raise UserError(f"gpu {gpu!r} is not known; use one containing {sorted(GPU_DEFAULTS)}")
 
 
-def preset_levels(cluster_preset: str) -> tuple[dict, dict]:
-    """The node (first) and network (second) levels of a cluster preset, as written there."""
-    data = yaml.safe_load((CONF_CLUSTER / f"{cluster_preset}.yaml").read_text())
-    return data["levels"][0], data["levels"][1]
-
-
-def _level(preset: dict, fanout: int, bw_gbps: float) -> Level:
-    return Level(
-        name=preset["name"],
-        fanout=fanout,
-        bw_bytes_per_s=gbps_to_bytes_per_s(bw_gbps),
-        latency_s=preset.get("latency_us", 0.0) * US,
-        bw_efficiency=float(preset.get("bw_efficiency", 1.0)),
-    )
-
-
-def load_device(preset: str, matmul_efficiency: float | str | None = None):
-    """A device preset; ``matmul_efficiency`` replaces the preset's (``"ceiling"``: its
-    ``gemm_ceiling``, the kernels at their isolated micro-benchmark rates)."""
-    data = yaml.safe_load((CONF_DEVICE / f"{preset}.yaml").read_text())
-    data.pop("defaults", None)
+def device_config(preset: str, matmul_efficiency: float | str | None = None) -> dict:
+    """A device preset (:func:`nest.app.config.load_preset`); ``matmul_efficiency`` replaces
+    the preset's (``"ceiling"``: its ``gemm_ceiling``, the kernels at their isolated
+    micro-benchmark rates)."""
+    data = load_preset("device", preset)
     if matmul_efficiency == "ceiling":
-        data["matmul_efficiency"] = data.get("gemm_ceiling", data.get("matmul_efficiency", 1.0))
+        data["matmul_efficiency"] = data["gemm_ceiling"]
     elif matmul_efficiency is not None:
         data["matmul_efficiency"] = matmul_efficiency
-    return build_device(data)
+    return data
+
+
+def build_row_cluster(row: dict, matmul_efficiency: float | str | None = None) -> Cluster:
+    """The row's cluster: the node and network levels (the first two) of its GPU's cluster
+    preset with the row's GPU count and bandwidths, built as the CLI builds a preset."""
+    preset, cluster_preset = _gpu_defaults(row["gpu"])
+    data = load_preset("cluster", cluster_preset)
+    node, network = data["levels"][0], data["levels"][1]
+    gpus = _int(row, "gpus")
+    if gpus % node["fanout"]:
+        raise UserError(f"gpus={gpus} is not a multiple of {node['fanout']} GPUs per node")
+    node["bw_gbps"] = _float(row, "nvlink_gbps", float(node["bw_gbps"]))
+    network["bw_gbps"] = _float(row, "network_gbps", float(network["bw_gbps"]))
+    network["fanout"] = None  # the rest of the GPUs
+    data.update(
+        name=f"{row['gpu']} x{gpus}",
+        devices=gpus,
+        device=device_config(preset, matmul_efficiency),
+        levels=[node, network],
+    )
+    return build_cluster(data)
 
 
 def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
     """The problem and fixed plan a CSV row describes (``matmul_efficiency``: see
-    :func:`load_device`)."""
-    preset, cluster_preset = _gpu_defaults(row["gpu"])
+    :func:`device_config`)."""
+    _gpu_defaults(row["gpu"])  # an unknown GPU is the first thing a row is refused for
     heads = _int(row, "heads")
     seq = _int(row, "seq")
     spec = ModelSpec(
@@ -195,20 +194,7 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         num_experts=_count(row, "num_experts", 1),
         top_k=_count(row, "top_k", 1),
     )
-    gpus = _int(row, "gpus")
-    if gpus % NODE_GPUS:
-        raise UserError(f"gpus={gpus} is not a multiple of {NODE_GPUS} GPUs per node")
-    node, network = preset_levels(cluster_preset)
-    nvlink_gbps = _float(row, "nvlink_gbps", float(node["bw_gbps"]))
-    network_gbps = _float(row, "network_gbps", float(network["bw_gbps"]))
-    cluster = Cluster(
-        name=f"{row['gpu']} x{gpus}",
-        device=load_device(preset, matmul_efficiency),
-        levels=(
-            _level(node, NODE_GPUS, nvlink_gbps),
-            _level(network, gpus // NODE_GPUS, network_gbps),
-        ),
-    )
+    cluster = build_row_cluster(row, matmul_efficiency)
     tp = _int(row, "tp")
     sp = _flag(row.get("sequence_parallel"), tp > 1)
     mbs = _int(row, "microbatch", 1)

@@ -16,7 +16,9 @@ Two pieces of arithmetic are shared by :mod:`nest.cost.collectives` (a hierarchy
 
 import numpy as np
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+from nest.core.axes import CollectiveOp
+
+OPS = tuple(CollectiveOp)
 """The collectives the cost model prices."""
 
 
@@ -25,12 +27,12 @@ def ring_forms(op: str, k: np.ndarray, bw, alpha) -> tuple[np.ndarray, np.ndarra
     collectives (module docstring) with per-level bandwidth ``bw`` (bytes/s) and latency
     ``alpha`` (s): the cost model's levels in :func:`nest.cost.collectives.linear_forms`, a
     graph's floor figures in :func:`nest.graph.floors.floor_forms`."""
-    if op not in OPS or op == "all_to_all":
-        raise ValueError(f"unknown ring collective {op!r}; one of {OPS[:3]}")
+    if op not in OPS or op == CollectiveOp.ALL_TO_ALL:
+        raise ValueError(f"unknown ring collective {op!r}; one of {[o.value for o in OPS[:3]]}")
     below = np.cumprod(np.hstack([np.ones((len(k), 1)), k[:, :-1]]), axis=1)  # prod_{j<l} k_j
     a = ((k - 1) / k / below / bw).sum(axis=1)
     c = ((k - 1) * alpha).sum(axis=1)
-    return (2 * a, 2 * c) if op == "all_reduce" else (a, c)
+    return (2 * a, 2 * c) if op == CollectiveOp.ALL_REDUCE else (a, c)
 
 
 def affine_time_s(a, c, n_bytes):

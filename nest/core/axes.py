@@ -6,6 +6,7 @@ means that axis is disabled.
 """
 
 from enum import StrEnum
+from typing import Literal
 
 
 class Axis(StrEnum):
@@ -30,15 +31,57 @@ class Recompute(StrEnum):
     FULL = "full"  # keep only each layer's input; recompute its forward in the backward pass
 
 
+def parse_recompute_modes(values) -> tuple[Recompute, ...]:
+    """``solver.recompute`` as modes, or a one-line error naming the value and the choices."""
+    from nest.core.errors import UserError
+
+    try:
+        return tuple(Recompute(m) for m in values)
+    except ValueError:
+        raise UserError(
+            f"solver.recompute={list(values)}; use values of {[r.value for r in Recompute]}"
+        ) from None
+
+
 class Schedule(StrEnum):
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"  # interleaved 1F1B with v virtual stages per device (SC21 §2.2.2)
     GPIPE = "gpipe"
 
 
+ZeroStage = Literal[0, 1, 2, 3]
+"""ZeRO stage (Rajbhandari et al. SC20): 0 plain data parallelism; 1 optimizer state sharded;
+2 also the gradients; 3 also the weights."""
+
+
+class CollectiveOp(StrEnum):
+    """The collectives the cost model prices (nest/cost/collectives.py)."""
+
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+
+
+class GroupKind(StrEnum):
+    """The communicator groups of one pipeline rank (nest/cost/groups.py)."""
+
+    TP = "tp"  # tensor ranks of one (replica, context rank)
+    CP = "cp"  # context ranks of one (replica, tensor rank)
+    EP = "ep"  # expert ranks, carved out of the cp x dp ranks
+    DENSE_DP = "dense_dp"  # replicas of the dense weights: the dp x cp ranks of a tensor rank
+    EXPERT_DP = "expert_dp"  # replicas of the experts: dp x cp / ep ranks
+
+
 class Optimizer(StrEnum):
     ADAM = "adam"  # mixed precision: fp32 master weights, m and v (12 bytes/param)
     SGD = "sgd"  # no optimizer state, as the NEST artifact's scripts use
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` in increasing order, 1 and ``n`` included: the degrees an axis of
+    ``n`` ranks (or a batch of ``n`` sequences) can be split into."""
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 class LayerKind(StrEnum):

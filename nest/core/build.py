@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from nest.core.axes import Recompute, Schedule, parse_rank_order
 from nest.core.errors import UserError
 from nest.core.layers import Shard
-from nest.core.plan import Plan, make_structured_plan, uniform_partition
+from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.core.problem import Problem
 
 
@@ -115,21 +115,7 @@ def build_plan(problem: Problem, settings: "PlanSettings") -> Plan:
     cover the chain); whether it fits in memory is the evaluator's call.
     """
     s = settings
-    for key in ("tp", "pp", "cp", "ep", "virtual_stages"):
-        value = getattr(s, key)
-        if not isinstance(value, int) or value < 1:
-            raise UserError(f"solver.{key}={value!r} must be a positive integer")
-    if s.dp is not None and (not isinstance(s.dp, int) or s.dp < 1):
-        raise UserError(
-            f"solver.dp={s.dp!r} must be a positive integer (or null for the remaining devices)"
-        )
-    if s.microbatch_size is not None and (
-        not isinstance(s.microbatch_size, int) or s.microbatch_size < 1
-    ):
-        raise UserError(
-            f"solver.microbatch_size={s.microbatch_size!r} must be a positive integer (or "
-            "null for the first of training.microbatch_sizes)"
-        )
+    _check_sizes(s)
     n = problem.cluster.num_devices
     width = s.tp * s.cp * s.pp
     if width > n:
@@ -162,6 +148,50 @@ def build_plan(problem: Problem, settings: "PlanSettings") -> Plan:
         ) from None
     n_chunks = s.pp * s.virtual_stages
     counts = chunk_layer_counts(problem.model.spec.layers, n_chunks, _as_list(s.layer_partition))
+    recompute = _recompute_modes(s, n_chunks)
+    config = ParallelConfig(
+        tp=s.tp,
+        cp=s.cp,
+        ep=s.ep,
+        dp=dp,
+        pp=s.pp,
+        microbatch_size=mbs,
+        zero_stage=s.zero_stage,
+        schedule=schedule,
+        virtual_stages=s.virtual_stages,
+        rank_order=parse_rank_order(s.rank_order),
+    )
+    return make_structured_plan(
+        config,
+        layer_counts=counts,
+        recompute=recompute,
+        num_microbatches=training.global_batch // (mbs * dp),
+        sequence_parallel=bool(sp),
+    )
+
+
+def _check_sizes(s: "PlanSettings") -> None:
+    """The degrees, ``dp`` and the microbatch size are positive integers (or null where
+    allowed)."""
+    for key in ("tp", "pp", "cp", "ep", "virtual_stages"):
+        value = getattr(s, key)
+        if not isinstance(value, int) or value < 1:
+            raise UserError(f"solver.{key}={value!r} must be a positive integer")
+    if s.dp is not None and (not isinstance(s.dp, int) or s.dp < 1):
+        raise UserError(
+            f"solver.dp={s.dp!r} must be a positive integer (or null for the remaining devices)"
+        )
+    if s.microbatch_size is not None and (
+        not isinstance(s.microbatch_size, int) or s.microbatch_size < 1
+    ):
+        raise UserError(
+            f"solver.microbatch_size={s.microbatch_size!r} must be a positive integer (or "
+            "null for the first of training.microbatch_sizes)"
+        )
+
+
+def _recompute_modes(s: "PlanSettings", n_chunks: int) -> list[Recompute]:
+    """One recompute mode per chunk: ``solver.recompute`` given once or per chunk."""
     modes = _as_list(s.recompute) or ["none"]
     if len(modes) == 1:
         modes = modes * n_chunks
@@ -175,19 +205,4 @@ def build_plan(problem: Problem, settings: "PlanSettings") -> Plan:
         raise UserError(
             f"solver.recompute={s.recompute!r}; use {[r.value for r in Recompute]}"
         ) from None
-    return make_structured_plan(
-        tp=s.tp,
-        cp=s.cp,
-        ep=s.ep,
-        dp=dp,
-        pp=s.pp,
-        layer_counts=counts,
-        recompute=recompute,
-        microbatch_size=mbs,
-        num_microbatches=training.global_batch // (mbs * dp),
-        zero_stage=s.zero_stage,
-        schedule=schedule,
-        virtual_stages=s.virtual_stages,
-        sequence_parallel=bool(sp),
-        rank_order=parse_rank_order(s.rank_order),
-    )
+    return recompute

@@ -19,6 +19,8 @@ from typing import Protocol
 
 import numpy as np
 
+from nest.core.axes import CollectiveOp
+
 UNPRICED = -1.0
 """Marks a form a class does not carry (the all-to-all of a kind that never runs one)."""
 
@@ -37,13 +39,13 @@ class GroupClass:
 
     def form(self, op: str) -> tuple[float, float]:
         """``(a, c)`` of collective ``op`` on this group."""
-        if op == "all_to_all":
+        if op == CollectiveOp.ALL_TO_ALL:
             if self.a2a_a == UNPRICED:
                 raise AssertionError("all-to-all priced on a group kind that carries none")
             return self.a2a_a, self.a2a_c
-        if op == "all_reduce":
+        if op == CollectiveOp.ALL_REDUCE:
             return 2.0 * self.rs_a, 2.0 * self.rs_c
-        if op in ("all_gather", "reduce_scatter"):
+        if op in (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER):
             return self.rs_a, self.rs_c
         raise ValueError(f"unknown collective {op!r}")
 
@@ -60,7 +62,7 @@ class LinkClass:
 def class_forms(op: str, classes) -> tuple[np.ndarray, np.ndarray]:
     """``(a, c)`` arrays of ``op`` over a sequence of :class:`GroupClass` (the graph's
     counterpart of :func:`nest.cost.collectives.linear_forms`)."""
-    if op == "all_to_all" and any(cls.a2a_a == UNPRICED for cls in classes):
+    if op == CollectiveOp.ALL_TO_ALL and any(cls.a2a_a == UNPRICED for cls in classes):
         # the group kind carries no all-to-all (RankGroups tabulates every op up front): NaN, so
         # a stray use cannot pass for a cost
         nan = np.full(len(classes), np.nan)

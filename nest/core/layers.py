@@ -38,7 +38,7 @@ Sources:
 from dataclasses import dataclass, field
 from math import ceil
 
-from nest.core.axes import LayerKind, Recompute
+from nest.core.axes import CollectiveOp, GroupKind, LayerKind, Recompute
 from nest.core.hardware import Device
 from nest.core.kernels import attention_time_s, gemm_time_s
 from nest.core.model import LayerRef, ModelSpec, build_chain
@@ -71,9 +71,8 @@ class Collective:
     the last of ``num_splits`` chunks of a pipelined reduce-scatter). The defaults charge it all.
     """
 
-    op: str
-    """``all_reduce``, ``all_gather``, ``reduce_scatter`` or ``all_to_all``."""
-    axis: str
+    op: CollectiveOp
+    axis: GroupKind
     """Group it runs over: ``tp``, ``cp`` or ``ep``."""
     n_bytes: float
     hidden_by_s: float = 0.0
@@ -164,13 +163,22 @@ class AnalyticModel:
     """
 
     def __init__(
-        self, spec: ModelSpec, *, flash_attention: bool = False, overlap: Overlap | None = None
+        self,
+        spec: ModelSpec,
+        *,
+        flash_attention: bool = False,
+        overlap: Overlap | None = None,
+        seq_len_source: str = "model.seq_len",
+        notes: tuple[str, ...] = (),
     ) -> None:
         self.spec = spec
         self.flash_attention = flash_attention
         self.overlap = overlap or Overlap()
         self.chain: tuple[LayerRef, ...] = build_chain(spec)
-        self.notes: tuple[str, ...] = ()
+        self.seq_len_source = seq_len_source
+        """Where ``spec.seq_len`` came from (``LayerModel.seq_len_source``)."""
+        self.notes = tuple(notes)
+        """Remarks the run summary prints (e.g. a Hugging Face config's defaults)."""
         self._cache: dict = {}
 
     @property
@@ -382,9 +390,15 @@ class AnalyticModel:
         tp_fwd: list[Collective] = []
         tp_bwd: list[Collective] = []
         if t > 1:
-            tp_fwd.append(Collective("reduce_scatter" if sp else "all_reduce", "tp", x_bytes))
+            tp_fwd.append(
+                Collective(
+                    CollectiveOp.REDUCE_SCATTER if sp else CollectiveOp.ALL_REDUCE,
+                    GroupKind.TP,
+                    x_bytes,
+                )
+            )
             if sp:  # the backward of a reduce-scatter is an all-gather
-                tp_bwd.append(Collective("all_gather", "tp", x_bytes))
+                tp_bwd.append(Collective(CollectiveOp.ALL_GATHER, GroupKind.TP, x_bytes))
         return LayerCost(
             dense_params=sharded / t + replicated,
             fwd_flops=0.0,
@@ -412,10 +426,16 @@ class AnalyticModel:
         tp_bwd: list[Collective] = []
         if t > 1:
             if sp:
-                tp_fwd.append(Collective("all_gather", "tp", x_bytes))
-            tp_bwd.append(Collective("reduce_scatter" if sp else "all_reduce", "tp", x_bytes))
+                tp_fwd.append(Collective(CollectiveOp.ALL_GATHER, GroupKind.TP, x_bytes))
+            tp_bwd.append(
+                Collective(
+                    CollectiveOp.REDUCE_SCATTER if sp else CollectiveOp.ALL_REDUCE,
+                    GroupKind.TP,
+                    x_bytes,
+                )
+            )
             # vocab-parallel cross entropy: max, sum of exponentials, target logit
-            tp_fwd += [Collective("all_reduce", "tp", 4.0 * s_loc * b)] * 3
+            tp_fwd += [Collective(CollectiveOp.ALL_REDUCE, GroupKind.TP, 4.0 * s_loc * b)] * 3
         return LayerCost(
             dense_params=sharded / t + replicated,
             tied_copy_params=tied / t,
@@ -567,7 +587,13 @@ class AnalyticModel:
         ov = self.overlap
         slow = COMM_SMS / (device.sm_count - COMM_SMS) if device.sm_count > COMM_SMS else 0.0
 
-        def coll(op: str, axis: str, n_bytes: float, hidden_s: float = 0.0, least: float = 0.0):
+        def coll(
+            op: CollectiveOp,
+            axis: GroupKind,
+            n_bytes: float,
+            hidden_s: float = 0.0,
+            least: float = 0.0,
+        ):
             return Collective(op, axis, n_bytes, hidden_s, least, slow if hidden_s > 0 else 0.0)
 
         tp_fwd: list[Collective] = []
@@ -581,25 +607,33 @@ class AnalyticModel:
                 f2, b2 = fwd_of[second]
                 # backward halves of each GEMM: data gradient first, then weight gradient
                 tp_fwd += [
-                    coll("all_gather", "tp", x_bytes, hide(f1)),
-                    coll("reduce_scatter", "tp", x_bytes, hide(f2), last if on else 0.0),
+                    coll(CollectiveOp.ALL_GATHER, GroupKind.TP, x_bytes, hide(f1)),
+                    coll(
+                        CollectiveOp.REDUCE_SCATTER,
+                        GroupKind.TP,
+                        x_bytes,
+                        hide(f2),
+                        last if on else 0.0,
+                    ),
                 ]
                 tp_bwd += [
-                    coll("all_gather", "tp", x_bytes, hide(b2 / 2)),
-                    coll("reduce_scatter", "tp", x_bytes, hide(b1 / 2)),
+                    coll(CollectiveOp.ALL_GATHER, GroupKind.TP, x_bytes, hide(b2 / 2)),
+                    coll(CollectiveOp.REDUCE_SCATTER, GroupKind.TP, x_bytes, hide(b1 / 2)),
                 ]
         elif t > 1:
-            tp_fwd += [Collective("all_reduce", "tp", x_bytes)] * 2  # attention and MLP
-            tp_bwd += [Collective("all_reduce", "tp", x_bytes)] * 2
+            tp_fwd += [
+                Collective(CollectiveOp.ALL_REDUCE, GroupKind.TP, x_bytes)
+            ] * 2  # attention and MLP
+            tp_bwd += [Collective(CollectiveOp.ALL_REDUCE, GroupKind.TP, x_bytes)] * 2
         cp_fwd: list[Collective] = []
         cp_bwd: list[Collective] = []
         if c > 1:
             kv_bytes = p * s * b * 2 * m.kv_dim / t  # K and V of the whole sequence
             share = (c - 1) / c if ov.cp else 0.0
-            cp_fwd.append(coll("all_gather", "cp", kv_bytes, share * attn_s))
+            cp_fwd.append(coll(CollectiveOp.ALL_GATHER, GroupKind.CP, kv_bytes, share * attn_s))
             cp_bwd += [  # the backward's attention is twice the forward's
-                coll("all_gather", "cp", kv_bytes, share * attn_s),
-                coll("reduce_scatter", "cp", kv_bytes, share * attn_s),
+                coll(CollectiveOp.ALL_GATHER, GroupKind.CP, kv_bytes, share * attn_s),
+                coll(CollectiveOp.REDUCE_SCATTER, GroupKind.CP, kv_bytes, share * attn_s),
             ]
         ep_fwd: list[Collective] = []
         ep_bwd: list[Collective] = []
@@ -609,6 +643,8 @@ class AnalyticModel:
             attn_bwd = fwd_of["qkv"][1] + fwd_of["proj"][1] + 2.0 * attn_s
             hide_f = attn_fwd / 2 if ov.ep else 0.0
             hide_b = attn_bwd / 2 if ov.ep else 0.0
-            ep_fwd = [coll("all_to_all", "ep", a2a_bytes, hide_f)] * 2  # dispatch, combine
-            ep_bwd = [coll("all_to_all", "ep", a2a_bytes, hide_b)] * 2
+            ep_fwd = [
+                coll(CollectiveOp.ALL_TO_ALL, GroupKind.EP, a2a_bytes, hide_f)
+            ] * 2  # dispatch, combine
+            ep_bwd = [coll(CollectiveOp.ALL_TO_ALL, GroupKind.EP, a2a_bytes, hide_b)] * 2
         return tuple(tp_fwd + cp_fwd + ep_fwd), tuple(tp_bwd + cp_bwd + ep_bwd)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from nest.core.axes import Axis, Recompute, Schedule
+from nest.core.axes import Axis, GroupKind, Recompute, Schedule, ZeroStage
 from nest.core.errors import UserError
 from nest.core.layers import Shard
 
@@ -66,7 +66,7 @@ class ParallelConfig:
     """Pipeline ranks (devices along the pipeline)."""
     microbatch_size: int = 1
     """Sequences per microbatch."""
-    zero_stage: int = 0
+    zero_stage: ZeroStage = 0
     """0: plain DP; 1: optimizer state sharded (distributed optimizer); 2: + gradients;
     3: + weights."""
     schedule: Schedule = Schedule.ONE_F_ONE_B
@@ -222,7 +222,7 @@ def place(
     return offset + p + d + c + t
 
 
-GROUP_KINDS = ("tp", "cp", "ep", "dense_dp", "expert_dp")
+GROUP_KINDS = tuple(GroupKind)
 """The kinds of communication group of a pipeline rank (:func:`group_arrays`; what each carries
 and how its collectives are priced: :mod:`nest.cost.groups`)."""
 
@@ -236,11 +236,11 @@ def group_arrays(devices, ep: int) -> dict[str, np.ndarray]:
     flat = devices.reshape(dp * cp, tp)  # row j = replica * cp + context rank
     blocks = flat.reshape(dp * cp // ep, ep, tp)
     return {
-        "tp": flat,
-        "cp": devices.transpose(0, 2, 1).reshape(-1, cp),
-        "ep": blocks.transpose(0, 2, 1).reshape(-1, ep),
-        "dense_dp": flat.T,
-        "expert_dp": blocks.transpose(1, 2, 0).reshape(-1, dp * cp // ep),
+        GroupKind.TP: flat,
+        GroupKind.CP: devices.transpose(0, 2, 1).reshape(-1, cp),
+        GroupKind.EP: blocks.transpose(0, 2, 1).reshape(-1, ep),
+        GroupKind.DENSE_DP: flat.T,
+        GroupKind.EXPERT_DP: blocks.transpose(1, 2, 0).reshape(-1, dp * cp // ep),
     }
 
 
@@ -253,34 +253,27 @@ def uniform_partition(num_layers: int, parts: int) -> list[int]:
 
 
 def make_structured_plan(
+    config: ParallelConfig,
     *,
-    tp: int,
-    cp: int,
-    ep: int,
-    dp: int,
-    pp: int,
     layer_counts: Sequence[int],
     recompute: Sequence[Recompute],
-    microbatch_size: int,
     num_microbatches: int,
-    zero_stage: int,
-    schedule: Schedule,
-    virtual_stages: int,
     sequence_parallel: bool,
-    rank_order: Sequence[Axis] | None,
     offset: int = 0,
     grid: np.ndarray | None = None,
 ) -> Plan:
-    """Build a plan from degrees, chunk layer counts (chain order) and a rank order, or an
-    explicit placement ``grid[pp][dp][cp][tp] -> device`` (then ``rank_order`` may be None)."""
-    n_chunks = pp * virtual_stages
+    """Build a plan from a configuration, chunk layer counts (chain order) and the placement of
+    ``config.rank_order``, or an explicit placement ``grid[pp][dp][cp][tp] -> device`` (then the
+    rank order may be None)."""
+    c = config
+    n_chunks = c.pp * c.virtual_stages
     if len(layer_counts) != n_chunks or len(recompute) != n_chunks:
         raise UserError(
             f"need {n_chunks} layer counts and recompute modes (pp x virtual_stages), got "
             f"{len(layer_counts)} and {len(recompute)}"
         )
     if grid is None:
-        grid = place(tp=tp, cp=cp, dp=dp, pp=pp, rank_order=rank_order, offset=offset)
+        grid = place(tp=c.tp, cp=c.cp, dp=c.dp, pp=c.pp, rank_order=c.rank_order, offset=offset)
     stages, first = [], 0
     for k, count in enumerate(layer_counts):
         if count < 1:
@@ -291,25 +284,14 @@ def make_structured_plan(
                 last_layer=first + count - 1,
                 recompute=Recompute(recompute[k]),
                 devices=tuple(
-                    tuple(tuple(int(x) for x in row) for row in rep) for rep in grid[k % pp]
+                    tuple(tuple(int(x) for x in row) for row in rep) for rep in grid[k % c.pp]
                 ),
             )
         )
         first += count
     return Plan(
-        config=ParallelConfig(
-            tp=tp,
-            cp=cp,
-            ep=ep,
-            dp=dp,
-            pp=pp,
-            microbatch_size=microbatch_size,
-            zero_stage=zero_stage,
-            schedule=Schedule(schedule),
-            virtual_stages=virtual_stages,
-            rank_order=None if rank_order is None else tuple(rank_order),
-        ),
+        config=c,
         num_microbatches=num_microbatches,
-        sequence_parallel=sequence_parallel and tp > 1,
+        sequence_parallel=sequence_parallel and c.tp > 1,
         stages=tuple(stages),
     )

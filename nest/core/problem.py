@@ -33,7 +33,11 @@ class LayerModel(Protocol):
     chain: tuple[LayerRef, ...]
     """Embedding, transformer blocks, head."""
     notes: tuple[str, ...]
-    """Remarks the run summary prints (e.g. how a profile was converted)."""
+    """Remarks the run summary prints (e.g. how a profile was converted); ``()`` by default."""
+    seq_len_source: str
+    """The rule that gave the training length, printed in the summary and written to
+    report.json: ``"model.seq_len"`` (given) by default, else e.g. a Hugging Face config's field
+    (nest/app/hf.py), ``"the profile file"`` or ``"not given"``."""
 
     @property
     def name(self) -> str: ...
@@ -72,28 +76,36 @@ OPTIMIZER_STATE_BYTES_PER_PARAM = {
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Training:
-    """Training settings of one iteration."""
+    """Training settings of one iteration. The defaults here are the only ones: the config
+    schema (:class:`nest.app.config.TrainingConfig`) and ``conf/training/default.yaml`` take
+    them from this class."""
 
     global_batch: int
     """Sequences per iteration (all replicas together)."""
     microbatch_sizes: tuple[int, ...] = (1,)
     """Candidate microbatch sizes (sequences) a planner may choose from."""
     optimizer: Optimizer = Optimizer.ADAM
+    """``adam`` (16 bytes per parameter with bf16 gradients) or ``sgd`` (no state, as the NEST
+    artifact)."""
     grad_bytes: int = 2
     """Bytes per gradient element (2: bf16 gradients as in ZeRO's 16 bytes/param; 4: fp32)."""
-    overlap_grad_sync: bool = False
-    """DP gradient synchronisation of a stage may overlap its last backward pass."""
+    overlap_grad_sync: bool = True
+    """DP gradient synchronisation of a stage may overlap its last backward pass (Megatron-Core
+    ``--overlap-grad-reduce``)."""
     sequence_parallel: bool = True
     """Use sequence parallelism whenever tp > 1 (Korthikanti et al.)."""
     flash_attention: bool = True
     """Fused attention that keeps no ``s x s`` scores (Dao et al. 2022); False reproduces the
     activation inventory of Korthikanti et al. 2022."""
-    tp_comm_overlap: bool = False
-    """Megatron-Core's ``--tp-comm-overlap`` (:class:`nest.core.layers.Overlap`)."""
-    cp_comm_overlap: bool = False
-    """Context parallelism's ring exchange under the attention (TE ``cp_comm_type=p2p``)."""
+    tp_comm_overlap: bool = True
+    """TP all-gathers / reduce-scatters under their GEMMs: Megatron-Core's
+    ``--tp-comm-overlap`` (:class:`nest.core.layers.Overlap`; needs sequence parallelism)."""
+    cp_comm_overlap: bool = True
+    """Context parallelism's K/V ring exchange under the attention (Transformer Engine
+    ``cp_comm_type=p2p``)."""
     ep_comm_overlap: bool = False
-    """Megatron-Core's ``--overlap-moe-expert-parallel-comm``."""
+    """MoE all-to-all under another microbatch's compute: Megatron-Core's
+    ``--overlap-moe-expert-parallel-comm``."""
 
     @property
     def overlap(self) -> Overlap:

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from nest.core.alphabeta import affine_time_s, ring_forms
+from nest.core.axes import CollectiveOp
 from nest.core.fabric import GroupClass, LinkClass, class_forms
 from nest.core.topology import Cluster
 
@@ -53,7 +54,7 @@ def linear_forms(op: str, splits, cluster: Cluster) -> tuple[np.ndarray, np.ndar
     k = np.asarray(splits, dtype=float).reshape(-1, cluster.num_levels)
     bw = np.array([cluster.path_bw_bytes_per_s(lv) for lv in range(cluster.num_levels)])
     alpha = np.array([lv.latency_s for lv in cluster.levels])
-    if op == "all_to_all":
+    if op == CollectiveOp.ALL_TO_ALL:
         below = np.cumprod(np.hstack([np.ones((len(k), 1)), k[:, :-1]]), axis=1)
         crossing = below * (k - 1)  # peers first reached at each level
         return (crossing / k.prod(axis=1)[:, None] / bw).sum(axis=1), (crossing * alpha).sum(axis=1)
@@ -79,29 +80,29 @@ def reduce_scatter_time_s(n_bytes: float, factors: Factors, cluster: Cluster) ->
 
     ``factors`` is :meth:`Cluster.group_factors` of the group. Returns seconds.
     """
-    return split_time_s("reduce_scatter", n_bytes, factors, cluster)
+    return split_time_s(CollectiveOp.REDUCE_SCATTER, n_bytes, factors, cluster)
 
 
 def all_gather_time_s(n_bytes: float, factors: Factors, cluster: Cluster) -> float:
     """Hierarchical all-gather producing ``n_bytes`` on every member, seconds."""
-    return split_time_s("all_gather", n_bytes, factors, cluster)
+    return split_time_s(CollectiveOp.ALL_GATHER, n_bytes, factors, cluster)
 
 
 def all_reduce_time_s(n_bytes: float, factors: Factors, cluster: Cluster) -> float:
     """Hierarchical all-reduce of ``n_bytes`` (reduce-scatter up, all-gather down), seconds."""
-    return split_time_s("all_reduce", n_bytes, factors, cluster)
+    return split_time_s(CollectiveOp.ALL_REDUCE, n_bytes, factors, cluster)
 
 
 def all_to_all_time_s(n_bytes: float, factors: Factors, cluster: Cluster) -> float:
     """All-to-all where each member sends ``n_bytes`` in total (``n_bytes/n`` to each member)."""
-    return split_time_s("all_to_all", n_bytes, factors, cluster)
+    return split_time_s(CollectiveOp.ALL_TO_ALL, n_bytes, factors, cluster)
 
 
 COLLECTIVE_TIME = {
-    "all_reduce": all_reduce_time_s,
-    "all_gather": all_gather_time_s,
-    "reduce_scatter": reduce_scatter_time_s,
-    "all_to_all": all_to_all_time_s,
+    CollectiveOp.ALL_REDUCE: all_reduce_time_s,
+    CollectiveOp.ALL_GATHER: all_gather_time_s,
+    CollectiveOp.REDUCE_SCATTER: reduce_scatter_time_s,
+    CollectiveOp.ALL_TO_ALL: all_to_all_time_s,
 }
 
 
@@ -110,7 +111,7 @@ def collective_time_s(op: str, n_bytes: float, group: Sequence[int], cluster: Cl
     if len(group) <= 1:
         return 0.0
     if cluster.network is not None:  # one group alone on a graph
-        (cls,) = cluster.network.group_classes([group], all_to_all=op == "all_to_all")
+        (cls,) = cluster.network.group_classes([group], all_to_all=op == CollectiveOp.ALL_TO_ALL)
         return split_time_s(op, n_bytes, cls, cluster)
     return split_time_s(op, n_bytes, cluster.group_factors(group), cluster)
 

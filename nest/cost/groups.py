@@ -26,13 +26,14 @@ from collections.abc import Iterable
 import numpy as np
 
 from nest.core.alphabeta import OPS
+from nest.core.axes import GroupKind
 from nest.core.layers import Collective
 from nest.core.plan import group_arrays
 from nest.core.topology import Cluster
 from nest.cost.collectives import linear_forms
 from nest.cost.compute import exposed_s
 
-AXES = ("tp", "cp", "ep")
+AXES = (GroupKind.TP, GroupKind.CP, GroupKind.EP)
 """The kinds that carry a layer's own collectives (:attr:`nest.core.layers.Collective.axis`)."""
 
 
@@ -92,7 +93,7 @@ class RankGroups:
             if arr.shape[1] > 1 and self.cluster.network is not None:
                 # cost classes of all the kind's groups at once (they share links); never the
                 # translated level splits, which only a tree's symmetry makes equal
-                got = self.cluster.network.group_classes(arr, all_to_all=kind == "ep")
+                got = self.cluster.network.group_classes(arr, all_to_all=kind == GroupKind.EP)
             else:
                 got = distinct_splits(arr, self.cluster)
             self._splits[kind] = got

@@ -27,16 +27,25 @@ evaluator calls it on one stage, the DP on a row of candidate stages, the bounds
 parameter.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from nest.core.axes import CollectiveOp, GroupKind, ZeroStage
 from nest.cost.groups import RankGroups
+
+
+def per_param(term: Callable, *args) -> tuple[float, float]:
+    """``term(dense, expert, *args)``'s coefficients per dense and per expert parameter: every
+    :class:`ModelState` term below is linear in the two counts, so searches that price many
+    stages multiply these instead of calling the term."""
+    return term(1.0, 0.0, *args), term(0.0, 1.0, *args)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelState:
     """The state terms of one configuration (module docstring)."""
 
-    zero_stage: int
+    zero_stage: ZeroStage
     dense_replicas: int
     """Ranks holding the same dense weights: ``dp x cp``."""
     expert_replicas: int
@@ -84,6 +93,11 @@ class ModelState:
             + self.optimizer_bytes(dense, expert)
         )
 
+    def state_bytes_per_param(self) -> tuple[float, float]:
+        """Bytes one device keeps per dense and per expert parameter: :meth:`state_bytes`'s
+        coefficients under this ZeRO stage and these replica counts."""
+        return per_param(self.state_bytes)
+
     def gathered_bytes(self, dense, expert):
         """ZeRO-3: a layer's weights gathered beyond the device's own shard while it runs
         (0 below stage 3)."""
@@ -108,15 +122,15 @@ class ModelState:
         (dense including a tied-embedding copy), seconds."""
         g, p = self.grad_bytes, self.param_bytes
         if self.zero_stage == 0:
-            return groups.time_s("all_reduce", g * dense, "dense_dp") + groups.time_s(
-                "all_reduce", g * expert, "expert_dp"
-            )
+            return groups.time_s(
+                CollectiveOp.ALL_REDUCE, g * dense, GroupKind.DENSE_DP
+            ) + groups.time_s(CollectiveOp.ALL_REDUCE, g * expert, GroupKind.EXPERT_DP)
         if self.zero_stage in (1, 2):
             return (
-                groups.time_s("reduce_scatter", g * dense, "dense_dp")
-                + groups.time_s("all_gather", p * dense, "dense_dp")
-                + groups.time_s("reduce_scatter", g * expert, "expert_dp")
-                + groups.time_s("all_gather", p * expert, "expert_dp")
+                groups.time_s(CollectiveOp.REDUCE_SCATTER, g * dense, GroupKind.DENSE_DP)
+                + groups.time_s(CollectiveOp.ALL_GATHER, p * dense, GroupKind.DENSE_DP)
+                + groups.time_s(CollectiveOp.REDUCE_SCATTER, g * expert, GroupKind.EXPERT_DP)
+                + groups.time_s(CollectiveOp.ALL_GATHER, p * expert, GroupKind.EXPERT_DP)
             )
         return 0.0 * (dense + expert)  # ZeRO-3 reduce-scatters every microbatch
 
@@ -127,10 +141,10 @@ class ModelState:
             zero = 0.0 * (dense + expert)
             return zero, zero
         p, g = self.param_bytes, self.grad_bytes
-        gather = groups.time_s("all_gather", p * dense, "dense_dp") + groups.time_s(
-            "all_gather", p * expert, "expert_dp"
-        )
-        scatter = groups.time_s("reduce_scatter", g * dense, "dense_dp") + groups.time_s(
-            "reduce_scatter", g * expert, "expert_dp"
-        )
+        gather = groups.time_s(
+            CollectiveOp.ALL_GATHER, p * dense, GroupKind.DENSE_DP
+        ) + groups.time_s(CollectiveOp.ALL_GATHER, p * expert, GroupKind.EXPERT_DP)
+        scatter = groups.time_s(
+            CollectiveOp.REDUCE_SCATTER, g * dense, GroupKind.DENSE_DP
+        ) + groups.time_s(CollectiveOp.REDUCE_SCATTER, g * expert, GroupKind.EXPERT_DP)
         return gather, gather + scatter

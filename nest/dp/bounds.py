@@ -76,8 +76,8 @@ floors.
 **Memory floor** (:meth:`Floors.memory_floor_bytes`; configurations above the device's memory are
 skipped, as no plan of theirs fits). A rank needs ``state(D_r, X_r) + f_r A_r + T_r + reserve``
 (:mod:`nest.cost.memory`): ``state`` linear in its parameters
-(:meth:`ModelState.state_bytes`, so ``state(1, 0)`` and ``state(0, 1)`` are its per-parameter
-coefficients), ``f_r >= 1`` in-flight
+(:meth:`ModelState.state_bytes`, with per-parameter coefficients
+:meth:`ModelState.state_bytes_per_param`), ``f_r >= 1`` in-flight
 microbatches, ``A_r`` its stored activations, ``T_r >= 0`` its largest transient buffer. Each
 layer stores at least its least-storing allowed mode's activations and holds at least its
 least transient. So the peak rank needs at least the average over ranks,
@@ -94,7 +94,7 @@ from itertools import product
 import numpy as np
 
 from nest.core.alphabeta import OPS
-from nest.core.axes import LayerKind, Recompute, Schedule
+from nest.core.axes import GroupKind, LayerKind, Recompute, Schedule
 from nest.core.layers import Collective, Shard
 from nest.core.problem import Problem
 from nest.cost.collectives import floor_forms, p2p_floor_s
@@ -102,7 +102,7 @@ from nest.cost.compute import bwd_collectives, exposed_s, fwd_collectives, recom
 from nest.cost.groups import collectives_time_s, split_forms
 from nest.cost.memory import peak_bytes, stored_bytes
 from nest.cost.pipeline import in_flight_microbatches
-from nest.cost.state import ModelState
+from nest.cost.state import ModelState, per_param
 from nest.dp.space import Family, interleaved_chunks
 
 
@@ -206,12 +206,9 @@ class Floors:
             state = self.state(dp, cp, ep, zero)
             hbm = self.cluster.device.hbm_bw_bytes_per_s
             got = self._min_cache[key] = StatePerParam(
-                state_bytes=(state.state_bytes(1.0, 0.0), state.state_bytes(0.0, 1.0)),
-                gathered_bytes=(state.gathered_bytes(1.0, 0.0), state.gathered_bytes(0.0, 1.0)),
-                optimizer_s=(
-                    state.optimizer_step_s(1.0, 0.0, hbm),
-                    state.optimizer_step_s(0.0, 1.0, hbm),
-                ),
+                state_bytes=state.state_bytes_per_param(),
+                gathered_bytes=per_param(state.gathered_bytes),
+                optimizer_s=per_param(state.optimizer_step_s, hbm),
             )
         return got
 
@@ -248,18 +245,22 @@ class Floors:
 
     def groups(self, dp: int, cp: int, ep: int, *, with_latency: bool) -> FloorGroups:
         """Floor groups of the data-parallel kinds (the sizes the configuration gives them)."""
-        sizes = {"dense_dp": dp * cp, "expert_dp": dp * cp // ep}
+        sizes = {GroupKind.DENSE_DP: dp * cp, GroupKind.EXPERT_DP: dp * cp // ep}
         return FloorGroups(self, sizes, with_latency=with_latency)
 
     def _axis_s(self, colls, shard: Shard, tp_splits) -> float:
         """Floor of a layer's collectives, per axis the cheapest group split."""
         total = 0.0
         pairs = [(c, 1) for c in colls]
-        for axis, n in (("tp", shard.tp), ("cp", shard.cp), ("ep", shard.ep)):
+        for axis, n in (
+            (GroupKind.TP, shard.tp),
+            (GroupKind.CP, shard.cp),
+            (GroupKind.EP, shard.ep),
+        ):
             ops = tuple(c for c in colls if c.axis == axis)
             if not ops or n <= 1:
                 continue
-            if axis == "tp" and tp_splits is not None:
+            if axis == GroupKind.TP and tp_splits is not None:
                 total += min(
                     collectives_time_s(pairs, axis, split_forms(f, self.cluster)) for f in tp_splits
                 )

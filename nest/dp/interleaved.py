@@ -77,8 +77,8 @@ class RankChunks:
     """Per-mode costs of the chunks of one rank (first chunk apart, the others grouped)."""
 
     def __init__(self, sm: StageModel, r: int, modes: tuple[Recompute, ...]) -> None:
-        pp, v = sm.config.pp, sm.config.virtual_stages
-        chunks = interleaved_chunks(sm.n_layers, pp, v)
+        pp = sm.config.pp
+        chunks = sm.chunks
         last = len(chunks) - 1
         self.ks = list(range(r, len(chunks), pp))
         self.modes = modes
@@ -93,19 +93,8 @@ class RankChunks:
             self.groups.setdefault(key, []).append(k)
         self.cost = {}  # chunk -> (t, b, act, transient) per mode
         for k in [self.ks[0]] + [ks[0] for ks in self.groups.values()]:
-            i, j = chunks[k]
-            prev = (k - 1) % pp if k > 0 else None
-            nxt = (k + 1) % pp if k < last else None
-            rows = []
-            for mode in modes:
-                fwd, bwd = sm.chunk_times(r, i, j, mode, prev, nxt)
-                act = sm.stored_bytes(i, j, mode)
-                rows.append((fwd + bwd, bwd, act, sm.chain.peak_bytes[mode][i, j]))
-            self.cost[k] = np.array(rows)
-        dense = sum(sm.params(r, *chunks[k])[2] for k in self.ks)
-        expert = sum(sm.params(r, *chunks[k])[1] for k in self.ks)
-        self.sync_s, self.opt_s = sm.rank_sync_opt(r, dense, expert)
-        self.state_bytes = sm.state_bytes(dense, expert)
+            self.cost[k] = np.array([sm.chunk_terms(k, mode) for mode in modes])
+        self.sync_s, self.opt_s, self.state_bytes = sm.interleaved_rank(r)
         self.in_flight = sm.in_flight[r]
 
     def assignments(self):

@@ -72,20 +72,11 @@ def plan_from_choices(problem: Problem, config: ParallelConfig, choices) -> Plan
     """The structured plan of a configuration and its (first, last, mode) stages or chunks."""
     training = problem.training
     return make_structured_plan(
-        tp=config.tp,
-        cp=config.cp,
-        ep=config.ep,
-        dp=config.dp,
-        pp=config.pp,
+        config,
         layer_counts=[j - i + 1 for i, j, _ in choices],
         recompute=[mode for _, _, mode in choices],
-        microbatch_size=config.microbatch_size,
         num_microbatches=training.global_batch // (config.microbatch_size * config.dp),
-        zero_stage=config.zero_stage,
-        schedule=config.schedule,
-        virtual_stages=config.virtual_stages,
         sequence_parallel=training.sequence_parallel,
-        rank_order=config.rank_order,
     )
 
 
@@ -370,8 +361,7 @@ class NestPlanner(SpacePlanner):
             found = solve_one(config, top.incumbent(key), False)
             if found is not None:
                 top.offer(key, found[0], config, found[1])
-        seed_s = top.best[0][0] if top.best else float("inf")
-        seeded_at = time.perf_counter()
+        seed_s, seeded_at = top.best[0][0] if top.best else float("inf"), time.perf_counter()
         solved = 0
         for bound, key, config in configs():
             if bound > top.threshold:
@@ -398,9 +388,8 @@ class NestPlanner(SpacePlanner):
             "time_dp_s": searched - seeded_at,
             "configurations_seeded": seeded,
             "seed_objective_s": seed_s,
+            **({"top_k": top.k} if top.k > 1 else {}),
         }
-        if top.k > 1:
-            search["top_k"] = top.k
         if not top.best:
             need = self._smallest_need_bytes(problem, entries, over, floors, shared)
             raise infeasible_memory(
@@ -411,15 +400,20 @@ class NestPlanner(SpacePlanner):
                 zero_stages=options.zero_stages,
                 recompute=options.recompute,
             )
+        return self._finished(problem, top.best, search, started, stats.stages_scored)
+
+    def _finished(self, problem, best, search, started: float, n_evaluations: int) -> list[Plan]:
+        """The ranked (value, key, config, choices) as plans scored by the evaluator, the first
+        with the search record; a value the evaluator does not confirm is a bug."""
         plans = []
-        for rank, (value_s, _, config, choices) in enumerate(top.best, start=1):
+        for rank, (value_s, _, config, choices) in enumerate(best, start=1):
             plan, report = finish(
                 self.name,
                 problem,
                 plan_from_choices(problem, config, choices),
                 started_s=started,
                 status="optimal" if rank == 1 else "alternative",
-                n_evaluations=stats.stages_scored,
+                n_evaluations=n_evaluations,
                 search=search if rank == 1 else {"rank": rank},
             )
             # The DP's stage model must agree with the evaluator (tested on random plans); a

@@ -178,7 +178,11 @@ def solve_config(
     exact: bool = True,
 ) -> tuple[float, list[tuple[int, int, Recompute]]] | None:
     """Best (objective, [(first, last, mode) per rank]) of this configuration, or None when
-    nothing fits or nothing beats ``incumbent_s``."""
+    nothing fits or nothing beats ``incumbent_s``.
+
+    Long: the search's hot loop (rank, start, end, mode, label), kept in one frame so its
+    bounds and lazily built rows stay locals; split, each level would pass them on per call.
+    """
     pp, n, m = sm.config.pp, sm.n_layers, sm.m
     _, m_coef = pipeline_coefficients(m, Schedule.ONE_F_ONE_B, 1)  # T = S + (m - 1) M + E + O
     min_compute = sm.placed_floor_s(modes)

@@ -57,7 +57,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import permutations
 
-from nest.core.axes import Axis, Recompute, Schedule, parse_rank_order
+from nest.core.axes import (
+    Axis,
+    Recompute,
+    Schedule,
+    divisors,
+    parse_rank_order,
+    parse_recompute_modes,
+)
 from nest.core.errors import UserError
 from nest.core.layers import Shard
 from nest.core.plan import ParallelConfig
@@ -127,13 +134,7 @@ class SpaceOptions:
 
     @property
     def recompute_modes(self) -> tuple[Recompute, ...]:
-        try:
-            return tuple(Recompute(m) for m in self.recompute)
-        except ValueError:
-            raise UserError(
-                f"solver.recompute={list(self.recompute)}; use values of "
-                f"{[r.value for r in Recompute]}"
-            ) from None
+        return parse_recompute_modes(self.recompute)
 
     @property
     def schedule_kinds(self) -> tuple[Schedule, ...]:
@@ -199,10 +200,6 @@ def interleaved_chunks(n_layers: int, pp: int, v: int) -> list[tuple[int, int]]:
     return out
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _restricted(given: Sequence[int] | None, valid: list[int]) -> Sequence[int]:
     """The valid values a restriction lists, in its order (None: every valid value)."""
     return valid if given is None else [v for v in given if v in valid]
@@ -245,12 +242,11 @@ def families(problem: Problem, options: SpaceOptions) -> Iterator[Family]:
     spec = model.spec
     orders = _orders(options)
     kinds = options.schedule_kinds, options.virtual_values
-    batch_divisors = _divisors(training.global_batch)
+    batch_divisors = divisors(training.global_batch)
     # a restriction intersects the space: a listed tp (cp) that does not divide the devices
-    # (devices / tp) is not in it (before: solver.tp=[3] on 8 devices added tp=3, which the
-    # whole space does not hold)
-    for tp in _restricted(options.tp, _divisors(n)):
-        for cp in _restricted(options.cp, _divisors(n // tp)):
+    # (devices / tp) is not in it
+    for tp in _restricted(options.tp, divisors(n)):
+        for cp in _restricted(options.cp, divisors(n // tp)):
             for pp in options.pp or range(1, chain + 1):
                 if pp > chain or tp * cp * pp > n:
                     continue
@@ -258,7 +254,7 @@ def families(problem: Problem, options: SpaceOptions) -> Iterator[Family]:
                 for dp in batch_divisors:
                     if dp > n // (tp * cp * pp):
                         break
-                    eps = options.ep or (_divisors(spec.num_experts) if spec.is_moe else [1])
+                    eps = options.ep or (divisors(spec.num_experts) if spec.is_moe else [1])
                     for ep in eps:
                         if (dp * cp) % ep:
                             continue

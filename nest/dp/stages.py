@@ -19,6 +19,7 @@ memory numbers :func:`nest.cost.evaluate` computes for that stage, with the same
   maximum of its layers' :func:`~nest.cost.memory.peak_bytes`.
 """
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +40,7 @@ from nest.cost.memory import peak_bytes, rank_memory_bytes, stored_bytes
 from nest.cost.pipeline import in_flight_microbatches
 from nest.cost.state import ModelState
 from nest.dp.bounds import Floors
+from nest.dp.space import interleaved_chunks
 
 MODES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 
@@ -131,7 +133,7 @@ class StageModel:
         self.tied_copy_params = costs[-1].tied_copy_params
         self.state = ModelState.of(problem, zero_stage=c.zero_stage, dp=c.dp, cp=c.cp, ep=c.ep)
         # the state bytes are linear in the parameters (ModelState): their two coefficients
-        self._state_per_param = (self.state.state_bytes(1.0, 0.0), self.state.state_bytes(0.0, 1.0))
+        self._state_per_param = self.state.state_bytes_per_param()
         key = ("chain", shard, c.zero_stage >= 3, c.dp * c.cp, c.ep)
         if key not in self._shared:
             self._shared[key] = ChainTerms.build(costs, self.is_block, self.state)
@@ -312,6 +314,32 @@ class StageModel:
             self.state.sync_s(self.groups[r], dense, expert),
             self.state.optimizer_step_s(dense, expert, self.hbm_bw_bytes_per_s),
         )
+
+    @functools.cached_property
+    def chunks(self) -> list[tuple[int, int]]:
+        """Interleaved configurations: the space's fixed chunks (:func:`interleaved_chunks`),
+        chunk ``k`` on rank ``k % pp``."""
+        return interleaved_chunks(self.n_layers, self.config.pp, self.config.virtual_stages)
+
+    def chunk_terms(self, k: int, mode: Recompute) -> tuple[float, float, float, float]:
+        """Interleaved chunk ``k`` in ``mode``: ``(fwd + bwd, bwd, stored activation bytes,
+        largest transient bytes)`` on its rank, its neighbours the ranks of chunks ``k - 1``
+        and ``k + 1`` (the terms the interleaved DP and the exact tables price per chunk)."""
+        pp, chunks = self.config.pp, self.chunks
+        i, j = chunks[k]
+        prev = (k - 1) % pp if k > 0 else None
+        nxt = (k + 1) % pp if k < len(chunks) - 1 else None
+        fwd, bwd = self.chunk_times(k % pp, i, j, mode, prev, nxt)
+        return fwd + bwd, bwd, self.stored_bytes(i, j, mode), self.chain.peak_bytes[mode][i, j]
+
+    def interleaved_rank(self, r: int) -> tuple[float, float, float]:
+        """Interleaved rank ``r`` holding its chunks ``r, r + pp, ...``: ``(DP sync seconds,
+        optimizer-step seconds, model-state bytes)``, fixed by the partition."""
+        ks = range(r, len(self.chunks), self.config.pp)
+        dense = sum(self.params(r, *self.chunks[k])[2] for k in ks)
+        expert = sum(self.params(r, *self.chunks[k])[1] for k in ks)
+        sync, opt = self.rank_sync_opt(r, dense, expert)
+        return sync, opt, self.state_bytes(dense, expert)
 
     def stage(self, r: int, i: int, j: int, mode: Recompute) -> StageTerms:
         """Terms of 1F1B stage ``r`` holding layers ``i..j``."""

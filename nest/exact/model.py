@@ -66,33 +66,44 @@ class LinearModel:
     aux_of: list = field(default_factory=list)
     max_pp: int = 1
     least_lower_bound_s: float = float("inf")
+    binary_names: list[str] = field(default_factory=list)
+    """``y_{group}``, ``z_{group}_{rank}_{choice}`` (module docstring)."""
+    aux_names: list[str] = field(default_factory=list)
+    """``M_{group}``, ``E_{group}``, ``O_{group}``."""
 
-    def binary(self) -> int:
+    def binary(self, name: str) -> int:
         self.n_binaries += 1
+        self.binary_names.append(name)
         return self.n_binaries - 1
 
-    def auxiliary(self, ub_s: float) -> int:
+    def auxiliary(self, ub_s: float, name: str) -> int:
         self.aux_ub_s.append(ub_s)
+        self.aux_names.append(name)
         return len(self.aux_ub_s) - 1
 
 
 def build(groups: list[Group], n_layers: int) -> LinearModel:
+    """The model of the module docstring over ``groups``: variables named as there."""
     lm = LinearModel()
     for g, group in enumerate(groups):
-        y = lm.binary()
+        y = lm.binary(f"y_{g}")
         lm.y.append(y)
         pp = group.config.pp
         lm.max_pp = max(lm.max_pp, pp)
         lm.least_lower_bound_s = min(lm.least_lower_bound_s, group.lower_bound_s())
         zs = []
         for r, choices in enumerate(group.ranks):
-            ids = [lm.binary() for _ in choices]
+            ids = [lm.binary(f"z_{g}_{r}_{k}") for k in range(len(choices))]
             zs.append(ids)
             for k, (var, ch) in enumerate(zip(ids, choices, strict=True)):
                 lm.z[g, r, k] = var
                 lm.objective_binaries[var] = group.sum_coef * ch.t_s
+            # each rank of the group takes one choice if the group is the plan's, else none:
+            # sum_k z_{g,r,k} = y_g
             lm.rows.append(Row({**dict.fromkeys(ids, 1.0), y: -1.0}, {}, "==", False))
         if group.config.schedule is not Schedule.INTERLEAVED:
+            # 1F1B ranks chain: choices of rank r ending at layer e as often as choices of
+            # rank r + 1 starting at e + 1
             for r in range(pp - 1):
                 for e in range(n_layers - 1):
                     ends = [
@@ -108,21 +119,25 @@ def build(groups: list[Group], n_layers: int) -> LinearModel:
                         row.update(dict.fromkeys(starts, -1.0))
                         lm.rows.append(Row(row, {}, "==", False))
         all_choices = [ch for choices in group.ranks for ch in choices]
-        m_aux = lm.auxiliary(group.max_coef * max(ch.t_s for ch in all_choices))
-        e_aux = lm.auxiliary(max(ch.sync_s for ch in all_choices))
-        o_aux = lm.auxiliary(max(ch.opt_s for ch in all_choices))
+        m_aux = lm.auxiliary(group.max_coef * max(ch.t_s for ch in all_choices), f"M_{g}")
+        e_aux = lm.auxiliary(max(ch.sync_s for ch in all_choices), f"E_{g}")
+        o_aux = lm.auxiliary(max(ch.opt_s for ch in all_choices), f"O_{g}")
         lm.aux_of.append((m_aux, e_aux, o_aux))
         for r in range(pp):
             pairs = list(zip(zs[r], group.ranks[r], strict=True))
+            # the slowest rank's epigraph: M_g >= b_g t_r
             slowest = {k: -group.max_coef * ch.t_s for k, ch in pairs}
             lm.rows.append(Row(slowest, {m_aux: 1.0}, ">=", True))
+            # the optimizer step's epigraph: O_g >= opt_r
             lm.rows.append(Row({k: -ch.opt_s for k, ch in pairs}, {o_aux: 1.0}, ">=", True))
+            # the exposed sync's epigraph: E_g >= sync_r - sum_{q<r} f_q [- f_r]
             exposed = {k: -ch.sync_s for k, ch in pairs}
             hiding = list(range(r)) + ([r] if group.overlap else [])
             for q in hiding:
                 for k, ch in zip(zs[q], group.ranks[q], strict=True):
                     exposed[k] = exposed.get(k, 0.0) + ch.first_bwd_s
             lm.rows.append(Row(exposed, {e_aux: 1.0}, ">=", True))
+    # exactly one group is the plan's: sum_g y_g = 1
     lm.rows.append(Row(dict.fromkeys(lm.y, 1.0), {}, "==", False, 1.0))
     return lm
 
@@ -193,10 +208,10 @@ def solve_cpsat(
     started = time.perf_counter()
     tick_s = _scale_s(lm, upper_s) / TICKS
     model = cp_model.CpModel()
-    x = [model.new_bool_var(f"x{i}") for i in range(lm.n_binaries)]
+    x = [model.new_bool_var(name) for name in lm.binary_names]
     aux = [
-        model.new_int_var(0, int(np.ceil(ub / tick_s)) + 1, f"a{i}")
-        for i, ub in enumerate(lm.aux_ub_s)
+        model.new_int_var(0, int(np.ceil(ub / tick_s)) + 1, name)
+        for ub, name in zip(lm.aux_ub_s, lm.aux_names, strict=True)
     ]
     for row in lm.rows:
         if row.time_row:
@@ -263,37 +278,17 @@ def _c_stdout_silenced():
         os.close(saved)
 
 
-def solve_milp(
-    lm: LinearModel,
-    groups: list[Group],
-    *,
-    upper_s: float | None,
-    time_limit_s: float,
-    workers: int,
-    seed: int,
-    hint: tuple[int, list[int]] | None,
-    deterministic_time: float | None = None,
-) -> Solution:
-    del deterministic_time  # HiGHS has no work-based limit; its wall-clock limit applies
+def _milp_name(kind: str, i: int, name: str) -> str:
+    """A MILP column's name, ``x12.z_0_1_3``: PuLP hands HiGHS its columns sorted by name, and
+    the ``x{i}`` / ``a{i}`` prefix (``.`` sorts before a digit) keeps that order the model's,
+    and with it HiGHS's choice among equally good plans."""
+    return f"{kind}{i}.{name}"
+
+
+def _hinted_highs(lm: LinearModel, groups: list[Group], hint, x, aux, scale_s: float):
+    """PuLP's HiGHS solver class, started from the ``hint`` plan when there is one."""
     import highspy
     import pulp
-
-    started = time.perf_counter()
-    scale_s = _scale_s(lm, upper_s)
-    prob = pulp.LpProblem("exact_plan", pulp.LpMinimize)
-    x = [prob.add_variable(f"x{i}", cat="Binary") for i in range(lm.n_binaries)]
-    aux = [
-        prob.add_variable(f"a{i}", lowBound=0, upBound=ub / scale_s * (1 + 1e-6) + 1e-9)
-        for i, ub in enumerate(lm.aux_ub_s)
-    ]
-    prob += pulp.lpSum(c / scale_s * x[i] for i, c in lm.objective_binaries.items()) + pulp.lpSum(
-        aux
-    )
-    for n, row in enumerate(lm.rows):
-        div = scale_s if row.time_row else 1.0
-        expr = pulp.lpSum(c / div * x[i] for i, c in row.binaries.items())
-        expr += pulp.lpSum(c * aux[i] for i, c in row.aux.items())
-        prob += (expr == row.rhs) if row.sense == "==" else (expr >= row.rhs), f"r{n}"
 
     class Hinted(pulp.HiGHS):
         """HiGHS started from a known solution (PuLP 3.3's HiGHS has no warm start), without
@@ -306,8 +301,8 @@ def solve_milp(
         def callSolver(self, lp):  # noqa: N802 (PuLP's name)
             if hint is not None:
                 values, aux_s = hint_values(lm, groups, *hint)
-                by_name = {f"x{i}": float(v) for i, v in values.items()}
-                by_name.update({f"a{i}": v / scale_s for i, v in aux_s.items()})
+                by_name = {x[i].name: float(v) for i, v in values.items()}
+                by_name.update({aux[i].name: v / scale_s for i, v in aux_s.items()})
                 sol = highspy.HighsSolution()
                 sol.col_value = [by_name.get(v.name, 0.0) for v in lp.variables()]
                 sol.value_valid = True
@@ -320,7 +315,46 @@ def solve_milp(
                 lp.solverModel.setOptionValue("presolve", "off")
             lp.solverModel.run()
 
-    solver = Hinted(
+    return Hinted
+
+
+def solve_milp(
+    lm: LinearModel,
+    groups: list[Group],
+    *,
+    upper_s: float | None,
+    time_limit_s: float,
+    workers: int,
+    seed: int,
+    hint: tuple[int, list[int]] | None,
+    deterministic_time: float | None = None,
+) -> Solution:
+    del deterministic_time  # HiGHS has no work-based limit; its wall-clock limit applies
+    import pulp
+
+    started = time.perf_counter()
+    scale_s = _scale_s(lm, upper_s)
+    prob = pulp.LpProblem("exact_plan", pulp.LpMinimize)
+    x = [
+        prob.add_variable(_milp_name("x", i, name), cat="Binary")
+        for i, name in enumerate(lm.binary_names)
+    ]
+    aux = [
+        prob.add_variable(
+            _milp_name("a", i, name), lowBound=0, upBound=ub / scale_s * (1 + 1e-6) + 1e-9
+        )
+        for i, (ub, name) in enumerate(zip(lm.aux_ub_s, lm.aux_names, strict=True))
+    ]
+    prob += pulp.lpSum(c / scale_s * x[i] for i, c in lm.objective_binaries.items()) + pulp.lpSum(
+        aux
+    )
+    for n, row in enumerate(lm.rows):
+        div = scale_s if row.time_row else 1.0
+        expr = pulp.lpSum(c / div * x[i] for i, c in row.binaries.items())
+        expr += pulp.lpSum(c * aux[i] for i, c in row.aux.items())
+        prob += (expr == row.rhs) if row.sense == "==" else (expr >= row.rhs), f"r{n}"
+
+    solver = _hinted_highs(lm, groups, hint, x, aux, scale_s)(
         msg=False,
         timeLimit=float(time_limit_s),
         threads=int(workers),

@@ -122,6 +122,30 @@ class ExactPlanner(SpacePlanner):
         except Infeasible:
             return None
 
+    def _unsolved(self, problem, status: str, incumbent, started: float, stats, search) -> Plan:
+        """The solver proved no plan fits, or stopped at its time limit without one: an error,
+        or the DP's plan (the hint) marked ``timeout``."""
+        if status == "infeasible":
+            if incumbent is not None:  # the solver contradicts a plan that fits (a solver bug)
+                raise AssertionError(f"{self.name}: infeasible, but the DP's plan fits")
+            raise infeasible_memory(problem, self.name, None)
+        if incumbent is None:
+            raise SolverTimeout(
+                f"{self.name} found no plan within solver.time_limit_s={self.time_limit_s}; "
+                "raise it or use a smaller problem"
+            )
+        # the limit passed before the solver returned a plan: the DP's, unproven here
+        plan, _ = finish(
+            self.name,
+            problem,
+            incumbent,
+            started_s=started,
+            status="timeout",
+            n_evaluations=stats["choices"],
+            search={**search, "gap": None, "returned": "the DP's plan (the hint)"},
+        )
+        return plan
+
     def solve(self, problem: Problem) -> Plan:
         started = time.perf_counter()
         options = self.options()
@@ -165,27 +189,8 @@ class ExactPlanner(SpacePlanner):
             "time_tables_s": tables_time_s,
             "time_solver_s": solution.solve_time_s,
         }
-        if solution.status == "infeasible":
-            if incumbent is not None:  # the solver contradicts a plan that fits (a solver bug)
-                raise AssertionError(f"{self.name}: infeasible, but the DP's plan fits")
-            raise infeasible_memory(problem, self.name, None)
-        if solution.status == "timeout":
-            if incumbent is None:
-                raise SolverTimeout(
-                    f"{self.name} found no plan within solver.time_limit_s={self.time_limit_s}; "
-                    "raise it or use a smaller problem"
-                )
-            # the limit passed before the solver returned a plan: the DP's, unproven here
-            plan, _ = finish(
-                self.name,
-                problem,
-                incumbent,
-                started_s=started,
-                status="timeout",
-                n_evaluations=stats["choices"],
-                search={**search, "gap": None, "returned": "the DP's plan (the hint)"},
-            )
-            return plan
+        if solution.status in ("infeasible", "timeout"):
+            return self._unsolved(problem, solution.status, incumbent, started, stats, search)
         group = groups[solution.group]
         picks = [group.ranks[r][k] for r, k in enumerate(solution.picks)]
         plan = group.plan(problem, picks)

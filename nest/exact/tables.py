@@ -81,20 +81,11 @@ class Group:
             chunks = [pick.span for pick in picks]
             modes = [pick.modes[0] for pick in picks]
         return make_structured_plan(
-            tp=c.tp,
-            cp=c.cp,
-            ep=c.ep,
-            dp=c.dp,
-            pp=c.pp,
+            c.unordered() if self.general else c,
             layer_counts=[j - i + 1 for i, j in chunks],
             recompute=modes,
-            microbatch_size=c.microbatch_size,
             num_microbatches=self.m,
-            zero_stage=c.zero_stage,
-            schedule=c.schedule,
-            virtual_stages=c.virtual_stages,
             sequence_parallel=problem.training.sequence_parallel,
-            rank_order=None if self.general else c.rank_order,
             grid=self.grid,
         )
 
@@ -124,27 +115,14 @@ def _one_f_one_b(sm: StageModel, modes) -> list[list[Choice]]:
 
 
 def _interleaved(sm: StageModel, modes) -> list[list[Choice]]:
-    c = sm.config
-    chunks = interleaved_chunks(sm.n_layers, c.pp, c.virtual_stages)
-    last = len(chunks) - 1
+    pp, chunks = sm.config.pp, sm.chunks
     ranks = []
-    for r in range(c.pp):
-        ks = list(range(r, len(chunks), c.pp))
-        dense = sum(sm.params(r, *chunks[k])[2] for k in ks)
-        expert = sum(sm.params(r, *chunks[k])[1] for k in ks)
-        sync, opt = sm.rank_sync_opt(r, dense, expert)
-        state_bytes = sm.state_bytes(dense, expert)
-        per_chunk = []
-        for k in ks:
-            i, j = chunks[k]
-            prev = (k - 1) % c.pp if k > 0 else None
-            nxt = (k + 1) % c.pp if k < last else None
-            rows = {}
-            for mode in sm.modes_for(i, j, modes):
-                fwd, bwd = sm.chunk_times(r, i, j, mode, prev, nxt)
-                act = sm.stored_bytes(i, j, mode)
-                rows[mode] = (fwd + bwd, bwd, act, sm.chain.peak_bytes[mode][i, j])
-            per_chunk.append(rows)
+    for r in range(pp):
+        sync, opt, state_bytes = sm.interleaved_rank(r)
+        per_chunk = [
+            {mode: sm.chunk_terms(k, mode) for mode in sm.modes_for(*chunks[k], modes)}
+            for k in range(r, len(chunks), pp)
+        ]
         out = []
         for combo in product(*(list(rows) for rows in per_chunk)):
             terms = [rows[mode] for rows, mode in zip(per_chunk, combo, strict=True)]

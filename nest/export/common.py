@@ -104,21 +104,20 @@ def rebuild(
     modes = recompute or [s.recompute for s in plan.stages]
     if len(modes) != len(counts):
         modes = [modes[0]] * len(counts)
-    return make_structured_plan(
-        tp=plan.tp,
-        cp=plan.cp,
+    config = replace(
+        plan.config,
         ep=plan.ep if ep is None else ep,
-        dp=plan.dp,
-        pp=plan.pp,
+        zero_stage=plan.zero_stage if zero_stage is None else zero_stage,
+        schedule=Schedule(schedule or plan.schedule),
+        virtual_stages=v,
+        rank_order=tuple(rank_order or plan.rank_order or (Axis.TP, Axis.CP, Axis.DP, Axis.PP)),
+    )
+    return make_structured_plan(
+        config,
         layer_counts=counts,
         recompute=modes,
-        microbatch_size=plan.microbatch_size,
         num_microbatches=plan.num_microbatches,
-        zero_stage=plan.zero_stage if zero_stage is None else zero_stage,
-        schedule=schedule or plan.schedule,
-        virtual_stages=v,
         sequence_parallel=plan.sequence_parallel,
-        rank_order=rank_order or plan.rank_order or (Axis.TP, Axis.CP, Axis.DP, Axis.PP),
     ).with_record(solver=plan.solver, status=plan.status)
 
 

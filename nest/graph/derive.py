@@ -24,14 +24,11 @@ oversubscription. Each derived level's bandwidth and latency are its probe's, wh
 baselines' simplified views read; every plan is still scored on the graph itself.
 """
 
+from nest.core.axes import divisors
 from nest.core.topology import Level
 from nest.graph.network import Network
 
 TOLERANCE = 1e-9
-
-
-def _divisors(n: int) -> list[int]:
-    return [f for f in range(2, n + 1) if n % f == 0]
 
 
 def derive_levels(net: Network, names: tuple = ()) -> tuple[Level, ...]:
@@ -41,7 +38,7 @@ def derive_levels(net: Network, names: tuple = ()) -> tuple[Level, ...]:
     chosen: list[tuple[int, float, float]] = []
     inner = 1
     while inner < n:
-        probes = [(f, *net.level_pattern(inner, f)) for f in _divisors(n // inner)]
+        probes = [(f, *net.level_pattern(inner, f)) for f in divisors(n // inner)[1:]]
         best_rate = max(rate for _, rate, _ in probes)
         fast = [p for p in probes if p[1] >= best_rate * (1 - TOLERANCE)]
         best_lat = min(lat for _, _, lat in fast)

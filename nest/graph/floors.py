@@ -45,6 +45,7 @@ group. This is weaker than the hierarchy's per-level form; weaker bounds only co
 import numpy as np
 
 from nest.core.alphabeta import ring_forms
+from nest.core.axes import CollectiveOp
 from nest.graph.network import Network, least_costs
 
 
@@ -113,7 +114,7 @@ def floor_forms(net: Network, op: str, splits) -> tuple[np.ndarray, np.ndarray]:
     """``(a, c)`` per row of ``splits`` (module docstring)."""
     rate, latency = net.pair_bounds()
     k = np.asarray(splits, dtype=float).reshape(-1, len(net.fanouts))
-    if op == "all_to_all":
+    if op == CollectiveOp.ALL_TO_ALL:
         m = 1.0 + (k - 1).sum(axis=1)
         return (1.0 - 1.0 / m) / rate.max(), (m - 1.0) * latency.min()
     return ring_forms(op, k, rate, latency)  # the hierarchy's formula at the floor figures

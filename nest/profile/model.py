@@ -40,7 +40,7 @@ answers them from measurements. The semantics:
 from dataclasses import dataclass, replace
 from math import lcm
 
-from nest.core.axes import LayerKind, Recompute
+from nest.core.axes import CollectiveOp, GroupKind, LayerKind, Recompute
 from nest.core.errors import UserError
 from nest.core.layers import Collective, LayerCost, Shard
 from nest.core.model import LayerRef
@@ -125,6 +125,9 @@ class ProfileModel:
         )
         self.widths = sorted({m.width for m in profile.measurements})
         self.notes = tuple(profile.notes)
+        """Remarks the run summary prints (how the profile was converted)."""
+        self.seq_len_source = "the profile file" if self.spec.seq_len else "not given"
+        """Where ``spec.seq_len`` came from (``LayerModel.seq_len_source``)."""
         self._cache: dict = {}
 
     @property
@@ -232,7 +235,9 @@ class ProfileModel:
             and shard.tp > 1
             and ref.kind is LayerKind.BLOCK
         ):
-            fwd_coll = (Collective("all_reduce", "tp", layer.boundary_bytes * k),) * 2
+            fwd_coll = (
+                Collective(CollectiveOp.ALL_REDUCE, GroupKind.TP, layer.boundary_bytes * k),
+            ) * 2
         p = self.profile.dtype_bytes
         return LayerCost(
             dense_params=layer.param_bytes / p,
