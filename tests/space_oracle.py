@@ -23,6 +23,7 @@ rank-order parser); the space's options are taken as the planner's keyword argum
 (``tp=[...]``, ``rank_orders=[...]``, ...), with ``None`` meaning every valid value.
 """
 
+import dataclasses
 import math
 from functools import cache
 from itertools import combinations, permutations, product
@@ -289,19 +290,10 @@ def plans(problem, config: ParallelConfig, order, recompute):
     for counts, choices in _stages(problem, config, recompute):
         for modes in product(*choices):
             yield make_structured_plan(
-                tp=config.tp,
-                cp=config.cp,
-                ep=config.ep,
-                dp=config.dp,
-                pp=config.pp,
+                dataclasses.replace(config, rank_order=order),
                 layer_counts=counts,
                 recompute=modes,
-                microbatch_size=config.microbatch_size,
                 num_microbatches=m,
-                zero_stage=config.zero_stage,
-                schedule=config.schedule,
-                virtual_stages=config.virtual_stages,
                 sequence_parallel=problem.training.sequence_parallel,
-                rank_order=order,
                 grid=devices,
             )

@@ -442,27 +442,12 @@ def build_device(cfg: Any) -> Device:
             f"(got hbm_gb={c.get('hbm_gb')}, hbm_gib={c.get('hbm_gib')})"
         )
 
-    def positive(key: str) -> float:
-        return _number(where, key, c.get(key), lambda v: v > 0, "must be > 0")
-
-    def physical(key: str) -> float:
-        value = positive(key)
-        low, high, unit, why = PHYSICAL_RANGES[key]
-        _require(
-            where,
-            key,
-            c.get(key),  # as typed
-            low <= value <= high,
-            f"is outside the physical range {low:,g}-{high:,g} {unit} ({why}); check the unit",
-        )
-        return value
-
-    peak_tflops = physical("peak_tflops")
-    hbm_bw_gbps = physical("hbm_bw_gbps")
+    peak_tflops = _physical(where, c, "peak_tflops")
+    hbm_bw_gbps = _physical(where, c, "hbm_bw_gbps")
     if c.get("hbm_gb") is not None:
-        hbm = units.gb_to_bytes(physical("hbm_gb"))
+        hbm = units.gb_to_bytes(_physical(where, c, "hbm_gb"))
     else:
-        hbm = units.gib_to_bytes(physical("hbm_gib"))
+        hbm = units.gib_to_bytes(_physical(where, c, "hbm_gib"))
     eff = _number(
         where,
         "matmul_efficiency",
@@ -470,29 +455,7 @@ def build_device(cfg: Any) -> Device:
         lambda v: 0 < v <= 1,
         "must be in (0, 1]",
     )
-    capacity_gib = hbm / units.GiB
-    reserve = _number(
-        where,
-        "memory_reserve_gib",
-        c.get("memory_reserve_gib", 0.0),
-        lambda v: 0 <= v < capacity_gib,
-        f"must be >= 0 and below the HBM ({capacity_gib:g} GiB)",
-    )
-    margin = _number(
-        where,
-        "memory_margin",
-        c.get("memory_margin", 0.0),
-        lambda v: 0 <= v < 1,
-        "must be in [0, 1)",
-    )
-    reserve_bytes = units.gib_to_bytes(reserve) + margin * hbm
-    _require(
-        where,
-        "memory_reserve_gib + memory_margin",
-        f"{reserve} GiB + {margin}",
-        reserve_bytes < hbm,
-        "must leave some of the HBM to the model",
-    )
+    reserve_bytes = _reserve_bytes(where, c, hbm)
     compute_model, notes = _compute_model(c, peak_tflops)
     return Device(
         name=c["name"],
@@ -524,6 +487,49 @@ def build_device(cfg: Any) -> Device:
         ),
         attention_efficiency=_attention_table(where, c.get("attention_efficiency") or []),
     )
+
+
+def _physical(where: str, c: dict, key: str) -> float:
+    """A device figure that must be positive and inside :data:`PHYSICAL_RANGES`."""
+    value = _number(where, key, c.get(key), lambda v: v > 0, "must be > 0")
+    low, high, unit, why = PHYSICAL_RANGES[key]
+    _require(
+        where,
+        key,
+        c.get(key),  # as typed
+        low <= value <= high,
+        f"is outside the physical range {low:,g}-{high:,g} {unit} ({why}); check the unit",
+    )
+    return value
+
+
+def _reserve_bytes(where: str, c: dict, hbm: float) -> float:
+    """The memory a device keeps from the model: ``memory_reserve_gib`` plus ``memory_margin``
+    of the HBM, checked to leave some of it."""
+    capacity_gib = hbm / units.GiB
+    reserve = _number(
+        where,
+        "memory_reserve_gib",
+        c.get("memory_reserve_gib", 0.0),
+        lambda v: 0 <= v < capacity_gib,
+        f"must be >= 0 and below the HBM ({capacity_gib:g} GiB)",
+    )
+    margin = _number(
+        where,
+        "memory_margin",
+        c.get("memory_margin", 0.0),
+        lambda v: 0 <= v < 1,
+        "must be in [0, 1)",
+    )
+    reserve_bytes = units.gib_to_bytes(reserve) + margin * hbm
+    _require(
+        where,
+        "memory_reserve_gib + memory_margin",
+        f"{reserve} GiB + {margin}",
+        reserve_bytes < hbm,
+        "must leave some of the HBM to the model",
+    )
+    return reserve_bytes
 
 
 PHYSICAL_RANGES = {

@@ -393,41 +393,46 @@ def run(
         tau = "n/a" if s["kendall_tau"] is None else f"{s['kendall_tau']:+.2f}"
         echo(f"  sweep {sweep}: {s['n']} configurations ({s['metric']}), Kendall tau {tau}")
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with (
-            atomic_path(out_dir / "validation.csv") as tmp,
-            open(tmp, "w", newline="", encoding="utf-8") as fh,
-        ):
-            writer = csv.writer(fh)
-            writer.writerow(
-                [
-                    "source",
-                    "case",
-                    "gpus",
-                    "metric",
-                    "measured",
-                    "predicted",
-                    "relative_error",
-                    "fits_memory",
-                    "note",
-                ]
-            )
-            for o in outcomes:
-                writer.writerow(
-                    [
-                        o.row["source"],
-                        o.row["case"],
-                        o.row["gpus"],
-                        o.metric,
-                        o.measured,
-                        o.predicted,
-                        o.error,
-                        o.feasible,
-                        o.note,
-                    ]
-                )
+        _write_csv(out_dir, outcomes)
         echo(f"wrote {out_dir / 'validation.csv'}")
     return summary
+
+
+def _write_csv(out_dir: Path, outcomes) -> None:
+    """``validation.csv``: one row per case, measured next to predicted."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (
+        atomic_path(out_dir / "validation.csv") as tmp,
+        open(tmp, "w", newline="", encoding="utf-8") as fh,
+    ):
+        writer = csv.writer(fh)
+        writer.writerow(
+            [
+                "source",
+                "case",
+                "gpus",
+                "metric",
+                "measured",
+                "predicted",
+                "relative_error",
+                "fits_memory",
+                "note",
+            ]
+        )
+        for o in outcomes:
+            writer.writerow(
+                [
+                    o.row["source"],
+                    o.row["case"],
+                    o.row["gpus"],
+                    o.metric,
+                    o.measured,
+                    o.predicted,
+                    o.error,
+                    o.feasible,
+                    o.note,
+                ]
+            )
 
 
 def main(argv: list[str] | None = None) -> int:

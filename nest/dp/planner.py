@@ -391,16 +391,20 @@ class NestPlanner(SpacePlanner):
             **({"top_k": top.k} if top.k > 1 else {}),
         }
         if not top.best:
-            need = self._smallest_need_bytes(problem, entries, over, floors, shared)
-            raise infeasible_memory(
-                problem,
-                self.name,
-                need,
-                exact=True,
-                zero_stages=options.zero_stages,
-                recompute=options.recompute,
-            )
+            raise self._nothing_fits(problem, options, entries, over, floors, shared)
         return self._finished(problem, top.best, search, started, stats.stages_scored)
+
+    def _nothing_fits(self, problem, options, entries, over, floors, shared):
+        """The error of a search that found no plan: the least memory any plan would need."""
+        need = self._smallest_need_bytes(problem, entries, over, floors, shared)
+        return infeasible_memory(
+            problem,
+            self.name,
+            need,
+            exact=True,
+            zero_stages=options.zero_stages,
+            recompute=options.recompute,
+        )
 
     def _finished(self, problem, best, search, started: float, n_evaluations: int) -> list[Plan]:
         """The ranked (value, key, config, choices) as plans scored by the evaluator, the first
