@@ -154,12 +154,11 @@ def test_per_stage_recompute_beats_any_uniform_mode():
     )
     plan = NestPlanner(tp=[1], cp=[1], pp=[4]).solve(problem)
     assert len({s.recompute for s in plan.stages}) > 1
-    for mode in ("none", "selective", "full"):
-        try:
-            uniform = NestPlanner(tp=[1], cp=[1], pp=[4], recompute=[mode]).solve(problem)
-        except Infeasible:
-            continue
-        assert uniform.objective_s > plan.objective_s
+    for mode in ("none", "selective"):  # too little memory for these on every stage
+        with pytest.raises(Infeasible):
+            NestPlanner(tp=[1], cp=[1], pp=[4], recompute=[mode]).solve(problem)
+    uniform = NestPlanner(tp=[1], cp=[1], pp=[4], recompute=["full"]).solve(problem)
+    assert uniform.objective_s > plan.objective_s  # full everywhere fits, but recomputes more
 
 
 def test_empty_space_is_a_clear_error():
