@@ -78,3 +78,13 @@ def make_problem(spec=None, cluster=None, *, flash=False, **train) -> Problem:
 @pytest.fixture
 def problem() -> Problem:
     return make_problem()
+
+
+def assert_not_faster_than_peak(problem: Problem, plan) -> None:
+    """A plan's iteration cannot beat its devices' peak FLOP rate: ``objective_s >= model FLOPs
+    per iteration / (devices used * peak FLOP/s)`` (the definition of model FLOPs utilisation,
+    MFU <= 1; Chowdhery et al. 2022, PaLM, Appendix B). Computed from the model's FLOP count and
+    the device sheet alone, so an objective under-reported by a planner or the evaluator fails."""
+    flops = problem.model.model_flops_per_sample() * problem.training.global_batch
+    floor_s = flops / (plan.devices_used * problem.cluster.device.peak_flops_per_s)
+    assert plan.objective_s >= floor_s * (1 - 1e-12), (plan.solver, plan.objective_s, floor_s)

@@ -110,13 +110,12 @@ def random_case(seed: int, **kw):
 def assert_nest_equals_brute(problem, options: dict, what):
     """``nest`` against ``brute`` (every plan of the same space through ``evaluate``) on one
     problem: the same infeasibility and, when nothing fits, the same smallest peak memory (above
-    the device's); else nest's objective is ``evaluate``'s and equals brute's to 1e-9. Returns
+    the device's); else nest's objective equals brute's to 1e-9. Returns
     brute's plan, or None when nothing fits. ``what`` labels a failure (seed, options)."""
     import pytest
 
     from baselines.brute import BrutePlanner
     from nest.core.errors import Infeasible
-    from nest.cost import evaluate
     from nest.dp.planner import NestPlanner
 
     try:
@@ -133,7 +132,6 @@ def assert_nest_equals_brute(problem, options: dict, what):
         assert found_need == pytest.approx(oracle_need, rel=1e-9), what
         assert found_need > problem.cluster.device.hbm_bytes, what
         return None
-    assert found.objective_s == evaluate(problem, found).iteration_time_s, what
     assert found.objective_s == pytest.approx(oracle.objective_s, rel=1e-9), (
         what,
         found.objective_s,

@@ -78,7 +78,9 @@ def test_phaze_data_parallel_group_crosses_the_slow_level_where_nest_does_not():
     assert crosses, phaze.degrees()
     assert all(f[1] == 1 for f in dense_dp_factors(problem, nest))
     assert nest.objective_s < phaze.objective_s
-    assert phaze.objective_s == evaluate(problem, phaze).iteration_time_s
+    # scored on the real network, where its data-parallel groups cross the 5 GB/s level: slower
+    # than its search's view of every pair at 400 GB/s
+    assert phaze.objective_s > phaze.search["flat_objective_s"]
 
 
 def test_phaze_is_blind_to_the_inner_levels():
@@ -116,7 +118,8 @@ def test_phaze_equals_nest_on_a_network_that_is_flat():
 def test_megatron_as_needed_takes_the_smallest_model_parallel_size_that_fits():
     """SC21 Takeaway #2: the smallest t * p that fits; every smaller one does not."""
     spec = make_spec(layers=8, hidden=512, ffn_hidden=2048, vocab=4096, seq_len=256)
-    for hbm_mib in (512, 96, 48, 32):
+    refused = infeasible = 0
+    for hbm_mib in (512, 96, 48, 32):  # t * p = 1, 2, 8, nothing fits
         problem = make_problem(
             spec,
             make_cluster(fanouts=(4, 4), device=make_device(hbm_bytes=hbm_mib * 2**20)),
@@ -125,12 +128,15 @@ def test_megatron_as_needed_takes_the_smallest_model_parallel_size_that_fits():
         planner = MegatronPlanner(tensor="as_needed")
         try:
             plan = planner.solve(problem)
-        except Exception:
+        except Infeasible:
+            infeasible += 1
             continue
         size = plan.tp * plan.pp
         smaller = [c for c in planner.candidates(problem) if c.tp * c.pp < size]
         assert all(not evaluate(problem, c).feasible for c in smaller)
+        refused += len(smaller)
         assert plan.tp <= 4  # inside the node
+    assert refused > 0 and infeasible == 1, (refused, infeasible)  # the checks above ran
     roomy = make_problem(spec, make_cluster(fanouts=(4, 4)), global_batch=16)
     assert MegatronPlanner(tensor="as_needed").solve(roomy).tp == 1
     assert MegatronPlanner().solve(roomy).tp == 4  # fill_node: as wide as the node allows
@@ -317,7 +323,9 @@ def test_mcmc_searches_the_flat_network_and_is_scored_on_the_real_one():
     assert plan.search["best_flat_objective_s"] == pytest.approx(
         evaluate(flat, plan).iteration_time_s, rel=1e-12
     )
-    assert plan.objective_s == evaluate(problem, plan).iteration_time_s
+    # the flat view puts every pair at the slowest pair's bandwidth and latency: the real
+    # network, faster inside a node, prices the same plan lower
+    assert plan.objective_s < plan.search["best_flat_objective_s"]
 
 
 @pytest.mark.parametrize(

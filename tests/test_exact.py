@@ -42,8 +42,15 @@ def solve_or_none(planner, problem):
 
 def check_exact_plan(problem, plan):
     report = evaluate(problem, plan)
-    assert plan.objective_s == report.iteration_time_s  # one evaluator
     assert report.feasible
+    if plan.search["backend"] == "cpsat":
+        # the solver's own objective (integer ticks of its linear model) prices the plan as the
+        # evaluator does, to within the rounding the model declares
+        model_s = plan.search["objective_ticks"] * plan.search["tick_s"]
+        assert abs(model_s - plan.objective_s) <= plan.search["rounding_error_s"], (
+            model_s,
+            plan.objective_s,
+        )
     assert plan.status == "optimal"
     assert plan.bound_s is not None and plan.bound_s <= plan.objective_s * (1 + 1e-12)
     assert 0.0 <= plan.search["gap"] <= REL
@@ -106,7 +113,8 @@ def test_restricted_equals_nest_and_brute_where_interleaved_competes():
 @pytest.mark.parametrize("backend", ["cpsat", "milp"])
 def test_whole_model_without_the_dp_equals_brute(backend):
     """With no DP bound and no hint the model is the whole space, built without ``nest``: it
-    still finds brute force's optimum (40 problems)."""
+    still finds brute force's optimum (40 problems, 37 of them feasible)."""
+    compared = 0
     for seed in range(200, 240):
         problem, options = tiny_case(seed)
         oracle = solve_or_none(BrutePlanner(**options), problem)
@@ -118,6 +126,8 @@ def test_whole_model_without_the_dp_equals_brute(backend):
         assert found.search["groups_pruned"] < found.search["groups"]
         check_exact_plan(problem, found)
         assert found.objective_s == pytest.approx(oracle.objective_s, rel=REL), (seed, options)
+        compared += 1
+    assert compared >= 30, compared
 
 
 def _brute_general(problem, options: dict) -> float | None:
@@ -197,7 +207,9 @@ def small_general_case(seed: int):
 
 def test_general_equals_brute_force_over_every_placement():
     """General mode == the best plan over every injective placement of the ranks (no symmetry
-    used), on 12 problems on 4 devices; and it is never worse than the restricted optimum."""
+    used), on 12 problems on 4 devices (all feasible); and it is never worse than the restricted
+    optimum."""
+    compared = 0
     for seed in range(12):
         problem, options = small_general_case(seed)
         oracle = _brute_general(problem, options)
@@ -215,6 +227,8 @@ def test_general_equals_brute_force_over_every_placement():
         assert cp.objective_s == pytest.approx(oracle, rel=REL), (seed, options)
         assert mi.objective_s == pytest.approx(oracle, rel=REL), (seed, options)
         assert cp.objective_s <= restricted.objective_s * (1 + REL)
+        compared += 1
+    assert compared == 12, compared
 
 
 def test_pruning_keeps_the_general_optimum_when_tensor_groups_gain_from_spreading():
@@ -359,9 +373,15 @@ def test_a_time_limit_without_a_plan_is_a_timeout(backend):
         planner.solve(problem)
     plan = exact(backend, {}, hint=True, prune=False, time_limit_s=1e-6).solve(problem)
     dp = NestPlanner().solve(problem)
-    assert plan.status in ("timeout", "feasible", "optimal")
+    # 1 us proves nothing: CP-SAT stops before a solution (the DP's plan, "timeout"); HiGHS
+    # stops at the hinted start ("feasible", no bound). Either way, no better than the DP's
+    # optimum of the same space and never called optimal.
+    assert plan.status in ("timeout", "feasible"), plan.status
+    assert plan.objective_s >= dp.objective_s * (1 - REL)
     if plan.status == "timeout":
         assert plan.objective_s == dp.objective_s and plan.search["gap"] is None
+    else:
+        assert plan.bound_s is None or plan.bound_s < plan.objective_s * (1 - REL)
 
 
 @pytest.mark.parametrize(

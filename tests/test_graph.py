@@ -28,7 +28,7 @@ from nest.graph.build import graph_cluster, measured_graph, read_graph_file
 from nest.graph.generators import hierarchy_graph, leaf_spine, rail_optimized, tpuv4_torus
 from nest.graph.placements import graph_assignments
 
-from .conftest import make_device, make_problem, make_spec
+from .conftest import assert_not_faster_than_peak, make_device, make_problem, make_spec
 from .graphcase import graph_case, random_graph
 from .randomcase import assert_nest_equals_brute, random_case
 
@@ -78,9 +78,8 @@ def test_a_hierarchy_drawn_as_a_graph_prices_every_plan_as_the_hierarchy(seed):
     problem = with_network_terms(problem, seed)
     graph_problem = as_graph(problem)
     derived = [lv.fanout for lv in graph_problem.cluster.levels]
-    assert derived == [lv.fanout for lv in problem.cluster.levels if lv.fanout > 1] or derived == [
-        1
-    ]
+    # levels of fanout 1 vanish; a cluster made only of them is one level of one device
+    assert derived == ([lv.fanout for lv in problem.cluster.levels if lv.fanout > 1] or [1])
     plan = planner.solve(problem)
     want, got = evaluate(problem, plan), evaluate(graph_problem, plan)
     assert got.iteration_time_s == pytest.approx(want.iteration_time_s, rel=1e-9)
@@ -374,7 +373,7 @@ def test_general_mode_equals_brute_force_over_every_placement_on_graphs():
     from .test_exact import _brute_general, check_exact_plan, exact, solve_or_none
 
     rng = random.Random(21)
-    done = 0
+    done = solved = 0
     while done < 10:
         graph = random_graph(rng)
         cluster = graph_cluster("g", make_device(), graph)
@@ -396,6 +395,8 @@ def test_general_mode_equals_brute_force_over_every_placement_on_graphs():
             check_exact_plan(problem, plan)
             assert plan.objective_s == pytest.approx(oracle, rel=1e-6), (done, backend)
         done += 1
+        solved += oracle is not None
+    assert solved >= 8, solved  # the comparison above ran, not only the infeasible branch
 
 
 # ---------------------------------------------------------------------------------- formats
@@ -641,8 +642,8 @@ def _graph_problems():
 )
 def test_every_planner_runs_on_a_graph_and_is_scored_on_it(name):
     """The conformance checks of tests/test_planners.py on graph clusters (a rail-optimised pod
-    and a 2x2x2 torus with a mixture of experts): valid plans, the objective is ``evaluate`` on
-    the graph, the same plan twice."""
+    and a 2x2x2 torus with a mixture of experts): valid plans no faster than their devices'
+    peak FLOP/s, feasible on the graph, the same plan twice."""
     from nest.core.serialize import plan_to_dict
     from nest.cost import check_plan
 
@@ -653,7 +654,7 @@ def test_every_planner_runs_on_a_graph_and_is_scored_on_it(name):
         check_plan(problem, plan)
         assert [i for s in plan.stages for i in s.layers] == list(range(problem.num_layers))
         report = evaluate(problem, plan)
-        assert plan.objective_s == report.iteration_time_s
+        assert_not_faster_than_peak(problem, plan)
         assert report.feasible
         again = planner_from_config(name).solve(problem)
         a, b = plan_to_dict(plan), plan_to_dict(again)

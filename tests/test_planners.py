@@ -12,7 +12,13 @@ from nest.core.errors import Infeasible
 from nest.core.serialize import plan_to_dict
 from nest.cost import check_plan, evaluate
 
-from .conftest import make_cluster, make_device, make_problem, make_spec
+from .conftest import (
+    assert_not_faster_than_peak,
+    make_cluster,
+    make_device,
+    make_problem,
+    make_spec,
+)
 
 SOLVERS = sorted(p.stem for p in (Path(CONF_DIR) / "solver").glob("*.yaml"))
 
@@ -66,7 +72,7 @@ def test_planner_conformance(name):
         covered = [i for s in plan.stages for i in s.layers]
         assert covered == list(range(problem.num_layers))  # every layer placed exactly once
         report = evaluate(problem, plan)
-        assert plan.objective_s == report.iteration_time_s  # reported == shared evaluator
+        assert_not_faster_than_peak(problem, plan)
         assert plan.solver == name
         assert plan.status in ("optimal", "feasible", "infeasible", "timeout")
         if plan.status in ("optimal", "feasible"):
@@ -97,12 +103,17 @@ def test_megatron_keeps_tp_inside_the_node_and_as_wide_as_allowed():
 
 
 def test_megatron_takes_the_smallest_pipeline_that_fits():
-    """Shrink HBM until pp=1 no longer fits: the rules move to the next pp, never beyond."""
+    """Shrink HBM until pp=1 no longer fits: the rules move to the next pp, never beyond, and
+    take the lightest recompute mode that fits at that pp. The sizes are chosen so that every
+    branch is exercised: 64 MiB (pp=1, no recompute), 32 MiB (pp=1, full recompute: the lighter
+    modes were refused), 28 and 24 MiB (pp=2: every pp=1 configuration was refused), 16 MiB
+    (nothing fits)."""
     spec = make_spec(layers=8, hidden=256, ffn_hidden=1024, vocab=4096, seq_len=128)
     roomy = make_problem(spec, make_cluster(fanouts=(2, 4)), global_batch=16)
     planner = MegatronPlanner()
     assert planner.solve(roomy).pp == 1
-    for hbm_mib in (64, 32, 16, 12):
+    refused_pp = refused_mode = infeasible = 0
+    for hbm_mib in (64, 32, 28, 24, 16):
         tight = make_problem(
             spec,
             make_cluster(fanouts=(2, 4), device=make_device(hbm_bytes=hbm_mib * 2**20)),
@@ -111,9 +122,11 @@ def test_megatron_takes_the_smallest_pipeline_that_fits():
         try:
             plan = planner.solve(tight)
         except Infeasible:
+            infeasible += 1
             continue
         smaller = [c for c in planner.candidates(tight) if c.pp < plan.pp]
         assert all(not evaluate(tight, c).feasible for c in smaller)
+        refused_pp += len(smaller)
         same = [c for c in planner.candidates(tight) if c.pp == plan.pp]
         # full recompute only if needed: no lighter mode at this pp fits with any microbatch
         order = ["none", "selective", "full"]
@@ -123,6 +136,9 @@ def test_megatron_takes_the_smallest_pipeline_that_fits():
             if order.index(c.stages[0].recompute) < order.index(plan.stages[0].recompute)
         ]
         assert all(not evaluate(tight, c).feasible for c in lighter)
+        refused_mode += len(lighter)
+    # the checks above ran on non-empty lists: smaller pipelines and lighter modes were refused
+    assert refused_pp > 0 and refused_mode > 0 and infeasible == 1, (refused_pp, refused_mode)
 
 
 def test_megatron_reports_the_memory_it_would_need():

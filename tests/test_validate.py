@@ -28,47 +28,146 @@ def test_every_case_is_predicted_and_fits(summary):
     assert summary["out_of_memory"] == 1
 
 
-def test_sc21_weak_scaling_within_stated_tolerance(summary):
-    """Narayanan et al. SC21 Table 1 (Selene A100, 1.7B-1T, full recompute, achieved TFLOP/s with
-    recompute counted). Measured: median 8.5 %, max 12.7 %, every case but 1.7B under-predicted
-    by 4-13 %: the A100 preset's tiles run at the assumed 0.65 of peak, 0.75 of the A100's
-    micro-benchmark ceiling, and its attention (no FlashAttention in 2021: batched GEMMs) and
-    tensor-parallel GEMMs lose to their shapes too. Tolerance: median 10 %, max 15 %."""
-    s = summary["by_source"]["Narayanan2021_SC21_Table1"]
-    assert s["n"] == 30
-    assert s["median_abs_error"] < 0.10 and s["max_abs_error"] < 0.15
+# ------------------------------------------------------------------------------ accuracy
+# The targets docs/trust/fidelity.md states (median <= 5 %, max <= 15 %, no source
+# median above 10 %), asserted as stated. A target the model does not meet today is a strict
+# xfail whose reason gives the target, the current value and why: it turns red (XPASS) the day
+# the model meets it, and docs/trust/fidelity.md must then be updated.
+TARGET_MEDIAN = 0.05
+TARGET_MAX = 0.15
+TARGET_SOURCE_MEDIAN = 0.10
+
+SC21_T1 = "Narayanan2021_SC21_Table1"
+MEGATRON = "MegatronLM_README_H100_weak_scaling"
+LLAMA3 = "Dubey2024_Llama3_Table4"
+SC21_T2 = "Narayanan2021_SC21_Table2"
+AUTOMODEL = "NeMoAutomodel_PerfSummary_H100_BF16"
 
 
-def test_megatron_core_h100_within_stated_tolerance(summary):
-    """Megatron-LM README r0.8.0, H100 weak scaling (model TFLOP/s, MFU). Measured: median
-    3.8 %, max 46.2 %: 16B-462B within -21..+1 % (32B -21 %), 1.7B and 7.1B over-predicted by
-    45 % and 19 % (the published microbatch, schedule and the host and kernel overheads of small
-    models are not known). Tolerance: median 5 %, max 50 %."""
-    s = summary["by_source"]["MegatronLM_README_H100_weak_scaling"]
-    assert s["n"] == 27
-    assert s["median_abs_error"] < 0.05 and s["max_abs_error"] < 0.50
+def _unmet(target: str, now: str, why: str):
+    return pytest.mark.xfail(strict=True, reason=f"target {target}; now {now}: {why}")
 
 
-def test_llama3_405b_within_stated_tolerance(summary):
-    """Llama 3 paper Table 4 (405B on 8K-16K H100), with the paper's one-block-fewer first and
-    last stages. Measured: -15.5 %, -31.5 %, -14.3 %, all under-predicted: run as 1F1B because
-    the interleaving depth of the paper's schedule is not published, which leaves the 16-stage
-    pipeline a bubble of 15 of 31 (16 microbatches) or 15 of 47 slots; the paper's smaller
-    bubble would raise the predictions. Tolerance: max 35 %."""
-    s = summary["by_source"]["Dubey2024_Llama3_Table4"]
-    assert s["n"] == 3 and s["max_abs_error"] < 0.35
+LLAMA3_WHY = (
+    "run as 1F1B since the paper's interleaving depth is unpublished, the 16-stage bubble the "
+    "real schedule does not have under-predicts every row"
+)
+SC21_T2_WHY = (
+    "ZeRO-3 rows over-predicted 1.4-3x: DeepSpeed 2021's per-parameter gathers are slower "
+    "than the bandwidth-bound collectives modelled"
+)
+AUTOMODEL_WHY = "FSDP2 prefetches the ZeRO-3 gathers the model charges as exposed"
 
 
-def test_zero3_against_3d_parallelism_is_ranked_as_measured(summary):
-    """SC21 Table 2 (175B and 530B on 384-2240 A100: DeepSpeed ZeRO-3 against tensor + pipeline +
-    data parallelism): the predicted order of the six configurations of each model against the
-    measured order, Kendall tau +0.73 (175B) and +0.60 (530B): 3D parallelism is ranked above
-    ZeRO-3 at every scale, as measured; the misorderings are ZeRO-3 rows, whose throughput the
-    model over-predicts 1.4-3x (DeepSpeed 2021's per-parameter gathers are far slower than the
-    bandwidth-bound collectives modelled). Tolerance: tau >= 0.5 for both."""
+@pytest.mark.parametrize(
+    "source",
+    [
+        SC21_T1,
+        MEGATRON,
+        pytest.param(LLAMA3, marks=_unmet("source median <= 10 %", "15.5 %", LLAMA3_WHY)),
+        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "12.0 %", SC21_T2_WHY)),
+        pytest.param(AUTOMODEL, marks=_unmet("source median <= 10 %", "30.5 %", AUTOMODEL_WHY)),
+    ],
+)
+def test_accuracy_no_source_median_above_10_percent(summary, source):
+    assert summary["by_source"][source]["median_abs_error"] <= TARGET_SOURCE_MEDIAN
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        SC21_T1,
+        pytest.param(
+            MEGATRON,
+            marks=_unmet(
+                "max <= 15 %",
+                "46.2 %",
+                "1.7B over-predicted by 45 % and 7.1B by 19 %: the host and kernel overheads of "
+                "small models are not modelled",
+            ),
+        ),
+        pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "31.5 %", LLAMA3_WHY)),
+        pytest.param(SC21_T2, marks=_unmet("max <= 15 %", "166 %", SC21_T2_WHY)),
+        pytest.param(AUTOMODEL, marks=_unmet("max <= 15 %", "30.5 %", AUTOMODEL_WHY)),
+    ],
+)
+def test_accuracy_every_source_max_within_15_percent(summary, source):
+    assert summary["by_source"][source]["max_abs_error"] <= TARGET_MAX
+
+
+@_unmet(
+    "median <= 5 % over all cases",
+    "8.4 %",
+    "SC21 Table 1's 30 A100 rows (2021 software, no FlashAttention) run 4-13 % faster than "
+    "predicted at the assumed in-step GEMM rate of 0.65",
+)
+def test_accuracy_median_within_5_percent(summary):
+    assert summary["median_abs_error"] <= TARGET_MEDIAN
+
+
+@_unmet("max <= 15 % over all cases", "166 %", SC21_T2_WHY)
+def test_accuracy_max_within_15_percent(summary):
+    assert summary["max_abs_error"] <= TARGET_MAX
+
+
+@_unmet(
+    "3D parallelism predicted above ZeRO-3 at every scale, as measured "
+    "(docs/trust/fidelity.md, Ranking)",
+    "ZeRO-3 predicted above at the smallest scale of both sweeps (175B on 384 GPUs: 165.5 vs "
+    "141.8 TFLOP/s, measured 144 vs 153; 530B: 168.7 on 640 vs 157.7 on 560, measured 138 vs "
+    "171)",
+    SC21_T2_WHY,
+)
+def test_accuracy_3d_parallelism_ranked_above_zero3_at_every_scale():
+    """SC21 Table 2: at each of the three scales of each model, the 3D-parallel configuration
+    (PTD-P) runs faster than ZeRO-3; the prediction must order every such pair as measured."""
+    with open(CASES, newline="") as fh:
+        rows = sorted(
+            (r for r in csv.DictReader(fh) if r["source"] == SC21_T2), key=lambda r: int(r["gpus"])
+        )
+    for sweep in ("SC21_Table2_174.6B", "SC21_Table2_529.6B"):
+        zero3 = [validate.predict(r) for r in rows if r["sweep"] == sweep and "ZeRO-3" in r["case"]]
+        ptdp = [validate.predict(r) for r in rows if r["sweep"] == sweep and "PTD-P" in r["case"]]
+        assert len(zero3) == len(ptdp) == 3
+        for z, d in zip(zero3, ptdp, strict=True):  # the same scale: the k-th smallest of each
+            assert d.measured > z.measured  # the published fact the claim rests on
+            assert d.predicted > z.predicted, (sweep, d.row["gpus"], d.predicted, z.predicted)
+
+
+# ---------------------------------------------------------------------------- regressions
+# Pins of the current cost model (v2, 2026-12), NOT accuracy: the errors the model makes today,
+# to half a percentage point, so that any change of the model's numbers is noticed. A change
+# made on purpose updates this table together with docs/trust/fidelity.md.
+CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
+    SC21_T1: (30, 0.085, 0.127, -0.085),
+    MEGATRON: (27, 0.038, 0.462, -0.026),
+    LLAMA3: (3, 0.155, 0.315, -0.155),
+    SC21_T2: (12, 0.120, 1.656, 0.038),
+    AUTOMODEL: (1, 0.305, 0.305, -0.305),
+}
+
+
+@pytest.mark.parametrize("source", sorted(CURRENT))
+def test_regression_errors_per_source_pin_the_current_model(summary, source):
+    """Pins the current model's per-source errors (the table above), not its accuracy: the
+    accuracy targets are the ``test_accuracy_*`` tests."""
+    n, median, worst, signed = CURRENT[source]
+    s = summary["by_source"][source]
+    assert s["n"] == n
+    assert s["median_abs_error"] == pytest.approx(median, abs=0.005)
+    assert s["max_abs_error"] == pytest.approx(worst, abs=0.005)
+    assert s["median_error"] == pytest.approx(signed, abs=0.005)
+
+
+def test_regression_sc21_table2_kendall_tau_pins_the_current_model(summary):
+    """Pins the current model's ranking of SC21 Table 2's two sweeps (six configurations each),
+    not an accuracy target: Kendall tau +0.73 (175B: 11 of 15 pairs ordered as measured) and
+    +0.60 (530B: 12 of 15)."""
     sweeps = summary["sweeps"]
     assert set(sweeps) == {"SC21_Table2_174.6B", "SC21_Table2_529.6B"}
-    assert all(s["n"] == 6 and s["kendall_tau"] >= 0.5 for s in sweeps.values())
+    assert all(s["n"] == 6 for s in sweeps.values())
+    assert sweeps["SC21_Table2_174.6B"]["kendall_tau"] == pytest.approx(11 / 15)
+    assert sweeps["SC21_Table2_529.6B"]["kendall_tau"] == pytest.approx(9 / 15)
 
 
 def test_at_the_micro_benchmark_ceiling_every_source_is_over_predicted():
@@ -88,18 +187,15 @@ def test_at_the_micro_benchmark_ceiling_every_source_is_over_predicted():
     assert all(s["median_error"] < 0.12 for s in default["by_source"].values())
 
 
-AUTOMODEL = "NeMoAutomodel_PerfSummary_H100_BF16"
-
-
 def test_fsdp2_run_is_under_predicted_by_its_exposed_gathers(summary):
     """NeMo Automodel's Llama3 70B on 64 H100 (FSDP2 over 32 ranks x CP 2, BF16): 866.77 tokens/s
     per GPU measured, 602 predicted (-30.5 %). nest charges ZeRO-3's per-microbatch parameter
     all-gathers and gradient reduce-scatters as exposed, while FSDP2 prefetches the gathers under
     compute (the row's ``fsdp2_prefetch``): that traffic is what the model adds, since the row
     without it (compute, recompute and the CP ring alone) would run faster than measured.
-    Tolerance: max 35 %, under-predicted."""
+    (Its error is pinned by the regression table.)"""
     s = summary["by_source"][AUTOMODEL]
-    assert s["n"] == 1 and -0.35 < s["median_error"] < 0
+    assert s["n"] == 1 and s["median_error"] < 0
     row = _case(AUTOMODEL, "70.6")
     problem, plan = validate.problem_and_plan(row)
     report = evaluate(problem, plan)
