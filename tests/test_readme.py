@@ -120,7 +120,7 @@ def inline_commands(text: str, page: str = "README.md") -> list[Command]:
     commands = []
     for match in re.finditer(r"(?<!`)`([^`]+)`(?!`)", prose):
         span = " ".join(match.group(1).split())
-        if span.startswith(("python ", "pip ", "pytest")):
+        if span == "pytest" or span.startswith(("python ", "pip ", "pytest ", "mutmut ")):
             line = prose[: match.start()].count("\n") + 1
             said = re.match(r"\s*gives\s+`(infeasible|error):", prose[match.end() :])
             for part in _split_and(shlex.split(span)):
@@ -171,6 +171,12 @@ class Checker:
             self._run_py(tokens[2:], str(command), command.expect)
         elif tokens[:2] == ["python", "-m"]:
             self._module(tokens[2], tokens[3:], synopsis=bool(placeholders(command)))
+        elif tokens[0] == "mutmut":
+            # mutation testing (minutes to hours): configured in pyproject.toml, a subcommand
+            # mutmut has; not run here
+            pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+            assert "mutmut" in pyproject["tool"], command
+            assert tokens[1:2] in (["run"], ["results"], ["show"], ["browse"]), command
         elif (
             tokens[0] == "python"
             and "-c" in tokens
