@@ -275,7 +275,7 @@ def test_group_arrays_are_the_megatron_groups_worked_by_hand():
     ranks of one tensor rank; expert groups ``ep`` consecutive data x context ranks of one
     tensor rank, and expert data-parallel groups the ranks holding the same experts
     (Megatron-Core's convention, module docstring of :mod:`nest.cost.groups`)."""
-    from nest.cost.groups import GROUP_KINDS, group_arrays
+    from nest.core.plan import GROUP_KINDS, group_arrays
 
     got = group_arrays(np.arange(8).reshape(2, 2, 2), ep=2)
     want = {
@@ -360,23 +360,17 @@ def test_rank_groups_price_the_slowest_group_of_each_kind():
 
 def _two_rank_plan(dp=2):
     from nest.core.axes import MEGATRON_RANK_ORDER, Recompute, Schedule
-    from nest.core.plan import make_structured_plan
+    from nest.core.plan import ParallelConfig, make_structured_plan
 
+    config = ParallelConfig(
+        tp=2, dp=dp, pp=2, schedule=Schedule.ONE_F_ONE_B, rank_order=MEGATRON_RANK_ORDER
+    )
     return make_structured_plan(
-        tp=2,
-        cp=1,
-        ep=1,
-        dp=dp,
-        pp=2,
+        config,
         layer_counts=[2, 2],
         recompute=[Recompute.NONE] * 2,
-        microbatch_size=1,
         num_microbatches=4,
-        zero_stage=0,
-        schedule=Schedule.ONE_F_ONE_B,
-        virtual_stages=1,
         sequence_parallel=False,
-        rank_order=MEGATRON_RANK_ORDER,
     )
 
 

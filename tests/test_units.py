@@ -36,13 +36,13 @@ def test_presets_convert_at_the_edge():
     assert dev.hbm_bytes == 80e9
     assert dev.hbm_bw_bytes_per_s == 2039e9
     assert dev.memory_reserve_bytes == 2**30
-    dev64 = build_device({"name": "d", "peak_tflops": 1, "hbm_gib": 64, "hbm_bw_gbps": 1})
+    dev64 = build_device({"name": "d", "peak_tflops": 1, "hbm_gib": 64, "hbm_bw_gbps": 100})
     assert dev64.hbm_bytes == 64 * 2**30
     cluster = build_cluster(
         {
             "name": "c",
             "devices": 16,
-            "device": {"name": "d", "peak_tflops": 1, "hbm_gib": 1, "hbm_bw_gbps": 1},
+            "device": {"name": "d", "peak_tflops": 1, "hbm_gib": 1, "hbm_bw_gbps": 100},
             "levels": [
                 {"name": "a", "fanout": 8, "bw_gbps": 1, "latency_us": 2},
                 {"name": "b", "fanout": None, "bw_gbps": 12.5, "latency_us": 100},

@@ -28,7 +28,8 @@ def ring_forms(op: str, k: np.ndarray, bw, alpha) -> tuple[np.ndarray, np.ndarra
     ``alpha`` (s): the cost model's levels in :func:`nest.cost.collectives.linear_forms`, a
     graph's floor figures in :func:`nest.graph.floors.floor_forms`."""
     if op not in OPS or op == CollectiveOp.ALL_TO_ALL:
-        raise ValueError(f"unknown ring collective {op!r}; one of {[o.value for o in OPS[:3]]}")
+        rings = tuple(o.value for o in OPS[:3])
+        raise ValueError(f"unknown ring collective {op!r}; one of {rings}")
     below = np.cumprod(np.hstack([np.ones((len(k), 1)), k[:, :-1]]), axis=1)  # prod_{j<l} k_j
     a = ((k - 1) / k / below / bw).sum(axis=1)
     c = ((k - 1) * alpha).sum(axis=1)
