@@ -19,9 +19,11 @@ import pytest
 
 from baselines.fixed import FixedPlanner
 from nest.core.axes import Recompute, Schedule
-from nest.core.layers import Shard
+from nest.core.layers import LayerCost, Shard
 from nest.cost import evaluate
+from nest.cost.memory import peak_bytes
 from nest.cost.pipeline import exposed_sync_s, in_flight_microbatches, pipeline_time_s
+from nest.cost.state import ModelState
 
 from .conftest import make_cluster, make_device, make_problem, make_spec
 
@@ -501,3 +503,27 @@ def test_ep_overlap_by_hand(overlap):
     if overlap:
         want = 2 * exposed(T, attention_fwd / 2) + 2 * exposed(T, attention_fwd)
     assert r.stages[0].ep_exposed_s == approx(want)
+
+
+@pytest.mark.parametrize("mode", [Recompute.SELECTIVE, Recompute.FULL])
+def test_recompute_buffer_adds_to_the_layers_own_transient(mode):
+    """A block recomputed in ``mode`` holds, while it runs, its own short-lived buffer plus the
+    activations recomputation rebuilds beyond what it stored, ``act[none] - act[mode]``
+    (the form ``nest/cost/memory.py`` documents: recomputation rebuilds the layer's activations
+    for its backward, Korthikanti et al. 2022); ZeRO-3 adds the layer's gathered weights,
+    ``2 Psi (1 - 1/N)``. A non-block layer is never recomputed: only its transient (and the
+    gathered weights) count."""
+    act = {Recompute.NONE: 1000.0, Recompute.SELECTIVE: 600.0, Recompute.FULL: 100.0}
+    cost = LayerCost(dense_params=1e3, act_bytes=act, transient_bytes=250.0)
+    for zero, n in ((0, 4), (3, 4)):
+        state = ModelState(
+            zero_stage=zero,
+            dense_replicas=n,
+            expert_replicas=n,
+            param_bytes=P,
+            grad_bytes=G,
+            optimizer_bytes_per_param=ADAM,
+        )
+        gathered = P * 1e3 * (1 - 1 / n) if zero == 3 else 0.0
+        assert peak_bytes(cost, mode, True, state) == approx(250.0 + 1000.0 - act[mode] + gathered)
+        assert peak_bytes(cost, mode, False, state) == approx(250.0 + gathered)
