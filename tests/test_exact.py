@@ -139,17 +139,7 @@ def _brute_general(problem, options: dict) -> float | None:
     blocks = {i for i, ref in enumerate(problem.model.chain) if ref.kind.value == "block"}
     best, seen = None, set()
     for c in configurations(problem, space):
-        key = (
-            c.tp,
-            c.cp,
-            c.ep,
-            c.dp,
-            c.pp,
-            c.microbatch_size,
-            c.zero_stage,
-            c.schedule,
-            c.virtual_stages,
-        )
+        key = c.unordered()  # the rank orders of one configuration are scored once
         if key in seen:
             continue
         seen.add(key)
