@@ -29,7 +29,7 @@ from nest.core.problem import Problem
 from nest.cost.collectives import p2p_classes, pair_p2p_time_s
 from nest.cost.compute import bwd_collectives, fwd_collectives, recompute_s
 from nest.cost.groups import AXES, RankGroups
-from nest.cost.memory import peak_bytes, rank_memory_bytes, stored_bytes
+from nest.cost.memory import peak_bytes, rank_memory_bytes, resident_bytes, stored_bytes
 from nest.cost.pipeline import in_flight_microbatches
 from nest.cost.state import ModelState
 from nest.dp.stages import prefix, range_max
@@ -76,12 +76,15 @@ class StageCosts:
             self.transient[mode] = range_max([peak_bytes(c, mode, b, self.state) for c, b in pairs])
         dense = _range_sum(prefix([c.dense_params for c in costs]))
         expert = _range_sum(prefix([c.expert_params for c in costs]))
-        self.state_bytes = self.state.state_bytes(dense, expert)
+        resident = _range_sum(prefix([resident_bytes(c, self.state) for c in costs]))
+        self.state_bytes = self.state.state_bytes(dense, expert) + resident
         # Megatron's copy of a tied embedding sits with the head when the head's stage does not
         # hold the embedding: ranges ending at the head on any stage but the first
         self.state_head_bytes = self.state_bytes.copy()
         tied = costs[-1].tied_copy_params
-        self.state_head_bytes[:, -1] = self.state.state_bytes(dense[:, -1] + tied, expert[:, -1])
+        self.state_head_bytes[:, -1] = (
+            self.state.state_bytes(dense[:, -1] + tied, expert[:, -1]) + resident[:, -1]
+        )
         self.boundary = np.array([c.boundary_bytes for c in costs])
         # what each stage boundary's cost depends on (the evaluator's term: the slowest pair)
         self.boundary_classes = [

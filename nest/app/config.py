@@ -63,6 +63,13 @@ class DeviceConfig:
     """Fixed microseconds of every kernel (from a published GEMM measurement table)."""
     attention_efficiency: list = field(default_factory=list)
     """[[key length, fraction of peak], ...] of the fused attention kernel (published)."""
+    fp8_peak_tflops: float | None = None
+    """Peak dense FP8 matmul throughput, TFLOP/s (datasheet); null: no FP8 tensor cores."""
+    fp8_gemm_ceiling: float | None = None
+    """Fraction of the FP8 peak the best-shaped large FP8 GEMMs reach (published
+    micro-benchmark); needed with ``fp8_peak_tflops``."""
+    mxfp8: bool = False
+    """The tensor cores take MXFP8 (Blackwell)."""
     kernel_figures_peak_tflops: float | None = None
     """``shape``: the peak of the chip the four figures above were published for; a device whose
     ``peak_tflops`` differs (e.g. another chip given by overrides) does not use them."""
@@ -161,6 +168,9 @@ class TrainingConfig:
     tp_comm_overlap: bool = TRAINING_DEFAULTS["tp_comm_overlap"]
     cp_comm_overlap: bool = TRAINING_DEFAULTS["cp_comm_overlap"]
     ep_comm_overlap: bool = TRAINING_DEFAULTS["ep_comm_overlap"]
+    precision: str = TRAINING_DEFAULTS["precision"]
+    fp8_recipe: str = TRAINING_DEFAULTS["fp8_recipe"]
+    fp8_param_gather: bool = TRAINING_DEFAULTS["fp8_param_gather"]
 
 
 @dataclass
@@ -486,7 +496,29 @@ def build_device(cfg: Any) -> Device:
             )
         ),
         attention_efficiency=_attention_table(where, c.get("attention_efficiency") or []),
+        **_fp8_figures(where, c),
     )
+
+
+def _fp8_figures(where: str, c: dict) -> dict:
+    """The FP8 fields of a device: none, or a peak inside the physical range with its GEMM
+    ceiling."""
+    if c.get("fp8_peak_tflops") is None:
+        return {"mxfp8": bool(c.get("mxfp8", False))}
+    peak = _physical(where, c, "fp8_peak_tflops")
+    if c.get("fp8_gemm_ceiling") is None:
+        raise UserError(
+            f"{where}: fp8_peak_tflops={c['fp8_peak_tflops']} needs fp8_gemm_ceiling (the "
+            "fraction of it the best FP8 GEMMs reach in a published micro-benchmark)"
+        )
+    ceiling = _number(
+        where, "fp8_gemm_ceiling", c["fp8_gemm_ceiling"], lambda v: 0 < v <= 1, "must be in (0, 1]"
+    )
+    return {
+        "fp8_peak_flops_per_s": units.tflops_to_flops_per_s(peak),
+        "fp8_gemm_ceiling": ceiling,
+        "mxfp8": bool(c.get("mxfp8", False)),
+    }
 
 
 def _physical(where: str, c: dict, key: str) -> float:
@@ -540,6 +572,12 @@ PHYSICAL_RANGES = {
         100_000,
         "TFLOP/s",
         "dense 16-bit peaks run from ~125 (V100) to ~2,250 (B200)",
+    ),
+    "fp8_peak_tflops": (
+        1,
+        100_000,
+        "TFLOP/s",
+        "dense FP8 peaks run from ~1,979 (H100) to ~5,000 (B300)",
     ),
     "hbm_gb": (1, 1024, "GB", "device memories run from 16 GB to 288 GB"),
     "hbm_gib": (1, 1024, "GiB", "device memories run from 16 GB to 288 GB"),
@@ -715,6 +753,7 @@ def build_model(cfg: Any, training: Training):
             hf.spec,
             flash_attention=training.flash_attention,
             overlap=training.overlap,
+            precision=training.numerics,
             seq_len_source=hf.seq_len_source,
             notes=tuple(hf.notes),
         )
@@ -735,7 +774,12 @@ def build_model(cfg: Any, training: Training):
         return model
     spec = build_model_spec(c)
     _spec_within_limits(spec)
-    return AnalyticModel(spec, flash_attention=training.flash_attention, overlap=training.overlap)
+    return AnalyticModel(
+        spec,
+        flash_attention=training.flash_attention,
+        overlap=training.overlap,
+        precision=training.numerics,
+    )
 
 
 def build_training(cfg: Any) -> Training:
@@ -758,12 +802,15 @@ def build_training(cfg: Any) -> Training:
         "tp_comm_overlap",
         "cp_comm_overlap",
         "ep_comm_overlap",
+        "fp8_param_gather",
     )
     return Training(
         global_batch=c["global_batch"],
         microbatch_sizes=tuple(sorted(set(sizes))),
         optimizer=optimizer,
         grad_bytes=c.get("grad_bytes", TRAINING_DEFAULTS["grad_bytes"]),
+        precision=str(c.get("precision", TRAINING_DEFAULTS["precision"])),
+        fp8_recipe=str(c.get("fp8_recipe", TRAINING_DEFAULTS["fp8_recipe"])),
         **{key: bool(c.get(key, TRAINING_DEFAULTS[key])) for key in flags},
     )
 

@@ -39,6 +39,13 @@ class Device:
     attention_efficiency: tuple[tuple[float, float], ...] = ()
     """``shape``: (key length, fraction of peak) of the fused attention kernel, increasing
     lengths; empty: attention at ``matmul_efficiency``."""
+    fp8_peak_flops_per_s: float = 0.0
+    """Peak dense FP8 matmul throughput, FLOP/s; 0: the device has no FP8 tensor cores."""
+    fp8_gemm_ceiling: float = 0.0
+    """Fraction of ``fp8_peak_flops_per_s`` the best-shaped large FP8 GEMMs reach in a published
+    micro-benchmark (the FP8 counterpart of ``gemm_ceiling``)."""
+    mxfp8: bool = False
+    """The tensor cores take MXFP8 (32-element blocks with shared scales): Blackwell."""
     notes: tuple[str, ...] = field(default=(), compare=False)
     """One-line notices about how the device was built (e.g. the compute model it fell back to),
     printed after the summary."""
@@ -78,6 +85,13 @@ class Device:
                 f"device {self.name}: attention_efficiency={list(self.attention_efficiency)} must "
                 "be [sequence length, fraction in (0, 1]] pairs with increasing lengths"
             )
+        if self.fp8_peak_flops_per_s < 0 or (
+            self.fp8_peak_flops_per_s > 0 and not 0 < self.fp8_gemm_ceiling <= 1
+        ):
+            raise UserError(
+                f"device {self.name}: fp8_peak_flops_per_s={self.fp8_peak_flops_per_s} needs "
+                f"fp8_gemm_ceiling in (0, 1] (got {self.fp8_gemm_ceiling})"
+            )
         if not 0 <= self.memory_reserve_bytes < self.hbm_bytes:
             raise UserError(
                 f"device {self.name}: memory_reserve_bytes={self.memory_reserve_bytes} must be in "
@@ -98,6 +112,17 @@ class Device:
     @property
     def achieved_flops_per_s(self) -> float:
         return self.peak_flops_per_s * self.matmul_efficiency
+
+    @property
+    def has_fp8(self) -> bool:
+        return self.fp8_peak_flops_per_s > 0
+
+    @property
+    def fp8_level(self) -> float:
+        """Fraction of the FP8 peak an FP8 GEMM tile keeps inside a training step: the FP8
+        micro-benchmark ceiling times the in-step share BF16 GEMMs keep of theirs
+        (``min(matmul_efficiency, gemm_ceiling) / gemm_ceiling``)."""
+        return self.fp8_gemm_ceiling * self.gemm_level / self.gemm_ceiling
 
     @property
     def usable_bytes(self) -> float:

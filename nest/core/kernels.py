@@ -49,17 +49,28 @@ from nest.core.hardware import Device
 
 
 def gemm_time_s(
-    device: Device, m: float, n: float, k: float, groups: int = 1, dtype_bytes: int = 2
+    device: Device,
+    m: float,
+    n: float,
+    k: float,
+    groups: int = 1,
+    dtype_bytes: int = 2,
+    fp8: bool = False,
 ) -> float:
     """Seconds of ``groups`` GEMMs ``[m x k] @ [k x n]`` of ``dtype_bytes`` elements run as one
     grouped kernel on one device (module docstring). ``m, n, k`` may be fractional for averages
-    (rounded up for the tiles)."""
+    (rounded up for the tiles). ``fp8``: one-byte operands at the device's FP8 rate
+    (:attr:`nest.core.hardware.Device.fp8_level`; :mod:`nest.core.precision`)."""
     if m <= 0 or n <= 0 or k <= 0 or groups <= 0:
         return 0.0
     flops = 2.0 * m * n * k * groups
+    if fp8:
+        peak, level, dtype_bytes = device.fp8_peak_flops_per_s, device.fp8_level, 1
+    else:
+        peak, level = device.peak_flops_per_s, device.gemm_level
     if device.compute_model == "flat":
-        return flops / device.achieved_flops_per_s
-    per_sm_flops_per_s = device.peak_flops_per_s * device.gemm_level / device.sm_count
+        return flops / (peak * level if fp8 else device.achieved_flops_per_s)
+    per_sm_flops_per_s = peak * level / device.sm_count
     m_i, n_i, k_i = ceil(m), ceil(n), ceil(k)
     best = float("inf")
     for tm, tn in device.tile_shapes:
@@ -85,14 +96,18 @@ def attention_efficiency(device: Device, key_length: float) -> float:
     raise AssertionError("key length inside the table was not bracketed")
 
 
-def attention_time_s(device: Device, flops: float, key_length: float, causal: bool) -> float:
-    """Seconds of a fused attention forward of ``flops`` counted FLOPs (the full score matrix,
-    as FLOP counts count it) on keys of ``key_length`` tokens (module docstring)."""
+def attention_time_s(
+    device: Device, flops: float, key_length: float, causal: bool, done_fraction: float = 0.5
+) -> float:
+    """Seconds of a fused attention forward of ``flops`` counted FLOPs (every query against all
+    the keys it may see, as FLOP counts count it) on keys of ``key_length`` tokens (module
+    docstring); a causal kernel computes ``done_fraction`` of them (a half for global
+    attention; :meth:`nest.core.layers.AnalyticModel` gives it for windows)."""
     if flops <= 0:
         return 0.0
     if device.compute_model == "flat" or not device.attention_efficiency:
         return flops / device.achieved_flops_per_s
-    done = 0.5 * flops if causal else flops
+    done = done_fraction * flops if causal else flops
     rate = (
         device.peak_flops_per_s
         * attention_efficiency(device, key_length)

@@ -35,13 +35,29 @@ Sources:
   (``--make-vocab-size-divisible-by 128``).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import ceil
 
 from nest.core.axes import CollectiveOp, GroupKind, LayerKind, Recompute
+from nest.core.blocks import (
+    COL,
+    ECOL,
+    EROW,
+    INSIDE,
+    NORM_FED,
+    OUTSIDE,
+    REP,
+    ROW,
+    attention_core,
+    attention_linears,
+    block_tensors,
+    elementwise_bytes_per_token,
+    mlp_linears,
+)
 from nest.core.hardware import Device
 from nest.core.kernels import attention_time_s, gemm_time_s
 from nest.core.model import LayerRef, ModelSpec, build_chain
+from nest.core.precision import Precision
 
 VOCAB_PAD_MULTIPLE = 128  # Megatron-LM --make-vocab-size-divisible-by default
 
@@ -105,11 +121,40 @@ class LayerCost:
     """Stored activation bytes per recompute mode."""
     transient_bytes: float = 0.0
     """Short-lived buffer at this layer's peak (e.g. bf16 logits), beyond stored activations."""
+    resident_bytes: float = 0.0
+    """Bytes the layer keeps all iteration beyond its parameters' state (the FP8 weight copies
+    of :mod:`nest.core.precision`); below ZeRO-3 only (ZeRO-3 gathers weights per use)."""
     boundary_bytes: float = 0.0
     """Bytes of the output activation each device sends to the next layer's devices."""
     fwd_collectives: tuple[Collective, ...] = ()
     bwd_collectives: tuple[Collective, ...] = ()
     recompute_collectives: dict = field(default_factory=dict)
+
+
+def combine(a: LayerCost, b: LayerCost) -> LayerCost:
+    """Two layer parts run one after the other as one layer (the head and its MTP modules):
+    sums of every term, the larger transient buffer, ``a``'s output boundary."""
+
+    def both(x: dict, y: dict, zero) -> dict:
+        return {mode: x.get(mode, zero) + y.get(mode, zero) for mode in Recompute}
+
+    return LayerCost(
+        dense_params=a.dense_params + b.dense_params,
+        expert_params=a.expert_params + b.expert_params,
+        tied_copy_params=a.tied_copy_params + b.tied_copy_params,
+        fwd_flops=a.fwd_flops + b.fwd_flops,
+        fwd_s=a.fwd_s + b.fwd_s,
+        bwd_s=a.bwd_s + b.bwd_s,
+        recompute_s=both(a.recompute_s, b.recompute_s, 0.0),
+        recompute_flops=both(a.recompute_flops, b.recompute_flops, 0.0),
+        act_bytes=both(a.act_bytes, b.act_bytes, 0.0),
+        transient_bytes=max(a.transient_bytes, b.transient_bytes),
+        resident_bytes=a.resident_bytes + b.resident_bytes,
+        boundary_bytes=a.boundary_bytes,
+        fwd_collectives=a.fwd_collectives + b.fwd_collectives,
+        bwd_collectives=a.bwd_collectives + b.bwd_collectives,
+        recompute_collectives=both(a.recompute_collectives, b.recompute_collectives, ()),
+    )
 
 
 def padded_vocab(vocab: int, tp: int) -> int:
@@ -168,12 +213,14 @@ class AnalyticModel:
         *,
         flash_attention: bool = False,
         overlap: Overlap | None = None,
+        precision: Precision | None = None,
         seq_len_source: str = "model.seq_len",
         notes: tuple[str, ...] = (),
     ) -> None:
         self.spec = spec
         self.flash_attention = flash_attention
         self.overlap = overlap or Overlap()
+        self.precision = precision or Precision()
         self.chain: tuple[LayerRef, ...] = build_chain(spec)
         self.seq_len_source = seq_len_source
         """Where ``spec.seq_len`` came from (``LayerModel.seq_len_source``)."""
@@ -187,31 +234,54 @@ class AnalyticModel:
 
     def cost_key(self, ref: LayerRef) -> tuple:
         """Layers with equal keys have equal costs under every shard (the analytic formulas
-        depend on the layer's kind and whether it is MoE only)."""
+        depend on the layer's kind, whether it is MoE and whether its attention is local)."""
         return ref.signature
 
     @property
     def seq_len(self) -> int:
         return self.spec.seq_len
 
+    @property
+    def mtp_ref(self) -> LayerRef:
+        """The kind of block a multi-token-prediction module runs: the last block's."""
+        last = self.spec.layers - 1
+        return LayerRef(
+            index=-1,
+            kind=LayerKind.BLOCK,
+            name="mtp",
+            moe=self.spec.block_is_moe(last),
+            local=self.spec.block_is_local(last),
+        )
+
     # ----------------------------------------------------------------- validity of a shard
     def shard_rules(self) -> list[str]:
         m = self.spec
-        rules = [f"tp must divide heads={m.heads} and the FFN size"]
+        rules = [f"tp must divide heads={m.heads} and the FFN sizes"]
         if m.is_moe:
             rules.append(f"ep must divide num_experts={m.num_experts} and dp*cp")
         return rules
 
+    def _ffn_sizes(self) -> dict[str, int]:
+        """The FFN widths a tensor-parallel split must divide, by field name."""
+        m = self.spec
+        sizes = {}
+        if any(not m.block_is_moe(i) for i in range(m.layers)):
+            sizes["ffn_hidden"] = m.ffn_hidden
+        if m.is_moe:
+            sizes["moe_ffn_hidden"] = m.expert_ffn
+            if m.shared_experts:
+                sizes["shared FFN (shared_experts x shared_ffn_hidden)"] = m.shared_ffn
+        return sizes
+
     def shard_problem(self, shard: Shard) -> str | None:
         """Why this model cannot be split this way (None if it can)."""
         m = self.spec
-        if m.heads % shard.tp or m.num_kv_heads % shard.tp:
-            return (
-                f"tp={shard.tp} must divide heads={m.heads} and kv_heads={m.num_kv_heads} of "
-                f"{m.name}"
-            )
-        if m.ffn_hidden % shard.tp:
-            return f"tp={shard.tp} must divide ffn_hidden={m.ffn_hidden} of {m.name}"
+        if m.heads % shard.tp or (m.attention == "gqa" and m.num_kv_heads % shard.tp):
+            kv = f" and kv_heads={m.num_kv_heads}" if m.attention == "gqa" else ""
+            return f"tp={shard.tp} must divide heads={m.heads}{kv} of {m.name}"
+        for name, size in self._ffn_sizes().items():
+            if size % shard.tp:
+                return f"tp={shard.tp} must divide {name}={size} of {m.name}"
         if shard.cp > 1 and m.seq_len % (2 * shard.cp):
             return (
                 f"cp={shard.cp} needs seq_len={m.seq_len} divisible by 2*cp (load-balanced "
@@ -230,35 +300,94 @@ class AnalyticModel:
 
     # ----------------------------------------------------------------- totals
     def param_count(self, ref: LayerRef) -> float:
-        """Unique parameters of a layer (unsharded, unpadded vocabulary)."""
+        """Unique parameters of a layer (unsharded, unpadded vocabulary; the head's includes
+        its multi-token-prediction modules)."""
         m = self.spec
         if ref.kind is LayerKind.EMBEDDING:
-            return self._embedding_params(m.vocab)[0] + self._embedding_params(m.vocab)[1]
+            return sum(self._embedding_params(m.vocab))
         if ref.kind is LayerKind.HEAD:
             sharded, replicated, _ = self._head_params(m.vocab)
-            return sharded + replicated
-        sharded, replicated, expert_sharded, expert_replicated = self._block_params(ref.moe)
-        return sharded + replicated + expert_sharded + expert_replicated
+            return sharded + replicated + self.mtp_params()
+        return sum(self._block_params(ref.moe))
 
     def total_params(self) -> float:
         return sum(self.param_count(ref) for ref in self.chain)
 
+    def mtp_params(self) -> float:
+        """Parameters of the multi-token-prediction modules: per module two input norms, the
+        ``2h -> h`` projection and a block (DeepSeek-V3 §2.2; the embedding and output head
+        are the main model's)."""
+        m = self.spec
+        per = (
+            2 * self._norm_params()
+            + 2 * m.hidden * m.hidden
+            + sum(self._block_params(self.mtp_ref.moe))
+        )
+        return m.mtp_layers * per
+
+    def active_params(self) -> float:
+        """Parameters one token's forward uses: every dense parameter, ``top_k`` of each MoE
+        block's routed experts (the model cards' "activated" count; MTP left out as
+        :meth:`model_stats` says)."""
+        m = self.spec
+        total = 0.0
+        for ref in self.chain:
+            if ref.kind is LayerKind.BLOCK:
+                dense_s, dense_r, exp_s, exp_r = self._block_params(ref.moe)
+                total += dense_s + dense_r + (exp_s + exp_r) * m.top_k / m.num_experts
+            elif ref.kind is LayerKind.EMBEDDING:
+                total += sum(self._embedding_params(m.vocab))
+            else:
+                sharded, replicated, _ = self._head_params(m.vocab)
+                total += sharded + replicated
+        return total
+
+    def model_stats(self) -> dict:
+        """``report.json["model_stats"]``: ``params_total`` and ``params_active`` as model cards
+        count them (embedding and output head included, multi-token-prediction modules not:
+        they are ``params_mtp``), and ``model_flops_per_token`` (the convention of
+        :mod:`nest.cost.mfu`, forward and backward, MTP included as it is trained)."""
+        total = self.total_params()
+        mtp = self.mtp_params()
+        return {
+            "params_total": total - mtp,
+            "params_active": self.active_params(),
+            "params_mtp": mtp,
+            "model_flops_per_token": self.model_flops_per_sample() / self.spec.seq_len,
+        }
+
     def model_flops_per_sample(self) -> float:
         """Model FLOPs of one sequence, forward + backward (3x forward), no recompute."""
         m = self.spec
-        tokens = m.seq_len
-        total = 0.0
-        for ref in self.chain:
-            total += self._fwd_flops(ref, tokens, m.vocab)
-        return 3.0 * total
+        return 3.0 * sum(self._fwd_flops(ref, m.seq_len, m.vocab) for ref in self.chain)
+
+    def _block_refs(self) -> list[LayerRef]:
+        blocks = [ref for ref in self.chain if ref.kind is LayerKind.BLOCK]
+        return blocks + [self.mtp_ref] * self.spec.mtp_layers
 
     def attention_score_flops_per_sample(self) -> float:
         """The part of :meth:`model_flops_per_sample` spent on attention scores and their
-        weighted sum (``4 b s^2 h`` per block forward, x3 with the backward): what a causal
-        kernel skips half of."""
-        s, h = self.spec.seq_len, self.spec.hidden
-        blocks = sum(ref.kind is LayerKind.BLOCK for ref in self.chain)
-        return 3.0 * blocks * 4.0 * s * s * h
+        weighted sum (``4 b s^2 h`` per global MHA block forward, x3 with the backward)."""
+        s = self.spec.seq_len
+        return (
+            3.0
+            * s
+            * sum(
+                attention_core(self.spec, ref.local).flops_per_token() for ref in self._block_refs()
+            )
+        )
+
+    def causal_skipped_flops_per_sample(self) -> float:
+        """The counted score FLOPs a causal kernel skips (the masked part; 0 for an encoder):
+        half of a global block's, ``w / (2 s)`` of a sliding window's."""
+        if not self.causal:
+            return 0.0
+        s = self.spec.seq_len
+        total = 0.0
+        for ref in self._block_refs():
+            core = attention_core(self.spec, ref.local)
+            total += (1.0 - core.done_fraction) * core.flops_per_token()
+        return 3.0 * s * total
 
     @property
     def causal(self) -> bool:
@@ -269,31 +398,32 @@ class AnalyticModel:
     def _norm_params(self) -> int:
         return 2 * self.spec.hidden if self.spec.norm == "layernorm" else self.spec.hidden
 
-    def _mlp_params(self) -> tuple[float, float]:
-        """(tensor-sharded, replicated) parameters of one MLP."""
-        m = self.spec
-        mats = 3 if m.activation == "swiglu" else 2
-        sharded = mats * m.hidden * m.ffn_hidden
-        replicated = 0.0
-        if m.bias:
-            sharded += m.ffn_hidden * (mats - 1)  # column-parallel biases (fc1, and gate)
-            replicated += m.hidden  # row-parallel output bias
-        return sharded, replicated
-
     def _block_params(self, moe: bool) -> tuple[float, float, float, float]:
-        """(dense sharded, dense replicated, expert sharded, expert replicated) of one block."""
+        """(dense sharded, dense replicated, expert sharded, expert replicated) of one block:
+        its linears (:mod:`nest.core.blocks`) with their biases, its norms (two per block;
+        MLA's latent norms; per-head Q/K norms)."""
         m = self.spec
-        h, kvd = m.hidden, m.kv_dim
-        sharded = h * (h + 2 * kvd) + h * h
-        replicated = 2 * self._norm_params()
-        if m.bias:
-            sharded += h + 2 * kvd
-            replicated += h
-        mlp_sharded, mlp_replicated = self._mlp_params()
-        if moe:
-            replicated += h * m.num_experts  # router
-            return sharded, replicated, m.num_experts * mlp_sharded, m.num_experts * mlp_replicated
-        return sharded + mlp_sharded, replicated + mlp_replicated, 0.0, 0.0
+        sharded = replicated = exp_sharded = exp_replicated = 0.0
+        for lin in attention_linears(m) + mlp_linears(m, moe):
+            bias = lin.n if m.bias and lin.name != "router" else 0  # Megatron's router: none
+            if lin.split == COL:
+                sharded += lin.params + bias
+            elif lin.split == ROW:
+                sharded += lin.params
+                replicated += bias
+            elif lin.split == REP:
+                replicated += lin.params + bias
+            elif lin.split == ECOL:
+                exp_sharded += m.num_experts * (lin.params + bias)
+            else:
+                exp_sharded += m.num_experts * lin.params
+                exp_replicated += m.num_experts * bias
+        replicated += 2 * self._norm_params()
+        if m.attention == "mla":
+            replicated += (m.q_lora_rank or 0) + m.kv_lora_rank
+        elif m.qk_norm:
+            replicated += 2 * m.d_head
+        return sharded, replicated, exp_sharded, exp_replicated
 
     def _embedding_params(self, vocab: int) -> tuple[float, float]:
         """(vocab-sharded, replicated) parameters of the embedding."""
@@ -306,7 +436,9 @@ class AnalyticModel:
         return vocab * m.hidden, replicated
 
     def _head_params(self, vocab: int) -> tuple[float, float, float]:
-        """(vocab-sharded, replicated, tied copy) parameters of the head."""
+        """(vocab-sharded, replicated, tied copy) parameters of the head (without MTP). A last
+        stage running MTP modules keeps a copy of the word embedding for them, as a tied
+        embedding does (Megatron-Core shares it between the first and last stage)."""
         m = self.spec
         h = m.hidden
         if m.encoder:
@@ -318,26 +450,30 @@ class AnalyticModel:
             sharded = 0.0
         if m.tied_embeddings:
             return sharded, replicated, vocab * h
-        return sharded + vocab * h, replicated, 0.0
+        return sharded + vocab * h, replicated, vocab * h if m.mtp_layers else 0.0
 
     # ----------------------------------------------------------------- flops
     def _fwd_flops(self, ref: LayerRef, tokens: float, vocab: int) -> float:
-        """Forward FLOPs of a layer for ``tokens`` tokens of sequences of length ``s``."""
+        """Forward FLOPs of a layer for ``tokens`` tokens of sequences of length ``s``: 2 per
+        weight per token over the linears (the router left out, as Megatron-LM does), the
+        attention core's score FLOPs, ``top_k`` routed experts and the shared ones."""
         m = self.spec
-        h, s = m.hidden, m.seq_len
+        h = m.hidden
         if ref.kind is LayerKind.EMBEDDING:
             return 0.0
         if ref.kind is LayerKind.HEAD:
             flops = 2.0 * tokens * h * vocab
             if m.encoder:
                 flops += 2.0 * tokens * h * h  # MLM transform
-            return flops
-        attn = 2.0 * tokens * h * (h + 2 * m.kv_dim) + 2.0 * tokens * h * h + 4.0 * tokens * s * h
-        mats = 3 if m.activation == "swiglu" else 2
-        mlp = 2.0 * tokens * h * m.ffn_hidden * mats
-        if ref.moe:
-            mlp *= m.top_k
-        return attn + mlp
+            mtp = 2.0 * tokens * 2 * h * h + self._fwd_flops(self.mtp_ref, tokens, vocab)
+            return flops + m.mtp_layers * (mtp + 2.0 * tokens * h * vocab)
+        weights = 0.0
+        for lin in attention_linears(m) + mlp_linears(m, ref.moe):
+            if lin.split in (ECOL, EROW):
+                weights += m.top_k * lin.params
+            elif lin.name != "router":
+                weights += lin.params
+        return 2.0 * tokens * weights + tokens * attention_core(m, ref.local).flops_per_token()
 
     # ----------------------------------------------------------------- the cost
     def layer_cost(self, ref: LayerRef, shard: Shard, device: Device) -> LayerCost:
@@ -352,7 +488,10 @@ class AnalyticModel:
         if ref.kind is LayerKind.EMBEDDING:
             return self._embedding_cost(shard, device)
         if ref.kind is LayerKind.HEAD:
-            return self._head_cost(ref, shard, device)
+            cost = self._head_cost(ref, shard, device)
+            for _ in range(self.spec.mtp_layers):
+                cost = combine(cost, self._mtp_cost(shard, device))
+            return cost
         return self._block_cost(ref, shard, device)
 
     def _dims(self, shard: Shard) -> tuple:
@@ -367,14 +506,14 @@ class AnalyticModel:
         hsb = s_loc * b * h  # elements of one hidden activation on this device's sequence chunk
         return t, c, sp, sp_div, p, b, s, h, s_loc, hsb, p * hsb
 
-    def _gemms_s(self, device: Device, gemms) -> tuple[float, float]:
+    def _gemms_s(self, device: Device, gemms, fp8: bool = False) -> tuple[float, float]:
         """Forward and backward seconds of ``(m, n, k, groups)`` GEMMs: the forward GEMM, and the
         backward's data gradient ``[m x n] @ [n x k]`` and weight gradient ``[k x m] @ [m x n]``
-        (:func:`nest.core.kernels.gemm_time_s`)."""
+        (:func:`nest.core.kernels.gemm_time_s`; ``fp8``: at the FP8 rate)."""
         p = self.spec.dtype_bytes
-        fwd = sum(gemm_time_s(device, m, n, k, g, p) for m, n, k, g in gemms)
+        fwd = sum(gemm_time_s(device, m, n, k, g, p, fp8) for m, n, k, g in gemms)
         bwd = sum(
-            gemm_time_s(device, m, k, n, g, p) + gemm_time_s(device, k, n, m, g, p)
+            gemm_time_s(device, m, k, n, g, p, fp8) + gemm_time_s(device, k, n, m, g, p, fp8)
             for m, n, k, g in gemms
         )
         return fwd, bwd
@@ -436,10 +575,11 @@ class AnalyticModel:
             )
             # vocab-parallel cross entropy: max, sum of exponentials, target logit
             tp_fwd += [Collective(CollectiveOp.ALL_REDUCE, GroupKind.TP, 4.0 * s_loc * b)] * 3
+        logits_flops = 2.0 * b * s * h * vocab + (2.0 * b * s * h * h if m.encoder else 0.0)
         return LayerCost(
             dense_params=sharded / t + replicated,
             tied_copy_params=tied / t,
-            fwd_flops=self._fwd_flops(ref, b * s, vocab) / (t * c),
+            fwd_flops=logits_flops / (t * c),
             fwd_s=fwd_s,
             bwd_s=bwd_s,
             act_bytes={mode: act for mode in Recompute},
@@ -448,60 +588,125 @@ class AnalyticModel:
             bwd_collectives=tuple(tp_bwd),
         )
 
+    def _mtp_cost(self, shard: Shard, device: Device) -> LayerCost:
+        """One multi-token-prediction module on the last stage (DeepSeek-V3 §2.2): its two
+        input norms and the ``2h -> h`` projection (column-parallel), a block of the last
+        block's kind, and the output head and loss again (the head's terms without its
+        parameters, which are shared)."""
+        t, c, _, sp_div, p, b, s, h, s_loc, hsb, _ = self._dims(shard)
+        fwd_s, bwd_s = self._gemms_s(device, [(b * s_loc, h / t, 2 * h, 1)])
+        ew_s = 3 * 2 * p * hsb / sp_div / device.hbm_bw_bytes_per_s  # two norms and the concat
+        proj = LayerCost(
+            dense_params=2 * h * h / t + 2 * self._norm_params(),
+            fwd_flops=2.0 * b * s * 2 * h * h / (t * c),
+            fwd_s=fwd_s + ew_s,
+            bwd_s=bwd_s + 2 * ew_s,
+            act_bytes={mode: 3 * p * hsb / sp_div for mode in Recompute},
+        )
+        head = self._head_cost(
+            LayerRef(index=-1, kind=LayerKind.HEAD, name="mtp head"), shard, device
+        )
+        head = replace(head, dense_params=0.0, tied_copy_params=0.0)
+        return combine(combine(proj, self._block_cost(self.mtp_ref, shard, device)), head)
+
     def _block_activations(self, ref: LayerRef, shard: Shard) -> dict:
-        """Stored bytes per recompute mode (Korthikanti et al. §4, module docstring)."""
+        """Stored bytes per recompute mode (Korthikanti et al. §4; the inventory of
+        :func:`nest.core.blocks.block_tensors`)."""
         m = self.spec
         t, _, _, sp_div, p, b, s, h, s_loc, hsb, _ = self._dims(shard)
-        mats = 3 if m.activation == "swiglu" else 2
-        # Tensors outside the tensor-parallel region: norm inputs, QKV and MLP inputs, dropout
-        # masks (Korthikanti §4.1); sharded over t only with sequence parallelism.
-        outside = 4 * p * hsb + (2 * hsb if m.dropout else 0.0)
-        # Inside the TP region: Q, K, V, the output projection input, the MLP's intermediates.
-        inside = p * s_loc * b * (h + 2 * m.kv_dim) + p * hsb
-        ffn_elems = s_loc * b * m.ffn_hidden * mats
+        tokens = s_loc * b
+        fp8 = self.precision.fp8
+        split = {OUTSIDE: sp_div, INSIDE: t, REP: 1}
+        kept = 0.0
+        for elems, where, fp8_input in block_tensors(m, ref.moe):
+            kept += elems * tokens * (1 if fp8 and fp8_input else p) / split[where]
+        if m.dropout:
+            kept += 2 * hsb / sp_div  # the two dropout masks, one byte per element
         if ref.moe:
-            inside += m.top_k * (p * hsb + p * ffn_elems)  # dispatched token copies, expert MLPs
-            outside += 4.0 * s_loc * b * m.num_experts  # fp32 router logits
-        else:
-            inside += p * ffn_elems
-        # Attention core: softmax output (+ dropout mask and output), a x s_loc x s per sequence.
-        # FlashAttention stores only the fp32 log-sum-exp per query and head, and recomputes the
-        # scores in its backward pass (Dao et al. 2022): it stores 4 a s b bytes and its backward
-        # recompute is charged under every mode.
-        core = (p + (1 + p if m.dropout else 0)) * m.heads * s_loc * s * b
+            kept += 4.0 * tokens * m.num_experts / sp_div  # fp32 router logits
+        # Attention core: the softmax output (+ dropout mask and output) of every query against
+        # every key (the full s x s matrix, masked) unfused; FlashAttention stores only the fp32
+        # log-sum-exp per query and head and recomputes the scores in its backward (Dao et al.
+        # 2022): its recompute is charged under every mode.
+        core = (p + (1 + p if m.dropout else 0)) * m.heads * tokens * s
         if self.flash_attention:
-            core = 4.0 * m.heads * s_loc * b
+            core = 4.0 * m.heads * tokens
         return {
-            Recompute.NONE: outside / sp_div + inside / t + core / t,
-            Recompute.SELECTIVE: outside / sp_div + inside / t,
+            Recompute.NONE: kept + core / t,
+            Recompute.SELECTIVE: kept,
             Recompute.FULL: p * hsb / sp_div,
         }
 
     def _block_gemms(self, ref: LayerRef, shard: Shard) -> dict[str, tuple]:
         """The block's GEMMs on one device, ``name -> (m, n, k, groups)``: ``m`` tokens of the
         device's sequence chunk (all of them after sequence parallelism's all-gather), weights
-        split over ``t`` (column-parallel QKV and FC1, row-parallel projection and FC2). A MoE
-        block's experts: ``E / ep`` local experts, each receiving ``tokens x top_k x ep / E``
-        tokens when the router balances them (as the published Megatron MoE benchmarks force),
-        times the capacity factor when one pads them (GShard, Lepikhin et al. 2021, §2.2)."""
+        split over ``t`` as :mod:`nest.core.blocks` says. A MoE block's experts: ``E / ep``
+        local experts, each receiving ``tokens x top_k x ep / E`` tokens when the router
+        balances them (as the published Megatron MoE benchmarks force), times the capacity
+        factor when one pads them (GShard, Lepikhin et al. 2021, §2.2). The router's GEMM is
+        left out, as its FLOPs are."""
         m = self.spec
-        t, _, _, _, _, b, _, h, s_loc, _, _ = self._dims(shard)
+        t, _, _, _, _, b, _, _, s_loc, _, _ = self._dims(shard)
         tokens = b * s_loc
-        inner = m.ffn_hidden * (2 if m.activation == "swiglu" else 1)  # FC1 (gate and up)
-        gemms = {
-            "qkv": (tokens, (h + 2 * m.kv_dim) / t, h, 1),
-            "proj": (tokens, h, h / t, 1),
-        }
-        if ref.moe:
-            ep = shard.ep
-            local = m.num_experts // ep
-            per_expert = tokens * m.top_k * ep / m.num_experts * (m.capacity_factor or 1.0)
-            gemms["fc1"] = (per_expert, inner / t, h, local)
-            gemms["fc2"] = (per_expert, h, m.ffn_hidden / t, local)
-        else:
-            gemms["fc1"] = (tokens, inner / t, h, 1)
-            gemms["fc2"] = (tokens, h, m.ffn_hidden / t, 1)
+        local = m.num_experts // shard.ep
+        per_expert = tokens * m.top_k * shard.ep / m.num_experts * (m.capacity_factor or 1.0)
+        gemms = {}
+        for lin in attention_linears(m) + mlp_linears(m, ref.moe):
+            if lin.split == COL:
+                gemms[lin.name] = (tokens, lin.n / t, lin.k, 1)
+            elif lin.split == ROW:
+                gemms[lin.name] = (tokens, lin.n, lin.k / t, 1)
+            elif lin.split == ECOL:
+                gemms[lin.name] = (per_expert, lin.n / t, lin.k, local)
+            elif lin.split == EROW:
+                gemms[lin.name] = (per_expert, lin.n, lin.k / t, local)
+            elif lin.name != "router":
+                gemms[lin.name] = (tokens, lin.n, lin.k, 1)
         return gemms
+
+    def _cast_s(self, gemms: dict[str, tuple], device: Device) -> tuple[float, float]:
+        """Forward and backward seconds of the FP8 casts of a block's GEMMs
+        (:mod:`nest.core.precision`): the inputs no norm produced, forward; every output
+        gradient, backward; memory-bound."""
+        per_elem = self.precision.cast_bytes_per_element
+        if not per_elem:
+            return 0.0, 0.0
+        fwd = sum(mm * k * g for name, (mm, _, k, g) in gemms.items() if name not in NORM_FED)
+        bwd = sum(mm * n * g for mm, n, _, g in gemms.values())
+        return (
+            per_elem * fwd / device.hbm_bw_bytes_per_s,
+            per_elem * bwd / device.hbm_bw_bytes_per_s,
+        )
+
+    def _attention_s(
+        self, ref: LayerRef, shard: Shard, device: Device
+    ) -> tuple[float, float, float]:
+        """(forward seconds of the attention core, its counted FLOPs on this device, seconds
+        of its unfused elementwise work)."""
+        m = self.spec
+        t, c, _, _, p, b, s, _, s_loc, _, _ = self._dims(shard)
+        core = attention_core(m, ref.local)
+        core_flops = b * s * core.flops_per_token() / (t * c)
+        if self.flash_attention:
+            # A context-parallel ring runs the kernel in blocks of s / c keys.
+            key_length = min(core.keys, s / c)
+            attn_s = attention_time_s(
+                device,
+                core_flops,
+                key_length,
+                causal=not m.encoder,
+                done_fraction=core.done_fraction,
+            )
+            return attn_s, core_flops, 0.0
+        # unfused: the scores Q K^T and their product with V, batched over heads, on the full
+        # (masked) matrix
+        heads = b * m.heads / t
+        attn_s = gemm_time_s(device, s_loc, s, core.qk, heads, p) + gemm_time_s(
+            device, s_loc, core.v, s, heads, p
+        )
+        core_elems = m.heads * s_loc * s * b
+        ew_core = (2 * p + ((2 * p + 1) if m.dropout else 0)) * core_elems
+        return attn_s, core_flops, ew_core / t / device.hbm_bw_bytes_per_s
 
     def _block_cost(self, ref: LayerRef, shard: Shard, device: Device) -> LayerCost:
         m = self.spec
@@ -510,49 +715,37 @@ class AnalyticModel:
         flops = self._fwd_flops(ref, b * s, vocab) / (t * c)
         sharded, replicated, exp_sharded, exp_replicated = self._block_params(ref.moe)
         ep = shard.ep if ref.moe else 1
+        fp8 = self.precision.fp8
         gemms = self._block_gemms(ref, shard)
-        fwd_of = {name: self._gemms_s(device, [g]) for name, g in gemms.items()}
+        fwd_of = {name: self._gemms_s(device, [g], fp8) for name, g in gemms.items()}
         gemm_fwd = sum(f for f, _ in fwd_of.values())
         gemm_bwd = sum(b_ for _, b_ in fwd_of.values())
-        # Attention core: 4 b s^2 h / (t c) counted FLOPs; a context-parallel ring runs it in
-        # blocks of s / c keys.
-        core_flops = 4.0 * b * s * s * h / (t * c)
-        if self.flash_attention:
-            attn_s = attention_time_s(device, core_flops, s / c, causal=not m.encoder)
-        else:  # unfused: the scores Q K^T and their product with V, batched over heads
-            heads = b * m.heads / t
-            d = h / m.heads
-            attn_s = gemm_time_s(device, s_loc, s, d, heads, p) + gemm_time_s(
-                device, s_loc, d, s, heads, p
-            )
+        cast_fwd, cast_bwd = self._cast_s(gemms, device)
+        attn_s, core_flops, core_ew_s = self._attention_s(ref, shard, device)
         # Memory-bound elementwise work (norms, residual adds, activation function, dropout,
         # RoPE, softmax) streams its inputs and outputs through HBM once (roofline model,
         # Williams et al., CACM 2009); the operator list is Korthikanti et al.'s §4.1.
-        ew_outside = 10 * p * hsb + (2 * (2 * p + 1) * hsb if m.dropout else 0.0)
-        ew_inside = p * s_loc * b * m.ffn_hidden * (3 if m.activation == "swiglu" else 2)
-        if ref.moe:
-            ew_inside *= m.top_k
-        if m.position == "rope":
-            ew_inside += 2 * p * s_loc * b * (h + m.kv_dim)
-        core_elems = m.heads * s_loc * s * b
-        ew_core = (
-            0.0
-            if self.flash_attention
-            else (2 * p + ((2 * p + 1) if m.dropout else 0)) * core_elems
-        )
+        ew = elementwise_bytes_per_token(m, ref.moe, p)
+        tokens = s_loc * b
+        ew_bytes = tokens * (ew[OUTSIDE] / sp_div + ew[INSIDE] / t + ew[REP])
+        if m.dropout:
+            ew_bytes += 2 * (2 * p + 1) * hsb / sp_div
         hbm = device.hbm_bw_bytes_per_s
-        ew_s = (ew_outside / sp_div + ew_inside / t) / hbm + ew_core / t / hbm
-        fwd_s = gemm_fwd + attn_s + ew_s
-        bwd_s = gemm_bwd + 2.0 * attn_s + 2.0 * ew_s
-        core_s = attn_s + ew_core / t / hbm
+        ew_s = ew_bytes / hbm + core_ew_s
+        fwd_s = gemm_fwd + cast_fwd + attn_s + ew_s
+        bwd_s = gemm_bwd + cast_bwd + 2.0 * attn_s + 2.0 * ew_s
+        core_s = attn_s + core_ew_s
         # FlashAttention's backward recomputes S = QK^T (half of the core's forward FLOPs), which
         # is why its backward costs 2.5x its forward rather than 2x (Dao 2023, FlashAttention-2).
         none_s = 0.5 * core_s if self.flash_attention else 0.0
         none_flops = 0.5 * core_flops if self.flash_attention else 0.0
         fwd_coll, bwd_coll = self._block_collectives(ref, shard, device, fwd_of, attn_s)
+        dense_params = sharded / t + replicated
+        expert_params = (exp_sharded / t + exp_replicated) / ep if ref.moe else 0.0
+        fp8_weights = sum(n * k * g for _, n, k, g in gemms.values()) if fp8 else 0.0
         return LayerCost(
-            dense_params=sharded / t + replicated,
-            expert_params=(exp_sharded / t + exp_replicated) / ep if ref.moe else 0.0,
+            dense_params=dense_params,
+            expert_params=expert_params,
             fwd_flops=flops,
             fwd_s=fwd_s,
             bwd_s=bwd_s,
@@ -567,6 +760,7 @@ class AnalyticModel:
                 Recompute.FULL: flops + none_flops,
             },
             act_bytes=self._block_activations(ref, shard),
+            resident_bytes=self.precision.weight_cache_bytes_per_param * fp8_weights,
             boundary_bytes=p * hsb / sp_div,
             fwd_collectives=fwd_coll,
             bwd_collectives=bwd_coll,
@@ -596,15 +790,22 @@ class AnalyticModel:
         ):
             return Collective(op, axis, n_bytes, hidden_s, least, slow if hidden_s > 0 else 0.0)
 
+        def summed(names) -> tuple[float, float]:
+            got = [fwd_of[n] for n in names if n in fwd_of]
+            return sum(f for f, _ in got), sum(b_ for _, b_ in got)
+
+        attn_in = summed(("qkv", "q", "q_down", "q_up", "kv_down", "kv_up"))
         tp_fwd: list[Collective] = []
         tp_bwd: list[Collective] = []
         if t > 1 and sp:
             last = 1.0 / TP_OVERLAP_SPLITS
-            for first, second, overlapped in (("qkv", "proj", True), ("fc1", "fc2", not ref.moe)):
+            pairs = (
+                (attn_in, fwd_of["proj"], True),
+                (summed(("fc1", "sh_fc1")), summed(("fc2", "sh_fc2")), not ref.moe),
+            )
+            for (f1, b1), (f2, b2), overlapped in pairs:
                 on = ov.tp and overlapped
                 hide = (lambda seconds: seconds) if on else (lambda seconds: 0.0)
-                f1, b1 = fwd_of[first]
-                f2, b2 = fwd_of[second]
                 # backward halves of each GEMM: data gradient first, then weight gradient
                 tp_fwd += [
                     coll(CollectiveOp.ALL_GATHER, GroupKind.TP, x_bytes, hide(f1)),
@@ -628,7 +829,11 @@ class AnalyticModel:
         cp_fwd: list[Collective] = []
         cp_bwd: list[Collective] = []
         if c > 1:
-            kv_bytes = p * s * b * 2 * m.kv_dim / t  # K and V of the whole sequence
+            core = attention_core(m, ref.local)
+            # K and V of the whole sequence (MLA: the heads' up-projected keys and values, as
+            # Megatron-Core's MLA exchanges them)
+            kv_width = m.heads * (core.qk + core.v) if m.attention == "mla" else 2 * m.kv_dim
+            kv_bytes = p * s * b * kv_width / t
             share = (c - 1) / c if ov.cp else 0.0
             cp_fwd.append(coll(CollectiveOp.ALL_GATHER, GroupKind.CP, kv_bytes, share * attn_s))
             cp_bwd += [  # the backward's attention is twice the forward's
@@ -639,8 +844,8 @@ class AnalyticModel:
         ep_bwd: list[Collective] = []
         if ref.moe and shard.ep > 1:
             a2a_bytes = p * (s_loc * b / sp_div) * m.top_k * m.hidden  # tokens this device holds
-            attn_fwd = fwd_of["qkv"][0] + fwd_of["proj"][0] + attn_s
-            attn_bwd = fwd_of["qkv"][1] + fwd_of["proj"][1] + 2.0 * attn_s
+            attn_fwd = attn_in[0] + fwd_of["proj"][0] + attn_s
+            attn_bwd = attn_in[1] + fwd_of["proj"][1] + 2.0 * attn_s
             hide_f = attn_fwd / 2 if ov.ep else 0.0
             hide_b = attn_bwd / 2 if ov.ep else 0.0
             ep_fwd = [

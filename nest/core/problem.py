@@ -8,6 +8,7 @@ from nest.core.errors import UserError
 from nest.core.hardware import Device
 from nest.core.layers import LayerCost, Overlap, Shard
 from nest.core.model import LayerRef
+from nest.core.precision import Precision
 from nest.core.topology import Cluster
 
 
@@ -106,6 +107,18 @@ class Training:
     ep_comm_overlap: bool = False
     """MoE all-to-all under another microbatch's compute: Megatron-Core's
     ``--overlap-moe-expert-parallel-comm``."""
+    precision: str = "bf16"
+    """``bf16``, or ``fp8``: the transformer blocks' GEMMs in FP8 (:mod:`nest.core.precision`)."""
+    fp8_recipe: str = "delayed"
+    """FP8 scaling: ``delayed``, ``tensorwise`` (current), ``blockwise`` or ``mxfp8``
+    (Megatron-LM ``--fp8-recipe``)."""
+    fp8_param_gather: bool = False
+    """FP8 primary weights, all-gathered in FP8 (Megatron-LM ``--fp8-param-gather``)."""
+
+    @property
+    def numerics(self) -> Precision:
+        """The precision options as one value (:class:`nest.core.precision.Precision`)."""
+        return Precision.parse(self.precision, self.fp8_recipe, self.fp8_param_gather)
 
     @property
     def overlap(self) -> Overlap:
@@ -131,6 +144,7 @@ class Training:
                 )
         if self.grad_bytes not in (2, 4):
             raise UserError(f"training.grad_bytes={self.grad_bytes}; use 2 (bf16) or 4 (fp32)")
+        self.numerics  # noqa: B018 (refuses an unknown precision or recipe, in one line)
 
     @property
     def optimizer_state_bytes_per_param(self) -> int:
@@ -142,6 +156,28 @@ class Problem:
     model: LayerModel
     cluster: Cluster
     training: Training
+
+    def __post_init__(self) -> None:
+        numerics = self.training.numerics
+        device = self.cluster.device
+        if numerics.fp8 and not device.has_fp8:
+            raise UserError(
+                f"training.precision=fp8 but device {device.name} has no FP8 tensor cores (its "
+                "preset sets no fp8_peak_tflops); use training.precision=bf16 or an FP8 device "
+                "(h100_sxm, h200_sxm)"
+            )
+        if numerics.recipe.value == "mxfp8" and numerics.fp8 and not device.mxfp8:
+            raise UserError(
+                f"training.fp8_recipe=mxfp8 needs Blackwell tensor cores; device {device.name} "
+                "has none: use fp8_recipe=delayed, tensorwise or blockwise"
+            )
+        model_precision = getattr(self.model, "precision", None)
+        if model_precision is not None and model_precision != numerics:
+            raise UserError(
+                f"the model was built for {model_precision.format} GEMMs but training.precision="
+                f"{self.training.precision}; build it with the training options "
+                "(nest.app.config.build_model)"
+            )
 
     @property
     def num_layers(self) -> int:

@@ -4,7 +4,8 @@
 (:func:`rank_memory_bytes`):
 
 - state: weights, gradients and optimizer state of the rank's parameters as ZeRO shards them
-  (:meth:`nest.cost.state.ModelState.state_bytes`);
+  (:meth:`nest.cost.state.ModelState.state_bytes`), plus what its layers keep resident beside
+  them (:func:`resident_bytes`: the FP8 weight copies), counted with the weights;
 - stored activations: per layer, what its mode keeps for the backward (Korthikanti et al.,
   "Reducing Activation Recomputation in Large Transformer Models", MLSys 2023, §4-5), times the
   microbatches in flight (:func:`nest.cost.pipeline.in_flight_microbatches`);
@@ -24,6 +25,13 @@ from nest.cost.state import ModelState
 def stored_bytes(cost: LayerCost, mode: Recompute, is_block: bool) -> float:
     """Activation bytes this layer keeps per microbatch until its backward."""
     return cost.act_bytes[layer_mode(mode, is_block)]
+
+
+def resident_bytes(cost: LayerCost, state: ModelState) -> float:
+    """Bytes this layer keeps all iteration beside its parameters' state (the FP8 weight and
+    its transpose, :mod:`nest.core.precision`); none under ZeRO-3, which gathers the weights
+    for each use and frees them after."""
+    return cost.resident_bytes if state.zero_stage < 3 else 0.0
 
 
 def peak_bytes(cost: LayerCost, mode: Recompute, is_block: bool, state: ModelState) -> float:
@@ -55,15 +63,16 @@ def rank_memory(
     per layer of all its chunks) and these parameters (dense with a tied-embedding copy)."""
     stored = sum(stored_bytes(cost, mode, blk) for cost, mode, blk in layers)
     transient = max(peak_bytes(cost, mode, blk, state) for cost, mode, blk in layers)
+    resident = sum(resident_bytes(cost, state) for cost, _, _ in layers)
     return MemoryReport(
-        weights_bytes=state.weights_bytes(dense_params, expert_params),
+        weights_bytes=state.weights_bytes(dense_params, expert_params) + resident,
         grads_bytes=state.grads_bytes(dense_params, expert_params),
         optimizer_bytes=state.optimizer_bytes(dense_params, expert_params),
         activations_bytes=stored * in_flight,
         transient_bytes=transient,
         reserve_bytes=reserve_bytes,
         total_bytes=rank_memory_bytes(
-            state.state_bytes(dense_params, expert_params),
+            state.state_bytes(dense_params, expert_params) + resident,
             stored,
             in_flight,
             transient,

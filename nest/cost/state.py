@@ -54,10 +54,18 @@ class ModelState:
     grad_bytes: int
     optimizer_bytes_per_param: int
     """Optimizer state per parameter (12 for mixed-precision Adam, 0 for SGD)."""
+    gather_bytes: float | None = None
+    """Bytes per parameter the weights are all-gathered in when not ``param_bytes`` (FP8
+    primary weights: 1; :mod:`nest.core.precision`)."""
+    cast_bytes_per_param: float = 0.0
+    """HBM bytes per parameter of the once-per-iteration FP8 weight cast, charged with the
+    optimizer step (exact for FP8 primary weights, cast on the shard after the update;
+    otherwise the cast of the whole weight at the first microbatch, approximated on the shard)."""
 
     @classmethod
     def of(cls, problem, *, zero_stage: int, dp: int, cp: int, ep: int) -> "ModelState":
         training = problem.training
+        numerics = training.numerics
         return cls(
             zero_stage=zero_stage,
             dense_replicas=dp * cp,
@@ -65,7 +73,14 @@ class ModelState:
             param_bytes=problem.model.spec.dtype_bytes,
             grad_bytes=training.grad_bytes,
             optimizer_bytes_per_param=training.optimizer_state_bytes_per_param,
+            gather_bytes=numerics.gathered_param_bytes,
+            cast_bytes_per_param=numerics.weight_cast_bytes_per_param,
         )
+
+    @property
+    def all_gather_bytes(self) -> float:
+        """Bytes per parameter the weights are all-gathered in."""
+        return self.param_bytes if self.gather_bytes is None else self.gather_bytes
 
     def local_params(self, dense, expert, sharded: bool):
         """Parameters of some state one device keeps: all of them, or its shard when ZeRO
@@ -109,8 +124,14 @@ class ModelState:
     def bytes_touched_per_param(self) -> int:
         """HBM bytes the optimizer step reads and writes per parameter of the shard."""
         if self.optimizer_bytes_per_param == 0:
-            return self.grad_bytes + 2 * self.param_bytes  # SGD: read g, read and write w
-        return 2 * self.optimizer_bytes_per_param + self.grad_bytes + self.param_bytes
+            # SGD: read g, read and write w
+            return self.grad_bytes + 2 * self.param_bytes + self.cast_bytes_per_param
+        return (
+            2 * self.optimizer_bytes_per_param
+            + self.grad_bytes
+            + self.param_bytes
+            + self.cast_bytes_per_param
+        )
 
     def optimizer_step_s(self, dense, expert, hbm_bw_bytes_per_s: float):
         """Seconds of the optimizer step of a device holding these parameters."""
@@ -120,7 +141,7 @@ class ModelState:
     def sync_s(self, groups: RankGroups, dense, expert):
         """End-of-iteration data-parallel synchronisation of a rank holding these parameters
         (dense including a tied-embedding copy), seconds."""
-        g, p = self.grad_bytes, self.param_bytes
+        g, p = self.grad_bytes, self.all_gather_bytes
         if self.zero_stage == 0:
             return groups.time_s(
                 CollectiveOp.ALL_REDUCE, g * dense, GroupKind.DENSE_DP
@@ -140,7 +161,7 @@ class ModelState:
         if self.zero_stage < 3:
             zero = 0.0 * (dense + expert)
             return zero, zero
-        p, g = self.param_bytes, self.grad_bytes
+        p, g = self.all_gather_bytes, self.grad_bytes
         gather = groups.time_s(
             CollectiveOp.ALL_GATHER, p * dense, GroupKind.DENSE_DP
         ) + groups.time_s(CollectiveOp.ALL_GATHER, p * expert, GroupKind.EXPERT_DP)

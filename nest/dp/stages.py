@@ -36,7 +36,7 @@ from nest.cost.groups import (
     split_forms,
     translated,
 )
-from nest.cost.memory import peak_bytes, rank_memory_bytes, stored_bytes
+from nest.cost.memory import peak_bytes, rank_memory_bytes, resident_bytes, stored_bytes
 from nest.cost.pipeline import in_flight_microbatches
 from nest.cost.state import ModelState
 from nest.dp.bounds import Floors
@@ -84,6 +84,7 @@ class ChainTerms:
     stored_bytes: dict
     peak_bytes: dict
     boundary_bytes: np.ndarray
+    resident_bytes: np.ndarray
 
     @classmethod
     def build(cls, costs, is_block, state: ModelState) -> "ChainTerms":
@@ -99,6 +100,7 @@ class ChainTerms:
                 md: range_max([peak_bytes(x, md, b, state) for x, b in pairs]) for md in MODES
             },
             boundary_bytes=np.array([x.boundary_bytes for x in costs], dtype=float),
+            resident_bytes=prefix([resident_bytes(x, state) for x in costs]),
         )
 
 
@@ -238,8 +240,9 @@ class StageModel:
     def memory_bytes(self, r: int, i: int, j: int, mode: Recompute) -> float:
         """Per-device memory of 1F1B stage ``r`` holding layers ``i..j``."""
         _, expert, dense = self.params(r, i, j)
+        resident = self.chain.resident_bytes[j + 1] - self.chain.resident_bytes[i]
         return rank_memory_bytes(
-            self.state_bytes(dense, expert),
+            self.state_bytes(dense, expert) + resident,
             self.stored_bytes(i, j, mode),
             self.in_flight[r],
             self.chain.peak_bytes[mode][i, j],
@@ -255,8 +258,9 @@ class StageModel:
             dense = dense.copy()
             dense[-1] += self.tied_copy_params  # the head (last layer) brings the tied copy
         expert = ch.expert_params[i + 1 :] - ch.expert_params[i]
+        resident = ch.resident_bytes[i + 1 :] - ch.resident_bytes[i]
         return rank_memory_bytes(
-            self.state_bytes(dense, expert),
+            self.state_bytes(dense, expert) + resident,
             ch.stored_bytes[mode][i + 1 :] - ch.stored_bytes[mode][i],
             self.in_flight[r],
             ch.peak_bytes[mode][i, i:n],
@@ -339,7 +343,9 @@ class StageModel:
         dense = sum(self.params(r, *self.chunks[k])[2] for k in ks)
         expert = sum(self.params(r, *self.chunks[k])[1] for k in ks)
         sync, opt = self.rank_sync_opt(r, dense, expert)
-        return sync, opt, self.state_bytes(dense, expert)
+        res = self.chain.resident_bytes
+        resident = sum(res[self.chunks[k][1] + 1] - res[self.chunks[k][0]] for k in ks)
+        return sync, opt, self.state_bytes(dense, expert) + resident
 
     def stage(self, r: int, i: int, j: int, mode: Recompute) -> StageTerms:
         """Terms of 1F1B stage ``r`` holding layers ``i..j``."""

@@ -1,0 +1,208 @@
+"""The shape of one transformer block: its linear layers and the tensors it keeps.
+
+A block kind (:class:`nest.core.model.ModelSpec`, a block's MoE-ness and attention span) is
+written down once here as data, and every per-layer formula of :mod:`nest.core.layers`
+(parameters, FLOPs, GEMM times, stored activations, FP8 casts) is a sum over these lists, so a
+new attention or MLP kind adds rows, not formulas.
+
+**Linear layers** (:func:`attention_linears`, :func:`mlp_linears`): ``(name, k, n, split)``, a
+``k -> n`` weight; ``split`` says how tensor parallelism cuts it (Megatron-Core):
+
+- ``col``: column-parallel, the output split over ``t`` (QKV, MLA's up-projections, FC1);
+- ``row``: row-parallel, the input split over ``t`` (attention output, FC2);
+- ``rep``: replicated on every tensor rank (MLA's down-projections, Megatron-Core's
+  "duplicated" linears; the router);
+- ``ecol``/``erow``: a routed expert's FC1/FC2, one per expert, experts split over ``ep`` and each
+  expert's weight over ``t`` as ``col``/``row``.
+
+Multi-head latent attention (DeepSeek-AI, "DeepSeek-V2", arXiv 2405.04434, §2.1.2-2.1.3, eq.
+(9)-(19)): the query is projected down to ``q_lora_rank`` and up to ``heads x (nope + rope)``;
+the keys and values share a down-projection to ``kv_lora_rank`` (plus one decoupled rotary key
+of ``rope`` width shared by the heads), projected up to ``heads x (nope + v)``; the output
+projection takes ``heads x v``. Grouped-query attention (Ainslie et al. 2023): Q is ``a d``
+wide, K and V ``g d`` each, with ``d`` the head dimension.
+
+**Stored tensors** (:func:`block_tensors`): per token, ``(elements, where, fp8_input)``, the
+inventory of Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
+MLSys 2023, §4.1 (norm inputs, the attention and MLP inputs, Q/K/V, the attention output, the
+MLP's intermediates), generalised to the widths above. ``where``: ``outside`` the tensor-parallel
+region (split over ``t`` only with sequence parallelism), ``inside`` it (split over ``t``), or
+``rep`` (replicated on every tensor rank: MLA's latents). ``fp8_input``: the tensor is the
+input of an FP8 GEMM and is saved in FP8 under ``precision=fp8`` (:mod:`nest.core.precision`).
+"""
+
+from dataclasses import dataclass
+
+from nest.core.model import ModelSpec
+
+COL, ROW, REP, ECOL, EROW = "col", "row", "rep", "ecol", "erow"
+
+NORM_FED = frozenset({"qkv", "q", "q_down", "kv_down", "q_up", "kv_up", "fc1", "sh_fc1"})
+"""Linears whose input a normalisation produces: Transformer Engine fuses their FP8 cast into
+the norm (``LayerNormLinear``), so no separate cast kernel runs."""
+
+
+@dataclass(frozen=True, slots=True)
+class Linear:
+    name: str
+    k: int
+    """Input width."""
+    n: int
+    """Output width."""
+    split: str
+    """How tensor parallelism cuts it (module docstring)."""
+
+    @property
+    def params(self) -> int:
+        return self.k * self.n
+
+    @property
+    def fp8(self) -> bool:
+        """Runs in FP8 under ``precision=fp8`` (every block linear but the router)."""
+        return self.name != "router"
+
+
+def gate_factor(spec: ModelSpec) -> int:
+    """FC1 outputs per FFN unit: 2 for a gated MLP (SwiGLU, GeGLU: gate and up), else 1."""
+    return 2 if spec.activation == "swiglu" else 1
+
+
+def attention_linears(spec: ModelSpec) -> tuple[Linear, ...]:
+    """The attention's linear layers (module docstring)."""
+    h, a = spec.hidden, spec.heads
+    if spec.attention == "mla":
+        qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+        rq, rkv = spec.q_lora_rank, spec.kv_lora_rank
+        query = (
+            (Linear("q_down", h, rq, REP), Linear("q_up", rq, a * qk, COL))
+            if rq
+            else (Linear("q", h, a * qk, COL),)
+        )
+        return (
+            *query,
+            Linear("kv_down", h, rkv + spec.qk_rope_head_dim, REP),
+            Linear("kv_up", rkv, a * (spec.qk_nope_head_dim + spec.v_head_dim), COL),
+            Linear("proj", a * spec.v_head_dim, h, ROW),
+        )
+    d = spec.d_head
+    return (
+        Linear("qkv", h, a * d + 2 * spec.kv_dim, COL),
+        Linear("proj", a * d, h, ROW),
+    )
+
+
+def mlp_linears(spec: ModelSpec, moe: bool) -> tuple[Linear, ...]:
+    """The MLP's linear layers: a dense FFN, or one routed expert (``ecol``/``erow``), the
+    shared experts (as one FFN of their summed width) and the router."""
+    h, gate = spec.hidden, gate_factor(spec)
+    if not moe:
+        f = spec.ffn_hidden
+        return (Linear("fc1", h, gate * f, COL), Linear("fc2", f, h, ROW))
+    fe, fs = spec.expert_ffn, spec.shared_ffn
+    out = [Linear("efc1", h, gate * fe, ECOL), Linear("efc2", fe, h, EROW)]
+    if fs:
+        out += [Linear("sh_fc1", h, gate * fs, COL), Linear("sh_fc2", fs, h, ROW)]
+    out.append(Linear("router", h, spec.num_experts, REP))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Core:
+    """The attention core of one block: ``heads`` heads of query/key width ``qk`` and value
+    width ``v`` attending to ``keys`` keys per query (counted as FLOP counts count them)."""
+
+    heads: int
+    qk: int
+    v: int
+    keys: int
+    done_fraction: float
+    """Share of the counted score FLOPs a causal kernel computes (unmasked part)."""
+
+    def flops_per_token(self) -> float:
+        """Forward FLOPs per query: ``Q K^T`` and ``P V`` (2 FLOP per multiply-add)."""
+        return 2.0 * self.heads * (self.qk + self.v) * self.keys
+
+
+def attention_core(spec: ModelSpec, local: bool) -> Core:
+    """The block's attention core. Keys per query: the whole sequence (global), the window
+    (sliding) or the chunk (chunked), without a causal discount, as Megatron-LM counts global
+    attention; a causal kernel computes half of a global or chunked score matrix, and
+    ``1 - w / (2 s)`` of a sliding window ``w`` (query ``i`` sees ``min(i + 1, w)`` keys)."""
+    s = spec.seq_len
+    keys = min(spec.window, s) if local and spec.window else s
+    if local and spec.local_attention == "sliding" and keys < s:
+        done = 1.0 - keys / (2.0 * s)
+    else:
+        done = 0.5
+    if spec.attention == "mla":
+        qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+        return Core(spec.heads, qk, spec.v_head_dim, keys, done)
+    return Core(spec.heads, spec.d_head, spec.d_head, keys, done)
+
+
+OUTSIDE, INSIDE = "outside", "inside"
+
+
+def block_tensors(spec: ModelSpec, moe: bool) -> list[tuple[float, str, bool]]:
+    """Stored tensors per token, ``(elements, where, fp8_input)`` (module docstring), without
+    the attention core's (:func:`attention_core`; the caller adds them by kernel) and the
+    dropout masks."""
+    h, a = spec.hidden, spec.heads
+    gate = gate_factor(spec)
+    out = [
+        (h, OUTSIDE, False),  # input of the first norm
+        (h, OUTSIDE, True),  # attention input (the norm's output)
+        (h, OUTSIDE, False),  # input of the second norm
+        (h, OUTSIDE, not moe),  # MLP input: a MoE router reads it in BF16
+    ]
+    if spec.attention == "mla":
+        qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+        rq, rkv, rope = spec.q_lora_rank or 0, spec.kv_lora_rank, spec.qk_rope_head_dim
+        out += [
+            (a * qk, INSIDE, False),
+            (a * qk, INSIDE, False),
+            (a * spec.v_head_dim, INSIDE, False),
+        ]
+        out.append((a * spec.v_head_dim, INSIDE, True))  # output projection input
+        if rq:
+            out += [(rq, REP, False), (rq, REP, True)]  # latent query: norm input, up input
+        out += [(rkv + rope, REP, False), (rkv, REP, True)]  # latent key/value
+    else:
+        q, kv = a * spec.d_head, spec.kv_dim
+        out += [(q, INSIDE, False), (kv, INSIDE, False), (kv, INSIDE, False), (q, INSIDE, True)]
+        if spec.qk_norm:
+            out += [(q + kv, INSIDE, False)]  # Q and K before their norms
+    if moe:
+        fe, fs = spec.expert_ffn, spec.shared_ffn
+        for _ in range(spec.top_k):  # each token's copy sent to an expert
+            out += [(h, INSIDE, True), (gate * fe, INSIDE, False), (fe, INSIDE, True)]
+        if fs:
+            out += [(gate * fs, INSIDE, False), (fs, INSIDE, True)]
+    else:
+        f = spec.ffn_hidden
+        out += [(gate * f, INSIDE, False), (f, INSIDE, True)]  # FC1 output, FC2 input
+    return out
+
+
+def elementwise_bytes_per_token(spec: ModelSpec, moe: bool, p: int) -> dict[str, float]:
+    """HBM bytes per token of the block's memory-bound work, by where it runs (each operator
+    streams its inputs and outputs once; Korthikanti et al. §4.1's operator list): norms and
+    residual adds outside the tensor-parallel region; the activation function, rotary
+    embeddings and Q/K norms inside it; MLA's latent norms on every tensor rank."""
+    h = spec.hidden
+    act = 3 if spec.activation == "swiglu" else 2  # read gate and up, write / read, write
+    ffn = spec.top_k * spec.expert_ffn + spec.shared_ffn if moe else spec.ffn_hidden
+    inside = p * ffn * act
+    rep = 0.0
+    if spec.attention == "mla":
+        rope_width = (spec.heads + 1) * spec.qk_rope_head_dim  # the heads' and the shared key
+        if spec.position == "rope":
+            inside += 2 * p * rope_width
+        rep += 2 * p * ((spec.q_lora_rank or 0) + spec.kv_lora_rank)
+    else:
+        qk_width = spec.heads * spec.d_head + spec.kv_dim
+        if spec.position == "rope":
+            inside += 2 * p * qk_width
+        if spec.qk_norm:
+            inside += 2 * p * qk_width
+    return {OUTSIDE: 10 * p * h, INSIDE: inside, REP: rep}
