@@ -11,7 +11,7 @@ new attention or MLP kind adds rows, not formulas.
 - ``col``: column-parallel, the output split over ``t`` (QKV, MLA's up-projections, FC1);
 - ``row``: row-parallel, the input split over ``t`` (attention output, FC2);
 - ``rep``: replicated on every tensor rank (MLA's down-projections, Megatron-Core's
-  "duplicated" linears; the router);
+  "duplicated" linears, which run on the sequence-parallel shard of the tokens; the router);
 - ``ecol``/``erow``: a routed expert's FC1/FC2, one per expert, experts split over ``ep`` and each
   expert's weight over ``t`` as ``col``/``row``.
 
@@ -27,8 +27,10 @@ inventory of Korthikanti et al., "Reducing Activation Recomputation in Large Tra
 MLSys 2023, §4.1 (norm inputs, the attention and MLP inputs, Q/K/V, the attention output, the
 MLP's intermediates), generalised to the widths above. ``where``: ``outside`` the tensor-parallel
 region (split over ``t`` only with sequence parallelism), ``inside`` it (split over ``t``), or
-``rep`` (replicated on every tensor rank: MLA's latents). ``fp8_input``: the tensor is the
-input of an FP8 GEMM and is saved in FP8 under ``precision=fp8`` (:mod:`nest.core.precision`).
+``rep`` (replicated on every tensor rank: MLA's gathered latents; Megatron-Core runs MLA's
+down-projections on the sequence-parallel shard and all-gathers their outputs).
+``fp8_input``: the tensor is the input of an FP8 GEMM and is saved in FP8 under
+``precision=fp8`` (:mod:`nest.core.precision`).
 """
 
 from dataclasses import dataclass
@@ -164,9 +166,11 @@ def block_tensors(spec: ModelSpec, moe: bool) -> list[tuple[float, str, bool]]:
             (a * spec.v_head_dim, INSIDE, False),
         ]
         out.append((a * spec.v_head_dim, INSIDE, True))  # output projection input
+        # the latents: the down-projections' outputs on the local tokens (norm inputs), and
+        # the gathered, normalised latents every tensor rank's up-projection reads
         if rq:
-            out += [(rq, REP, False), (rq, REP, True)]  # latent query: norm input, up input
-        out += [(rkv + rope, REP, False), (rkv, REP, True)]  # latent key/value
+            out += [(rq, OUTSIDE, False), (rq, REP, True)]
+        out += [(rkv + rope, OUTSIDE, False), (rkv, REP, True)]
     else:
         q, kv = a * spec.d_head, spec.kv_dim
         out += [(q, INSIDE, False), (kv, INSIDE, False), (kv, INSIDE, False), (q, INSIDE, True)]

@@ -646,7 +646,7 @@ class AnalyticModel:
         factor when one pads them (GShard, Lepikhin et al. 2021, §2.2). The router's GEMM is
         left out, as its FLOPs are."""
         m = self.spec
-        t, _, _, _, _, b, _, _, s_loc, _, _ = self._dims(shard)
+        t, _, _, sp_div, _, b, _, _, s_loc, _, _ = self._dims(shard)
         tokens = b * s_loc
         local = m.num_experts // shard.ep
         per_expert = tokens * m.top_k * shard.ep / m.num_experts * (m.capacity_factor or 1.0)
@@ -660,8 +660,8 @@ class AnalyticModel:
                 gemms[lin.name] = (per_expert, lin.n / t, lin.k, local)
             elif lin.split == EROW:
                 gemms[lin.name] = (per_expert, lin.n, lin.k / t, local)
-            elif lin.name != "router":
-                gemms[lin.name] = (tokens, lin.n, lin.k, 1)
+            elif lin.name != "router":  # MLA's down-projections, on the local tokens under SP
+                gemms[lin.name] = (tokens / sp_div, lin.n, lin.k, 1)
         return gemms
 
     def _cast_s(self, gemms: dict[str, tuple], device: Device) -> tuple[float, float]:
@@ -799,16 +799,24 @@ class AnalyticModel:
         tp_bwd: list[Collective] = []
         if t > 1 and sp:
             last = 1.0 / TP_OVERLAP_SPLITS
+            # MLA with sequence parallelism gathers its latents, not the hidden state: the
+            # down-projections run on the local s / t tokens (Megatron-Core
+            # multi_latent_attention.py), so the all-gather is of q_lora + kv_lora + rope wide
+            # rows (plus the hidden state when the query is projected at full rank)
+            attn_gather = x_bytes
+            if m.attention == "mla":
+                latent = (m.q_lora_rank or m.hidden) + m.kv_lora_rank + m.qk_rope_head_dim
+                attn_gather = p * s_loc * b * latent
             pairs = (
-                (attn_in, fwd_of["proj"], True),
-                (summed(("fc1", "sh_fc1")), summed(("fc2", "sh_fc2")), not ref.moe),
+                (attn_in, fwd_of["proj"], True, attn_gather),
+                (summed(("fc1", "sh_fc1")), summed(("fc2", "sh_fc2")), not ref.moe, x_bytes),
             )
-            for (f1, b1), (f2, b2), overlapped in pairs:
+            for (f1, b1), (f2, b2), overlapped, gather in pairs:
                 on = ov.tp and overlapped
                 hide = (lambda seconds: seconds) if on else (lambda seconds: 0.0)
                 # backward halves of each GEMM: data gradient first, then weight gradient
                 tp_fwd += [
-                    coll(CollectiveOp.ALL_GATHER, GroupKind.TP, x_bytes, hide(f1)),
+                    coll(CollectiveOp.ALL_GATHER, GroupKind.TP, gather, hide(f1)),
                     coll(
                         CollectiveOp.REDUCE_SCATTER,
                         GroupKind.TP,
@@ -819,7 +827,7 @@ class AnalyticModel:
                 ]
                 tp_bwd += [
                     coll(CollectiveOp.ALL_GATHER, GroupKind.TP, x_bytes, hide(b2 / 2)),
-                    coll(CollectiveOp.REDUCE_SCATTER, GroupKind.TP, x_bytes, hide(b1 / 2)),
+                    coll(CollectiveOp.REDUCE_SCATTER, GroupKind.TP, gather, hide(b1 / 2)),
                 ]
         elif t > 1:
             tp_fwd += [
