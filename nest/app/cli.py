@@ -166,6 +166,8 @@ def _report(cfg: DictConfig, planned: _Planned, base: dict, out_dir: Path, echo)
     problem, plan = planned.problem, planned.plans[0]
     report = evaluate(problem, plan)
     result = {**base, **report_to_dict(plan, report), **mfu_figures(problem, report)}
+    if hasattr(problem.model, "model_stats"):
+        result["model_stats"] = problem.model.model_stats()
     _write_json(out_dir / "plan.json", plan_to_dict(plan))
     _write_json(out_dir / "report.json", result)
     summary = format_summary(problem, plan, report)
