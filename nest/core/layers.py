@@ -256,7 +256,7 @@ class AnalyticModel:
     # ----------------------------------------------------------------- validity of a shard
     def shard_rules(self) -> list[str]:
         m = self.spec
-        rules = [f"tp must divide heads={m.heads} and the FFN sizes"]
+        rules = [f"tp must divide heads={m.heads} and the FFN size"]
         if m.is_moe:
             rules.append(f"ep must divide num_experts={m.num_experts} and dp*cp")
         return rules
