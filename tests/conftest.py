@@ -69,7 +69,12 @@ def make_problem(spec=None, cluster=None, *, flash=False, **train) -> Problem:
     kw.update(train)
     training = Training(flash_attention=flash, **kw)
     return Problem(
-        model=AnalyticModel(spec or make_spec(), flash_attention=flash, overlap=training.overlap),
+        model=AnalyticModel(
+            spec or make_spec(),
+            flash_attention=flash,
+            overlap=training.overlap,
+            precision=training.numerics,
+        ),
         cluster=cluster or make_cluster(),
         training=training,
     )
@@ -86,5 +91,12 @@ def assert_not_faster_than_peak(problem: Problem, plan) -> None:
     MFU <= 1; Chowdhery et al. 2022, PaLM, Appendix B). Computed from the model's FLOP count and
     the device sheet alone, so an objective under-reported by a planner or the evaluator fails."""
     flops = problem.model.model_flops_per_sample() * problem.training.global_batch
-    floor_s = flops / (plan.devices_used * problem.cluster.device.peak_flops_per_s)
+    device = problem.cluster.device
+    fp8 = problem.training.numerics.fp8  # FP8 GEMMs may run up to the FP8 peak
+    peak = (
+        max(device.peak_flops_per_s, device.fp8_peak_flops_per_s)
+        if fp8
+        else device.peak_flops_per_s
+    )
+    floor_s = flops / (plan.devices_used * peak)
     assert plan.objective_s >= floor_s * (1 - 1e-12), (plan.solver, plan.objective_s, floor_s)

@@ -56,7 +56,7 @@ def test_the_summary_shows_both_where_they_differ():
     text = format_summary(long, FixedPlanner(tp=1, pp=1, dp=4).solve(long), report)
     causal = causal_mfu(long, report)
     assert f"MFU {100 * report.mfu:.1f} % (SC21/Megatron model FLOPs" in text
-    assert f"{100 * causal:.1f} % counting half of the causal attention scores" in text
+    assert f"{100 * causal:.1f} % counting only the unmasked causal attention scores" in text
 
 
 def test_report_json_states_the_convention_and_the_causal_figure(tmp_path):

@@ -6,7 +6,7 @@ from nest.core.plan import Plan
 from nest.core.problem import Problem
 from nest.core.report import Report
 from nest.core.units import GiB
-from nest.cost.mfu import causal_mfu
+from nest.cost.mfu import causal_mfu, fp8_peak_mfu, plausibility_note
 
 
 def _ms(seconds: float) -> str:
@@ -101,5 +101,10 @@ def _mfu_text(problem, report) -> str:
     text = f", MFU {100 * report.mfu:.1f} % (SC21/Megatron model FLOPs"
     causal = causal_mfu(problem, report)
     if causal is not None and round(100 * causal, 1) != round(100 * report.mfu, 1):
-        text += f"; {100 * causal:.1f} % counting half of the causal attention scores"
-    return text + ")"
+        text += f"; {100 * causal:.1f} % counting only the unmasked causal attention scores"
+    fp8 = fp8_peak_mfu(problem, report)
+    if fp8 is not None:
+        text += f"; of the BF16 peak, {100 * fp8:.1f} % of the FP8 peak"
+    text += ")"
+    note = plausibility_note(problem, report)
+    return text + (f"\nnote: {note}" if note else "")

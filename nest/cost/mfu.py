@@ -1,25 +1,46 @@
-"""MFU: what it counts, and the causal-aware figure next to it.
+"""MFU: what it counts, the causal-aware figure next to it, and how it compares with the best
+published runs of its kind.
 
 **The convention** (:data:`FLOP_CONVENTION`). Model FLOPs are the matmul FLOPs of one forward
 pass, three times (forward and backward, no recompute), as Narayanan et al., "Efficient
 Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", SC21, §5.1 count them
-(``24 b s h^2 + 4 b s^2 h`` per block forward, ``2 b s h V`` for the logits), generalised to GQA,
-SwiGLU and MoE as Megatron-LM's ``num_floating_point_operations`` does
-(:meth:`nest.core.layers.AnalyticModel.model_flops_per_sample`). The attention scores
-(``4 b s^2 h``) are counted in full, also for a causal model: that is the published convention, so
-the figure compares with Megatron-LM's and the SC21 paper's. MFU = model FLOPs per iteration /
-(iteration time x devices used x peak FLOP/s).
+(``24 b s h^2 + 4 b s^2 h`` per block forward, ``2 b s h V`` for the logits), generalised as
+Megatron-LM's ``num_floating_point_operations`` does (megatron/training/training.py): GQA, gated
+MLPs, MoE (``top_k`` routed experts plus the shared ones, the router left out), multi-head
+latent attention (query/key heads ``nope + rope`` wide, value heads ``v`` wide) and
+multi-token-prediction modules (a block, the ``2h -> h`` projection and the logits again)
+(:meth:`nest.core.layers.AnalyticModel.model_flops_per_sample`). The attention scores are
+counted for every key a query may see (the sequence; the window or the chunk of a local block)
+in full, also for a causal model: SC21's count, and Megatron-LM's before it halved the causal
+term in 2025, which the published Megatron-Core runs validated here use. MFU = model FLOPs per
+iteration / (iteration time x devices used x the device's BF16 peak), also for FP8 runs; FP8
+runs give the FP8-peak figure next to it (``mfu_fp8_peak``: NVIDIA's dgxc-benchmarking reports
+FP8 MFU against the FP8 peak).
 
-**Causal-aware MFU.** A causal attention kernel computes only the unmasked half of the score
-matrix (FlashAttention skips the masked blocks), and the cost model charges it that half
-(:func:`nest.core.kernels.attention_time_s`). Counting the full scores as useful work then
-inflates MFU as the sequence grows: at 128K tokens the scores are most of the FLOPs. The causal
-figure counts half of the score FLOPs of a causal model (an encoder's are all useful):
-``mfu_causal = mfu x (F - A/2) / F`` with ``F`` the model FLOPs and ``A`` the score FLOPs
-(:meth:`~nest.core.layers.AnalyticModel.attention_score_flops_per_sample`). Dubey et al., "The
-Llama 3 Herd of Models" (2024), §3.3 report 38 % MFU for their 128K-context, CP16 run. A
-measured profile gives its FLOPs per layer without the split: its causal figure is not known.
+**Causal-aware MFU.** A causal attention kernel computes only the unmasked part of the score
+matrix (FlashAttention skips the masked blocks), and the cost model charges that part
+(:func:`nest.core.kernels.attention_time_s`): half of a global block's scores, ``1 - w / (2 s)``
+of a sliding window's. Counting the full scores as useful work inflates MFU as the sequence
+grows. The causal figure counts only the computed part: ``mfu_causal = mfu x (F - S) / F`` with
+``F`` the model FLOPs and ``S`` the skipped score FLOPs
+(:meth:`~nest.core.layers.AnalyticModel.causal_skipped_flops_per_sample`). It is the convention
+of Megatron-LM's current ``num_floating_point_operations``, of MaxText's
+``calculate_tflops_training_per_device`` (which counts a sliding window as ``s w - w^2 / 2``) and
+of DeepSeek's 250 GFLOP per token for DeepSeek-V3 at 4,096 tokens (Zhao et al., "Insights into
+DeepSeek-V3", ISCA 2025, Table 2: Megatron's causal count without the MTP module gives 249.8).
+Dubey et al., "The Llama 3 Herd of Models" (2024), §3.3 report 38 % MFU for their 128K-context,
+CP16 run. A measured profile gives its FLOPs per layer without the split: its causal figure is
+not known.
+
+**Plausibility** (:func:`plausibility_note`). An exact planner optimises what the cost model
+says; a figure above the best published run of the same kind of model on the same kind of
+device says the model promises more than anyone has measured. :data:`PUBLISHED_BEST` holds those
+runs (each with its source, in its own counting convention), and the run summary and
+``report.json["plausibility"]`` say when a plan's MFU is above them, and why the cost model may
+be optimistic there.
 """
+
+from dataclasses import dataclass
 
 from nest.core.layers import AnalyticModel
 from nest.core.problem import Problem
@@ -27,9 +48,10 @@ from nest.core.report import Report
 
 FLOP_CONVENTION = (
     "model FLOPs = 3 x forward matmul FLOPs (Narayanan et al. SC21 §5.1: 24bsh^2 + 4bs^2h per "
-    "block, 2bshV logits; GQA/SwiGLU/MoE as Megatron-LM's num_floating_point_operations), "
-    "attention scores counted in full (no causal discount), no recompute; MFU = model FLOPs / "
-    "(iteration time x devices used x peak)"
+    "block, 2bshV logits; GQA/SwiGLU/MoE/MLA/MTP as Megatron-LM's num_floating_point_operations, "
+    "router left out), attention scores counted in full over the keys each query may see (no "
+    "causal discount), no recompute; MFU = model FLOPs / (iteration time x devices used x BF16 "
+    "peak); mfu_causal counts only the unmasked scores (Megatron-LM since 2025, MaxText)"
 )
 
 
@@ -42,9 +64,125 @@ def causal_mfu(problem: Problem, report: Report) -> float | None:
     if not model.causal:
         return report.mfu
     flops = model.model_flops_per_sample()
-    return report.mfu * (flops - 0.5 * model.attention_score_flops_per_sample()) / flops
+    return report.mfu * (flops - model.causal_skipped_flops_per_sample()) / flops
+
+
+def fp8_peak_mfu(problem: Problem, report: Report) -> float | None:
+    """MFU against the device's FP8 peak, for an FP8 run (None otherwise)."""
+    device = problem.cluster.device
+    if not report.mfu or not problem.training.numerics.fp8 or not device.has_fp8:
+        return None
+    return report.mfu * device.peak_flops_per_s / device.fp8_peak_flops_per_s
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedBest:
+    """The best published MFU of a kind of model on a kind of device and precision."""
+
+    kind: str
+    """``dense`` or ``fine-grained MoE`` (:func:`model_kind`)."""
+    devices: frozenset[str]
+    """Device presets of that kind."""
+    precision: str
+    mfu: float
+    causal: bool
+    """Its FLOPs count only the unmasked attention scores (compare with ``mfu_causal``)."""
+    source: str
+
+
+HOPPER = frozenset({"h100_sxm", "h200_sxm"})
+
+PUBLISHED_BEST = (
+    PublishedBest(
+        "dense",
+        HOPPER,
+        "bf16",
+        0.49,
+        False,
+        "Megatron-LM README, H100 weak scaling (Megatron-Core r0.8.0): GPT 16B on 192 H100, "
+        "489.1 TFLOP/s per GPU, 49 % MFU (experiments/validation/cases.csv)",
+    ),
+    PublishedBest(
+        "fine-grained MoE",
+        HOPPER,
+        "bf16",
+        276 / 989.4,
+        True,
+        "Megatron-MoE-ModelZoo, best_practice/qwen3 (commit e8650517): Qwen3-235B-A22B on 256 "
+        "H100, 276 TFLOP/s per GPU (27.9 %); DeepSeek-V3 on 1,024 H100 reaches 235 TFLOP/s "
+        "(NVIDIA dgxc-benchmarking v25.08.02)",
+    ),
+    PublishedBest(
+        "dense",
+        HOPPER,
+        "fp8",
+        827 / 989.4,
+        True,
+        "Megatron-Bridge performance summary 26.04.01: Llama 3.1 405B in FP8 on 1,024 H100, "
+        "827 model TFLOP/s per GPU (83.6 % of the BF16 peak, 41.8 % of the FP8 peak)",
+    ),
+    PublishedBest(
+        "fine-grained MoE",
+        HOPPER,
+        "fp8",
+        253 / 989.4,
+        True,
+        "Megatron-Bridge performance summary 26.04.01: Qwen3-235B-A22B in FP8 on 256 H100, 253 "
+        "model TFLOP/s per GPU (25.6 % of the BF16 peak)",
+    ),
+)
+"""The best published runs the summary compares with (module docstring). Fine-grained MoE runs
+are counted by Megatron-LM's current formula, which halves the causal scores."""
+
+WHY_OPTIMISTIC = {
+    "dense": "the cost model's in-step matmul efficiency (0.65 of peak) is an assumption no "
+    "micro-benchmark isolates, and it leaves out kernel launch gaps, stragglers and data "
+    "loading (docs/trust/fidelity.md)",
+    "fine-grained MoE": "the cost model balances the router's tokens perfectly and leaves out "
+    "the token permutation, the routing imbalance and the many small expert GEMMs' launch "
+    "overheads that published fine-grained MoE runs pay (docs/trust/fidelity.md)",
+}
+
+
+def model_kind(problem: Problem) -> str | None:
+    """``dense``, ``fine-grained MoE`` (experts narrower than the hidden size, as DeepSeekMoE,
+    Qwen3-MoE, GPT-OSS) or None (coarse MoE such as Mixtral, or a measured profile)."""
+    model = problem.model
+    if not isinstance(model, AnalyticModel):
+        return None
+    spec = model.spec
+    if not spec.is_moe:
+        return "dense"
+    return "fine-grained MoE" if spec.expert_ffn < spec.hidden else None
+
+
+def plausibility_note(problem: Problem, report: Report) -> str | None:
+    """A one-line note when the plan's MFU is above the best published run of its kind
+    (:data:`PUBLISHED_BEST`), with the reason the cost model may be optimistic; None otherwise."""
+    kind = model_kind(problem)
+    precision = problem.training.numerics.format.value
+    device = problem.cluster.device.name
+    for best in PUBLISHED_BEST:
+        if (best.kind, best.precision) != (kind, precision) or device not in best.devices:
+            continue
+        mfu = causal_mfu(problem, report) if best.causal else report.mfu
+        if mfu is None or mfu <= best.mfu:
+            return None
+        counted = "causal-aware " if best.causal else ""
+        return (
+            f"{counted}MFU {100 * mfu:.1f} % is above the best published {kind} run on this "
+            f"device in {precision} ({100 * best.mfu:.1f} %: {best.source}); read the figure "
+            f"as an upper bound: {WHY_OPTIMISTIC[kind]}"
+        )
+    return None
 
 
 def mfu_figures(problem: Problem, report: Report) -> dict:
-    """The ``report.json`` keys: ``mfu_causal`` and ``flop_convention``."""
-    return {"mfu_causal": causal_mfu(problem, report), "flop_convention": FLOP_CONVENTION}
+    """The ``report.json`` keys: ``mfu_causal``, ``mfu_fp8_peak``, ``flop_convention`` and
+    ``plausibility``."""
+    return {
+        "mfu_causal": causal_mfu(problem, report),
+        "mfu_fp8_peak": fp8_peak_mfu(problem, report),
+        "flop_convention": FLOP_CONVENTION,
+        "plausibility": plausibility_note(problem, report),
+    }
