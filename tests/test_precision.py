@@ -1,6 +1,6 @@
 """FP8 training: each term of nest/core/precision.py on worked examples.
 
-Sources (docs/inputs/precision.md): Transformer Engine runs the block linears' forward, data-
+Sources (docs/plan/precision.md): Transformer Engine runs the block linears' forward, data-
 and weight-gradient GEMMs in FP8 and keeps the attention core, LM head, embedding and router in
 BF16; it casts each weight once per iteration and keeps the FP8 weight and its transpose
 (Hopper); it saves FP8 GEMM inputs in FP8; per-tensor current scaling reads a tensor once more

@@ -607,7 +607,8 @@ class AnalyticModel:
             LayerRef(index=-1, kind=LayerKind.HEAD, name="mtp head"), shard, device
         )
         head = replace(head, dense_params=0.0, tied_copy_params=0.0)
-        return combine(combine(proj, self._block_cost(self.mtp_ref, shard, device)), head)
+        block = self.layer_cost(self.mtp_ref, shard, device)  # the last block's, cached
+        return combine(combine(proj, block), head)
 
     def _block_activations(self, ref: LayerRef, shard: Shard) -> dict:
         """Stored bytes per recompute mode (Korthikanti et al. §4; the inventory of
@@ -795,45 +796,8 @@ class AnalyticModel:
             return sum(f for f, _ in got), sum(b_ for _, b_ in got)
 
         attn_in = summed(("qkv", "q", "q_down", "q_up", "kv_down", "kv_up"))
-        tp_fwd: list[Collective] = []
-        tp_bwd: list[Collective] = []
-        if t > 1 and sp:
-            last = 1.0 / TP_OVERLAP_SPLITS
-            # MLA with sequence parallelism gathers its latents, not the hidden state: the
-            # down-projections run on the local s / t tokens (Megatron-Core
-            # multi_latent_attention.py), so the all-gather is of q_lora + kv_lora + rope wide
-            # rows (plus the hidden state when the query is projected at full rank)
-            attn_gather = x_bytes
-            if m.attention == "mla":
-                latent = (m.q_lora_rank or m.hidden) + m.kv_lora_rank + m.qk_rope_head_dim
-                attn_gather = p * s_loc * b * latent
-            pairs = (
-                (attn_in, fwd_of["proj"], True, attn_gather),
-                (summed(("fc1", "sh_fc1")), summed(("fc2", "sh_fc2")), not ref.moe, x_bytes),
-            )
-            for (f1, b1), (f2, b2), overlapped, gather in pairs:
-                on = ov.tp and overlapped
-                hide = (lambda seconds: seconds) if on else (lambda seconds: 0.0)
-                # backward halves of each GEMM: data gradient first, then weight gradient
-                tp_fwd += [
-                    coll(CollectiveOp.ALL_GATHER, GroupKind.TP, gather, hide(f1)),
-                    coll(
-                        CollectiveOp.REDUCE_SCATTER,
-                        GroupKind.TP,
-                        x_bytes,
-                        hide(f2),
-                        last if on else 0.0,
-                    ),
-                ]
-                tp_bwd += [
-                    coll(CollectiveOp.ALL_GATHER, GroupKind.TP, x_bytes, hide(b2 / 2)),
-                    coll(CollectiveOp.REDUCE_SCATTER, GroupKind.TP, gather, hide(b1 / 2)),
-                ]
-        elif t > 1:
-            tp_fwd += [
-                Collective(CollectiveOp.ALL_REDUCE, GroupKind.TP, x_bytes)
-            ] * 2  # attention and MLP
-            tp_bwd += [Collective(CollectiveOp.ALL_REDUCE, GroupKind.TP, x_bytes)] * 2
+        mlp = (summed(("fc1", "sh_fc1")), summed(("fc2", "sh_fc2")))
+        tp_fwd, tp_bwd = self._tp_collectives(ref, shard, coll, (attn_in, fwd_of["proj"]), mlp)
         cp_fwd: list[Collective] = []
         cp_bwd: list[Collective] = []
         if c > 1:
@@ -861,3 +825,53 @@ class AnalyticModel:
             ] * 2  # dispatch, combine
             ep_bwd = [coll(CollectiveOp.ALL_TO_ALL, GroupKind.EP, a2a_bytes, hide_b)] * 2
         return tuple(tp_fwd + cp_fwd + ep_fwd), tuple(tp_bwd + cp_bwd + ep_bwd)
+
+    def _tp_collectives(self, ref: LayerRef, shard: Shard, coll, attention, mlp):
+        """The block's tensor-parallel collectives, forward and backward: with sequence
+        parallelism an all-gather before and a reduce-scatter after the attention and the MLP
+        (each ``(forward, backward)`` seconds of its first and its second GEMMs in ``attention``
+        and ``mlp``, which ``--tp-comm-overlap`` hides them under); without it two all-reduces
+        each way (Korthikanti et al. §4.2.2)."""
+        m = self.spec
+        t, _, sp, _, p, b, _, _, s_loc, _, x_bytes = self._dims(shard)
+        ov = self.overlap
+        tp_fwd: list[Collective] = []
+        tp_bwd: list[Collective] = []
+        if t > 1 and sp:
+            last = 1.0 / TP_OVERLAP_SPLITS
+            # MLA with sequence parallelism gathers its latents, not the hidden state: the
+            # down-projections run on the local s / t tokens (Megatron-Core
+            # multi_latent_attention.py), so the all-gather is of q_lora + kv_lora + rope wide
+            # rows (plus the hidden state when the query is projected at full rank)
+            attn_gather = x_bytes
+            if m.attention == "mla":
+                latent = (m.q_lora_rank or m.hidden) + m.kv_lora_rank + m.qk_rope_head_dim
+                attn_gather = p * s_loc * b * latent
+            pairs = (
+                (*attention, True, attn_gather),
+                (*mlp, not ref.moe, x_bytes),
+            )
+            for (f1, b1), (f2, b2), overlapped, gather in pairs:
+                on = ov.tp and overlapped
+                hide = (lambda seconds: seconds) if on else (lambda seconds: 0.0)
+                # backward halves of each GEMM: data gradient first, then weight gradient
+                tp_fwd += [
+                    coll(CollectiveOp.ALL_GATHER, GroupKind.TP, gather, hide(f1)),
+                    coll(
+                        CollectiveOp.REDUCE_SCATTER,
+                        GroupKind.TP,
+                        x_bytes,
+                        hide(f2),
+                        last if on else 0.0,
+                    ),
+                ]
+                tp_bwd += [
+                    coll(CollectiveOp.ALL_GATHER, GroupKind.TP, x_bytes, hide(b2 / 2)),
+                    coll(CollectiveOp.REDUCE_SCATTER, GroupKind.TP, gather, hide(b1 / 2)),
+                ]
+        elif t > 1:
+            tp_fwd += [
+                Collective(CollectiveOp.ALL_REDUCE, GroupKind.TP, x_bytes)
+            ] * 2  # attention and MLP
+            tp_bwd += [Collective(CollectiveOp.ALL_REDUCE, GroupKind.TP, x_bytes)] * 2
+        return tp_fwd, tp_bwd

@@ -2,7 +2,7 @@
 
 What FP8 changes in the cost model (each term in :mod:`nest.core.layers` and
 :mod:`nest.cost.state`), following Transformer Engine as Megatron-Core runs it
-(docs/inputs/precision.md gives the sources of every item):
+(docs/plan/precision.md gives the sources of every item):
 
 - **Which GEMMs.** The linear layers of the transformer blocks (QKV or MLA's projections, the
   attention output projection, FC1/FC2, routed and shared experts, the MTP block) run their
