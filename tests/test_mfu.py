@@ -65,3 +65,54 @@ def test_report_json_states_the_convention_and_the_causal_figure(tmp_path):
     assert "SC21" in report["flop_convention"] and "in full" in report["flop_convention"]
     assert 0 < report["mfu_causal"] <= report["mfu"]
     assert any("SC21/Megatron model FLOPs" in line for line in lines)
+
+
+def _fixed_report(problem):
+    return evaluate(problem, FixedPlanner(tp=1, pp=1, dp=4, microbatch_size=1).solve(problem))
+
+
+def test_a_plan_above_the_best_published_run_of_its_kind_says_so():
+    """A dense model on an H100 preset at MFU above the best published dense H100 run (49 %,
+    Megatron-LM README) gets a note naming that run and why the model may be optimistic; on a
+    device with no published reference, or below it, none."""
+    from nest.cost.mfu import PUBLISHED_BEST, plausibility_note
+
+    spec = make_spec(hidden=2048, ffn_hidden=8192, heads=16, seq_len=512, dropout=False)
+    fast_hbm = dict(name="h100_sxm", hbm_bw_bytes_per_s=100e12, hbm_bytes=80 * 2**30)
+    fast = make_problem(spec, make_cluster(fanouts=(4,), **fast_hbm), global_batch=64)
+    report = _fixed_report(fast)
+    dense = next(b for b in PUBLISHED_BEST if b.kind == "dense" and b.precision == "bf16")
+    assert report.mfu > dense.mfu  # the toy device runs every FLOP at peak
+    note = plausibility_note(fast, report)
+    assert note is not None and f"{100 * dense.mfu:.1f} %" in note and "upper bound" in note
+    other_hbm = {**fast_hbm, "name": "dev"}
+    other = make_problem(spec, make_cluster(fanouts=(4,), **other_hbm), global_batch=64)
+    assert plausibility_note(other, _fixed_report(other)) is None
+    slow = make_problem(
+        spec,
+        make_cluster(fanouts=(4,), matmul_efficiency=0.2, **fast_hbm),
+        global_batch=64,
+    )
+    slow_report = _fixed_report(slow)
+    assert slow_report.mfu < dense.mfu
+    assert plausibility_note(slow, slow_report) is None
+
+
+def test_fine_grained_moe_is_judged_on_the_causal_count():
+    """Published fine-grained MoE TFLOP/s come from Megatron-LM's causal count, so the note
+    compares the causal-aware MFU."""
+    from nest.cost.mfu import model_kind, plausibility_note
+
+    spec = make_spec(
+        hidden=2048, heads=16, num_experts=8, top_k=2, moe_ffn_hidden=1024, seq_len=512
+    )
+    fast_hbm = dict(name="h100_sxm", hbm_bw_bytes_per_s=100e12, hbm_bytes=80 * 2**30)
+    problem = make_problem(spec, make_cluster(fanouts=(4,), **fast_hbm), global_batch=64)
+    assert model_kind(problem) == "fine-grained MoE"
+    report = _fixed_report(problem)
+    note = plausibility_note(problem, report)
+    assert note is not None and note.startswith(
+        f"causal-aware MFU {100 * causal_mfu(problem, report):.1f} %"
+    )
+    coarse = make_problem(make_spec(num_experts=8, top_k=2), make_cluster(fanouts=(4,)))
+    assert model_kind(coarse) is None

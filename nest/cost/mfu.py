@@ -99,8 +99,7 @@ PUBLISHED_BEST = (
         "bf16",
         0.49,
         False,
-        "Megatron-LM README, H100 weak scaling (Megatron-Core r0.8.0): GPT 16B on 192 H100, "
-        "489.1 TFLOP/s per GPU, 49 % MFU (experiments/validation/cases.csv)",
+        "GPT 16B on 192 H100, 489 TFLOP/s per GPU: Megatron-LM README, weak scaling, r0.8.0",
     ),
     PublishedBest(
         "fine-grained MoE",
@@ -108,9 +107,9 @@ PUBLISHED_BEST = (
         "bf16",
         276 / 989.4,
         True,
-        "Megatron-MoE-ModelZoo, best_practice/qwen3 (commit e8650517): Qwen3-235B-A22B on 256 "
-        "H100, 276 TFLOP/s per GPU (27.9 %); DeepSeek-V3 on 1,024 H100 reaches 235 TFLOP/s "
-        "(NVIDIA dgxc-benchmarking v25.08.02)",
+        "Qwen3-235B-A22B on 256 H100, 276 TFLOP/s per GPU: Megatron-MoE-ModelZoo "
+        "best_practice/qwen3 @e8650517; DeepSeek-V3 on 1,024 H100 reaches 235 (dgxc-benchmarking "
+        "v25.08.02)",
     ),
     PublishedBest(
         "dense",
@@ -118,8 +117,8 @@ PUBLISHED_BEST = (
         "fp8",
         827 / 989.4,
         True,
-        "Megatron-Bridge performance summary 26.04.01: Llama 3.1 405B in FP8 on 1,024 H100, "
-        "827 model TFLOP/s per GPU (83.6 % of the BF16 peak, 41.8 % of the FP8 peak)",
+        "Llama 3.1 405B on 1,024 H100, 827 TFLOP/s per GPU: Megatron-Bridge performance "
+        "summary 26.04.01",
     ),
     PublishedBest(
         "fine-grained MoE",
@@ -127,20 +126,18 @@ PUBLISHED_BEST = (
         "fp8",
         253 / 989.4,
         True,
-        "Megatron-Bridge performance summary 26.04.01: Qwen3-235B-A22B in FP8 on 256 H100, 253 "
-        "model TFLOP/s per GPU (25.6 % of the BF16 peak)",
+        "Qwen3-235B-A22B on 256 H100, 253 TFLOP/s per GPU: Megatron-Bridge performance summary "
+        "26.04.01",
     ),
 )
 """The best published runs the summary compares with (module docstring). Fine-grained MoE runs
 are counted by Megatron-LM's current formula, which halves the causal scores."""
 
 WHY_OPTIMISTIC = {
-    "dense": "the cost model's in-step matmul efficiency (0.65 of peak) is an assumption no "
-    "micro-benchmark isolates, and it leaves out kernel launch gaps, stragglers and data "
-    "loading (docs/trust/fidelity.md)",
-    "fine-grained MoE": "the cost model balances the router's tokens perfectly and leaves out "
-    "the token permutation, the routing imbalance and the many small expert GEMMs' launch "
-    "overheads that published fine-grained MoE runs pay (docs/trust/fidelity.md)",
+    "dense": "the in-step GEMM rate (0.65 of peak) is assumed, and launch gaps, stragglers and "
+    "data loading are not modelled",
+    "fine-grained MoE": "tokens are routed perfectly balanced, and token permutation and "
+    "routing imbalance are not modelled",
 }
 
 
@@ -170,9 +167,9 @@ def plausibility_note(problem: Problem, report: Report) -> str | None:
             return None
         counted = "causal-aware " if best.causal else ""
         return (
-            f"{counted}MFU {100 * mfu:.1f} % is above the best published {kind} run on this "
-            f"device in {precision} ({100 * best.mfu:.1f} %: {best.source}); read the figure "
-            f"as an upper bound: {WHY_OPTIMISTIC[kind]}"
+            f"{counted}MFU {100 * mfu:.1f} % is above the best published {kind} run on "
+            f"{device} in {precision.upper()}, {100 * best.mfu:.1f} % ({best.source}); read it "
+            f"as an upper bound: {WHY_OPTIMISTIC[kind]} (docs/plan/models.md)"
         )
     return None
 
