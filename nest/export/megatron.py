@@ -427,8 +427,8 @@ def export_megatron(problem: Problem, plan: Plan, report=None, replan=None):
         )
     else:
         head = (
-            "# Add your model's shape flags (--num-layers, --hidden-size, --max-position-embeddings\n"
-            "# >= --seq-length, ...) and data flags.\n"
+            "# Add your model's shape flags (--num-layers, --hidden-size,\n"
+            "# --max-position-embeddings >= --seq-length, ...) and data flags.\n"
         )
     text = (
         f"# Megatron-LM arguments for {plan.solver or 'the plan'} ({CHECKED}).\n"
