@@ -62,7 +62,8 @@ defaults are off for every one of them):
   own FP8 launcher does (``examples/llama/train_llama3_8b_h100_fp8.sh`` at the same commit;
   Megatron's defaults are a history of 1 and ``most_recent``). ``fp8_param_gather``:
   ``--fp8-param-gather``, which ``validate_args`` accepts only with the distributed optimizer or
-  Megatron FSDP (ZeRO >= 1 here); a ZeRO-0 plan is exported without it and re-scored so.
+  Megatron FSDP: a ZeRO-0 plan with data parallelism is not expressible (nearest: ZeRO-1), and
+  one without it gets ``--use-distributed-optimizer``, which shards nothing over one rank.
   Transformer Engine versions each recipe needs (``megatron/core/fp8_utils.py``): tensorwise
   >= 2.2.0.dev0, blockwise >= 2.3.0.dev0, mxfp8 >= 2.1.0 (and Blackwell).
 
@@ -159,6 +160,12 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
             f"{strongest} everywhere)"
         )
         changes["recompute"] = [strongest] * len(modes)
+    if problem.training.numerics.param_gather and plan.zero_stage == 0 and plan.dp * plan.cp > 1:
+        issues.append(
+            "FP8 parameter gather with ZeRO-0 (Megatron accepts --fp8-param-gather only with the "
+            "distributed optimizer or Megatron FSDP; used ZeRO-1)"
+        )
+        changes["zero_stage"] = 1
     if plan.schedule is Schedule.GPIPE:
         issues.append("the GPipe schedule (Megatron runs 1F1B; used 1F1B)")
         changes["schedule"] = Schedule.ONE_F_ONE_B
@@ -221,6 +228,10 @@ def megatron_args(problem: Problem, plan: Plan) -> list[str]:
             "--recompute-num-layers 1",
         ]
     args += ZERO_FLAGS[plan.zero_stage]
+    if plan.zero_stage == 0 and problem.training.numerics.param_gather:
+        # no data parallelism (nearest_expressible moved any other ZeRO-0 plan): the distributed
+        # optimizer over one rank shards nothing, and --fp8-param-gather needs it
+        args.append("--use-distributed-optimizer")
     args += _partition_args(problem, plan)
     if placement_order(plan, (DEFAULT_ORDER,)) is None:
         args.append("--use-tp-pp-dp-mapping")
@@ -250,12 +261,6 @@ def training_args(problem: Problem, plan: Plan) -> list[str]:
     return args + fp8_args(problem, plan)
 
 
-def _fp8_param_gather_runs(problem: Problem, plan: Plan) -> bool:
-    """``--fp8-param-gather`` is emitted: ``validate_args`` refuses it without the distributed
-    optimizer or Megatron FSDP, which ZeRO-0 (plain DDP) has neither of."""
-    return problem.training.numerics.param_gather and plan.zero_stage >= 1
-
-
 def fp8_args(problem: Problem, plan: Plan) -> list[str]:
     """The FP8 flags (module docstring); none in BF16."""
     numerics = problem.training.numerics
@@ -264,7 +269,7 @@ def fp8_args(problem: Problem, plan: Plan) -> list[str]:
     args = ["--fp8-format hybrid", f"--fp8-recipe {numerics.recipe.value}"]
     if numerics.recipe is Fp8Recipe.DELAYED:
         args += ["--fp8-amax-history-len 1024", "--fp8-amax-compute-algo max"]
-    if _fp8_param_gather_runs(problem, plan):
+    if numerics.param_gather:
         args.append("--fp8-param-gather")
     return args
 
@@ -274,12 +279,6 @@ def framework_runs(problem: Problem, plan: Plan) -> dict:
     runs = {}
     if plan.cp > 1:
         runs["cp_comm_overlap"] = (True, "Megatron's default --cp-comm-type p2p overlaps the ring")
-    if problem.training.numerics.param_gather and not _fp8_param_gather_runs(problem, plan):
-        runs["fp8_param_gather"] = (
-            False,
-            "Megatron refuses --fp8-param-gather without the distributed optimizer, which a "
-            "ZeRO-0 plan does not use",
-        )
     return runs
 
 
