@@ -848,6 +848,11 @@ def megatron_model(flags: dict) -> dict:
         top_k=int(flags.get("--moe-router-topk", 2)),
         expert_ffn=int(flags.get("--moe-ffn-hidden-size", flags["--ffn-hidden-size"])),
         shared_ffn=int(flags.get("--moe-shared-expert-intermediate-size", 0)),
+        # padded to capacity only with --moe-pad-expert-input-to-capacity (its help: "effective
+        # only after the --moe-expert-capacity-factor is set")
+        capacity_factor=float(flags["--moe-expert-capacity-factor"])
+        if "--moe-pad-expert-input-to-capacity" in flags and "--moe-expert-capacity-factor" in flags
+        else None,
         local=local,
         window_keys=keys,
         qk_norm="--qk-layernorm" in flags,
@@ -897,6 +902,7 @@ SHAPES = {
         layers=10, moe_layer_freq=3, moe_layer_phase=2, first_dense_layers=1, **MOE
     ),
     "moe_all_blocks": dict(shared_experts=1, **MOE),
+    "moe_capacity_factor": dict(capacity_factor=1.25, **MOE),
 }
 
 
@@ -919,6 +925,7 @@ def test_megatron_builds_the_models_shape(name):
     if spec.is_moe:
         assert (got["experts"], got["top_k"]) == (spec.num_experts, spec.top_k)
         assert (got["expert_ffn"], got["shared_ffn"]) == (spec.expert_ffn, spec.shared_ffn)
+        assert got["capacity_factor"] == spec.capacity_factor
     if spec.attention == "mla":
         assert got["mla"] == {k: getattr(spec, k) for k in got["mla"]}
         assert got["qk_norm"]  # DeepSeek's latent norms, which the cost model counts

@@ -95,7 +95,9 @@ field as Megatron-Core reads it:
   ``--moe-shared-expert-intermediate-size`` (all shared experts together, as its help says),
   ``--moe-layer-freq``: an integer ``n`` when MoE blocks are exactly ``i % n == 0``
   (``gpt_layer_specs.py``), else the per-layer list as a pattern expression (``[0]*3+[1]*58``)
-  that ``_eval_pattern`` evaluates (only ``,0-9[]()+*`` allowed).
+  that ``_eval_pattern`` evaluates (only ``,0-9[]()+*`` allowed); ``capacity_factor``:
+  ``--moe-expert-capacity-factor`` with ``--moe-pad-expert-input-to-capacity`` (the cost model
+  pads each expert's GEMM to its capacity).
 - ``mtp_layers``: ``--mtp-num-layers``, which ``validate_args`` accepts only with rope (or no)
   position embeddings.
 - The rest: ``--num-layers``, ``--hidden-size``, ``--ffn-hidden-size``, ``--num-attention-heads``,
@@ -373,6 +375,11 @@ def model_args(problem: Problem) -> tuple[list[str], list[str]]:
         args.append(f"--moe-ffn-hidden-size {spec.expert_ffn}")
         if spec.shared_experts:
             args.append(f"--moe-shared-expert-intermediate-size {spec.shared_ffn}")
+        if spec.capacity_factor is not None:  # each expert's GEMM padded to its capacity
+            args += [
+                f"--moe-expert-capacity-factor {spec.capacity_factor}",
+                "--moe-pad-expert-input-to-capacity",
+            ]
         if spec.first_dense_layers == 0 and spec.moe_layer_phase == 0:
             args.append(f"--moe-layer-freq {spec.moe_layer_freq}")
         else:

@@ -386,6 +386,7 @@ SHAPE_FIELDS = [
     "moe_layer_freq",
     "moe_layer_phase",
     "mtp_layers",
+    "capacity_factor",
 ]
 
 
