@@ -12,6 +12,7 @@ data parallelism keeps per device in ZeRO terms); the tests check that this is t
 
 import dataclasses
 import json
+import re
 import tomllib
 
 import pytest
@@ -19,7 +20,8 @@ import pytest
 from baselines.fixed import FixedPlanner
 from nest.core.errors import UserError
 from nest.core.layers import AnalyticModel
-from nest.core.problem import Problem
+from nest.core.problem import Problem, Training
+from nest.core.units import TFLOP
 from nest.cost import evaluate
 from nest.export import export_plan, targets_of
 from nest.export.megatron import megatron_args
@@ -57,6 +59,12 @@ MEGATRON_FLAGS = {
     "--overlap-moe-expert-parallel-comm",
     "--optimizer",
     "--sgd-momentum",
+    # FP8 (_add_transformer_engine_args)
+    "--fp8-format",
+    "--fp8-recipe",
+    "--fp8-amax-history-len",
+    "--fp8-amax-compute-algo",
+    "--fp8-param-gather",
 }
 
 
@@ -298,6 +306,7 @@ def torchtitan_runs(t: dict, world: int) -> dict:
         tp_comm_overlap=bool(par.get("enable_async_tensor_parallel") and tr.get("compile")),
         ep_comm_overlap=False,
     )
+    settings.update(torchtitan_fp8(t, tp=tp, dp_shard=shard))
     if not fsdp:
         zero = 0 if rep > 1 else None  # None: no data parallelism, every stage is the same
     elif pp > 1:
@@ -308,6 +317,32 @@ def torchtitan_runs(t: dict, world: int) -> dict:
         tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, microbatch_size=mbs, num_microbatches=steps * n,
         global_batch=global_batch, zero_stage=zero, seq_len=tr.get("seq_len"), training=settings,
     )  # fmt: skip
+
+
+def torchtitan_fp8(t: dict, *, tp: int, dp_shard: int) -> dict:
+    """What torchtitan @ 000204a4a8bf runs of FP8 from a job config; ``{}`` without converters.
+
+    ``config/job_config.py``: ``[float8] recipe_name`` is ``Literal["tensorwise", "rowwise",
+    "rowwise_with_gw_hp"] | None`` (None: torchao's dynamic tensorwise scaling), ``[mx]
+    recipe_name`` is ``Literal["mxfp8"]``. ``components/quantization/float8.py``: a recipe_name
+    with ``enable_fsdp_float8_all_gather`` is refused; the all-gather is on only when
+    ``parallel_dims.dp_shard_enabled`` (``dp_shard > 1``). ``mx.py``: no compile with ``tp > 1``.
+    ``"delayed"`` never comes back: torchao float8 has no delayed scaling."""
+    converters = t.get("model", {}).get("converters", [])
+    if not converters:
+        return {}
+    float8, mx = t.get("float8", {}), t.get("mx", {})
+    name = float8.get("recipe_name")
+    assert name in (None, "tensorwise", "rowwise", "rowwise_with_gw_hp")
+    if name is not None:
+        assert not float8.get("enable_fsdp_float8_all_gather")
+    if "mx" in converters:
+        assert mx.get("recipe_name", "mxfp8") == "mxfp8"
+        assert not (t["training"].get("compile") and tp > 1)
+        return dict(precision="fp8", fp8_recipe="mxfp8", fp8_param_gather=False)
+    gather = bool(float8.get("enable_fsdp_float8_all_gather")) and dp_shard > 1
+    recipe = "tensorwise" if name in (None, "tensorwise") else name
+    return dict(precision="fp8", fp8_recipe=recipe, fp8_param_gather=gather)
 
 
 def megatron_runs(flags: dict, world: int) -> dict:
@@ -356,6 +391,23 @@ def megatron_runs(flags: dict, world: int) -> dict:
         cp_comm_overlap=True,
         ep_comm_overlap="--overlap-moe-expert-parallel-comm" in flags,
     )
+    # FP8 (_add_transformer_engine_args): --fp8-format {e4m3,hybrid} (dest fp8, default None:
+    # no FP8), --fp8-recipe {tensorwise,delayed,mxfp8,blockwise,custom} (default delayed),
+    # --fp8-amax-compute-algo {most_recent,max}. validate_args: --fp8-param-gather "only supported
+    # with distributed optimizer, torch fsdp2, megatron fsdp, or inference mode";
+    # TransformerConfig: "fp8_param must be used together with fp8 mode".
+    fmt = flags.get("--fp8-format")
+    recipe = flags.get("--fp8-recipe", "delayed")
+    assert fmt in (None, "e4m3", "hybrid")
+    assert recipe in ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")
+    assert flags.get("--fp8-amax-compute-algo", "most_recent") in ("most_recent", "max")
+    if "--fp8-param-gather" in flags:
+        assert fmt is not None
+        assert "--use-distributed-optimizer" in flags or "--use-megatron-fsdp" in flags
+    if fmt is not None:
+        settings.update(
+            precision="fp8", fp8_recipe=recipe, fp8_param_gather="--fp8-param-gather" in flags
+        )
     if zero is None:
         zero = 1 if "--use-distributed-optimizer" in flags else 0
     return dict(
@@ -495,6 +547,7 @@ def as_run(problem, settings: dict):
         problem.model.spec,
         flash_attention=problem.training.flash_attention,
         overlap=training.overlap,
+        precision=training.numerics,
     )
     return Problem(model=model, cluster=problem.cluster, training=training)
 
@@ -527,7 +580,13 @@ def test_the_export_runs_what_the_plan_was_scored_with(defaults_problem, target,
     exported iteration time is the plan evaluated under them, and any setting that differs from
     the scored one is named in a warning and in the JSON (issue 26: Megatron ran without
     --overlap-grad-reduce and --tp-comm-overlap while the export said exported = planned)."""
-    problem = defaults_problem
+    exp = check_scored(defaults_problem, target, settings)
+    if target == "megatron":  # Megatron can carry every default: nothing re-scored
+        assert not exp.framework_differences
+
+
+def check_scored(problem, target: str, settings: dict):
+    """The body of the test above, for any problem: returns the export."""
     plan = fixed(problem, **settings)
     exp = export_plan(problem, plan, target)
     if target == "torchtitan":
@@ -549,5 +608,374 @@ def test_the_export_runs_what_the_plan_was_scored_with(defaults_problem, target,
         assert all(k in warning for k in differs) and f"{want:.4f} s" in warning
     else:
         assert exp.exported_iteration_time_s == exp.plan_iteration_time_s and not exp.warnings
-    if target == "megatron":  # Megatron can carry every default: nothing re-scored
-        assert not differs
+    return exp
+
+
+# ------------------------------------------------------------------------------------------------
+# FP8 training options
+# ------------------------------------------------------------------------------------------------
+
+
+def fp8_problem(spec=None, *, recipe="delayed", param_gather=False, **train) -> Problem:
+    """conf/training/default.yaml's overlaps with FP8 GEMMs, on a device with FP8 (and MXFP8)
+    tensor cores; the analytic model is built at the training's precision."""
+    kw = dict(
+        global_batch=32,
+        microbatch_sizes=(1, 2),
+        overlap_grad_sync=True,
+        tp_comm_overlap=True,
+        cp_comm_overlap=True,
+        precision="fp8",
+        fp8_recipe=recipe,
+        fp8_param_gather=param_gather,
+    )
+    training = Training(**{**kw, **train})
+    cluster = make_cluster(
+        fanouts=(4, 4), fp8_peak_flops_per_s=200 * TFLOP, fp8_gemm_ceiling=0.8, mxfp8=True
+    )
+    model = AnalyticModel(
+        spec or make_spec(layers=8, heads=8),
+        flash_attention=training.flash_attention,
+        overlap=training.overlap,
+        precision=training.numerics,
+    )
+    return Problem(model=model, cluster=cluster, training=training)
+
+
+FP8_RUN_CASES = [
+    ("megatron", "delayed", True, dict(tp=2, pp=2, dp=4, zero_stage=1)),
+    ("megatron", "tensorwise", True, dict(tp=2, pp=1, dp=8, zero_stage=3)),
+    ("megatron", "blockwise", False, dict(tp=2, cp=2, pp=1, dp=4, zero_stage=0)),
+    ("megatron", "mxfp8", True, dict(tp=2, pp=1, dp=8, zero_stage=2)),
+    ("megatron", "tensorwise", True, dict(tp=4, pp=4, dp=1, zero_stage=0)),  # no data parallelism
+    ("torchtitan", "delayed", True, dict(tp=2, pp=1, dp=8, zero_stage=3)),
+    ("torchtitan", "tensorwise", True, dict(tp=1, pp=2, dp=8, zero_stage=1)),
+    ("torchtitan", "tensorwise", True, dict(tp=4, pp=4, dp=1, zero_stage=2)),  # no FSDP shards
+    ("torchtitan", "mxfp8", True, dict(tp=2, pp=1, dp=8, zero_stage=3)),
+    ("torchtitan", "mxfp8", False, dict(tp=1, pp=1, dp=16, zero_stage=2)),
+]
+
+
+@pytest.mark.parametrize(
+    "target, recipe, param_gather, settings", FP8_RUN_CASES, ids=lambda v: str(v)
+)
+def test_the_fp8_export_runs_what_the_plan_was_scored_with(target, recipe, param_gather, settings):
+    """FP8 recipe and FP8 parameter gather are training settings like the overlaps: each
+    framework's own rules (megatron_runs, torchtitan_fp8) applied to the exported values give
+    what it runs, and the exported time is the plan evaluated under that. Megatron runs every
+    recipe and, with the distributed optimizer, FP8 parameter gather as scored; torchtitan runs
+    tensorwise for delayed (it has no delayed scaling) and gathers FP8 weights only with FSDP
+    shards and tensorwise scaling."""
+    problem = fp8_problem(recipe=recipe, param_gather=param_gather)
+    exp = check_scored(problem, target, settings)
+    diffs = exp.framework_differences
+    if target == "megatron":
+        assert not diffs
+        got = megatron_flags(exp.text)
+        # the cost model's format: E4M3 forward, E5M2 gradients (Megatron's "hybrid")
+        assert got["--fp8-format"] == "hybrid" and got["--fp8-recipe"] == recipe
+        return
+    t = toml_of(exp)
+    assert (diffs.get("fp8_recipe", {}).get("framework") == "tensorwise") == (recipe == "delayed")
+    gathers = t.get("float8", {}).get("enable_fsdp_float8_all_gather", False)
+    assert gathers == (param_gather and recipe != "mxfp8" and settings["dp"] > 1)
+    assert ("fp8_param_gather" in diffs) == (param_gather and not gathers)
+    # torch.compile fuses the casts; mx.py refuses it with tensor parallelism
+    assert t["training"].get("compile", False) == (recipe != "mxfp8" or settings["tp"] == 1)
+
+
+def test_megatron_fp8_delayed_scaling_uses_nvidias_amax_settings():
+    """Megatron's delayed-scaling defaults are a 1-step amax history and most_recent; NVIDIA's
+    own FP8 launcher (examples/llama/train_llama3_8b_h100_fp8.sh @ 000c4ac24f61) sets 1024 and
+    max, as Transformer Engine's DelayedScaling defaults. The amax flags are delayed-only
+    ("delayed scaling only configs" in arguments.py), so other recipes carry none."""
+    for recipe in ("delayed", "tensorwise", "blockwise"):
+        problem = fp8_problem(recipe=recipe)
+        got = flags(problem, fixed(problem, tp=2, pp=1, dp=8, zero_stage=1))
+        amax = {k: v for k, v in got.items() if "amax" in k}
+        if recipe == "delayed":
+            assert amax == {"--fp8-amax-history-len": "1024", "--fp8-amax-compute-algo": "max"}
+        else:
+            assert amax == {}
+    bf16 = flags(defaults_problem_(), fixed(defaults_problem_(), tp=2, pp=1, dp=8))
+    assert not any(k.startswith("--fp8") for k in bf16)
+
+
+def defaults_problem_():
+    return make_problem(make_spec(layers=8, heads=8), make_cluster(fanouts=(4, 4)), global_batch=32)
+
+
+def test_megatron_fp8_param_gather_needs_the_distributed_optimizer():
+    """validate_args refuses --fp8-param-gather without the distributed optimizer (or Megatron
+    FSDP): a ZeRO-0 plan with data parallelism is exported as ZeRO-1 (priced as that plan, built
+    here independently), and one without data parallelism gets --use-distributed-optimizer,
+    which over one rank is the same plan."""
+    problem = fp8_problem(recipe="tensorwise", param_gather=True)
+    plan = fixed(problem, tp=2, pp=1, dp=8, zero_stage=0)
+    exp = export_plan(problem, plan, "megatron")
+    nearest = fixed(problem, tp=2, pp=1, dp=8, zero_stage=1)
+    assert "FP8 parameter gather with ZeRO-0" in exp.warnings[0]
+    assert exp.exported_plan["zero_stage"] == 1
+    assert exp.exported_iteration_time_s == pytest.approx(
+        evaluate(problem, nearest).iteration_time_s, rel=1e-12
+    )
+    ran = megatron_runs(megatron_flags(exp.text), plan.devices_used)  # accepted
+    assert ran["training"]["fp8_param_gather"] and ran["zero_stage"] == 1
+    alone = fixed(problem, tp=4, pp=4, dp=1, zero_stage=0)
+    exp = export_plan(problem, alone, "megatron")
+    assert not exp.warnings
+    assert exp.exported_iteration_time_s == evaluate(problem, alone).iteration_time_s
+    megatron_runs(megatron_flags(exp.text), alone.devices_used)  # accepted
+
+
+def module_converted(fqn: str, filter_fqns: list[str]) -> bool:
+    """torchtitan's module_filter_fn (components/quantization/utils.py @ 000204a4a8bf) for an
+    nn.Linear whose dimensions are multiples of 16: converted unless a filter is a substring of
+    its fully qualified name."""
+    return not any(f in fqn for f in filter_fqns)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "mxfp8"])
+def test_torchtitan_fp8_keeps_the_lm_head_and_router_in_bf16(recipe):
+    """The cost model runs the LM head and the router in BF16 and every block linear in FP8;
+    torchtitan converts every nn.Linear not filtered, so the export filters exactly those
+    (module names of torchtitan's llama3 and deepseek_v3 models at the checked commit)."""
+    dense = fp8_problem(recipe=recipe)
+    moe = fp8_problem(make_spec(layers=8, heads=8, num_experts=4, top_k=2), recipe=recipe)
+    section = "mx" if recipe == "mxfp8" else "float8"
+    for problem, router in ((dense, None), (moe, "layers.1.moe.router.gate")):
+        exp = export_plan(problem, fixed(problem, tp=1, pp=1, dp=16, zero_stage=3), "torchtitan")
+        t = toml_of(exp)
+        assert t["model"]["converters"] == [section]
+        filters = t[section]["filter_fqns"]
+        assert not module_converted("output", filters)
+        for fqn in ("layers.0.attention.wq", "layers.3.attention.wo", "layers.0.feed_forward.w1"):
+            assert module_converted(fqn, filters)
+        if router:
+            assert not module_converted(router, filters)
+            assert any("GroupedExperts" in w for w in exp.warnings)  # experts stay BF16
+        else:
+            assert not any("GroupedExperts" in w for w in exp.warnings)
+
+
+def test_torchtitan_blockwise_is_exported_as_rowwise_with_a_warning():
+    """torchtitan has no 128-block recipe: rowwise (per-row scales) is the nearest; the cost
+    model has no rowwise recipe, so the export says that its time is still blockwise's."""
+    problem = fp8_problem(recipe="blockwise", param_gather=True)
+    exp = export_plan(problem, fixed(problem, tp=2, pp=1, dp=8, zero_stage=3), "torchtitan")
+    t = toml_of(exp)
+    assert t["float8"]["recipe_name"] == "rowwise"
+    ran = torchtitan_fp8(t, tp=2, dp_shard=8)  # accepted: no FP8 all-gather with a recipe name
+    assert ran == dict(precision="fp8", fp8_recipe="rowwise", fp8_param_gather=False)
+    assert any("no blockwise" in w and "rowwise" in w for w in exp.warnings)
+    assert exp.framework_differences["fp8_param_gather"]["framework"] is False
+
+
+# ------------------------------------------------------------------------------------------------
+# Model shapes: what Megatron-LM builds from the exported flags
+# ------------------------------------------------------------------------------------------------
+
+
+def eval_pattern(pattern: str) -> list[int]:
+    """Megatron's ``_eval_pattern`` (megatron/training/arguments.py @ 000c4ac24f61): only
+    ``,0-9[]()+*`` pass its check, then Python evaluates the expression."""
+    assert not re.search(r"[^,\d\[\]\(\)\+\*]", pattern), pattern
+    return eval(pattern)  # noqa: S307 (restricted to list arithmetic, as Megatron does)
+
+
+def freq_type(value: str):
+    """``moe_freq_type``: an integer, or a pattern when the string holds ``[``."""
+    return eval_pattern(value) if "[" in value else int(value)
+
+
+def megatron_model(flags: dict) -> dict:
+    """The model Megatron-LM @ 000c4ac24f61 builds from the flags, per layer.
+
+    ``validate_args``: --num-layers, --hidden-size, --num-attention-heads and
+    --max-position-embeddings required, the last >= --seq-length; --kv-channels defaults to
+    ``hidden / heads`` (asserting it divides); --moe-ffn-hidden-size defaults to
+    --ffn-hidden-size; --mtp-num-layers needs rope or no position embeddings.
+    ``core_transformer_config_from_args``: ``num_query_groups`` only with
+    --group-query-attention, else (TransformerConfig) ``heads``; TransformerConfig: groups a
+    multiple of ``tp``. ``gpt_layer_specs.py``: an integer --moe-layer-freq ``n`` makes layer
+    ``i`` MoE iff ``i % n == 0``, a list gives each layer and must have --num-layers entries.
+    ``transformer/utils.py`` ``is_layer_window_attention`` (1-indexed ``l``): windowed iff a
+    --window-size is given and (no skip freq, or ``l % n != 0``, or ``list[l - 1]``); Transformer
+    Engine's window ``(left, right)`` lets query ``i`` see keys ``i - left .. i + right``. MLA's
+    latent norms exist only with --qk-layernorm (``q_layernorm``/``kv_layernorm`` IdentityOp
+    otherwise)."""
+    layers, hidden = int(flags["--num-layers"]), int(flags["--hidden-size"])
+    heads = int(flags["--num-attention-heads"])
+    assert int(flags["--max-position-embeddings"]) >= int(flags["--seq-length"])
+    if "--kv-channels" in flags:
+        kv_channels = int(flags["--kv-channels"])
+    else:
+        assert hidden % heads == 0
+        kv_channels = hidden // heads
+    groups = int(flags["--num-query-groups"]) if "--group-query-attention" in flags else heads
+    assert groups % int(flags["--tensor-model-parallel-size"]) == 0
+    experts = int(flags.get("--num-experts", 0))
+    if experts:
+        freq = freq_type(flags.get("--moe-layer-freq", "1"))
+        moe = [i % freq == 0 for i in range(layers)] if isinstance(freq, int) else freq
+        assert len(moe) == layers
+    else:
+        moe = [0] * layers
+    window = flags.get("--window-size")
+    if window:
+        left, right = (int(v) for v in window.strip("()").split(","))
+        skip = (
+            freq_type(flags["--window-attn-skip-freq"])
+            if "--window-attn-skip-freq" in flags
+            else None
+        )
+        local = [
+            skip is None or (k % skip != 0 if isinstance(skip, int) else bool(skip[k - 1]))
+            for k in range(1, layers + 1)  # Megatron's 1-indexed layer_number
+        ]
+        keys = left + 1 + right
+    else:
+        local, keys = [False] * layers, None
+    if "--mtp-num-layers" in flags:
+        assert flags.get("--position-embedding-type") in ("rope", "none")
+    mla = "--multi-latent-attention" in flags
+    return dict(
+        layers=layers,
+        kv_channels=kv_channels,
+        groups=groups,
+        moe=[bool(b) for b in moe],
+        experts=experts,
+        top_k=int(flags.get("--moe-router-topk", 2)),
+        expert_ffn=int(flags.get("--moe-ffn-hidden-size", flags["--ffn-hidden-size"])),
+        shared_ffn=int(flags.get("--moe-shared-expert-intermediate-size", 0)),
+        # padded to capacity only with --moe-pad-expert-input-to-capacity (its help: "effective
+        # only after the --moe-expert-capacity-factor is set")
+        capacity_factor=float(flags["--moe-expert-capacity-factor"])
+        if "--moe-pad-expert-input-to-capacity" in flags and "--moe-expert-capacity-factor" in flags
+        else None,
+        local=local,
+        window_keys=keys,
+        qk_norm="--qk-layernorm" in flags,
+        mla=dict(
+            q_lora_rank=int(flags["--q-lora-rank"]) if "--q-lora-rank" in flags else None,
+            kv_lora_rank=int(flags["--kv-lora-rank"]),
+            qk_nope_head_dim=int(flags["--qk-head-dim"]),
+            qk_rope_head_dim=int(flags["--qk-pos-emb-head-dim"]),
+            v_head_dim=int(flags["--v-head-dim"]),
+        )
+        if mla
+        else None,
+        mtp_layers=int(flags.get("--mtp-num-layers", 0)),
+    )
+
+
+MOE = dict(num_experts=4, top_k=2)
+SHAPES = {
+    "gqa_head_dim_qk_norm": dict(
+        kv_heads=2, head_dim=32, qk_norm=True, position="rope", norm="rmsnorm", bias=False
+    ),
+    "mha_default_head": dict(activation="swiglu"),
+    "sliding_every_2nd_global": dict(window=16, global_every=2, kv_heads=4, **MOE),
+    "sliding_every_6th_global": dict(layers=12, window=16, global_every=6),
+    "sliding_everywhere": dict(window=16, global_every=0),
+    "mla_first_dense_shared_mtp": dict(
+        attention="mla",
+        q_lora_rank=48,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        first_dense_layers=3,
+        moe_ffn_hidden=64,
+        shared_experts=2,
+        shared_ffn_hidden=48,
+        mtp_layers=1,
+        position="rope",
+        **MOE,
+    ),
+    "mla_full_rank_query": dict(
+        attention="mla", kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16
+    ),
+    "moe_every_2nd_phase_1": dict(moe_layer_freq=2, moe_layer_phase=1, **MOE),
+    "moe_every_2nd_phase_0": dict(moe_layer_freq=2, **MOE),
+    "moe_every_3rd_phase_2_after_1_dense": dict(
+        layers=10, moe_layer_freq=3, moe_layer_phase=2, first_dense_layers=1, **MOE
+    ),
+    "moe_all_blocks": dict(shared_experts=1, **MOE),
+    "moe_capacity_factor": dict(capacity_factor=1.25, **MOE),
+}
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_megatron_builds_the_models_shape(name):
+    """Evaluated the way Megatron-LM evaluates them (megatron_model), the exported flags give the
+    spec's blocks: which are MoE, which attend to a window of how many keys, the query groups and
+    head width, the MLA ranks, the expert sizes (shared experts together) and the MTP depth."""
+    spec = make_spec(**{"layers": 8, "heads": 8, **SHAPES[name]})
+    problem = make_problem(spec, make_cluster(fanouts=(4, 4)), global_batch=32)
+    exp = export_plan(problem, fixed(problem, tp=2, pp=1, dp=8, zero_stage=1), "megatron")
+    assert not exp.warnings
+    got = megatron_model(megatron_flags(exp.text))
+    n = spec.layers
+    assert got["layers"] == n
+    assert got["moe"] == [spec.block_is_moe(i) for i in range(n)]
+    assert got["local"] == [spec.block_is_local(i) for i in range(n)]
+    assert got["window_keys"] == spec.window
+    assert got["mtp_layers"] == spec.mtp_layers
+    if spec.is_moe:
+        assert (got["experts"], got["top_k"]) == (spec.num_experts, spec.top_k)
+        assert (got["expert_ffn"], got["shared_ffn"]) == (spec.expert_ffn, spec.shared_ffn)
+        assert got["capacity_factor"] == spec.capacity_factor
+    if spec.attention == "mla":
+        assert got["mla"] == {k: getattr(spec, k) for k in got["mla"]}
+        assert got["qk_norm"]  # DeepSeek's latent norms, which the cost model counts
+    else:
+        assert got["mla"] is None
+        assert (got["groups"], got["kv_channels"]) == (spec.num_kv_heads, spec.d_head)
+        assert got["qk_norm"] == spec.qk_norm
+
+
+def test_megatron_moe_pattern_of_published_models():
+    """DeepSeek-V3 (61 layers, first_k_dense_replace 3) and Llama 4 Maverick (48 layers, MoE
+    every 2nd from the 2nd): the emitted --moe-layer-freq evaluates to the spec's blocks; these
+    are the patterns Megatron-LM's own configs write, [0]*3+[1]*58 and ([0,1]*24)
+    (examples/post_training/modelopt/conf at 000c4ac24f61)."""
+    for layers, extra in (
+        (61, dict(first_dense_layers=3)),
+        (48, dict(moe_layer_freq=2, moe_layer_phase=1)),
+    ):
+        spec = make_spec(layers=layers, heads=8, **MOE, **extra)
+        problem = make_problem(spec, make_cluster(fanouts=(4, 4)), global_batch=32)
+        exp = export_plan(problem, fixed(problem, tp=2, pp=1, dp=8), "megatron")
+        pattern = megatron_flags(exp.text)["--moe-layer-freq"]
+        want = [int(spec.block_is_moe(i)) for i in range(layers)]
+        assert eval_pattern(pattern) == want
+        assert eval_pattern(pattern) == eval_pattern(
+            "([0]*3+[1]*58)" if layers == 61 else "([0,1]*24)"
+        )
+
+
+def test_megatron_warns_on_what_it_cannot_build():
+    """Chunked attention (Llama 4) has no Megatron option: the export says how many blocks run
+    with full attention instead, and emits no window; MTP with learned positions is refused."""
+    spec = make_spec(layers=8, heads=8, window=16, global_every=4, local_attention="chunked")
+    problem = make_problem(spec, make_cluster(fanouts=(4, 4)), global_batch=32)
+    exp = export_plan(problem, fixed(problem, tp=2, pp=1, dp=8), "megatron")
+    local = sum(spec.block_is_local(i) for i in range(spec.layers))
+    (warning,) = exp.warnings
+    assert "chunked" in warning and f"{local} of 8 blocks" in warning
+    assert megatron_model(megatron_flags(exp.text))["local"] == [False] * 8
+    spec = make_spec(layers=8, heads=8, mtp_layers=1)  # learned positions
+    problem = make_problem(spec, make_cluster(fanouts=(4, 4)), global_batch=32)
+    exp = export_plan(problem, fixed(problem, tp=2, pp=1, dp=8), "megatron")
+    assert any("--mtp-num-layers" in w and "learned" in w for w in exp.warnings)
+
+
+def test_torchtitan_notes_the_shape_its_job_config_cannot_carry():
+    spec = make_spec(layers=8, heads=8, **SHAPES["mla_first_dense_shared_mtp"])
+    problem = make_problem(spec, make_cluster(fanouts=(4, 4)), global_batch=32)
+    exp = export_plan(problem, fixed(problem, tp=1, pp=1, dp=16, zero_stage=3), "torchtitan")
+    (note,) = [n for n in exp.notes if "model shape" in n]
+    for field in ("attention=mla", "kv_lora_rank=32", "first_dense_layers=3", "mtp_layers=1"):
+        assert field in note
+    assert "model" not in toml_of(exp)  # BF16: no converters, no [model] section

@@ -7,6 +7,7 @@ find the best of them. The export of a plan Megatron cannot run names the option
 fallback against it.
 """
 
+import dataclasses
 import random
 from itertools import product
 
@@ -16,6 +17,8 @@ from baselines.brute import count_plans, partitions
 from baselines.fixed import FixedPlanner
 from nest.core.axes import Recompute
 from nest.core.errors import UserError
+from nest.core.layers import AnalyticModel
+from nest.core.problem import Problem
 from nest.cost import evaluate
 from nest.dp.planner import NestPlanner, plan_from_choices
 from nest.dp.space import SpaceOptions, configurations, interleaved_chunks
@@ -137,3 +140,49 @@ def test_export_runnable_with_no_megatron_order_is_a_one_line_error():
     problem = make_problem(make_spec(layers=2), make_cluster(fanouts=(2,)), global_batch=4)
     with pytest.raises(UserError, match="has no order megatron runs"):
         NestPlanner(export_runnable="megatron", rank_orders=["tp-dp-cp-pp"]).solve(problem)
+
+
+def with_fp8_param_gather(problem):
+    """The problem with FP8 GEMMs and FP8 parameter gather, on its device given FP8 tensor cores
+    (twice the BF16 peak, as the H100's 1979 vs 989 TFLOP/s dense)."""
+    training = dataclasses.replace(problem.training, precision="fp8", fp8_param_gather=True)
+    dev = problem.cluster.device
+    device = dataclasses.replace(
+        dev, fp8_peak_flops_per_s=2 * dev.peak_flops_per_s, fp8_gemm_ceiling=0.8
+    )
+    model = AnalyticModel(
+        problem.model.spec,
+        flash_attention=problem.model.flash_attention,
+        overlap=training.overlap,
+        precision=training.numerics,
+    )
+    cluster = dataclasses.replace(problem.cluster, device=device)
+    return Problem(model=model, cluster=cluster, training=training)
+
+
+def test_restricted_nest_with_fp8_param_gather_searches_what_megatron_runs():
+    """Megatron accepts --fp8-param-gather only with the distributed optimizer
+    (megatron/training/arguments.py @ 000c4ac24f61, validate_args): a ZeRO-0 plan with data
+    parallelism is not runnable as planned. The restricted search is exact over the plans the
+    exporter expresses without a change, and its plan exports with --fp8-param-gather."""
+    checked = 0
+    for seed in range(40):
+        problem = with_fp8_param_gather(random_problem(random.Random(seed)))
+        if count_plans(problem, SpaceOptions()) > 2500:
+            continue
+        want = best_megatron_runs(problem)
+        if want is None:
+            continue
+        plan = NestPlanner(export_runnable="megatron").solve(problem)
+        assert plan.objective_s == pytest.approx(want, rel=1e-9), seed
+        assert not nearest_expressible(problem, plan)[1], seed
+        assert plan.zero_stage >= 1 or plan.dp * plan.cp == 1
+        exp = export_plan(problem, plan, "megatron")
+        assert "--fp8-param-gather" in exp.text and not exp.warnings
+        checked += 1
+        if checked == 4:
+            break
+    assert checked == 4
+    problem = with_fp8_param_gather(random_problem(random.Random(1)))
+    with pytest.raises(UserError, match="solver.zero_stages=\\[0\\] has no stage Megatron runs"):
+        NestPlanner(export_runnable="megatron", zero_stages=[0]).solve(problem)

@@ -204,7 +204,9 @@ RUNNABLE_ORDERS = {
 }
 """``solver.export_runnable``: the rank orders each export target runs. Every target also applies
 one recompute mode to every stage that holds blocks (Megatron's ``--recompute-granularity`` and
-``--recompute-method uniform``); GPipe is outside the NEST space already."""
+``--recompute-method uniform``); GPipe is outside the NEST space already. With FP8 parameter
+gather Megatron also needs the distributed optimizer: ZeRO >= 1 wherever there is data
+parallelism."""
 
 
 def check_export_runnable(value) -> str | None:
@@ -293,13 +295,29 @@ class NestPlanner(SpacePlanner):
                 f"(solver.export_runnable={target}); use "
                 f"{['-'.join(str(a) for a in o) for o in allowed]} or drop one of the two"
             )
+        zeros = list(options.zero_stages)
+        if target == "megatron" and problem.training.numerics.param_gather:
+            # --fp8-param-gather needs the distributed optimizer (megatron/training/arguments.py);
+            # without data parallelism the space has ZeRO-0 only, which the export runs with it
+            zeros = [z for z in zeros if z >= 1]
+            if not zeros:
+                raise UserError(
+                    f"solver.zero_stages={list(options.zero_stages)} has no stage Megatron runs "
+                    "with training.fp8_param_gather (it needs the distributed optimizer: ZeRO >= "
+                    "1); add 1, 2 or 3, or set training.fp8_param_gather=false"
+                )
         found, last_error = [], None
         for mode in options.recompute:
             sub = NestPlanner(
                 name=self.name,
                 seed_configs=self.seed_configs,
                 top_k=self.top_k,
-                **{**self.space_kwargs(), "recompute": [mode], "rank_orders": orders},
+                **{
+                    **self.space_kwargs(),
+                    "recompute": [mode],
+                    "rank_orders": orders,
+                    "zero_stages": zeros,
+                },
             )
             try:
                 found += sub.solve_ranked(problem)

@@ -154,8 +154,8 @@ def framework_problem(problem: Problem, runs: dict) -> tuple[Problem, dict]:
 
     ``runs`` maps a :class:`~nest.core.problem.Training` setting to ``(value the framework runs
     with the exported arguments, why)``; a setting equal to the scored one is no difference. The
-    analytic layer model is rebuilt for the overlap settings it carries; a measured profile keeps
-    its own (its timings are what they are)."""
+    analytic layer model is rebuilt for the overlap and precision settings it carries; a measured
+    profile keeps its own (its timings are what they are)."""
     training = problem.training
     diffs = {
         name: {"scored": getattr(training, name), "framework": value, "why": why}
@@ -168,7 +168,10 @@ def framework_problem(problem: Problem, runs: dict) -> tuple[Problem, dict]:
     model = problem.model
     if isinstance(model, AnalyticModel):
         model = AnalyticModel(
-            model.spec, flash_attention=model.flash_attention, overlap=ran.overlap
+            model.spec,
+            flash_attention=model.flash_attention,
+            overlap=ran.overlap,
+            precision=ran.numerics,
         )
     return replace(problem, training=ran, model=model), diffs
 

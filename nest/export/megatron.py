@@ -56,12 +56,63 @@ defaults are off for every one of them):
   ``--no-gradient-accumulation-fusion`` beside ``--use-megatron-fsdp``, as Megatron-FSDP's guide
   at the same commit lists them (``megatron/core/distributed/fsdp/src/README.md``).
 
+- ``precision: fp8`` (:mod:`nest.core.precision`): ``--fp8-format hybrid`` (E4M3 forward, E5M2
+  gradients, as the cost model) and ``--fp8-recipe {delayed,tensorwise,blockwise,mxfp8}``; the
+  delayed recipe adds ``--fp8-amax-history-len 1024 --fp8-amax-compute-algo max`` as NVIDIA's
+  own FP8 launcher does (``examples/llama/train_llama3_8b_h100_fp8.sh`` at the same commit;
+  Megatron's defaults are a history of 1 and ``most_recent``). ``fp8_param_gather``:
+  ``--fp8-param-gather``, which ``validate_args`` accepts only with the distributed optimizer or
+  Megatron FSDP: a ZeRO-0 plan with data parallelism is not expressible (nearest: ZeRO-1), and
+  one without it gets ``--use-distributed-optimizer``, which shards nothing over one rank.
+  Transformer Engine versions each recipe needs (``megatron/core/fp8_utils.py``): tensorwise
+  >= 2.2.0.dev0, blockwise >= 2.3.0.dev0, mxfp8 >= 2.1.0 (and Blackwell).
+
 A setting the arguments cannot carry is scored under what Megatron runs
 (:func:`nest.export.common.framework_problem`), and the export says the difference.
+
+**Model shape** (a :class:`~nest.core.model.ModelSpec`; a measured profile has none): the
+network-size, MoE and MLA arguments of the same ``arguments.py`` (:func:`model_args`), each
+field as Megatron-Core reads it:
+
+- ``head_dim``: ``--kv-channels``; ``kv_heads``: ``--group-query-attention --num-query-groups``
+  (without them Megatron uses ``heads`` groups; ``TransformerConfig`` asserts the groups are a
+  multiple of ``tp``).
+- ``attention: mla``: ``--multi-latent-attention``, ``--q-lora-rank`` (absent: a full-rank
+  query), ``--kv-lora-rank``, ``--qk-head-dim`` (= ``qk_nope_head_dim``),
+  ``--qk-pos-emb-head-dim`` (= ``qk_rope_head_dim``), ``--v-head-dim``, and ``--qk-layernorm``,
+  without which Megatron's MLA builds no latent norms (``gpt_layer_specs.py``: ``q_layernorm`` /
+  ``kv_layernorm`` are ``IdentityOp`` unless ``qk_layernorm``) while the cost model, as
+  DeepSeek-V2/V3, has them. ``qk_norm`` (GQA): ``--qk-layernorm``.
+- ``window`` (sliding): ``--window-size w-1,0``: Transformer Engine's window ``(left, right)``
+  lets query ``i`` see keys ``i - left .. i + right``, so ``w`` keys including itself (as the cost
+  model's ``min(i + 1, w)``; Megatron-LM commit 6ec369d4a1 set gpt-oss's 128-token window to
+  ``127,0`` for this reason). ``global_every = n >= 2``: ``--window-attn-skip-freq n``
+  (``transformer/utils.py`` ``is_layer_window_attention``: 1-indexed layer ``l`` is windowed iff
+  ``l % n != 0``, our block ``i = l - 1``); ``0``: no skip flag (every layer windowed). Chunked
+  attention (Llama 4) has no Megatron option: the export warns that Megatron runs those blocks
+  with full attention.
+- MoE: ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
+  ``--moe-shared-expert-intermediate-size`` (all shared experts together, as its help says),
+  ``--moe-layer-freq``: an integer ``n`` when MoE blocks are exactly ``i % n == 0``
+  (``gpt_layer_specs.py``), else the per-layer list as a pattern expression (``[0]*3+[1]*58``)
+  that ``_eval_pattern`` evaluates (only ``,0-9[]()+*`` allowed); ``capacity_factor``:
+  ``--moe-expert-capacity-factor`` with ``--moe-pad-expert-input-to-capacity`` (the cost model
+  pads each expert's GEMM to its capacity).
+- ``mtp_layers``: ``--mtp-num-layers``, which ``validate_args`` accepts only with rope (or no)
+  position embeddings.
+- The rest: ``--num-layers``, ``--hidden-size``, ``--ffn-hidden-size``, ``--num-attention-heads``,
+  ``--max-position-embeddings`` (required, ``>= --seq-length``), ``--position-embedding-type
+  rope``, ``--normalization RMSNorm``, ``--swiglu``, ``--disable-bias-linear``,
+  ``--untie-embeddings-and-output-weights``, and ``--attention-dropout 0 --hidden-dropout 0`` for a
+  model without dropout (Megatron's default is 0.1). The vocabulary comes from the tokenizer.
 """
 
+import itertools
+
 from nest.core.axes import Axis, LayerKind, Optimizer, Recompute, Schedule
+from nest.core.model import ModelSpec
 from nest.core.plan import Plan
+from nest.core.precision import Fp8Recipe
 from nest.core.problem import Problem
 from nest.export.common import (
     blocks_per_chunk,
@@ -111,6 +162,12 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
             f"{strongest} everywhere)"
         )
         changes["recompute"] = [strongest] * len(modes)
+    if problem.training.numerics.param_gather and plan.zero_stage == 0 and plan.dp * plan.cp > 1:
+        issues.append(
+            "FP8 parameter gather with ZeRO-0 (Megatron accepts --fp8-param-gather only with the "
+            "distributed optimizer or Megatron FSDP; used ZeRO-1)"
+        )
+        changes["zero_stage"] = 1
     if plan.schedule is Schedule.GPIPE:
         issues.append("the GPipe schedule (Megatron runs 1F1B; used 1F1B)")
         changes["schedule"] = Schedule.ONE_F_ONE_B
@@ -173,6 +230,10 @@ def megatron_args(problem: Problem, plan: Plan) -> list[str]:
             "--recompute-num-layers 1",
         ]
     args += ZERO_FLAGS[plan.zero_stage]
+    if plan.zero_stage == 0 and problem.training.numerics.param_gather:
+        # no data parallelism (nearest_expressible moved any other ZeRO-0 plan): the distributed
+        # optimizer over one rank shards nothing, and --fp8-param-gather needs it
+        args.append("--use-distributed-optimizer")
     args += _partition_args(problem, plan)
     if placement_order(plan, (DEFAULT_ORDER,)) is None:
         args.append("--use-tp-pp-dp-mapping")
@@ -199,6 +260,19 @@ def training_args(problem: Problem, plan: Plan) -> list[str]:
         args.append("--overlap-moe-expert-parallel-comm")
     if t.optimizer is Optimizer.SGD:
         args += ["--optimizer sgd", "--sgd-momentum 0"]
+    return args + fp8_args(problem, plan)
+
+
+def fp8_args(problem: Problem, plan: Plan) -> list[str]:
+    """The FP8 flags (module docstring); none in BF16."""
+    numerics = problem.training.numerics
+    if not numerics.fp8:
+        return []
+    args = ["--fp8-format hybrid", f"--fp8-recipe {numerics.recipe.value}"]
+    if numerics.recipe is Fp8Recipe.DELAYED:
+        args += ["--fp8-amax-history-len 1024", "--fp8-amax-compute-algo max"]
+    if numerics.param_gather:
+        args.append("--fp8-param-gather")
     return args
 
 
@@ -208,6 +282,117 @@ def framework_runs(problem: Problem, plan: Plan) -> dict:
     if plan.cp > 1:
         runs["cp_comm_overlap"] = (True, "Megatron's default --cp-comm-type p2p overlaps the ring")
     return runs
+
+
+def pattern_expr(bits: list[int]) -> str:
+    """A per-layer 0/1 list as the shortest pattern expression this builds (run lengths, or runs
+    then one repeated unit): Megatron's ``_eval_pattern`` evaluates it back to ``bits``."""
+
+    def runs(seq) -> list[str]:
+        out = []
+        for v, group in itertools.groupby(seq):
+            n = len(list(group))
+            out.append(f"[{v}]*{n}" if n > 1 else f"[{v}]")
+        return out
+
+    best = "+".join(runs(bits))
+    for start in range(len(bits)):
+        rest = bits[start:]
+        for p in range(2, len(rest) // 2 + 1):
+            unit, reps = rest[:p], len(rest) // p
+            tail = rest[p * reps :]
+            if unit * reps + tail != rest or tail != unit[: len(tail)]:
+                continue
+            terms = runs(bits[:start]) + [f"[{','.join(map(str, unit))}]*{reps}"]
+            if tail:
+                terms.append(f"[{','.join(map(str, tail))}]")
+            if len("+".join(terms)) < len(best):
+                best = "+".join(terms)
+            break  # the shortest unit from this start
+    return f"({best})"
+
+
+def model_args(problem: Problem) -> tuple[list[str], list[str]]:
+    """The model-shape flags of a :class:`ModelSpec` (module docstring) and warnings for what
+    Megatron cannot build as specified; ``([], [])`` for a measured profile."""
+    spec = getattr(problem.model, "spec", None)
+    if not isinstance(spec, ModelSpec):
+        return [], []
+    warnings = []
+    seq = problem.model.seq_len or spec.seq_len
+    args = [
+        f"--num-layers {spec.layers}",
+        f"--hidden-size {spec.hidden}",
+        f"--ffn-hidden-size {spec.ffn_hidden}",
+        f"--num-attention-heads {spec.heads}",
+        f"--max-position-embeddings {max(spec.max_position or 0, seq)}",
+    ]
+    if spec.position == "rope":
+        args.append("--position-embedding-type rope")
+    if spec.norm == "rmsnorm":
+        args.append("--normalization RMSNorm")
+    if spec.activation == "swiglu":
+        args.append("--swiglu")
+    if not spec.bias:
+        args.append("--disable-bias-linear")
+    if not spec.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if not spec.dropout:
+        args += ["--attention-dropout 0", "--hidden-dropout 0"]
+    if spec.attention == "mla":
+        args.append("--multi-latent-attention")
+        if spec.q_lora_rank is not None:
+            args.append(f"--q-lora-rank {spec.q_lora_rank}")
+        args += [
+            f"--kv-lora-rank {spec.kv_lora_rank}",
+            f"--qk-head-dim {spec.qk_nope_head_dim}",
+            f"--qk-pos-emb-head-dim {spec.qk_rope_head_dim}",
+            f"--v-head-dim {spec.v_head_dim}",
+            "--qk-layernorm",
+        ]
+    else:
+        if spec.head_dim is not None:
+            args.append(f"--kv-channels {spec.head_dim}")
+        if spec.num_kv_heads != spec.heads:
+            args += ["--group-query-attention", f"--num-query-groups {spec.num_kv_heads}"]
+        if spec.qk_norm:
+            args.append("--qk-layernorm")
+    if spec.window is not None:
+        if spec.local_attention == "sliding":
+            args.append(f"--window-size {spec.window - 1},0")
+            if spec.global_every:
+                args.append(f"--window-attn-skip-freq {spec.global_every}")
+        else:
+            local = sum(spec.block_is_local(i) for i in range(spec.layers))
+            warnings.append(
+                f"Megatron-LM has no chunked attention (model {spec.name}: {local} of "
+                f"{spec.layers} blocks attend within chunks of {spec.window} tokens): the "
+                "exported arguments run them with full causal attention, more attention FLOPs "
+                "and activations than the plan was scored with"
+            )
+    if spec.is_moe:
+        args += [f"--num-experts {spec.num_experts}", f"--moe-router-topk {spec.top_k}"]
+        args.append(f"--moe-ffn-hidden-size {spec.expert_ffn}")
+        if spec.shared_experts:
+            args.append(f"--moe-shared-expert-intermediate-size {spec.shared_ffn}")
+        if spec.capacity_factor is not None:  # each expert's GEMM padded to its capacity
+            args += [
+                f"--moe-expert-capacity-factor {spec.capacity_factor}",
+                "--moe-pad-expert-input-to-capacity",
+            ]
+        if spec.first_dense_layers == 0 and spec.moe_layer_phase == 0:
+            args.append(f"--moe-layer-freq {spec.moe_layer_freq}")
+        else:
+            bits = [int(spec.block_is_moe(i)) for i in range(spec.layers)]
+            args.append(f'--moe-layer-freq "{pattern_expr(bits)}"')
+    if spec.mtp_layers:
+        args.append(f"--mtp-num-layers {spec.mtp_layers}")
+        if spec.position != "rope":
+            warnings.append(
+                f"Megatron refuses --mtp-num-layers with {spec.position} position embeddings "
+                "(validate_args: rope or none only)"
+            )
+    return args, warnings
 
 
 def export_megatron(problem: Problem, plan: Plan, report=None, replan=None):
@@ -232,10 +417,30 @@ def export_megatron(problem: Problem, plan: Plan, report=None, replan=None):
             "set CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron asserts it with tp or cp > 1 on Hopper "
             "and older GPUs)"
         )
+    shape, warnings = model_args(problem)
+    numerics = problem.training.numerics
+    if numerics.fp8 and numerics.recipe is not Fp8Recipe.DELAYED:
+        need = {"tensorwise": "2.2.0.dev0", "blockwise": "2.3.0.dev0", "mxfp8": "2.1.0"}
+        notes.append(
+            f"--fp8-recipe {numerics.recipe.value} needs Transformer Engine >= "
+            f"{need[numerics.recipe.value]} (megatron/core/fp8_utils.py)"
+            + ("; mxfp8 runs on Blackwell only" if numerics.recipe is Fp8Recipe.MXFP8 else "")
+        )
+    if shape:
+        head = (
+            "# Model shape from the model spec, then the plan. Add data and tokenizer flags\n"
+            "# (the vocabulary comes from the tokenizer).\n"
+        )
+    else:
+        head = (
+            "# Add your model's shape flags (--num-layers, --hidden-size,\n"
+            "# --max-position-embeddings >= --seq-length, ...) and data flags.\n"
+        )
     text = (
         f"# Megatron-LM arguments for {plan.solver or 'the plan'} ({CHECKED}).\n"
-        "# Add your model's shape flags (--num-layers, --hidden-size, --max-position-embeddings\n"
-        "# >= --seq-length, ...) and data flags.\n" + " \\\n".join(args) + "\n"
+        + head
+        + " \\\n".join(shape + args)
+        + "\n"
     )
     return finish_export(
         problem,
@@ -248,6 +453,7 @@ def export_megatron(problem: Problem, plan: Plan, report=None, replan=None):
         text=text,
         notes=notes,
         report=report,
+        warnings=warnings,
         runs=framework_runs(problem, exported),
         option=OPTION,
         replan=replan,

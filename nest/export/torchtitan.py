@@ -62,10 +62,36 @@ with ``grad_bytes: 2`` is re-scored with 4. ``tp_comm_overlap``: torchtitan's
 ``enable_async_tensor_parallel`` works only under ``[training] compile``, which this export does
 not turn on, so a plan with ``tp > 1`` is re-scored without it; ``ep_comm_overlap``: no option
 overlaps the MoE all-to-all. The export states each difference and the re-scored time.
+
+**FP8** (``precision: fp8``; ``components/quantization/{float8,mx,utils}.py`` and
+``docs/float8.md`` at the same commit). ``[model] converters = ["float8"]`` swaps each
+``nn.Linear`` whose dimensions are multiples of 16 for torchao's ``Float8Linear``;
+``[float8] filter_fqns`` keeps the LM head (``output``) and, in a MoE model, the router
+(``router.gate``) in BF16, as the cost model and torchtitan's own configs do. Recipes:
+
+- ``tensorwise``: ``recipe_name`` unset (torchao's dynamic per-tensor scaling, TE's "current
+  scaling"); ``delayed``: torchtitan has no delayed scaling (torchao dropped it), so it runs
+  tensorwise and is re-scored so;
+- ``blockwise``: no 128-block recipe; exported as ``recipe_name = "rowwise"`` (one scale per
+  row, the finer-than-tensor scaling it has), with a warning: the cost model has no rowwise recipe
+  and still prices blockwise;
+- ``mxfp8``: ``converters = ["mx"]``, ``[mx] recipe_name = "mxfp8"`` (``mx.py``: SM100 or later,
+  a torchao nightly, and no ``torch.compile`` with ``tp > 1``).
+
+``fp8_param_gather``: ``enable_fsdp_float8_all_gather`` (and
+``precompute_float8_dynamic_scale_for_fsdp``), which ``float8.py`` asserts against any
+``recipe_name`` and applies only when ``dp_shard > 1``; otherwise re-scored without it.
+``[training] compile = true`` with FP8 (torchtitan's float8 docs: "required for competitive
+performance", it fuses the casts the cost model prices as fused), except mxfp8 with ``tp > 1``.
+torchtitan's experts (``GroupedExperts``) are not ``nn.Linear``: they stay BF16 (the score runs
+them in FP8), which a warning says. The model's shape is not part of a job config (``[model]
+name``/``flavor`` pick a Python model definition): a note lists what it must have.
 """
 
 from nest.core.axes import Axis, LayerKind, Recompute, Schedule
+from nest.core.model import ModelSpec
 from nest.core.plan import Plan
+from nest.core.precision import Fp8Recipe
 from nest.core.problem import Problem
 from nest.cost import evaluate
 from nest.export.common import (
@@ -179,7 +205,7 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
         for ep in _ep_candidates(problem, plan):
             for z in data_parallel_modes(plan, ep):
                 option = rebuild(plan, zero_stage=z, ep=ep, **changes)
-                ran, _ = framework_problem(problem, framework_runs(option))
+                ran, _ = framework_problem(problem, framework_runs(problem, option))
                 report = evaluate(ran, option)  # as torchtitan runs it
                 scored.append((not report.feasible, report.iteration_time_s, z, ep))
         _, _, zero, ep = min(scored)
@@ -247,7 +273,145 @@ def torchtitan_sections(problem: Problem, plan: Plan) -> dict:
     checkpoint = {"mode": str(mode)}
     if mode is Recompute.SELECTIVE:
         checkpoint["selective_ac_option"] = "op"
-    return {"parallelism": parallelism, "training": training, "activation_checkpoint": checkpoint}
+    sections = {"parallelism": parallelism, "training": training}
+    sections["activation_checkpoint"] = checkpoint
+    fp8 = fp8_sections(problem, plan)
+    if fp8:
+        if _compiles(problem, plan):
+            training["compile"] = True
+        sections = {"model": fp8.pop("model"), **sections, **fp8}
+    return sections
+
+
+def _fsdp_float8_all_gather(problem: Problem, plan: Plan) -> bool:
+    """FP8 weights all-gathered (module docstring): tensorwise only, with FSDP shards."""
+    numerics = problem.training.numerics
+    return (
+        numerics.param_gather
+        and numerics.recipe in (Fp8Recipe.DELAYED, Fp8Recipe.TENSORWISE)
+        and data_parallel_modes(plan)[plan.zero_stage][SHARD] > 1
+    )
+
+
+def _compiles(problem: Problem, plan: Plan) -> bool:
+    """``[training] compile`` with FP8, except where ``mx.py`` refuses it (mxfp8 with TP)."""
+    return not (problem.training.numerics.recipe is Fp8Recipe.MXFP8 and plan.tp > 1)
+
+
+def fp8_sections(problem: Problem, plan: Plan) -> dict:
+    """``[model] converters`` and the ``[float8]`` or ``[mx]`` section; ``{}`` in BF16."""
+    numerics = problem.training.numerics
+    if not numerics.fp8:
+        return {}
+    filters = ["output"] + (["router.gate"] if problem.model.spec.is_moe else [])
+    if numerics.recipe is Fp8Recipe.MXFP8:
+        return {
+            "model": {"converters": ["mx"]},
+            "mx": {"recipe_name": "mxfp8", "filter_fqns": filters},
+        }
+    float8 = {"filter_fqns": filters}
+    if numerics.recipe is Fp8Recipe.BLOCKWISE:
+        float8["recipe_name"] = "rowwise"
+    if _fsdp_float8_all_gather(problem, plan):
+        float8["enable_fsdp_float8_all_gather"] = True
+        float8["precompute_float8_dynamic_scale_for_fsdp"] = True
+    return {"model": {"converters": ["float8"]}, "float8": float8}
+
+
+def fp8_warnings(problem: Problem) -> list[str]:
+    """What torchtitan runs differently in FP8 that no training setting can re-score."""
+    numerics = problem.training.numerics
+    if not numerics.fp8:
+        return []
+    out = []
+    if numerics.recipe is Fp8Recipe.BLOCKWISE:
+        out.append(
+            "torchtitan has no blockwise (1x128 / 128x128) FP8 recipe: exported float8 "
+            'recipe_name = "rowwise" (one scale per row), the nearest it has; the cost model has '
+            "no rowwise recipe and the exported time is still blockwise's (torchao's published "
+            "Llama3-8B runs on 8 H100 gained +10% with rowwise against +25% with tensorwise)"
+        )
+    if problem.model.spec.is_moe:
+        out.append(
+            "torchtitan's FP8 converters swap nn.Linear modules only: the routed experts "
+            "(GroupedExperts) run in BF16 while the plan was scored with them in FP8 "
+            "(float8.moe_fqns_prototype converts them rowwise: a prototype that needs pp = cp = 1)"
+        )
+    return out
+
+
+def fp8_notes(problem: Problem, plan: Plan) -> list[str]:
+    numerics = problem.training.numerics
+    if not numerics.fp8:
+        return []
+    if numerics.recipe is Fp8Recipe.MXFP8:
+        note = (
+            "the mx converter needs an SM100 (Blackwell) GPU and a torchao nightly "
+            "(components/quantization/mx.py)"
+        )
+        if not _compiles(problem, plan):
+            note += "; it refuses torch.compile with tensor parallelism, so compile stays off"
+        return [note]
+    return [
+        "[training] compile = true: torchtitan's float8 docs call torch.compile required for "
+        "competitive performance (it fuses the scaling and cast kernels)"
+    ]
+
+
+SHAPE_FIELDS = [
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "ffn_hidden",
+    "attention",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "qk_norm",
+    "window",
+    "local_attention",
+    "global_every",
+    "activation",
+    "norm",
+    "num_experts",
+    "top_k",
+    "moe_ffn_hidden",
+    "shared_experts",
+    "shared_ffn_hidden",
+    "first_dense_layers",
+    "moe_layer_freq",
+    "moe_layer_phase",
+    "mtp_layers",
+    "capacity_factor",
+]
+
+
+def shape_note(problem: Problem) -> list[str]:
+    """The model fields the ``[model]`` flavor must have (its shape is Python, not TOML)."""
+    spec = getattr(problem.model, "spec", None)
+    if not isinstance(spec, ModelSpec):
+        return []
+    defaults = {f: ModelSpec.__dataclass_fields__[f].default for f in SHAPE_FIELDS}
+    shown = [
+        f"{f}={getattr(spec, f)}"
+        for f in SHAPE_FIELDS
+        if f in ("layers", "hidden", "heads", "ffn_hidden") or getattr(spec, f) != defaults[f]
+    ]
+    return [
+        "torchtitan's job config cannot carry the model shape: [model] name and flavor select a "
+        "Python model definition (torchtitan/models/<name>/), which must have "
+        + ", ".join(shown)
+        + (
+            "; deepseek_v3's model args have the MLA ranks and head widths, n_dense_layers and "
+            "n_shared_experts"
+            if spec.attention == "mla" or spec.shared_experts or spec.first_dense_layers
+            else ""
+        )
+    ]
 
 
 def _batch_note(plan: Plan) -> str:
@@ -265,16 +429,31 @@ def _batch_note(plan: Plan) -> str:
     return f"each data-parallel rank runs {m} microbatches (microbatch size {b}) per step: {how}"
 
 
-def framework_runs(plan: Plan) -> dict:
+def framework_runs(problem: Problem, plan: Plan) -> dict:
     """What torchtitan runs of the training settings (module docstring)."""
     runs = {"grad_bytes": (4, "torchtitan reduces and keeps gradients in float32 only")}
     if plan.tp > 1:
         runs["tp_comm_overlap"] = (
             False,
-            "enable_async_tensor_parallel needs [training] compile, not turned on here",
+            "enable_async_tensor_parallel is not turned on here (it also needs [training] compile)",
         )
     if plan.ep > 1:
         runs["ep_comm_overlap"] = (False, "torchtitan has no MoE all-to-all overlap")
+    numerics = problem.training.numerics
+    if numerics.fp8 and numerics.recipe is Fp8Recipe.DELAYED:
+        runs["fp8_recipe"] = (
+            "tensorwise",
+            "torchtitan's float8 has no delayed scaling: dynamic tensorwise scaling",
+        )
+    if numerics.param_gather and not _fsdp_float8_all_gather(problem, plan):
+        why = (
+            "float8.enable_fsdp_float8_all_gather works only with FSDP shards (dp_shard > 1)"
+            if numerics.recipe in (Fp8Recipe.DELAYED, Fp8Recipe.TENSORWISE)
+            else "float8.py refuses enable_fsdp_float8_all_gather with a recipe_name (rowwise)"
+            if numerics.recipe is Fp8Recipe.BLOCKWISE
+            else "torchtitan's mx converter has no float8 all-gather"
+        )
+        runs["fp8_param_gather"] = (False, why)
     return runs
 
 
@@ -285,13 +464,15 @@ def export_torchtitan(problem: Problem, plan: Plan, report=None, replan=None):
     for name, values in sections.items():
         lines += ["", f"[{name}]"] + [f"{k} = {_toml(v)}" for k, v in values.items()]
     notes = [
+        *shape_note(problem),
+        *fp8_notes(problem, exported),
         f"run on {exported.devices_used} ranks (NGPU x nodes); blocks per stage "
         f"{blocks_per_chunk(problem, exported)}; split points name torchtitan's 'layers.N' blocks",
         _batch_note(exported),
         "TOML job configs are read by torchtitan up to v0.2.2; later versions (PR #2386) take "
         "the same settings in a Python config",
     ]
-    warnings = []
+    warnings = fp8_warnings(problem)
     m = exported.num_microbatches
     if exported.pp == 1 and m > 1 and exported.dp * exported.cp > 1 and exported.zero_stage < 3:
         warnings.append(
@@ -311,5 +492,5 @@ def export_torchtitan(problem: Problem, plan: Plan, report=None, replan=None):
         notes=notes,
         report=report,
         warnings=warnings,
-        runs=framework_runs(exported),
+        runs=framework_runs(problem, exported),
     )
