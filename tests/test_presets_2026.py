@@ -28,6 +28,7 @@ from .conftest import (
     make_problem,
     make_spec,
 )
+from .test_planners import SOLVERS, planner_from_config
 
 # Published dense figures of each chip (TFLOP/s, GB or GiB, GB/s), and its dense FP8 rate where
 # its FP8 GEMMs run faster than its BF16 ones (None: no FP8 rate above BF16 is published). Sources:
@@ -183,3 +184,24 @@ def test_nine_nodes_nine_replicas():
         assert evaluate(problem, plan).iteration_time_s == pytest.approx(plan.objective_s)
         nodes = {d // 8 for ranks in np.asarray(plan.stages[0].devices)[:, 0, :] for d in ranks}
         assert nodes == set(range(9))
+
+
+def non_power_of_two_problems():
+    yield make_problem(
+        make_spec(layers=4, heads=6, hidden=96), make_cluster(fanouts=(3, 3)), global_batch=18
+    )
+    moe = make_spec(layers=3, heads=6, hidden=96, num_experts=6, top_k=2, activation="swiglu")
+    yield make_problem(moe, make_cluster(fanouts=(6, 2)), global_batch=12)
+
+
+@pytest.mark.parametrize("name", [s for s in SOLVERS if not s.startswith("paper_")])
+def test_every_planner_plans_on_fan_outs_of_3_and_6(name):
+    """The conformance checks of tests/test_planners.py on nodes of 3 and 6 devices (9 and 12 in
+    all, 6 experts): a valid plan, feasible when it says so, never faster than the peak. The
+    paper's table planners are left out: their tables have rows for 8 devices only."""
+    for problem in non_power_of_two_problems():
+        plan = planner_from_config(name).solve(problem)
+        check_plan(problem, plan)
+        assert_not_faster_than_peak(problem, plan)
+        if plan.status in ("optimal", "feasible"):
+            assert evaluate(problem, plan).feasible
