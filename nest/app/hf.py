@@ -97,6 +97,14 @@ def _int(cfg: dict, key: str, path: Path, default: int | None = None) -> int:
     return value
 
 
+def _count(cfg: dict, key: str, path: Path, default: int) -> int:
+    """A non-negative integer field (a number of blocks)."""
+    value = _get(cfg, key, path, default, required=False)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise UserError(f"{_where(path)}: {key}={value!r} must be a non-negative integer")
+    return value
+
+
 def _probability(cfg: dict, key: str, path: Path, default: float) -> float:
     value = _get(cfg, key, path, default)
     ok = isinstance(value, int | float) and not isinstance(value, bool)
@@ -176,6 +184,13 @@ LAYER_TYPES = {
     "sliding_attention": "sliding",
     "chunked_attention": "chunked",
 }
+
+
+def _span(cfg: dict, key: str, path: Path, default: int | None) -> int | None:
+    """A window or chunk size in tokens; ``None`` (the key null, or absent without a default):
+    blocks of that kind attend globally, as in transformers."""
+    value = cfg.get(key, default)
+    return None if value is None else _int(cfg, key, path, default)
 
 
 def _attention_pattern(types: list, field: str, path: Path, windows: dict[str, int | None]) -> dict:
@@ -305,14 +320,10 @@ def _deepseek(cfg: dict, path: Path, family: str, notes: list[str]) -> dict:
         tied_embeddings=_flag(cfg, "tie_word_embeddings", path, False),
         dropout=False,
     )
-    mtp = cfg.get("num_nextn_predict_layers")
-    if mtp not in (None, 0):
-        out["mtp_layers"] = _int(cfg, "num_nextn_predict_layers", path)
+    out["mtp_layers"] = _count(cfg, "num_nextn_predict_layers", path, 0)
     if cfg.get("n_routed_experts") is None:
         return out  # a dense DeepSeek: every block has the dense MLP
-    first = cfg.get("first_k_dense_replace", 0)
-    if first != 0:
-        first = _int(cfg, "first_k_dense_replace", path)
+    first = _count(cfg, "first_k_dense_replace", path, 0)
     freq = _int(cfg, "moe_layer_freq", path, 1)
     moe = [i >= first and i % freq == 0 for i in range(layers)]
     field = f"first_k_dense_replace={first} with moe_layer_freq={freq}"
@@ -322,8 +333,7 @@ def _deepseek(cfg: dict, path: Path, family: str, notes: list[str]) -> dict:
         moe_ffn_hidden=_int(cfg, "moe_intermediate_size", path),
         **_moe_pattern(moe, field, path),
     )
-    if cfg.get("n_shared_experts") not in (None, 0):
-        out["shared_experts"] = _int(cfg, "n_shared_experts", path)
+    out["shared_experts"] = _count(cfg, "n_shared_experts", path, 0)
     groups, top_groups = cfg.get("n_group"), cfg.get("topk_group")
     if isinstance(groups, int) and isinstance(top_groups, int) and 0 < top_groups < groups:
         notes.append(
@@ -349,10 +359,11 @@ def _qwen3(cfg: dict, path: Path, family: str, notes: list[str]) -> dict:
     types = _list(cfg, "layer_types", path, layers)
     field = "layer_types"
     if types is None:
-        start = _int(cfg, "max_window_layers", path, 28) if window is not None else layers
+        start = _count(cfg, "max_window_layers", path, 28) if window is not None else layers
         types = ["sliding_attention" if i >= start else "full_attention" for i in range(layers)]
         field = f"use_sliding_window=true with max_window_layers={start}"
-    out.update(_attention_pattern(types, field, path, {"sliding": window}))
+    spans = {"sliding": window, "chunked": _span(cfg, "attention_chunk_size", path, None)}
+    out.update(_attention_pattern(types, field, path, spans))
     if family == "qwen3_moe" and cfg.get("num_experts") not in (None, 0):
         step = _int(cfg, "decoder_sparse_step", path, 1)
         dense = _list(cfg, "mlp_only_layers", path) or []
@@ -385,8 +396,11 @@ def _gpt_oss(cfg: dict, path: Path, family: str, notes: list[str]) -> dict:
     if types is None:  # transformers' GptOssConfig default: sliding, full, sliding, ...
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
         field = "the default layer_types"
-    window = _int(cfg, "sliding_window", path, 128)
-    out.update(_attention_pattern(types, field, path, {"sliding": window}))
+    spans = {
+        "sliding": _span(cfg, "sliding_window", path, 128),
+        "chunked": _span(cfg, "attention_chunk_size", path, None),
+    }
+    out.update(_attention_pattern(types, field, path, spans))
     notes.append(
         f"attention sinks (a learned logit per head and block, {out['heads'] * layers:,} "
         "parameters) are left out of the costs"
@@ -424,9 +438,11 @@ def _llama4(cfg: dict, path: Path, family: str, notes: list[str]) -> dict:
             rope = [int((i + 1) % every != 0) for i in range(layers)]
             field = f"no_rope_layer_interval={every}"
         types = ["chunked_attention" if r else "full_attention" for r in rope]
-    chunk = cfg.get("attention_chunk_size", 8192)
-    chunk = None if chunk is None else _int(cfg, "attention_chunk_size", path, 8192)
-    out.update(_attention_pattern(types, field, path, {"chunked": chunk}))
+    spans = {
+        "sliding": _span(cfg, "sliding_window", path, None),
+        "chunked": _span(cfg, "attention_chunk_size", path, 8192),
+    }
+    out.update(_attention_pattern(types, field, path, spans))
     experts = _int(cfg, "num_local_experts", path)
     if experts > 1:
         listed = _list(cfg, "moe_layers", path)
@@ -468,8 +484,11 @@ def _gemma3(cfg: dict, path: Path, family: str, notes: list[str]) -> dict:
             "sliding_attention" if (i + 1) % every else "full_attention" for i in range(layers)
         ]
         field = f"sliding_window_pattern={every}"
-    window = _int(cfg, "sliding_window", path, 4096)
-    out.update(_attention_pattern(types, field, path, {"sliding": window}))
+    spans = {
+        "sliding": _span(cfg, "sliding_window", path, 4096),
+        "chunked": _span(cfg, "attention_chunk_size", path, None),
+    }
+    out.update(_attention_pattern(types, field, path, spans))
     notes.append(
         f"Gemma's post-attention and post-MLP RMSNorms (4 norms per block, not 2) are left out: "
         f"{2 * out['hidden'] * layers:,} parameters and their activations"
