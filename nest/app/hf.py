@@ -4,22 +4,62 @@ code).
 ``model=hf model.config_path=PATH`` reads the file with :func:`json.load` and nothing else: no
 ``transformers`` import, no ``trust_remote_code``, no file of the model folder but ``config.json``.
 The family is taken from ``model_type`` (falling back to the first ``architectures`` entry); the
-fields read per family are in :data:`FAMILIES` and :func:`_decoder` / :func:`_gpt2` / :func:`_bert`:
+fields read per family are in :data:`FAMILIES` and the reader functions below. A field absent
+from the file takes the default of the family's ``transformers`` configuration class.
 
-=========  ========================================================================================
-family     fields (Hugging Face name -> ModelSpec field)
-=========  ========================================================================================
-llama,     hidden_size -> hidden, num_hidden_layers -> layers, num_attention_heads -> heads,
-mistral,   num_key_value_heads -> kv_heads (absent: heads), intermediate_size -> ffn_hidden,
-qwen2,     vocab_size -> vocab, tie_word_embeddings -> tied_embeddings (absent: false, the
-mixtral    transformers default of these classes), hidden_act silu -> SwiGLU, RMSNorm, RoPE, no
-           biases; Mixtral: num_local_experts -> num_experts, num_experts_per_tok -> top_k
-gpt2       n_embd, n_layer, n_head, n_inner (null: 4 n_embd), vocab_size, n_positions; GELU,
-           LayerNorm, biases, learned positions, tied embeddings, dropout if resid_pdrop > 0
-bert       hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, vocab_size,
-           max_position_embeddings, type_vocab_size (must be 2); GELU, LayerNorm, biases,
-           learned positions, tied MLM decoder, pooler, dropout if hidden_dropout_prob > 0
-=========  ========================================================================================
+===========  ======================================================================================
+family       fields (Hugging Face name -> ModelSpec field)
+===========  ======================================================================================
+llama,       hidden_size -> hidden, num_hidden_layers -> layers, num_attention_heads -> heads,
+mistral,     num_key_value_heads -> kv_heads (absent: heads), head_dim -> head_dim (absent:
+qwen2,       hidden / heads), intermediate_size -> ffn_hidden, vocab_size -> vocab,
+mixtral      tie_word_embeddings -> tied_embeddings (absent: false), hidden_act silu -> SwiGLU,
+             RMSNorm, RoPE, no biases; Mixtral: num_local_experts -> num_experts,
+             num_experts_per_tok -> top_k
+deepseek_v2, MLA (attention: mla): q_lora_rank (null: full-rank query), kv_lora_rank,
+deepseek_v3, qk_nope_head_dim, qk_rope_head_dim, v_head_dim; intermediate_size -> ffn_hidden (the
+kimi_k2      dense blocks), n_routed_experts -> num_experts, num_experts_per_tok -> top_k,
+             moe_intermediate_size -> moe_ffn_hidden, n_shared_experts -> shared_experts (each
+             moe_intermediate_size wide), first_k_dense_replace and moe_layer_freq -> the MoE
+             blocks, num_nextn_predict_layers -> mtp_layers, attention_bias -> bias
+qwen3,       the llama fields plus head_dim, per-head Q/K RMSNorm (qk_norm); Qwen3-MoE:
+qwen3_moe    num_experts, num_experts_per_tok, moe_intermediate_size, decoder_sparse_step and
+             mlp_only_layers -> the MoE blocks; use_sliding_window, sliding_window,
+             max_window_layers or layer_types -> window
+gpt_oss      the llama fields plus head_dim; every block MoE: num_local_experts,
+             num_experts_per_tok, experts of intermediate_size; biases; layer_types and
+             sliding_window -> window, global_every (sliding, full, sliding, ...: 2)
+llama4,      text_config: intermediate_size_mlp -> ffn_hidden, num_local_experts,
+llama4_text  num_experts_per_tok, intermediate_size -> moe_ffn_hidden and one shared expert,
+             interleave_moe_layer_step (or moe_layers) -> the MoE blocks, use_qk_norm -> qk_norm,
+             layer_types (else no_rope_layers / no_rope_layer_interval: the NoPE blocks are
+             global) and attention_chunk_size -> chunked window, global_every
+gemma3,      text_config: the llama fields plus head_dim, hidden_activation gelu -> a gated GELU
+gemma3_text  (GeGLU: three matrices, as SwiGLU), qk_norm, layer_types (else
+             sliding_window_pattern) and sliding_window -> window, global_every; tied
+gpt2         n_embd, n_layer, n_head, n_inner (null: 4 n_embd), vocab_size, n_positions; GELU,
+             LayerNorm, biases, learned positions, tied embeddings, dropout if resid_pdrop > 0
+bert         hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, vocab_size,
+             max_position_embeddings, type_vocab_size (must be 2); GELU, LayerNorm, biases,
+             learned positions, tied MLM decoder, pooler, dropout if hidden_dropout_prob > 0
+===========  ======================================================================================
+
+Layer patterns are first computed as the family's own code defines them (which blocks are MoE,
+which attend locally), then written in the spec's terms: MoE blocks as ``first_dense_layers``,
+``moe_layer_freq`` and ``moe_layer_phase``; local blocks as ``window`` with ``global_every`` (0:
+every block local). A pattern those cannot express (``mlp_only_layers`` other than the first
+blocks, a ``moe_layers`` list that is not every n-th block, ``layer_types`` whose global blocks
+are not every n-th one, sliding and chunked blocks mixed, an unknown layer type) is a one-line
+error naming the field and its value. A vision-language config (``llama4``, ``gemma3``) is
+planned as its ``text_config``, with a notice that the vision tower is left out.
+
+Notices (:attr:`HfModel.notes`, printed after the summary), for what the analytic model leaves
+out and what changes little: GPT-OSS's attention sinks and clamped SwiGLU (``swiglu_limit``);
+Gemma's post-attention and post-MLP norms; logit soft-capping; Q/K/V/O biases of a model whose
+MLP has none (``attention_bias`` on Qwen3, Llama 4, Gemma 3); DeepSeek's group-limited routing
+(``n_group`` / ``topk_group``). Fields that change no cost are not read: RoPE settings (but for
+the training length below), router scoring and scaling, ``query_pre_attn_scalar``, Llama 4's
+NoPE layers (beyond their full attention) and attention temperature tuning.
 
 Name: ``model.name``, else the config's ``_name_or_path``, else the file: its folder for a
 ``config.json`` (``org/name`` inside a Hugging Face cache, ``models--org--name/snapshots/REV/``),
@@ -42,7 +82,8 @@ length. A ``model.seq_len`` beyond a learned position table (GPT-2, BERT) is an 
 Approximations, stated: Qwen2's Q/K/V projections carry biases but its other linears do not; the
 spec's ``bias`` is all-or-nothing, so Qwen2 is read without biases (``(h + 2 g d)`` parameters per
 block, 0.006 % of Qwen2-0.5B). Mistral's sliding-window attention is costed as full attention over
-``seq_len`` (equal when ``seq_len <= sliding_window``).
+``seq_len`` (equal when ``seq_len <= sliding_window``). Llama 4's Q/K L2 norm has no weights;
+``use_qk_norm`` is read as the spec's per-head Q/K norm (``2 d`` parameters per block).
 """
 
 import json
