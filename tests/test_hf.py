@@ -609,15 +609,19 @@ def _maverick_with(**text_change) -> dict:
     [
         (
             _shipped("qwen3_30b_a3b.json", mlp_only_layers=[5]),
-            "mlp_only_layers=[5] with decoder_sparse_step=1 makes blocks [0, 1, 2, 3, 4, 6,",
+            "mlp_only_layers=[5] with decoder_sparse_step=1 makes blocks [0-4, 6-47] MoE",
         ),
-        (_maverick_with(moe_layers=[1, 2, 3]), "moe_layers=[1, 2, 3] makes blocks [1, 2, 3] MoE"),
+        (_maverick_with(moe_layers=[1, 2, 3]), "moe_layers=[1, 2, 3] makes blocks [1-3] MoE"),
         (
             _shipped(
                 "gpt_oss_20b.json",
                 layer_types=["full_attention", "full_attention"] + ["sliding_attention"] * 22,
             ),
-            "layer_types makes blocks [0, 1] global; nest expresses global blocks only as every",
+            "layer_types makes blocks [0-1] global; nest expresses global blocks only as every",
+        ),
+        (
+            _shipped("gpt_oss_20b.json", layer_types=[{"type": "full"}] * 24),
+            "layer_types has {'type': 'full'}; nest reads full_attention",
         ),
         (
             _shipped("gpt_oss_20b.json", layer_types=["linear_attention"] * 24),
@@ -641,7 +645,7 @@ def _maverick_with(**text_change) -> dict:
                 sliding_window=4096,
                 max_window_layers=60,
             ),
-            "use_sliding_window=true with max_window_layers=60 makes blocks [0, 1,",
+            "use_sliding_window=true with max_window_layers=60 makes blocks [0-59] global",
         ),
         (_shipped("gemma3_27b.json", text_config=None), "keeps its language model in text_config"),
         (_shipped("qwen3_235b_a22b.json", head_dim=0), "head_dim=0 must be a positive integer"),

@@ -113,7 +113,9 @@ class HfModel:
     seq_len_source: str
     """Which rule gave ``spec.seq_len`` (module docstring), in words."""
     notes: tuple[str, ...] = ()
-    """One-line notices for the user (a sequence length the config did not state as trained)."""
+    """One-line notices for the user, printed after the summary: a sequence length the config did
+    not state as trained, and what the analytic model leaves out of this config (module
+    docstring)."""
 
 
 def _where(path: Path) -> str:
@@ -191,7 +193,14 @@ def _short(value) -> str:
 
 
 def _blocks(flags: list[bool]) -> str:
-    return "[" + ", ".join(str(i) for i, f in enumerate(flags) if f) + "]"
+    """The indices of the true flags, runs written as ranges: ``[0-4, 6-47]``."""
+    runs: list[list[int]] = []
+    for i, flag in enumerate(flags):
+        if flag and runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        elif flag:
+            runs.append([i, i])
+    return "[" + ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) + "]"
 
 
 def _moe_pattern(moe: list[bool], field: str, path: Path) -> dict:
@@ -239,7 +248,7 @@ def _attention_pattern(types: list, field: str, path: Path, windows: dict[str, i
     ``layer_types`` (``windows``: the span of each local kind, ``None`` when the config sets
     none, which makes that kind global), or a one-line refusal naming ``field``."""
     for kind in types:
-        if kind not in LAYER_TYPES:
+        if not isinstance(kind, str) or kind not in LAYER_TYPES:
             raise UserError(
                 f"{_where(path)}: {field} has {kind!r}; nest reads full_attention, "
                 "sliding_attention and chunked_attention blocks only"
