@@ -22,7 +22,61 @@ def random_rank_orders(rng: random.Random) -> list[str]:
     return rng.sample(RANK_ORDERS, rng.randint(1, 2))
 
 
-def random_problem(rng: random.Random, *, hbm_gib: float | None = None):
+def random_shape(rng: random.Random, *, heads: int, layers: int, moe: bool) -> dict:
+    """The modern fields of a random :class:`ModelSpec` (``{}`` for about half the draws): MLA
+    or GQA with its own ``head_dim``, KV groups and Q/K norms; a sliding or chunked window with
+    global blocks every 2nd or 3rd block (or none); for a MoE model, routed experts of their own
+    width, a shared expert, first dense blocks and MoE every 2nd block; an MTP module. Widths
+    are multiples of 8, so every tensor-parallel degree the heads allow divides them."""
+    if rng.random() < 0.5:
+        return {}
+    kw: dict = {}
+    if rng.random() < 0.4:
+        kw.update(
+            attention="mla",
+            q_lora_rank=rng.choice([None, 16]),
+            kv_lora_rank=16,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=8,
+            v_head_dim=rng.choice([8, 16]),
+        )
+    else:
+        kw.update(
+            head_dim=rng.choice([None, 16, 32]),
+            kv_heads=rng.choice([heads, heads // 2]),
+            qk_norm=rng.random() < 0.5,
+        )
+    if rng.random() < 0.6:
+        kw.update(
+            window=rng.choice([8, 16]),
+            local_attention=rng.choice(["sliding", "chunked"]),
+            global_every=rng.choice([0, 2, 3]),
+        )
+    if moe:
+        freq = rng.choice([1, 2])
+        kw.update(
+            moe_ffn_hidden=rng.choice([None, 64]),
+            shared_experts=rng.choice([0, 1]),
+            first_dense_layers=rng.choice([0, 1]),
+            moe_layer_freq=freq,
+            moe_layer_phase=rng.randrange(freq),
+        )
+        first, phase = kw["first_dense_layers"], kw["moe_layer_phase"]
+        if not any(i >= first and i % freq == phase for i in range(layers)):
+            kw.update(first_dense_layers=0, moe_layer_phase=0)  # block 0 is MoE then
+    kw["mtp_layers"] = int(rng.random() < 0.4)
+    return kw
+
+
+def shape_rng(seed: int) -> random.Random:
+    """The generator of a case's :func:`random_shape` draws, apart from the case's own stream:
+    a case keeps the base problem and plan it drew before the modern fields existed."""
+    return random.Random(f"shape-{seed}")
+
+
+def random_problem(
+    rng: random.Random, *, hbm_gib: float | None = None, shapes: random.Random | None = None
+):
     n_levels = rng.randint(1, 3)
     fanouts = tuple(rng.choice([1, 2, 2, 4]) for _ in range(n_levels))
     if fanouts[0] == 1:
@@ -30,7 +84,7 @@ def random_problem(rng: random.Random, *, hbm_gib: float | None = None):
     bws = tuple(sorted((rng.uniform(5, 900) for _ in fanouts), reverse=True))
     lats = tuple(sorted(rng.uniform(0, 20) for _ in fanouts))
     moe = rng.random() < 0.3
-    spec = ModelSpec(
+    base = dict(
         name="rand",
         hidden=rng.choice([64, 128, 256]),
         layers=rng.randint(1, 6),
@@ -44,6 +98,9 @@ def random_problem(rng: random.Random, *, hbm_gib: float | None = None):
         num_experts=4 if moe else 1,
         top_k=2 if moe else 1,
     )
+    if shapes is not None:
+        base.update(random_shape(shapes, heads=base["heads"], layers=base["layers"], moe=moe))
+    spec = ModelSpec(**base)
     device = make_device(
         hbm_bytes=(hbm_gib if hbm_gib is not None else rng.choice([0.05, 0.5, 4])) * 2**30,
         peak_flops_per_s=rng.uniform(10, 1000) * 1e12,
@@ -66,7 +123,10 @@ def random_problem(rng: random.Random, *, hbm_gib: float | None = None):
 def random_planner(rng: random.Random, problem) -> FixedPlanner:
     spec = problem.model.spec
     n = problem.cluster.num_devices
-    tp = rng.choice([t for t in divisors(n) if spec.heads % t == 0 and spec.ffn_hidden % t == 0])
+    widths = [spec.heads, spec.ffn_hidden, spec.expert_ffn, spec.shared_ffn]
+    if spec.attention == "gqa":
+        widths.append(spec.num_kv_heads)
+    tp = rng.choice([t for t in divisors(n) if all(w % t == 0 for w in widths)])
     rest = n // tp
     pp = rng.choice([p for p in divisors(rest) if p <= spec.layers + 2])
     rest //= pp
@@ -100,9 +160,11 @@ def random_planner(rng: random.Random, problem) -> FixedPlanner:
     )
 
 
-def random_case(seed: int, **kw):
+def random_case(seed: int, *, shapes: bool = False, **kw):
+    """A random problem and plan; ``shapes``: about half the models draw the modern fields
+    (:func:`random_shape`) on top of the same base draws."""
     rng = random.Random(seed)
-    problem = random_problem(rng, **kw)
+    problem = random_problem(rng, shapes=shape_rng(seed) if shapes else None, **kw)
     planner = random_planner(rng, problem)
     return problem, planner
 

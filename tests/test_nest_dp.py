@@ -17,14 +17,22 @@ from nest.dp.space import SpaceOptions
 from nest.dp.stages import StageModel
 
 from .conftest import make_cluster, make_device, make_problem
-from .randomcase import RANK_ORDERS, assert_nest_equals_brute, random_case, random_rank_orders
+from .randomcase import (
+    RANK_ORDERS,
+    assert_nest_equals_brute,
+    random_case,
+    random_rank_orders,
+    random_shape,
+    shape_rng,
+)
 
 
 @pytest.mark.parametrize("seed", range(150))
 def test_stage_model_equals_the_evaluator(seed):
     """For a plan of the DP's space, every rank's forward, backward, sync, optimizer step and
-    memory from the interval model equal the shared evaluator's (1e-9 relative)."""
-    problem, planner = random_case(seed, hbm_gib=100)
+    memory from the interval model equal the shared evaluator's (1e-9 relative). About half the
+    models draw the modern shapes (MLA, windows, shared experts, MoE every n-th block, MTP)."""
+    problem, planner = random_case(seed, hbm_gib=100, shapes=True)
     plan = planner.solve(problem)
     report = evaluate(problem, plan)
     config = plan.config
@@ -56,8 +64,11 @@ def shape_compute(rng: random.Random) -> dict:
 
 def tiny_case(seed: int):
     """A random problem of 3-8 chain layers (1-6 blocks; the model needs one) on 2-16 devices
-    and 1-3 levels, and a random restriction of the space small enough for brute force."""
+    and 1-3 levels, and a random restriction of the space small enough for brute force. About
+    half the models draw the modern shapes (tests/randomcase.py's ``random_shape``, from a
+    stream of their own, so the base draws stay those of the seed)."""
     rng = random.Random(seed)
+    shapes = shape_rng(seed)
     for _ in range(100):
         n_levels = rng.randint(1, 3)
         fanouts = [rng.choice([1, 2, 2, 4]) for _ in range(n_levels)]
@@ -67,7 +78,7 @@ def tiny_case(seed: int):
         bws = sorted((rng.uniform(1, 900) for _ in fanouts), reverse=rng.random() < 0.8)
         lats = [rng.uniform(0, 30) for _ in fanouts]
         moe = rng.random() < 0.25
-        spec = ModelSpec(
+        base = dict(
             name="tiny",
             hidden=rng.choice([64, 128]),
             layers=rng.randint(1, 6),
@@ -81,6 +92,8 @@ def tiny_case(seed: int):
             num_experts=4 if moe else 1,
             top_k=2 if moe else 1,
         )
+        base.update(random_shape(shapes, heads=base["heads"], layers=base["layers"], moe=moe))
+        spec = ModelSpec(**base)
         device = make_device(
             hbm_bytes=rng.choice([0.002, 0.01, 0.05, 1.0]) * 2**30,
             peak_flops_per_s=rng.uniform(1, 200) * 1e12,

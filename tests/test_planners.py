@@ -60,6 +60,33 @@ def small_problems():
     )
     moe = make_spec(layers=3, num_experts=4, top_k=2, activation="swiglu")
     yield make_problem(moe, make_cluster(fanouts=(2, 4)), global_batch=16)
+    # a mixed chain of the modern shapes: MLA, block 0 dense (first_dense_layers), then MoE
+    # every second block with a shared expert, a sliding window on every other block, and an
+    # MTP module in the head (of the last block's kind: MoE, local); 3 blocks, as the MoE
+    # problem above (the paper tables' tiny rows split 3 blocks)
+    mixed = make_spec(
+        layers=3,
+        attention="mla",
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        activation="swiglu",
+        norm="rmsnorm",
+        bias=False,
+        position="rope",
+        num_experts=4,
+        top_k=2,
+        moe_ffn_hidden=128,
+        shared_experts=1,
+        first_dense_layers=1,
+        moe_layer_freq=2,
+        window=16,
+        global_every=2,
+        mtp_layers=1,
+    )
+    yield make_problem(mixed, make_cluster(fanouts=(2, 4)), global_batch=16)
 
 
 @pytest.mark.parametrize("name", SOLVERS)

@@ -345,13 +345,22 @@ class AnalyticModel:
     def model_stats(self) -> dict:
         """``report.json["model_stats"]``: ``params_total`` and ``params_active`` as model cards
         count them (embedding and output head included, multi-token-prediction modules not:
-        they are ``params_mtp``), and ``model_flops_per_token`` (the convention of
+        they are ``params_mtp``), ``params_active_non_embedding`` (the active count without the
+        input embedding, a lookup with no matmul, as gpt-oss's model card counts its active
+        parameters; a tied matrix stays, as the output head uses it) and
+        ``model_flops_per_token`` (the convention of
         :mod:`nest.cost.mfu`, forward and backward, MTP included as it is trained)."""
         total = self.total_params()
         mtp = self.mtp_params()
+        active = self.active_params()
+        m = self.spec
+        lookup = sum(self._embedding_params(m.vocab)) - (
+            m.vocab * m.hidden if m.tied_embeddings else 0
+        )
         return {
             "params_total": total - mtp,
-            "params_active": self.active_params(),
+            "params_active": active,
+            "params_active_non_embedding": active - lookup,
             "params_mtp": mtp,
             "model_flops_per_token": self.model_flops_per_sample() / self.spec.seq_len,
         }
