@@ -485,6 +485,7 @@ def precision_pairs(outcomes: list[Outcome]) -> list[dict]:
             {
                 "source": bf16.row["source"],
                 "case": bf16.row["case"],
+                "label": bf16.row["case"].split(" (")[0].removesuffix(" BF16"),
                 "gpus": int(bf16.row["gpus"]),
                 "measured_ratio": measured,
                 "predicted_ratio": predicted,
@@ -580,7 +581,7 @@ def run(
         )
     for p in summary["precision_pairs"]:
         echo(
-            f"  BF16/FP8 pair {p['case'][:60]}: speed-up measured {p['measured_ratio']:.3f}, "
+            f"  BF16/FP8 pair {p['label']}: speed-up measured {p['measured_ratio']:.3f}, "
             f"predicted {p['predicted_ratio']:.3f} ({p['difference']:+.3f})"
         )
     for sweep, s in summary["sweeps"].items():
