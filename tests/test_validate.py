@@ -23,9 +23,35 @@ def summary():
 def test_every_case_is_predicted_and_fits(summary):
     """The configurations ran for real, so the memory model must let them fit: every case but
     DeepSpeed's ZeRO-3 530B run on 640 GPUs with microbatch 4 (SC21 Table 2), whose memory use
-    DeepSpeed cuts with means the row cannot state (e.g. activation offloading)."""
-    assert summary["predicted"] == summary["cases"] == 73
-    assert summary["out_of_memory"] == 1
+    DeepSpeed cuts with means the row cannot state (e.g. activation offloading), and
+    Megatron-Bridge 25.11's Qwen3-30B-A3B on 16 H100 (PP2 VP24, microbatch 2, FP8), which the
+    memory model puts 8 GiB over. Every case is predicted but the 8 MoE runs whose
+    experts ran with etp 1 under tp > 1 (Megatron-Core's MoE parallel folding), which nest
+    cannot shard so and refuses rather than score as something else."""
+    assert summary["cases"] == 114
+    assert summary["predicted"] == 114 - sum(ETP_REFUSED.values()) == 106
+    assert summary["out_of_memory"] == 2
+
+
+ETP_REFUSED = {  # source: rows refused because their experts ran with etp != tp
+    "NVIDIA_dgxc_benchmarking_H100_DeepSeekV3_BF16": 2,
+    "MoEZoo_Qwen3_235B_H100_BF16": 5,
+    "MegatronBridge_perf_H100_FP8": 1,
+}
+
+
+def test_rows_whose_experts_ran_with_another_tensor_degree_are_refused_in_one_line():
+    """nest shards experts over the tensor ranks (etp = tp): a row with etp 1 under tp 2 or 4 is
+    refused with a one-line error naming both, never scored with tp-sharded experts."""
+    counts: dict[str, int] = {}
+    for row in _rows():
+        if (row.get("etp") or "").strip() and row["etp"] != row["tp"]:
+            outcome = validate.predict(row)
+            assert outcome.predicted is None
+            assert f"etp={row['etp']} with tp={row['tp']}" in outcome.note
+            assert "\n" not in outcome.note
+            counts[row["source"]] = counts.get(row["source"], 0) + 1
+    assert counts == ETP_REFUSED
 
 
 # ------------------------------------------------------------------------------ accuracy
@@ -42,6 +68,11 @@ MEGATRON = "MegatronLM_README_H100_weak_scaling"
 LLAMA3 = "Dubey2024_Llama3_Table4"
 SC21_T2 = "Narayanan2021_SC21_Table2"
 AUTOMODEL = "NeMoAutomodel_PerfSummary_H100_BF16"
+PAIRS = "NVIDIA_dgxc_benchmarking_H100_pairs"
+DSV3 = "NVIDIA_dgxc_benchmarking_H100_DeepSeekV3_BF16"
+MBRIDGE = "MegatronBridge_perf_H100_FP8"
+ORIGINAL = (SC21_T1, MEGATRON, LLAMA3, SC21_T2, AUTOMODEL)
+"""The sources of the BF16 cost model (v2), before FP8 and the new shapes."""
 
 
 def _unmet(target: str, now: str, why: str):
@@ -57,6 +88,18 @@ SC21_T2_WHY = (
     "than the bandwidth-bound collectives modelled"
 )
 AUTOMODEL_WHY = "FSDP2 prefetches the ZeRO-3 gathers the model charges as exposed"
+PAIRS_WHY = (
+    "Grok-1's FP8 rows predicted 20-22 % fast (its BF16 rows 11 %): the model's FP8 speed-up of "
+    "the MoE blocks is larger than measured"
+)
+DSV3_WHY = (
+    "one row (TP1 PP8 VP2 EP64 on 1024 H100) predicted 48 % slow; the other two ran with etp 1 "
+    "and are refused"
+)
+MBRIDGE_WHY = (
+    "Qwen3-30B-A3B PP2 VP24 (25.11) predicted at 2.8x the measured throughput (and 8 GiB over "
+    "memory), the PP1 EP16 run (26.06) within 4 %"
+)
 
 
 @pytest.mark.parametrize(
@@ -67,6 +110,9 @@ AUTOMODEL_WHY = "FSDP2 prefetches the ZeRO-3 gathers the model charges as expose
         pytest.param(LLAMA3, marks=_unmet("source median <= 10 %", "15.5 %", LLAMA3_WHY)),
         pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "12.0 %", SC21_T2_WHY)),
         pytest.param(AUTOMODEL, marks=_unmet("source median <= 10 %", "30.5 %", AUTOMODEL_WHY)),
+        PAIRS,
+        pytest.param(DSV3, marks=_unmet("source median <= 10 %", "48.2 %", DSV3_WHY)),
+        pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "93.9 %", MBRIDGE_WHY)),
     ],
 )
 def test_accuracy_no_source_median_above_10_percent(summary, source):
@@ -89,6 +135,9 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "31.5 %", LLAMA3_WHY)),
         pytest.param(SC21_T2, marks=_unmet("max <= 15 %", "166 %", SC21_T2_WHY)),
         pytest.param(AUTOMODEL, marks=_unmet("max <= 15 %", "30.5 %", AUTOMODEL_WHY)),
+        pytest.param(PAIRS, marks=_unmet("max <= 15 %", "21.7 %", PAIRS_WHY)),
+        pytest.param(DSV3, marks=_unmet("max <= 15 %", "48.2 %", DSV3_WHY)),
+        pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "184 %", MBRIDGE_WHY)),
     ],
 )
 def test_accuracy_every_source_max_within_15_percent(summary, source):
@@ -97,7 +146,7 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
 
 @_unmet(
     "median <= 5 % over all cases",
-    "8.4 %",
+    "8.3 %",
     "SC21 Table 1's 30 A100 rows (2021 software, no FlashAttention) run 4-13 % faster than "
     "predicted at the assumed in-step GEMM rate of 0.65",
 )
@@ -105,7 +154,7 @@ def test_accuracy_median_within_5_percent(summary):
     assert summary["median_abs_error"] <= TARGET_MEDIAN
 
 
-@_unmet("max <= 15 % over all cases", "166 %", SC21_T2_WHY)
+@_unmet("max <= 15 % over all cases", "184 %", f"{SC21_T2_WHY}; {MBRIDGE_WHY}")
 def test_accuracy_max_within_15_percent(summary):
     assert summary["max_abs_error"] <= TARGET_MAX
 
@@ -144,6 +193,9 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     LLAMA3: (3, 0.155, 0.315, -0.155),
     SC21_T2: (12, 0.120, 1.656, 0.038),
     AUTOMODEL: (1, 0.305, 0.305, -0.305),
+    PAIRS: (30, 0.070, 0.217, -0.053),
+    DSV3: (1, 0.482, 0.482, 0.482),
+    MBRIDGE: (2, 0.939, 1.841, 0.903),
 }
 
 
@@ -178,13 +230,15 @@ def test_at_the_micro_benchmark_ceiling_every_source_is_over_predicted():
     kernels inside a training step run slower than in isolation; at the assumed 0.65 no source is
     over-predicted by more than 12 % at the median. The FSDP2 row (NeMo Automodel) is left out of
     the first claim: its error is the exposed ZeRO-3 gathers (see the next test), not the GEMM
-    rate, and it stays under-predicted at the ceiling (-21.8 %)."""
+    rate, and it stays under-predicted at the ceiling (-21.8 %). The claim is about the BF16
+    sources it was made on (``ORIGINAL``); the FP8 and new-shape sources score step times, whose
+    error has the other sign."""
     at_ceiling = validate.run(CASES, None, echo=lambda _: None, matmul_efficiency="ceiling")
-    kernel_bound = {k: v for k, v in at_ceiling["by_source"].items() if k != AUTOMODEL}
+    kernel_bound = {k: at_ceiling["by_source"][k] for k in ORIGINAL if k != AUTOMODEL}
     assert len(kernel_bound) == 4
     assert all(s["median_error"] > 0 for s in kernel_bound.values())
     default = validate.run(CASES, None, echo=lambda _: None)
-    assert all(s["median_error"] < 0.12 for s in default["by_source"].values())
+    assert all(default["by_source"][k]["median_error"] < 0.12 for k in ORIGINAL)
 
 
 def test_fsdp2_run_is_under_predicted_by_its_exposed_gathers(summary):
@@ -242,6 +296,11 @@ def test_missing_file_is_one_line_error(capsys, tmp_path):
     assert validate.main([str(tmp_path / "none.csv"), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "\n" not in err
+
+
+def _rows() -> list[dict]:
+    with open(CASES, newline="") as fh:
+        return list(csv.DictReader(fh))
 
 
 def _case(source: str, params_b: str) -> dict:
@@ -397,3 +456,220 @@ def test_a_csv_that_is_not_utf8_is_one_line_error(tmp_path):
     path.write_bytes(",".join(validate.REQUIRED_COLUMNS).encode() + b"\nGr\xfc\xdfe\n")
     with pytest.raises(UserError, match="is not UTF-8 text"):
         validate.run(path, None, echo=lambda *a: None)
+
+
+# ------------------------------------------------------------------- FP8 and the new shapes
+# docs/trust/fidelity.md, FP8: the predicted BF16/FP8 speed-up (BF16 step time over FP8 step
+# time) within +-0.10 of the measured one on every pair of NVIDIA's dgxc-benchmarking recipes
+# (H100, same layout in both precisions), and the FP8 rows' median |error| <= 10 %.
+TARGET_RATIO = 0.10
+TARGET_FP8_MEDIAN = 0.10
+RATIO_WHY = "the model's FP8 speed-up is larger than measured"
+PAIR_RATIOS = {  # pair: (measured speed-up, predicted today): measured from cases.csv
+    "GPT-3 175B NeMo 128xH100": (1.477, 1.573),
+    "GPT-3 175B NeMo 1024xH100": (1.452, 1.571),
+    "Llama3.1 8B NeMo2 8xH100": (1.315, 1.398),
+    "Llama3.1 8B NeMo2 128xH100": (1.292, 1.398),
+    "Llama3.1 70B NeMo 64xH100": (1.397, 1.468),
+    "Llama3.1 70B NeMo 2048xH100": (1.350, 1.467),
+    "Llama3.1 405B NeMo2 512xH100": (1.522, 1.546),
+    "Llama3.1 405B NeMo2 2048xH100": (1.582, 1.546),
+    "Nemotron4 15B NeMo2 16xH100": (1.381, 1.448),
+    "Nemotron4 15B NeMo 2048xH100": (1.362, 1.407),
+    "Nemotron4 340B NeMo2 256xH100": (1.482, 1.415),
+    "Nemotron4 340B NeMo 2048xH100": (1.387, 1.415),
+    "Grok-1 314B NeMo 512xH100": (1.243, 1.389),
+    "Grok-1 314B NeMo 2048xH100": (1.231, 1.390),
+    "Llama4 Maverick NeMo2 512xH100": (1.148, 1.253),
+}
+RATIO_UNMET = {  # pair: why (the measured and predicted speed-ups are in PAIR_RATIOS)
+    "GPT-3 175B NeMo 1024xH100": RATIO_WHY,
+    "Llama3.1 8B NeMo2 128xH100": RATIO_WHY,
+    "Llama3.1 70B NeMo 2048xH100": f"{RATIO_WHY}; the measured one falls with scale (1.397 on "
+    "64 GPUs), the predicted one does not",
+    "Grok-1 314B NeMo 512xH100": f"{RATIO_WHY} for MoE blocks (its FP8 rows -20 %, BF16 -11 %)",
+    "Grok-1 314B NeMo 2048xH100": f"{RATIO_WHY} for MoE blocks (its FP8 rows -22 %, BF16 -12 %)",
+    "Llama4 Maverick NeMo2 512xH100": f"{RATIO_WHY}; the FP8 run used CUDA graphs and the BF16 "
+    "run did not (dgxc README)",
+}
+
+
+def _pair_params():
+    params = []
+    for label, (measured, predicted) in PAIR_RATIOS.items():
+        marks = ()
+        if label in RATIO_UNMET:
+            now = (
+                f"measured {measured:.3f}, predicted {predicted:.3f} ({predicted - measured:+.3f})"
+            )
+            marks = _unmet("speed-up within +-0.10", now, RATIO_UNMET[label])
+        params.append(pytest.param(label, marks=marks, id=label))
+    return params
+
+
+@pytest.fixture(scope="module")
+def pairs(summary):
+    return {p["label"]: p for p in summary["precision_pairs"]}
+
+
+def test_the_pairs_are_nvidias_h100_recipes_in_both_precisions(pairs):
+    """15 pairs: each BF16 row has an FP8 twin of the same layout, and the measured speed-up is
+    the published step times' ratio (dgxc-benchmarking READMEs; 1.15-1.58)."""
+    assert set(pairs) == set(PAIR_RATIOS)
+    for label, (measured, _) in PAIR_RATIOS.items():
+        assert pairs[label]["measured_ratio"] == pytest.approx(measured, abs=5e-4)
+        assert pairs[label]["source"] == PAIRS
+
+
+@pytest.mark.parametrize("label", _pair_params())
+def test_accuracy_fp8_speedup_within_a_tenth_on_every_pair(pairs, label):
+    p = pairs[label]
+    assert abs(p["predicted_ratio"] - p["measured_ratio"]) <= TARGET_RATIO, p
+
+
+def test_accuracy_fp8_rows_median_within_10_percent(summary):
+    """The FP8 rows (the 15 pairs' and Megatron-Bridge's 2 Qwen3-30B-A3B, scored in step time
+    or tokens per second): median |error| <= 10 % (today 9.4 %)."""
+    assert summary["fp8_cases"] == 17
+    assert summary["fp8_median_abs_error"] <= TARGET_FP8_MEDIAN
+
+
+def test_regression_fp8_speedups_pin_the_current_model(pairs, summary):
+    """Pins the predicted speed-ups of PAIR_RATIOS and the FP8 median (not accuracy)."""
+    for label, (_, predicted) in PAIR_RATIOS.items():
+        assert pairs[label]["predicted_ratio"] == pytest.approx(predicted, abs=0.005), label
+    assert summary["fp8_median_abs_error"] == pytest.approx(0.094, abs=0.005)
+
+
+def test_a_pair_is_found_only_between_rows_that_differ_in_precision():
+    """Two rows of one source and layout pair up; changing any layout column breaks the pair."""
+    bf16 = _case(PAIRS, "8.0")
+    fp8 = next(r for r in _rows() if r["case"] == bf16["case"].replace("BF16", "FP8"))
+
+    def outcome(row, measured):
+        return validate.Outcome(row, row["measured_metric"], measured, measured, True)
+
+    (pair,) = validate.precision_pairs([outcome(bf16, 12.0), outcome(fp8, 8.0)])
+    assert pair["measured_ratio"] == pytest.approx(1.5)
+    other = dict(fp8, microbatch="2")
+    assert validate.precision_pairs([outcome(bf16, 12.0), outcome(other, 8.0)]) == []
+
+
+def test_7b_fp8_plan_that_does_not_fit_where_bf16_does_names_the_missing_memory():
+    """Megatron-LM issue #1237: a 7B model on H100 runs with ``--bf16`` and runs out of memory
+    with FP8 (``--fp8-format hybrid``, delayed scaling with an amax history, no FP8 parameters;
+    no pipeline parallelism; ``--recompute-granularity selective`` did not help). The issue gives
+    no memory figures, batch or tensor degree, so the check spans those on one 8-GPU DGX H100
+    node: Llama-2 7B (conf/model/llama2_7b), sequence 4096, distributed optimizer. Where the
+    model says BF16 fits and FP8 does not, the FP8 row's note says how many GiB are missing and
+    what the rank holds; the difference is Transformer Engine's cached FP8 weight and its
+    transpose (2 bytes per parameter of the blocks' linear layers: TE issue #1261), and
+    selective recompute does not close it (as reported). FP8 parameters
+    (``--fp8-param-gather``), which make the FP8 copy the weight, fit."""
+    row = dict(
+        source="Megatron-LM#1237",
+        case="7B FP8 OOM",
+        model_params_b="6.7",
+        model="llama2_7b",
+        seq="4096",
+        gpus="8",
+        tp="1",
+        pp="1",
+        dp="8",
+        global_batch_seqs="64",
+        microbatch="2",
+        zero_stage="1",
+        recompute="selective",
+        gpu="H100-80GB (DGX H100)",
+        measured_metric="step_time_s",
+        measured_value="1",
+    )
+    bf16 = validate.predict(row)
+    fp8 = validate.predict(dict(row, precision="fp8", fp8_recipe="delayed"))
+    assert bf16.feasible is True and fp8.feasible is False
+    assert fp8.note.startswith("model says out of memory: ") and "GiB short" in fp8.note
+    short_gib = float(fp8.note.split("memory: ")[1].split(" GiB short")[0])
+    problem, plan = validate.problem_and_plan(dict(row, precision="fp8"))
+    report = evaluate(problem, plan)
+    (rank,) = report.ranks
+    assert short_gib == pytest.approx(
+        (rank.memory.total_bytes - rank.memory.capacity_bytes) / 2**30, abs=0.01
+    )
+    _, plan16 = validate.problem_and_plan(row)
+    (rank16,) = evaluate(*validate.problem_and_plan(row)).ranks
+    spec = problem.model.spec
+    linear = (
+        problem.model.total_params()
+        - 2 * spec.vocab * spec.hidden
+        - (2 * spec.layers + 1) * spec.hidden
+    )
+    assert rank.memory.weights_bytes - rank16.memory.weights_bytes == pytest.approx(2 * linear)
+    assert validate.predict(dict(row, precision="fp8", recompute="none")).feasible is False
+    gathered = validate.predict(dict(row, precision="fp8", fp8_param_gather="true"))
+    assert gathered.feasible is True
+
+
+# ----------------------------------------------------------------------- what a row asks for
+def test_a_gpu_is_scored_only_under_its_exact_name():
+    """Any text containing "H100" used to be scored as the 80 GB SXM part; now an H100 PCIe (or
+    any unknown name) is a one-line error listing the accepted names."""
+    row = _mixtral_row()
+    for gpu in ("H100 PCIe", "H100", "NVIDIA H100-80GB (DGX H100) x8", "A100-SXM-40GB"):
+        outcome = validate.predict(dict(row, gpu=gpu))
+        assert outcome.predicted is None and f"gpu {gpu!r} is not known" in outcome.note
+        assert "H100-80GB (DGX H100)" in outcome.note and "\n" not in outcome.note
+    for gpu in validate.GPUS:
+        assert validate.predict(dict(row, gpu=gpu)).predicted is not None
+
+
+def test_a_row_may_name_its_own_device_preset():
+    """``gpu_preset`` names any conf/device preset (``gpu`` is then a label): an H200 row is scored
+    with the H200's 141 GB, an unknown preset is a one-line error listing them."""
+    row = dict(_mixtral_row(), gpu="H200 SXM (our cluster)", gpu_preset="h200_sxm")
+    problem, _ = validate.problem_and_plan(row)
+    assert problem.cluster.device.hbm_bytes == 141e9
+    outcome = validate.predict(dict(row, gpu_preset="b300"))
+    assert (
+        outcome.predicted is None
+        and "gpu_preset='b300' is not a conf/device preset" in outcome.note
+    )
+    assert "h100_sxm" in outcome.note and "\n" not in outcome.note
+
+
+def test_unknown_precision_or_recipe_is_a_one_line_row_error():
+    for changes, named in (
+        ({"precision": "fp4"}, "training.precision='fp4'"),
+        ({"precision": "fp8", "fp8_recipe": "rowwise"}, "training.fp8_recipe='rowwise'"),
+        ({"fp8_param_gather": "true"}, "fp8_param_gather=true needs training.precision=fp8"),
+        ({"precision": "fp8", "fp8_recipe": "mxfp8"}, "mxfp8 needs Blackwell"),
+        ({"precision": "fp8", "gpu": "A100-SXM-80GB"}, "has no FP8 tensor cores"),
+        ({"fp8_param_gather": "maybe"}, "'maybe' as yes/no"),
+    ):
+        outcome = validate.predict(_mixtral_row(**changes))
+        assert outcome.predicted is None, changes
+        assert named in outcome.note and "\n" not in outcome.note, outcome.note
+
+
+def test_a_model_preset_gives_the_shape_and_the_columns_must_agree():
+    """``model`` names a conf/model preset: its shape (here DeepSeek-V3's MLA, shared expert,
+    dense first blocks and MTP module) with the row's sequence length; a shape column that
+    disagrees, or an unknown preset, is a one-line error."""
+    row = next(r for r in _rows() if r["source"] == DSV3 and r["tp"] == "1")
+    problem, plan = validate.problem_and_plan(row)
+    spec = problem.model.spec
+    assert (spec.attention, spec.shared_experts, spec.first_dense_layers, spec.mtp_layers) == (
+        "mla",
+        1,
+        3,
+        1,
+    )
+    assert spec.seq_len == int(row["seq"]) and plan.ep == 64
+    for changes, named in (
+        ({"layers": "60"}, "layers='60' but model preset 'deepseek_v3' has 61"),
+        ({"bias": "true"}, "bias='true' but model preset 'deepseek_v3' has False"),
+        ({"model": "deepseek_v4"}, "model='deepseek_v4' is not a conf/model preset"),
+    ):
+        outcome = validate.predict(dict(row, **changes))
+        assert outcome.predicted is None and named in outcome.note, outcome.note
+        assert "\n" not in outcome.note
+    assert validate.predict(dict(row, layers="61", top_k="8")).predicted is not None

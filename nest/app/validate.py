@@ -32,7 +32,33 @@ ranks, carved out of the ``dp x cp`` ranks). Blank microbatch means 1, blank rec
 sequence parallelism "on when tp > 1".
 
 ``tokens_per_s_per_gpu`` (training tokens, ``global_batch_seqs x seq`` per iteration, per second
-per GPU) needs no FLOP count, so it is the metric of sources whose FLOP convention differs.
+per GPU) needs no FLOP count, so it is the metric of sources whose FLOP convention differs;
+``step_time_s`` (seconds per iteration, the ``train_step_timing`` NeMo logs) needs none either, and
+is the metric of FP8 runs whose sources report MFU against the FP8 peak. For a time the error
+``predicted / measured - 1`` is positive when the prediction is slower than the run.
+
+The GPU: ``gpu`` must be one of the names in :data:`GPUS` exactly (an unknown name is a one-line
+error listing them, never the nearest preset), or the row names its own device preset in
+``gpu_preset`` (any ``conf/device`` preset, its figures as the CLI reads them; ``gpu`` is then
+only a label, and the node and network levels are those of ``dgx_8x8``: 8 GPUs per node, with
+the row's ``nvlink_gbps`` / ``network_gbps``).
+
+Columns appended for precision and model shapes (blank: the default):
+
+- ``precision`` bf16 (or ``fp8``: the blocks' GEMMs in FP8, :mod:`nest.core.precision`),
+  ``fp8_recipe`` delayed (``tensorwise``, ``blockwise``, ``mxfp8``), ``fp8_param_gather`` false
+  (Megatron ``--fp8-param-gather``, NeMo ``fp8_params``); an unknown value is a one-line error;
+- ``model``: a ``conf/model`` preset name. The shape (MLA, shared experts, first dense blocks, MoE
+  every n-th block, head_dim, windows, MTP) then comes from the preset, with the row's ``seq`` as
+  the training length; the shape columns (``layers``, ``hidden``, ``heads``, ``kv_heads``,
+  ``ffn``, ``vocab``, ``activation``, ``norm``, ``bias``, ``position``, ``tied_embeddings``,
+  ``dropout``, ``num_experts``, ``top_k``) must then be blank or agree with the preset;
+- ``etp``: the expert tensor degree. nest shards experts over the tensor ranks, so it must be
+  blank or equal to ``tp`` (a row whose experts ran otherwise is refused, not approximated).
+
+Rows of one source and configuration that differ only in ``precision`` / ``fp8_recipe`` /
+``fp8_param_gather`` (and their ``case`` text and measured value) are a precision pair: the summary
+compares the predicted BF16/FP8 speed-up (BF16 step time over FP8 step time) with the measured one.
 """
 
 import argparse
@@ -42,7 +68,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from nest.app.config import build_cluster, load_preset
+from nest.app.config import CONF_DIR, build_cluster, build_model_spec, load_preset
 from nest.core.build import PlanSettings, build_plan
 from nest.core.errors import UserError
 from nest.core.files import atomic_path
@@ -52,9 +78,34 @@ from nest.core.problem import Problem, Training
 from nest.core.topology import Cluster
 from nest.cost import evaluate
 
-GPU_DEFAULTS = {  # device preset and the cluster preset whose node and network levels it uses
-    "A100": ("a100_80gb", "dgx_a100"),
-    "H100": ("h100_sxm", "dgx_8x8"),
+GPUS = {  # the accepted ``gpu`` texts: device preset, cluster preset whose node and network
+    # levels the row uses. Exact names only: an H100 PCIe or an A100 40GB is not scored as the
+    # SXM 80 GB part; give such a GPU its own device preset in ``gpu_preset``.
+    "A100-SXM-80GB": ("a100_80gb", "dgx_a100"),
+    "A100-SXM-80GB (Selene)": ("a100_80gb", "dgx_a100"),
+    "H100-SXM-80GB": ("h100_sxm", "dgx_8x8"),
+    "H100-80GB (DGX H100)": ("h100_sxm", "dgx_8x8"),
+    "H100-80GB (Meta RoCE cluster)": ("h100_sxm", "dgx_8x8"),
+    "H200-SXM-141GB": ("h200_sxm", "dgx_8x8"),
+}
+OWN_PRESET_CLUSTER = "dgx_8x8"
+"""The cluster preset (8 GPUs per node) of a row that names its own ``gpu_preset``."""
+
+MODEL_COLUMNS = {  # CSV column -> ModelSpec field, checked against a ``model`` preset
+    "layers": "layers",
+    "hidden": "hidden",
+    "heads": "heads",
+    "kv_heads": "kv_heads",
+    "ffn": "ffn_hidden",
+    "vocab": "vocab",
+    "activation": "activation",
+    "norm": "norm",
+    "bias": "bias",
+    "position": "position",
+    "tied_embeddings": "tied_embeddings",
+    "dropout": "dropout",
+    "num_experts": "num_experts",
+    "top_k": "top_k",
 }
 
 
@@ -129,12 +180,38 @@ def _count(row: dict, column: str, default: int) -> int:
     return value
 
 
-def _gpu_defaults(gpu: str | None) -> tuple[str, str]:
-    gpu = gpu or ""
-    for key, values in GPU_DEFAULTS.items():
-        if key in gpu:
-            return values
-    raise UserError(f"gpu {gpu!r} is not known; use one containing {sorted(GPU_DEFAULTS)}")
+def _presets(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _load(group: str, name: str, column: str) -> dict:
+    """A ``conf/<group>`` preset, or a one-line error naming the column, the value and the
+    presets there are."""
+    name = name.strip()
+    if name not in _presets(group):
+        raise UserError(
+            f"{column}={name!r} is not a conf/{group} preset; use one of {_presets(group)}"
+        )
+    return load_preset(group, name)
+
+
+def _gpu_defaults(row: dict) -> tuple[str, str]:
+    """The device and cluster presets of a row: its ``gpu_preset`` with :data:`OWN_PRESET_CLUSTER`,
+    else its ``gpu`` looked up exactly in :data:`GPUS` (or a one-line error listing them)."""
+    own = (row.get("gpu_preset") or "").strip()
+    if own:
+        if own not in _presets("device"):
+            raise UserError(
+                f"gpu_preset={own!r} is not a conf/device preset; use one of {_presets('device')}"
+            )
+        return own, OWN_PRESET_CLUSTER
+    gpu = row.get("gpu") or ""
+    if gpu not in GPUS:
+        raise UserError(
+            f"gpu {gpu!r} is not known; use one of {list(GPUS)} exactly, or name its device "
+            "preset in gpu_preset"
+        )
+    return GPUS[gpu]
 
 
 def device_config(preset: str, matmul_efficiency: float | str | None = None) -> dict:
@@ -152,7 +229,7 @@ def device_config(preset: str, matmul_efficiency: float | str | None = None) -> 
 def build_row_cluster(row: dict, matmul_efficiency: float | str | None = None) -> Cluster:
     """The row's cluster: the node and network levels (the first two) of its GPU's cluster
     preset with the row's GPU count and bandwidths, built as the CLI builds a preset."""
-    preset, cluster_preset = _gpu_defaults(row["gpu"])
+    preset, cluster_preset = _gpu_defaults(row)
     data = load_preset("cluster", cluster_preset)
     node, network = data["levels"][0], data["levels"][1]
     gpus = _int(row, "gpus")
@@ -170,13 +247,41 @@ def build_row_cluster(row: dict, matmul_efficiency: float | str | None = None) -
     return build_cluster(data)
 
 
-def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
-    """The problem and fixed plan a CSV row describes (``matmul_efficiency``: see
-    :func:`device_config`)."""
-    _gpu_defaults(row["gpu"])  # an unknown GPU is the first thing a row is refused for
-    heads = _int(row, "heads")
+def _spec(row: dict) -> ModelSpec:
+    """The row's model: its ``model`` preset (with the row's ``seq``; the shape columns blank or
+    agreeing with it), else the shape columns."""
     seq = _int(row, "seq")
-    spec = ModelSpec(
+    preset = (row.get("model") or "").strip()
+    if preset:
+        data = _load("model", preset, "model")
+        if data.pop("source", "spec") != "spec":
+            raise UserError(
+                f"model={preset!r} is not a shape preset (it reads a file); name a conf/model "
+                "preset with its shape"
+            )
+        data["seq_len"] = seq
+        spec = build_model_spec(data)
+        for column, field in MODEL_COLUMNS.items():
+            text = (row.get(column) or "").strip()
+            if not text:
+                continue
+            want = getattr(spec, field)
+            if field == "kv_heads":
+                want = spec.num_kv_heads
+            if isinstance(want, bool):
+                got = _flag(text, want)
+            elif isinstance(want, int):
+                got = _int(row, column)
+            else:
+                got = text
+            if got != want:
+                raise UserError(
+                    f"{column}={text!r} but model preset {preset!r} has {want!r}; leave {column} "
+                    "blank or make it agree"
+                )
+        return spec
+    heads = _int(row, "heads")
+    return ModelSpec(
         name=f"{row['model_params_b']}B",
         hidden=_int(row, "hidden"),
         layers=_int(row, "layers"),
@@ -194,8 +299,21 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         num_experts=_count(row, "num_experts", 1),
         top_k=_count(row, "top_k", 1),
     )
+
+
+def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
+    """The problem and fixed plan a CSV row describes (``matmul_efficiency``: see
+    :func:`device_config`)."""
+    _gpu_defaults(row)  # an unknown GPU is the first thing a row is refused for
+    spec = _spec(row)
     cluster = build_row_cluster(row, matmul_efficiency)
     tp = _int(row, "tp")
+    etp = (row.get("etp") or "").strip()
+    if etp and _count(row, "etp", tp) != tp:
+        raise UserError(
+            f"etp={etp} with tp={tp}: nest shards experts over the tensor ranks (etp = tp); "
+            "leave etp blank or equal to tp"
+        )
     sp = _flag(row.get("sequence_parallel"), tp > 1)
     mbs = _int(row, "microbatch", 1)
     flash = _flag(row.get("flash_attention"), True)
@@ -209,9 +327,14 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         tp_comm_overlap=_flag(row.get("tp_comm_overlap"), False),
         cp_comm_overlap=_flag(row.get("cp_comm_overlap"), False),
         ep_comm_overlap=_flag(row.get("ep_comm_overlap"), False),
+        precision=(row.get("precision") or "bf16").strip(),
+        fp8_recipe=(row.get("fp8_recipe") or "delayed").strip(),
+        fp8_param_gather=_flag(row.get("fp8_param_gather"), False),
     )
     problem = Problem(
-        model=AnalyticModel(spec, flash_attention=flash, overlap=training.overlap),
+        model=AnalyticModel(
+            spec, flash_attention=flash, overlap=training.overlap, precision=training.numerics
+        ),
         cluster=cluster,
         training=training,
     )
@@ -271,7 +394,9 @@ def predict(row: dict, matmul_efficiency: float | str | None = None) -> Outcome:
     per_s = flops / report.iteration_time_s
     gpus = report.devices_used
     peak = problem.cluster.device.peak_flops_per_s
-    if metric.startswith("tokens_per_s_per_gpu"):
+    if metric.startswith("step_time_s"):
+        value = report.iteration_time_s
+    elif metric.startswith("tokens_per_s_per_gpu"):
         tokens = problem.training.global_batch * problem.model.seq_len
         value = tokens / report.iteration_time_s / gpus
     elif metric.startswith("aggregate_pflops"):
@@ -284,8 +409,15 @@ def predict(row: dict, matmul_efficiency: float | str | None = None) -> Outcome:
         value = per_s / gpus / 1e12
     else:
         return Outcome(row, metric, measured, None, None, f"metric {metric!r} not understood")
-    note = "" if report.feasible else "model says out of memory"
+    note = "" if report.feasible else f"model says out of memory: {memory_shortfall(report)}"
     return Outcome(row, metric, measured, value, report.feasible, note)
+
+
+def memory_shortfall(report) -> str:
+    """What an infeasible plan lacks, in one line: the worst pipeline rank's need, capacity and
+    terms (:meth:`nest.core.report.Report.memory_summary`) and the GiB missing."""
+    worst = max(r.memory.total_bytes - r.memory.capacity_bytes for r in report.ranks)
+    return f"{worst / 2**30:.2f} GiB short; {report.memory_summary()}"
 
 
 def kendall_tau(measured: list[float], predicted: list[float]) -> float | None:
@@ -320,14 +452,66 @@ def sweeps(outcomes: list[Outcome]) -> dict:
     return out
 
 
+PAIR_FREE_COLUMNS = frozenset(
+    {"precision", "fp8_recipe", "fp8_param_gather", "case", "measured_value", "confidence",
+     "settings_source"}
+)  # fmt: skip
+"""The columns the two rows of a precision pair may differ in (module docstring)."""
+
+
+def _speed(o: Outcome, value: float) -> float:
+    """A measured or predicted value as a speed: the inverse of a step time."""
+    return 1.0 / value if o.metric.startswith("step_time_s") else value
+
+
+def precision_pairs(outcomes: list[Outcome]) -> list[dict]:
+    """Each precision pair (module docstring): its BF16/FP8 speed-up (BF16 step time over FP8
+    step time, or FP8 throughput over BF16) measured and predicted, in the order of the CSV."""
+    groups: dict[tuple, dict[str, Outcome]] = {}
+    for o in outcomes:
+        if o.predicted is None:
+            continue
+        key = tuple(sorted((k, v) for k, v in o.row.items() if k not in PAIR_FREE_COLUMNS))
+        fmt = (o.row.get("precision") or "bf16").strip()
+        groups.setdefault(key, {})[fmt] = o
+    pairs = []
+    for group in groups.values():
+        if set(group) != {"bf16", "fp8"}:
+            continue
+        bf16, fp8 = group["bf16"], group["fp8"]
+        measured = _speed(fp8, fp8.measured) / _speed(bf16, bf16.measured)
+        predicted = _speed(fp8, fp8.predicted) / _speed(bf16, bf16.predicted)
+        pairs.append(
+            {
+                "source": bf16.row["source"],
+                "case": bf16.row["case"],
+                "label": bf16.row["case"].split(" (")[0].removesuffix(" BF16"),
+                "gpus": int(bf16.row["gpus"]),
+                "measured_ratio": measured,
+                "predicted_ratio": predicted,
+                "difference": predicted - measured,
+                "fits": bool(bf16.feasible and fp8.feasible),
+            }
+        )
+    return pairs
+
+
+def _is_fp8(o: Outcome) -> bool:
+    return (o.row.get("precision") or "").strip() == "fp8"
+
+
 def summarise(outcomes: list[Outcome]) -> dict:
     errors = [abs(o.error) for o in outcomes if o.error is not None]
     by_source: dict[str, list[float]] = {}
     for o in outcomes:
         if o.error is not None:
             by_source.setdefault(o.row["source"], []).append(o.error)
+    fp8 = [abs(o.error) for o in outcomes if o.error is not None and _is_fp8(o)]
     return {
         "sweeps": sweeps(outcomes),
+        "precision_pairs": precision_pairs(outcomes),
+        "fp8_cases": len(fp8),
+        "fp8_median_abs_error": statistics.median(fp8) if fp8 else None,
         "cases": len(outcomes),
         "predicted": len(errors),
         "median_abs_error": statistics.median(errors) if errors else None,
@@ -363,7 +547,7 @@ def run(
         raise UserError(f"{path} has no rows")
     outcomes = [predict(r, matmul_efficiency) for r in rows]
     echo(
-        f"{'source':<36} {'params':>7} {'gpus':>6} {'metric':<28} {'measured':>9} "
+        f"{'source':<36} {'params':>7} {'gpus':>6} {'prec':<4} {'metric':<28} {'measured':>9} "
         f"{'predicted':>9} {'error':>8}  note"
     )
     for o in outcomes:
@@ -371,7 +555,8 @@ def run(
         err = f"{100 * o.error:+7.1f}%" if o.error is not None else f"{'-':>8}"
         echo(
             f"{o.row['source'][:36]:<36} {o.row['model_params_b']:>7} {o.row['gpus']:>6} "
-            f"{o.metric[:28]:<28} {o.measured:9.2f} {pred} {err}  {o.note}"
+            f"{(o.row.get('precision') or 'bf16')[:4]:<4} {o.metric[:28]:<28} {o.measured:9.2f} "
+            f"{pred} {err}  {o.note}"
         )
     summary = summarise(outcomes)
     med, worst = summary["median_abs_error"], summary["max_abs_error"]
@@ -388,6 +573,16 @@ def run(
         echo(
             f"  {source}: {s['n']} cases, median |error| {100 * s['median_abs_error']:.1f} %, "
             f"max {100 * s['max_abs_error']:.1f} %, median signed {100 * s['median_error']:+.1f} %"
+        )
+    if summary["fp8_cases"]:
+        echo(
+            f"  FP8 rows: {summary['fp8_cases']} cases, median |error| "
+            f"{100 * summary['fp8_median_abs_error']:.1f} %"
+        )
+    for p in summary["precision_pairs"]:
+        echo(
+            f"  BF16/FP8 pair {p['label']}: speed-up measured {p['measured_ratio']:.3f}, "
+            f"predicted {p['predicted_ratio']:.3f} ({p['difference']:+.3f})"
         )
     for sweep, s in summary["sweeps"].items():
         tau = "n/a" if s["kendall_tau"] is None else f"{s['kendall_tau']:+.2f}"
@@ -411,6 +606,7 @@ def _write_csv(out_dir: Path, outcomes) -> None:
                 "source",
                 "case",
                 "gpus",
+                "precision",
                 "metric",
                 "measured",
                 "predicted",
@@ -425,6 +621,7 @@ def _write_csv(out_dir: Path, outcomes) -> None:
                     o.row["source"],
                     o.row["case"],
                     o.row["gpus"],
+                    (o.row.get("precision") or "bf16").strip(),
                     o.metric,
                     o.measured,
                     o.predicted,
