@@ -142,7 +142,7 @@ WHY_OPTIMISTIC = {
 
 
 def model_kind(problem: Problem) -> str | None:
-    """``dense``, ``fine-grained MoE`` (experts narrower than the hidden size, as DeepSeekMoE,
+    """``dense``, ``fine-grained MoE`` (experts no wider than the hidden size, as DeepSeekMoE,
     Qwen3-MoE, GPT-OSS) or None (coarse MoE such as Mixtral, or a measured profile)."""
     model = problem.model
     if not isinstance(model, AnalyticModel):
@@ -150,7 +150,7 @@ def model_kind(problem: Problem) -> str | None:
     spec = model.spec
     if not spec.is_moe:
         return "dense"
-    return "fine-grained MoE" if spec.expert_ffn < spec.hidden else None
+    return "fine-grained MoE" if spec.expert_ffn <= spec.hidden else None
 
 
 def plausibility_note(problem: Problem, report: Report) -> str | None:
