@@ -318,7 +318,6 @@ def model_args(problem: Problem) -> tuple[list[str], list[str]]:
     spec = getattr(problem.model, "spec", None)
     if not isinstance(spec, ModelSpec):
         return [], []
-    warnings = []
     seq = problem.model.seq_len or spec.seq_len
     args = [
         f"--num-layers {spec.layers}",
@@ -339,6 +338,22 @@ def model_args(problem: Problem) -> tuple[list[str], list[str]]:
         args.append("--untie-embeddings-and-output-weights")
     if not spec.dropout:
         args += ["--attention-dropout 0", "--hidden-dropout 0"]
+    attention, warnings = _attention_args(spec)
+    args += attention + _moe_args(spec)
+    if spec.mtp_layers:
+        args.append(f"--mtp-num-layers {spec.mtp_layers}")
+        if spec.position != "rope":
+            warnings.append(
+                f"Megatron refuses --mtp-num-layers with {spec.position} position embeddings "
+                "(validate_args: rope or none only)"
+            )
+    return args, warnings
+
+
+def _attention_args(spec: ModelSpec) -> tuple[list[str], list[str]]:
+    """The attention's flags (MLA, GQA, head width, Q/K norms, windows) and warnings."""
+    args: list[str] = []
+    warnings: list[str] = []
     if spec.attention == "mla":
         args.append("--multi-latent-attention")
         if spec.q_lora_rank is not None:
@@ -370,6 +385,12 @@ def model_args(problem: Problem) -> tuple[list[str], list[str]]:
                 "exported arguments run them with full causal attention, more attention FLOPs "
                 "and activations than the plan was scored with"
             )
+    return args, warnings
+
+
+def _moe_args(spec: ModelSpec) -> list[str]:
+    """The mixture-of-experts flags (experts, shared experts, capacity, which blocks)."""
+    args: list[str] = []
     if spec.is_moe:
         args += [f"--num-experts {spec.num_experts}", f"--moe-router-topk {spec.top_k}"]
         args.append(f"--moe-ffn-hidden-size {spec.expert_ffn}")
@@ -385,14 +406,7 @@ def model_args(problem: Problem) -> tuple[list[str], list[str]]:
         else:
             bits = [int(spec.block_is_moe(i)) for i in range(spec.layers)]
             args.append(f'--moe-layer-freq "{pattern_expr(bits)}"')
-    if spec.mtp_layers:
-        args.append(f"--mtp-num-layers {spec.mtp_layers}")
-        if spec.position != "rope":
-            warnings.append(
-                f"Megatron refuses --mtp-num-layers with {spec.position} position embeddings "
-                "(validate_args: rope or none only)"
-            )
-    return args, warnings
+    return args
 
 
 def export_megatron(problem: Problem, plan: Plan, report=None, replan=None):
