@@ -2,7 +2,7 @@
 
 Each preset is composed as the CLI composes it (Hydra, :func:`nest.app.config.load_preset`), its
 :meth:`~nest.core.layers.AnalyticModel.model_stats` compared with the figure the model's card or
-report publishes, quoted below with its source (research notes: /work/notes/model_configs.md §2).
+report publishes, quoted below with its source.
 
 **Tolerance.** A count matches when it lies within 1 % of the published figure, or within half a
 unit of the figure's last published digit when that is wider. Cards round their counts ("37B",
@@ -77,7 +77,9 @@ PUBLISHED = [
         "params_total",
         1000 * B,
         1000 * B,
-        "MoonshotAI/Kimi-K2 README.md model summary: 'Total Parameters 1T'",
+        "MoonshotAI/Kimi-K2 README.md model summary: 'Total Parameters 1T' (one printed digit: "
+        "a loose bound, 1,026.4B here; the 1.04T quoted elsewhere has no primary source we "
+        "could read, and this count is 1.3 % below it)",
     ),
     (
         "kimi_k2",
