@@ -33,9 +33,9 @@ import numpy as np
 from nest.core.alphabeta import affine_time_s, level_forms
 
 SMALL_GROUPS = 64
-"""Group arrays of at most this many ids are split in plain Python, with a cache per group (the
-exact planners' enumeration asks for thousands of tiny ones, where numpy's overhead
-dominates); larger ones are split with numpy, all rows at once."""
+"""Group arrays (and stage boundaries) of at most this many ids are split in plain Python, with a
+cache per group (the exact planners' enumeration asks for thousands of tiny ones, where numpy's
+overhead dominates); larger ones with numpy, all rows at once."""
 
 
 def block_sizes(fanouts: Sequence[int]) -> tuple[int, ...]:
@@ -170,7 +170,19 @@ class Hierarchy:
     # ------------------------------------------------------------------ pipeline boundaries
     def p2p_classes(self, a_devices, b_devices) -> tuple[int, ...]:
         """The distinct lowest common levels of the pairs ``(a[i], b[i])``, sorted."""
-        return tuple(np.unique(common_levels(a_devices, b_devices, self.block)).tolist())
+        a = np.asarray(a_devices, dtype=np.int64).ravel()
+        b = np.asarray(b_devices, dtype=np.int64).ravel()
+        if a.size > SMALL_GROUPS:
+            return tuple(np.unique(common_levels(a, b, self.block)).tolist())
+        pairs = zip(a.tolist(), b.tolist(), strict=True)
+        return tuple(sorted({self._common_level(x, y) for x, y in pairs}))
+
+    def _common_level(self, x: int, y: int) -> int:
+        """:func:`common_levels` of one pair, in plain Python."""
+        for lv in range(len(self.levels) - 1, -1, -1):
+            if x // self.block[lv] != y // self.block[lv]:
+                return lv
+        return -1
 
     def p2p_time_s(self, n_bytes, level: int):
         """``S / bw + alpha`` at ``level``; level -1 (the same device) costs nothing."""
