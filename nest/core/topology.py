@@ -30,7 +30,7 @@ import numpy as np
 from nest.core.errors import UserError
 from nest.core.fabric import Fabric
 from nest.core.hardware import Device
-from nest.core.hierarchy import Hierarchy, block_sizes, common_levels, row_splits
+from nest.core.hierarchy import Hierarchy, block_sizes, common_levels, row_splits, split_of
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,15 +155,7 @@ class Cluster:
         block. For a regular group (the same count in every block) ``prod(k) == len(group)``;
         e.g. 16 devices spread as 2 per node over 8 nodes give ``(2, 8)``.
         """
-        ids = np.asarray(devices, dtype=np.int64).ravel()
-        factors = []
-        for level in range(self.num_levels):
-            outer = ids // self.block_size(level)
-            inner = ids // self.block_size(level - 1) if level > 0 else ids
-            pairs = np.unique(np.stack([outer, inner]), axis=1)
-            _, counts = np.unique(pairs[0], return_counts=True)
-            factors.append(int(counts.max()))
-        return tuple(factors)
+        return split_of(np.asarray(devices, dtype=np.int64).ravel().tolist(), self._block)
 
     def distinct_group_factors(self, groups) -> set[tuple[int, ...]]:
         """:meth:`group_factors` of every row of a 2-D array of groups, as a set (vectorised)."""
