@@ -538,3 +538,35 @@ def test_affine_and_point_to_point_times_worked_by_hand():
         assert str(info.value) == f"unknown ring collective {bad!r}; one of {ops}"
     a, c = ring_forms("all_reduce", k, bw, alpha)
     assert (a[0], c[0]) == pytest.approx((2 * 0.5 / 400e9, 2 * 1e-6), rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    fanouts=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    seed=st.integers(0, 2**31 - 1),
+    size=st.integers(1, 9),
+    rows=st.integers(1, 12),
+)
+def test_hierarchy_fabric_classes_are_the_splits_of_each_group(fanouts, seed, size, rows):
+    """A hierarchy's fabric answers with the definition, whichever path it takes: the classes of
+    a kind's groups are the distinct :meth:`Cluster.group_factors` of its rows, sorted (plain
+    Python for small arrays, numpy with rows moved and deduplicated for large ones), and a
+    boundary's classes are the distinct :meth:`Cluster.common_level` of its pairs."""
+    from nest.core.hierarchy import SMALL_GROUPS, Hierarchy
+
+    cluster = make_cluster(fanouts=tuple(fanouts))
+    n = cluster.num_devices
+    size = min(size, n)
+    rng = np.random.default_rng(seed)
+    groups = np.array([rng.choice(n, size, replace=False) for _ in range(rows)])
+    want = tuple(sorted({cluster.group_factors(g) for g in groups})) if size > 1 else ()
+    fabric = cluster.fabric
+    assert isinstance(fabric, Hierarchy)
+    assert fabric.group_classes(groups) == want
+    tiled = np.tile(groups, (SMALL_GROUPS // groups.size + 1, 1))  # the numpy path
+    assert tiled.size > SMALL_GROUPS and Hierarchy(cluster.levels).group_classes(tiled) == want
+    a, b = groups[:, 0], groups[:, -1]
+    pairs = {cluster.common_level(int(x), int(y)) for x, y in zip(a, b, strict=True)}
+    assert fabric.p2p_classes(a, b) == tuple(sorted(pairs))
+    a_big, b_big = np.tile(a, SMALL_GROUPS), np.tile(b, SMALL_GROUPS)
+    assert fabric.p2p_classes(a_big, b_big) == tuple(sorted(pairs))

@@ -190,3 +190,60 @@ def test_the_library_is_layered():
         if layer[other] >= layer[room]
     ]
     assert not bad, bad
+
+
+FABRIC_HOMES = ("nest/core/topology.py", "nest/core/fabric.py", "nest/core/hierarchy.py")
+"""Where a cluster's network is chosen and implemented (with ``nest/graph/``): the only places
+that may look at which fabric a cluster has."""
+FABRIC_TYPES = {"GroupClass", "LinkClass", "Network", "Hierarchy"}
+
+
+def _fabric_branches(source: str, name: str) -> list[str]:
+    """Every place in ``source`` (the text of file ``name``) that reads ``.network`` or tests a
+    value against a fabric's or a cost class's type: a branch on which network a cluster has."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr == "network":
+            out.append(f"{name}:{node.lineno} reads .network")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "isinstance"
+            and len(node.args) == 2
+        ):
+            kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            named = {k.id for k in kinds if isinstance(k, ast.Name)}
+            if named & FABRIC_TYPES:
+                out.append(f"{name}:{node.lineno} isinstance {sorted(named)}")
+    return out
+
+
+def test_the_cost_model_never_asks_which_fabric_it_got():
+    """The network is one interface (:class:`nest.core.fabric.Fabric`) with two implementations
+    (a hierarchy of levels, a routed graph): the cost model, the planners and the reports ask
+    ``cluster.fabric`` and never branch on which one they got, so a new network term is written
+    once per fabric, behind the interface, and nowhere else."""
+    bad = [
+        hit
+        for package in ("nest", "baselines")
+        for path in _sources(package)
+        if str(path.relative_to(ROOT)) not in FABRIC_HOMES
+        and not path.is_relative_to(ROOT / "nest" / "graph")
+        for hit in _fabric_branches(path.read_text(), str(path.relative_to(ROOT)))
+    ]
+    assert not bad, bad
+
+
+def test_the_fabric_check_sees_branches():
+    """The check above cannot pass by seeing nothing: the cluster, which chooses its fabric,
+    reads ``.network``, and planted branches (the two this refactor removed) are found."""
+    topology = ROOT / "nest" / "core" / "topology.py"
+    assert _fabric_branches(topology.read_text(), "topology.py")
+    planted = (
+        "if cluster.network is not None:\n    pass\n"
+        "if isinstance(level, (int, LinkClass)):\n    pass\n"
+    )
+    assert sorted(_fabric_branches(planted, "x.py")) == [
+        "x.py:1 reads .network",
+        "x.py:3 isinstance ['LinkClass', 'int']",
+    ]

@@ -25,9 +25,10 @@ justifies each default from the validation errors):
 - ``hbm_bandwidth``: the device's HBM bandwidth (elementwise operators, optimizer step), one
   factor per world.
 - ``network_bandwidth`` and ``network_latency``: each level's bandwidth and latency, one factor
-  per level and world. Hierarchies only: a graph cluster (``cluster.network``) prices
-  communication on its links and routes, which these factors do not reach, so there they are not
-  applied and ``report.json["robustness"]["network_perturbed"]`` is false.
+  per level and world. Hierarchies only: a graph cluster's fabric prices communication on its
+  links and routes (:attr:`nest.core.fabric.Fabric.priced_by_levels` is false), which these
+  factors do not reach, so there they are not applied and
+  ``report.json["robustness"]["network_perturbed"]`` is false.
 - ``hbm_capacity``: the device's memory (an allocator margin), one factor per world; ``[1, 1]``
   (off) by default.
 
@@ -464,7 +465,7 @@ def robustness(
         "negligible_regret": settings.negligible_regret,
         "ranges": settings.ranges.to_dict(),
         # graph clusters price links, not levels: the network factors do not reach them
-        "network_perturbed": problem.cluster.network is None,
+        "network_perturbed": problem.cluster.fabric.priced_by_levels,
         "correlation": (
             "one factor per world for the matmul rate, HBM bandwidth and capacity; one per level "
             "and world for network bandwidth and latency; one per (layer, shard) and world for "

@@ -180,7 +180,7 @@ def _case(cfg: DictConfig) -> dict:
     out["seq_len"] = problem.model.seq_len or None
     out["devices"] = cluster.num_devices
     out["level_fanouts"] = "x".join(str(lv.fanout) for lv in cluster.levels)
-    out["network"] = "hierarchy" if cluster.network is None else "graph"
+    out["network"] = cluster.fabric.kind
     out["hbm_bytes"] = cluster.device.hbm_bytes
     return out
 

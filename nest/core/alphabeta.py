@@ -1,7 +1,8 @@
 """The alpha-beta formulas the cost model and a graph's floors both evaluate.
 
-Two pieces of arithmetic are shared by :mod:`nest.cost.collectives` (a hierarchy's levels) and
-:mod:`nest.graph` (a graph's proven floor figures), so they live below both:
+The arithmetic shared by both fabrics (:mod:`nest.core.fabric`): a hierarchy's levels
+(:class:`nest.core.hierarchy.Hierarchy`) and a graph's proven floor figures
+(:mod:`nest.graph.floors`) evaluate the same formulas, so they live below both:
 
 - :func:`ring_forms`: the hierarchical ring collectives (Thakur, Rabenseifner and Gropp,
   "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005; Patarasuk and
@@ -11,6 +12,9 @@ Two pieces of arithmetic are shared by :mod:`nest.cost.collectives` (a hierarchy
   ring costing ``(k-1)/k * S_l / bw_l + (k-1) * alpha_l``; so ``a = sum_l (k_l - 1) / k_l /
   prod_{j<l} k_j / bw_l`` and ``c = sum_l (k_l - 1) alpha_l``. An all-gather is its mirror image
   (the same cost), an all-reduce twice it (reduce-scatter up, all-gather down).
+- :func:`all_to_all_forms`: the hierarchical all-to-all on the same splits (a hierarchy's
+  :class:`nest.core.hierarchy.Hierarchy` prices with it; a graph's floor uses a weaker form);
+  :func:`level_forms` picks one of the two by collective.
 - :func:`affine_time_s`: ``a S + c`` where ``S > 0`` bytes, else nothing.
 """
 
@@ -42,3 +46,23 @@ def affine_time_s(a, c, n_bytes):
         return a * n_bytes + c if n_bytes > 0 else 0.0
     n_bytes = np.asarray(n_bytes, dtype=float)
     return np.where(n_bytes > 0, a * n_bytes + c, 0.0)
+
+
+def all_to_all_forms(k: np.ndarray, bw, alpha) -> tuple[np.ndarray, np.ndarray]:
+    """``(a, c)`` per row of the level splits ``k`` (``[n, levels]``) of an all-to-all of ``S``
+    bytes sent by each member (``S / n`` to each) with per-level bandwidth ``bw`` and latency
+    ``alpha``: the share of the buffer whose destination first differs at level ``l`` crosses
+    level ``l``, and pairwise exchange pays one alpha per peer, so ``a = sum_l crossing_l / n /
+    bw_l`` and ``c = sum_l crossing_l alpha_l`` with ``crossing_l = (k_l - 1) prod_{j<l} k_j``
+    the peers first reached at level ``l`` (levels one after another, no overlap)."""
+    below = np.cumprod(np.hstack([np.ones((len(k), 1)), k[:, :-1]]), axis=1)
+    crossing = below * (k - 1)  # peers first reached at each level
+    return (crossing / k.prod(axis=1)[:, None] / bw).sum(axis=1), (crossing * alpha).sum(axis=1)
+
+
+def level_forms(op: str, k: np.ndarray, bw, alpha) -> tuple[np.ndarray, np.ndarray]:
+    """``(a, c)`` of collective ``op`` per row of the level splits ``k`` on levels of bandwidth
+    ``bw`` and latency ``alpha``: :func:`all_to_all_forms` or :func:`ring_forms`."""
+    if op == CollectiveOp.ALL_TO_ALL:
+        return all_to_all_forms(k, bw, alpha)
+    return ring_forms(op, k, bw, alpha)

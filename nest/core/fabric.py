@@ -1,17 +1,42 @@
-"""What the cost model asks of a network given as a graph, and the cost classes it gets back.
+"""The network as the cost model sees it: one interface, a hierarchy and a graph behind it.
 
-On a hierarchy a group is priced through its level split (a tuple of ints,
-:meth:`nest.core.topology.Cluster.group_factors`); on a graph the cluster carries a network
-(:attr:`nest.core.topology.Cluster.network`) that answers the questions of :class:`Fabric`
-instead, with *cost classes*: the affine forms ``a S + c`` of a group's collectives
-(:class:`GroupClass`) or of a device pair's transfer (:class:`LinkClass`) once routing and link
-sharing are accounted for. The classes are plain hashable, ordered values, so every cache and
-signature keyed by a split works on them unchanged, and
-:func:`nest.cost.collectives.linear_forms` reads their forms directly.
+A cluster's network is priced by one of two *fabrics*, and every caller (the evaluator
+:mod:`nest.cost`, the search's stage models and floors :mod:`nest.dp`, the exact planners'
+placement signatures :mod:`nest.exact`) asks :attr:`nest.core.topology.Cluster.fabric`, which is
+always set, the questions of :class:`Fabric`; none of them tests which fabric it got:
 
-:class:`nest.graph.network.Network` implements :class:`Fabric`; the cost model and the search's
-floors call only these methods, so neither imports :mod:`nest.graph`, and the graph does not
-import the cost model (the formulas both evaluate are in :mod:`nest.core.alphabeta`).
+- :class:`nest.core.hierarchy.Hierarchy` (a tree of levels: ``conf/cluster/*.yaml`` with
+  ``levels``) prices a group by its *level split*, a tuple of ints; groups never share links;
+- :class:`nest.graph.network.Network` (a graph: a file, a generator, a measured table) routes
+  traffic over links that the groups of a kind share, and prices a group by its *cost class*
+  (:class:`GroupClass`, :class:`LinkClass`: the affine forms ``a S + c`` once routing and
+  sharing are accounted for).
+
+**What a fabric answers.** For a 2-D array of groups (one per row, every group of one kind in
+one pipeline rank, running at once) its *cost classes* (:meth:`Fabric.group_classes`): plain,
+hashable, ordered values, so a class is a cache key and a placement signature as a split was;
+the ``(a, c)`` arrays of a collective over a sequence of classes (:meth:`Fabric.forms`: a
+collective of ``S > 0`` bytes costs ``a S + c``, the slowest class sets a kind's time); for a
+stage boundary the classes of its device pairs (:meth:`Fabric.p2p_classes`) and one class's
+transfer time (:meth:`Fabric.p2p_time_s`); for the search's bounds the *proven floors*: forms
+no group of a level split can beat wherever it lies and whatever shares its links
+(:meth:`Fabric.floor_forms`), a floor on a transfer between pairs of a level
+(:meth:`Fabric.p2p_floor_s`) and the classes of the aligned tensor blocks
+(:meth:`Fabric.aligned_classes`); and which moves of a placement change no cost
+(:meth:`Fabric.translated`, :attr:`Fabric.level_symmetric`).
+
+**Fast paths stay.** The hierarchy's classes are its level splits themselves, tuples of ints, so
+the DP's caches and vectorised rows keyed by splits work unchanged; the forms of a sequence of
+classes are numpy arrays, evaluated on a whole row of stage ends at once
+(:class:`nest.cost.groups.RankGroups`) whatever the fabric.
+
+**Layering.** The formulas both fabrics evaluate (the hierarchical ring and all-to-all forms,
+the affine time) are in :mod:`nest.core.alphabeta`, and the id arithmetic of a hierarchy's
+blocks (:func:`nest.core.hierarchy.row_splits`, :func:`~nest.core.hierarchy.common_levels`),
+which a graph's derived hierarchy uses too, in :mod:`nest.core.hierarchy`: both below the cost
+model and the graph, which never import each other (``tests/test_layering.py``). A new network
+term (in-network reduction, another fabric) is one more implementation of this protocol, its
+floors proven once, next to it; the cost model does not change.
 """
 
 from dataclasses import dataclass
@@ -73,29 +98,55 @@ def class_forms(op: str, classes) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Fabric(Protocol):
-    """The questions the cost model (:mod:`nest.cost`) and the search's floors
-    (:mod:`nest.dp.bounds`) ask of a graph cluster's network (:class:`nest.graph.network.Network`
-    answers them; :mod:`nest.graph.network` and :mod:`nest.graph.floors` say how)."""
+    """The questions the cost model (:mod:`nest.cost`), the search's stage models and floors
+    (:mod:`nest.dp`) and the exact planners (:mod:`nest.exact`) ask of a cluster's network
+    (module docstring). :class:`nest.core.hierarchy.Hierarchy` and
+    :class:`nest.graph.network.Network` answer them."""
 
+    kind: str
+    """``"hierarchy"`` or ``"graph"``: for reports only, never to choose a formula."""
     symmetric: bool
     """Moving a rank's devices by whole top-level blocks changes no cost (as on a tree)."""
+    level_symmetric: bool
+    """Every automorphism of the (derived) level tree keeps every cost, so placements may be
+    enumerated up to it (:func:`nest.exact.placements.orderly_assignments`)."""
+    priced_by_levels: bool
+    """The cluster's levels' figures are what prices its traffic (perturbing them perturbs the
+    network: :mod:`nest.analysis.robust`); a graph's derived levels only number its devices."""
 
-    def describe(self) -> str:
-        """One line naming the network (devices, switches, links, routing)."""
+    def describe(self, levels=None) -> str:
+        """The network part of the cluster's one-line description (``levels``: the cluster's,
+        derived ones on a graph)."""
         ...
 
-    def group_classes(self, groups, *, all_to_all: bool = False) -> tuple[GroupClass, ...]:
+    def translated(self, devices):
+        """The devices moved as far down as a move that changes no cost allows (themselves
+        where none is promised): ranks equal after the move share their groups' classes."""
+        ...
+
+    def group_classes(self, groups, *, all_to_all: bool = False) -> tuple:
         """The cost classes of the groups (one per row of ``groups``) running one collective at
-        once, sharing links; dominated classes dropped."""
+        once, sorted, dominated ones allowed to drop; empty for groups of one member.
+        ``all_to_all``: the kind runs an all-to-all (a graph prices it only then)."""
         ...
 
-    def p2p_classes(self, a_devices, b_devices) -> tuple[LinkClass, ...]:
+    def forms(self, op: str, classes) -> tuple[np.ndarray, np.ndarray]:
+        """``(a, c)`` arrays of collective ``op`` over a sequence of classes: ``a S + c``
+        seconds for ``S > 0`` bytes."""
+        ...
+
+    def p2p_classes(self, a_devices, b_devices) -> tuple:
         """The cost classes of the device pairs ``(a[i], b[i])`` of a stage boundary, every pair
         sending at once."""
         ...
 
-    def aligned_classes(self, tp: int) -> tuple[GroupClass, ...]:
-        """The cost classes of the aligned blocks of ``tp`` consecutive devices, each alone."""
+    def p2p_time_s(self, n_bytes, cls):
+        """One pair of class ``cls`` sending ``n_bytes`` (scalar or numpy array), seconds."""
+        ...
+
+    def aligned_classes(self, tp: int) -> tuple:
+        """The cost classes of the aligned blocks of ``tp`` consecutive devices, each alone (a
+        floor of a tensor group's cost in any rank)."""
         ...
 
     def floor_forms(self, op: str, splits) -> tuple[np.ndarray, np.ndarray]:

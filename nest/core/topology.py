@@ -16,8 +16,10 @@ Traffic between two devices whose lowest common level is ``l`` traverses links o
 placed lower in the tree is never slower" hold for any presets. Concurrent transfers of different
 groups do not contend (one NIC per device, rail-optimised networks; a stated simplification of
 the cost model).
-A cluster given as a graph (:mod:`nest.graph`) carries its network, which routes traffic and
-shares links instead, and keeps a hierarchy derived from the graph here.
+What prices the traffic is the cluster's :attr:`Cluster.fabric` (:mod:`nest.core.fabric`): the
+levels' own :class:`~nest.core.hierarchy.Hierarchy`, or, for a cluster given as a graph
+(:mod:`nest.graph`), its network, which routes traffic and shares links instead; the levels are
+then a hierarchy derived from the graph, which numbers the devices for structured placements.
 """
 
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ import numpy as np
 from nest.core.errors import UserError
 from nest.core.fabric import Fabric
 from nest.core.hardware import Device
+from nest.core.hierarchy import Hierarchy, block_sizes, common_levels, row_splits, split_of
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,10 +81,14 @@ class Cluster:
     device: Device
     levels: tuple[Level, ...]
     network: Fabric | None = None
-    """A graph cluster's network (:mod:`nest.graph`): it prices every collective and transfer,
-    and ``levels`` is then the hierarchy derived from it (:mod:`nest.graph.derive`), which
-    numbers the devices for structured placements. None on a hierarchy."""
+    """A graph cluster's network (:mod:`nest.graph`), given when the cluster is built from a
+    graph; ``levels`` is then the hierarchy derived from it (:mod:`nest.graph.derive`). None on
+    a hierarchy. Ask :attr:`fabric`, never this."""
+    fabric: Fabric = field(init=False, repr=False, compare=False)
+    """What prices every collective and transfer (:mod:`nest.core.fabric`): ``network`` when
+    given, else the levels' :class:`~nest.core.hierarchy.Hierarchy`. Always set."""
     _path_bw: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _block: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.levels:
@@ -91,6 +98,9 @@ class Cluster:
             lowest = min(lowest, level.effective_bw_bytes_per_s)
             bws.append(lowest)
         object.__setattr__(self, "_path_bw", tuple(bws))
+        object.__setattr__(self, "_block", block_sizes([lv.fanout for lv in self.levels]))
+        fabric = self.network if self.network is not None else Hierarchy(self.levels)
+        object.__setattr__(self, "fabric", fabric)
 
     @property
     def num_devices(self) -> int:
@@ -131,13 +141,7 @@ class Cluster:
 
     def common_levels(self, a, b) -> np.ndarray:
         """Vectorised :meth:`common_level` over two equal-shaped arrays of device ids."""
-        a = np.asarray(a, dtype=np.int64)
-        b = np.asarray(b, dtype=np.int64)
-        out = np.full(a.shape, -1, dtype=np.int64)
-        for level in reversed(range(self.num_levels)):
-            size = self.block_size(level - 1) if level > 0 else 1
-            out = np.where((a // size) != (b // size), np.maximum(out, level), out)
-        return out
+        return common_levels(a, b, self._block)
 
     def path_bw_bytes_per_s(self, level: int) -> float:
         """Per-device bandwidth of traffic whose lowest common level is ``level`` (bottleneck)."""
@@ -151,51 +155,16 @@ class Cluster:
         block. For a regular group (the same count in every block) ``prod(k) == len(group)``;
         e.g. 16 devices spread as 2 per node over 8 nodes give ``(2, 8)``.
         """
-        ids = np.asarray(devices, dtype=np.int64).ravel()
-        factors = []
-        for level in range(self.num_levels):
-            outer = ids // self.block_size(level)
-            inner = ids // self.block_size(level - 1) if level > 0 else ids
-            pairs = np.unique(np.stack([outer, inner]), axis=1)
-            _, counts = np.unique(pairs[0], return_counts=True)
-            factors.append(int(counts.max()))
-        return tuple(factors)
+        return split_of(np.asarray(devices, dtype=np.int64).ravel().tolist(), self._block)
 
     def distinct_group_factors(self, groups) -> set[tuple[int, ...]]:
         """:meth:`group_factors` of every row of a 2-D array of groups, as a set (vectorised)."""
         ids = np.sort(np.asarray(groups, dtype=np.int64), axis=1)
-        n_groups, size = ids.shape
-        if size == 1:
+        if ids.shape[1] == 1:
             return {(1,) * self.num_levels}
-        per_level = []
-        row = np.repeat(np.arange(n_groups), size)
-        for level in range(self.num_levels):
-            outer = ids // self.block_size(level)
-            inner = ids // self.block_size(level - 1) if level > 0 else ids
-            starts = np.ones_like(inner, dtype=bool)
-            starts[:, 1:] = inner[:, 1:] != inner[:, :-1]
-            # sorted ids keep each outer block contiguous: count inner starts per (row, outer)
-            key = row * (int(outer.max()) + 1) + outer.ravel()
-            uniq, inverse = np.unique(key, return_inverse=True)
-            counts = np.bincount(inverse, weights=starts.ravel())
-            best = np.zeros(n_groups)
-            np.maximum.at(best, uniq // (int(outer.max()) + 1), counts)
-            per_level.append(best.astype(np.int64))
-        rows = np.unique(np.stack(per_level, axis=1), axis=0)
+        rows = np.unique(row_splits(ids, self._block), axis=0)
         return set(map(tuple, rows.tolist()))
 
     def describe(self) -> str:
-        if self.network is not None:
-            derived = ", ".join(
-                f"{lv.name} x{lv.fanout} @ {lv.bw_bytes_per_s / 1e9:.3g} GB/s" for lv in self.levels
-            )
-            return (
-                f"{self.name}: {self.num_devices} x {self.device.name}; "
-                f"{self.network.describe()}; derived levels {derived}"
-            )
-        parts = [
-            f"{lv.name} x{lv.fanout} @ {lv.bw_bytes_per_s / 1e9:g} GB/s"
-            + (f"/{lv.oversubscription:g}" if lv.oversubscription != 1 else "")
-            for lv in self.levels
-        ]
-        return f"{self.name}: {self.num_devices} x {self.device.name}; " + ", ".join(parts)
+        network = self.fabric.describe(self.levels)
+        return f"{self.name}: {self.num_devices} x {self.device.name}; {network}"

@@ -25,7 +25,12 @@ All-reduce Algorithms for Clusters of Workstations", JPDC 2009):
 where the group has a single member costs nothing. Concurrent groups do not contend (one NIC per
 device, rail-optimised networks: a stated simplification). On a cluster given as a graph the same
 algorithms run on routed paths with shared links (:mod:`nest.graph.network`), and a group is
-priced through its cost class instead of its split (:func:`linear_forms`, :func:`p2p_time_s`).
+priced through its cost class instead of its split.
+
+Every function here asks the cluster's fabric (:attr:`nest.core.topology.Cluster.fabric`,
+:mod:`nest.core.fabric`) and never which one it is: a hierarchy's classes are the level splits
+above (:class:`nest.core.hierarchy.Hierarchy`, the forms in :mod:`nest.core.alphabeta`), a
+graph's the cost classes of :mod:`nest.graph.network`; "split" below means either.
 
 The affine form is what lets the DP cost a whole row of stage ends at once
 (:class:`nest.cost.groups.RankGroups` evaluates it on numpy arrays of bytes) and what the
@@ -36,29 +41,19 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from nest.core.alphabeta import affine_time_s, ring_forms
+from nest.core.alphabeta import affine_time_s as affine_time_s  # the cost model's public terms
+from nest.core.alphabeta import ring_forms as ring_forms
 from nest.core.axes import CollectiveOp
-from nest.core.fabric import GroupClass, LinkClass, class_forms
 from nest.core.topology import Cluster
 
 Factors = tuple[int, ...]
 
 
 def linear_forms(op: str, splits, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
-    """``(a, c)`` for every row of ``splits`` (shape ``[n, levels]``): a collective ``op`` of
-    ``S > 0`` bytes on a group split so costs ``a S + c`` seconds (module docstring). On a graph
-    cluster the "splits" are cost classes that carry their own forms (:mod:`nest.core.fabric`);
-    the ring collectives' forms are :func:`nest.core.alphabeta.ring_forms`."""
-    if len(splits) and isinstance(splits[0], GroupClass):
-        return class_forms(op, splits)
-    k = np.asarray(splits, dtype=float).reshape(-1, cluster.num_levels)
-    bw = np.array([cluster.path_bw_bytes_per_s(lv) for lv in range(cluster.num_levels)])
-    alpha = np.array([lv.latency_s for lv in cluster.levels])
-    if op == CollectiveOp.ALL_TO_ALL:
-        below = np.cumprod(np.hstack([np.ones((len(k), 1)), k[:, :-1]]), axis=1)
-        crossing = below * (k - 1)  # peers first reached at each level
-        return (crossing / k.prod(axis=1)[:, None] / bw).sum(axis=1), (crossing * alpha).sum(axis=1)
-    return ring_forms(op, k, bw, alpha)
+    """``(a, c)`` for every split (rows of ``splits``, shape ``[n, levels]`` on a hierarchy): a
+    collective ``op`` of ``S > 0`` bytes on a group split so costs ``a S + c`` seconds (module
+    docstring; :meth:`nest.core.fabric.Fabric.forms`)."""
+    return cluster.fabric.forms(op, splits)
 
 
 def linear_form(op: str, factors: Factors, cluster: Cluster) -> tuple[float, float]:
@@ -107,33 +102,26 @@ COLLECTIVE_TIME = {
 
 
 def collective_time_s(op: str, n_bytes: float, group: Sequence[int], cluster: Cluster) -> float:
-    """Time of collective ``op`` over an explicit group of device ids, seconds."""
+    """Time of collective ``op`` over an explicit group of device ids (alone), seconds."""
     if len(group) <= 1:
         return 0.0
-    if cluster.network is not None:  # one group alone on a graph
-        (cls,) = cluster.network.group_classes([group], all_to_all=op == CollectiveOp.ALL_TO_ALL)
-        return split_time_s(op, n_bytes, cls, cluster)
-    return split_time_s(op, n_bytes, cluster.group_factors(group), cluster)
+    (cls,) = cluster.fabric.group_classes([group], all_to_all=op == CollectiveOp.ALL_TO_ALL)
+    return split_time_s(op, n_bytes, cls, cluster)
 
 
 def p2p_time_s(n_bytes, level, cluster: Cluster):
-    """Point-to-point transfer of ``n_bytes`` (scalar or array) between devices whose common
-    level is ``level``: ``S / bw + alpha``; level -1 (the same device) costs nothing. On a graph
-    cluster ``level`` is a pair's cost class (:class:`nest.core.fabric.LinkClass`)."""
-    if isinstance(level, LinkClass):
-        return affine_time_s(level.a, level.c, n_bytes)
-    if level < 0:
-        return 0.0 if np.ndim(n_bytes) == 0 else np.zeros(np.shape(n_bytes))
-    return affine_time_s(
-        1.0 / cluster.path_bw_bytes_per_s(level), cluster.levels[level].latency_s, n_bytes
-    )
+    """Point-to-point transfer of ``n_bytes`` (scalar or array) between devices of the class
+    ``level``: on a hierarchy their common level, ``S / bw + alpha`` there, level -1 (the same
+    device) costing nothing; on a graph a pair's cost class
+    (:class:`nest.core.fabric.LinkClass`)."""
+    return cluster.fabric.p2p_time_s(n_bytes, level)
 
 
 def pair_p2p_time_s(n_bytes, levels: Sequence[int], cluster: Cluster):
     """A stage boundary: every device pair of two pipeline ranks sends ``n_bytes`` (scalar or
-    array) at once, and the slowest pair sets the time (``levels``: the common levels of the
-    pairs)."""
-    times = [p2p_time_s(n_bytes, lv, cluster) for lv in levels]
+    array) at once, and the slowest pair sets the time (``levels``: the classes of the pairs,
+    :func:`p2p_classes`)."""
+    times = [cluster.fabric.p2p_time_s(n_bytes, lv) for lv in levels]
     if np.ndim(n_bytes) == 0:
         return max(times, default=0.0)
     return np.maximum.reduce(times) if times else np.zeros(np.shape(n_bytes))
@@ -142,24 +130,18 @@ def pair_p2p_time_s(n_bytes, levels: Sequence[int], cluster: Cluster):
 def p2p_classes(cluster: Cluster, a_devices, b_devices) -> list:
     """What a stage boundary's cost depends on, for :func:`pair_p2p_time_s`: the levels the
     device pairs ``(a[i], b[i])`` share on a hierarchy, the pairs' cost classes on a graph (every
-    pair sends at once and shares links: :meth:`nest.graph.network.Network.p2p_classes`)."""
-    if cluster.network is not None:
-        return list(cluster.network.p2p_classes(a_devices, b_devices))
-    return np.unique(cluster.common_levels(a_devices, b_devices)).tolist()
+    pair sends at once and shares links: :meth:`nest.core.fabric.Fabric.p2p_classes`)."""
+    return list(cluster.fabric.p2p_classes(a_devices, b_devices))
 
 
 def floor_forms(op: str, splits, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
     """``(a, c)`` per row of level splits that no group of that split can beat: the forms
     themselves on a hierarchy, the graph's proven floors on a graph
-    (:mod:`nest.graph.floors`)."""
-    if cluster.network is not None:
-        return cluster.network.floor_forms(op, splits)
-    return linear_forms(op, splits, cluster)
+    (:meth:`nest.core.fabric.Fabric.floor_forms`)."""
+    return cluster.fabric.floor_forms(op, splits)
 
 
 def p2p_floor_s(n_bytes, level: int, cluster: Cluster):
     """A floor on a transfer between devices whose lowest common level is ``level``: exactly
     :func:`p2p_time_s` on a hierarchy, the graph's proven floor on a graph."""
-    if cluster.network is not None:
-        return cluster.network.p2p_floor_s(n_bytes, level)
-    return p2p_time_s(n_bytes, level, cluster)
+    return cluster.fabric.p2p_floor_s(n_bytes, level)

@@ -16,9 +16,10 @@ All groups of a kind run the same collective at once, so a collective costs its 
 level split (:meth:`nest.core.topology.Cluster.group_factors`), so :class:`RankGroups` keeps, per
 kind,
 the distinct splits and their affine forms (:func:`nest.cost.collectives.linear_forms`), and
-prices any byte count, scalar or numpy array, as the maximum over the splits. On a graph cluster
-a "split" is a cost class, computed for all groups of the kind together so that the links they
-share are shared in one place (:meth:`nest.graph.network.Network.group_classes`).
+prices any byte count, scalar or numpy array, as the maximum over the splits. The splits are
+what the cluster's fabric answers (:meth:`nest.core.fabric.Fabric.group_classes`): level splits
+on a hierarchy; on a graph, cost classes computed for all groups of the kind together so that the
+links they share are shared in one place.
 """
 
 from collections.abc import Iterable
@@ -39,38 +40,25 @@ AXES = (GroupKind.TP, GroupKind.CP, GroupKind.EP)
 
 def translated(devices, cluster: Cluster) -> np.ndarray:
     """The same devices moved down by a whole number of the top level's child blocks, as far as
-    possible: the level splits of every group, hence every collective's cost, are unchanged
-    (a group split counts blocks touched per level, and such a move maps every block of every
-    level below the top onto a block of the same level). Placements whose ranks differ only by
-    such a move (e.g. pipeline ranks in different scalable units) share one :class:`RankGroups`.
-    On a graph the move is made only where the graph promises it changes no cost
-    (:attr:`nest.graph.network.Network.symmetric`)."""
-    devices = np.asarray(devices, dtype=np.int64)
-    if cluster.network is not None and not cluster.network.symmetric:
-        return devices  # a graph need not look the same from every block
-    child = cluster.block_size(cluster.num_levels - 2)  # 1 for a single level
-    return devices - (int(devices.min()) // child) * child
+    possible, where the fabric promises the move changes no cost
+    (:meth:`nest.core.fabric.Fabric.translated`): on a hierarchy the level splits of every
+    group are unchanged (a group split counts blocks touched per level, and such a move maps
+    every block of every level below the top onto a block of the same level); a graph makes the
+    move only where it is :attr:`~nest.graph.network.Network.symmetric`. Placements whose ranks
+    differ only by such a move (e.g. pipeline ranks in different scalable units) share one
+    :class:`RankGroups`."""
+    return cluster.fabric.translated(devices)
 
 
 def distinct_splits(groups, cluster: Cluster) -> tuple[tuple[int, ...], ...]:
     """The distinct level splits of a 2-D array of groups (one per row), sorted; empty for
-    groups of one. Rows are first moved as :func:`translated` moves a rank (the splits do not
-    change) and deduplicated, which leaves few rows for the periodic groups of a structured
-    placement. Hierarchies only: on a graph a group's cost depends on where it lies and on the
-    groups it runs with, so a rank's groups are priced together as cost classes
+    groups of one (:meth:`nest.core.hierarchy.Hierarchy.group_classes`). Only where the levels
+    price the traffic: on a graph a group's cost depends on where it lies and on the groups it
+    runs with, so a rank's groups are priced together as cost classes
     (:meth:`RankGroups.splits`) and no row may be moved on its own."""
-    groups = np.asarray(groups, dtype=np.int64)
-    if groups.shape[1] <= 1:
-        return ()
-    if cluster.network is not None:
+    if not cluster.fabric.priced_by_levels:
         raise AssertionError("distinct_splits on a graph cluster: use RankGroups.splits per rank")
-    child = cluster.block_size(cluster.num_levels - 2)
-    moved = np.ascontiguousarray(groups - (groups.min(axis=1, keepdims=True) // child) * child)
-    moved.sort(axis=1)
-    # one opaque item per row: deduplicating bytes is much faster than np.unique(axis=0)
-    as_bytes = moved.view(np.dtype((np.void, moved.dtype.itemsize * moved.shape[1])))
-    _, first = np.unique(as_bytes.ravel(), return_index=True)
-    return tuple(sorted(cluster.distinct_group_factors(moved[first])))
+    return cluster.fabric.group_classes(groups)
 
 
 class RankGroups:
@@ -89,13 +77,9 @@ class RankGroups:
         (:class:`nest.core.fabric.GroupClass`)."""
         got = self._splits.get(kind)
         if got is None:
-            arr = self.arrays[kind]
-            if arr.shape[1] > 1 and self.cluster.network is not None:
-                # cost classes of all the kind's groups at once (they share links); never the
-                # translated level splits, which only a tree's symmetry makes equal
-                got = self.cluster.network.group_classes(arr, all_to_all=kind == GroupKind.EP)
-            else:
-                got = distinct_splits(arr, self.cluster)
+            # all the kind's groups at once (on a graph they share links)
+            fabric = self.cluster.fabric
+            got = fabric.group_classes(self.arrays[kind], all_to_all=kind == GroupKind.EP)
             self._splits[kind] = got
         return got
 
@@ -155,10 +139,9 @@ class RankGroups:
 
 def rank_groups(plan, cluster: Cluster) -> list[RankGroups]:
     """One :class:`RankGroups` per pipeline rank of ``plan``; ranks whose devices are a
-    :func:`translated` copy of another's share it (the same splits, computed once): on a
-    hierarchy, or on a graph only where it promises the move changes no cost
-    (:func:`translated` leaves the devices of any other graph where they are), the rule the
-    DP's :class:`~nest.dp.stages.StageModel` shares ranks by."""
+    :func:`translated` copy of another's share it (the same splits, computed once): wherever the
+    fabric promises the move changes no cost (it leaves the devices of any other graph where
+    they are), the rule the DP's :class:`~nest.dp.stages.StageModel` shares ranks by."""
     shared: dict[tuple, RankGroups] = {}
     out = []
     for stage in plan.stages[: plan.pp]:

@@ -107,14 +107,13 @@ from nest.dp.space import Family, interleaved_chunks
 
 
 def tp_group_splits(cluster, tp: int) -> set:
-    """Level splits of every aligned block of ``tp`` devices (tp is innermost in every rank
-    order of the space, so each tensor group is one of them)."""
+    """Cost classes of every aligned block of ``tp`` devices (tp is innermost in every rank
+    order of the space, so each tensor group is one of them): its level split on a hierarchy;
+    on a graph each block's class alone, a floor under link sharing
+    (:meth:`nest.core.fabric.Fabric.aligned_classes`)."""
     if tp <= 1:
         return set()
-    if cluster.network is not None:  # each aligned block's cost alone: a floor under sharing
-        return set(cluster.network.aligned_classes(tp))
-    n = cluster.num_devices - cluster.num_devices % tp
-    return cluster.distinct_group_factors(np.arange(n).reshape(-1, tp))
+    return set(cluster.fabric.aligned_classes(tp))
 
 
 class FloorGroups:

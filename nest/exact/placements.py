@@ -24,9 +24,11 @@ follows this rule, and the rule cuts the ``N! / (N - n)!`` assignments by the tr
 deduplicated by signature. The count still grows factorially with the ranks, so ``max_visits``
 stops it with an error naming the size.
 
-On a cluster given as a graph the signature is made of the graph's cost classes instead (per rank
-and kind the classes of its groups, per boundary those of its pairs: exactly what the evaluator
-prices there), and the symmetry used is the graph's, never the derived tree's
+The signature is what the cluster's fabric answers (:mod:`nest.core.fabric`): level splits and
+common levels on a hierarchy, the graph's cost classes on a graph (per rank and kind the classes
+of its groups, per boundary those of its pairs: exactly what the evaluator prices there). The
+tree's symmetry is used only where the fabric says its automorphisms keep every cost
+(:attr:`~nest.core.fabric.Fabric.level_symmetric`); otherwise only the plan's own symmetries
 (:mod:`nest.graph.placements`).
 """
 
@@ -34,10 +36,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from nest.core.axes import GroupKind
 from nest.core.errors import UserError
 from nest.core.plan import GROUP_KINDS, group_arrays
 from nest.core.topology import Cluster
-from nest.graph.placements import graph_assignments, graph_signature
+from nest.graph.placements import graph_assignments
 
 
 def orderly_assignments(
@@ -97,59 +100,31 @@ def orderly_assignments(
     yield from extend()
 
 
-def group_factors(cluster: Cluster, group: tuple[int, ...]) -> tuple[int, ...]:
-    """:meth:`nest.core.topology.Cluster.group_factors` of one group, in plain Python (the
-    enumeration calls it for thousands of tiny groups, where numpy's overhead dominates)."""
-    out = []
-    for level in range(cluster.num_levels):
-        outer_size = cluster.block_size(level)
-        inner_size = cluster.block_size(level - 1) if level > 0 else 1
-        inner_per_outer: dict[int, set[int]] = {}
-        for d in group:
-            inner_per_outer.setdefault(d // outer_size, set()).add(d // inner_size)
-        out.append(max(len(v) for v in inner_per_outer.values()))
-    return tuple(out)
-
-
-def _kind_factors(cluster: Cluster, rows: list[list[int]], cache: dict) -> frozenset:
-    """The distinct level splits of a list of groups (empty for single-device groups, as the
-    evaluator has it)."""
-    if len(rows[0]) <= 1:
-        return frozenset()
-    out = set()
-    for row in rows:
-        key = tuple(sorted(row))
-        if key not in cache:
-            cache[key] = group_factors(cluster, key)
-        out.add(cache[key])
-    return frozenset(out)
-
-
 def signature(cluster: Cluster, grid: np.ndarray, ep: int, cache: dict | None = None) -> tuple:
-    """What the cost model sees of a placement ``[pp][dp][cp][tp] -> device`` (module doc);
-    ``cache`` keeps each rank's part and each group's split across placements."""
+    """What the cost model sees of a placement ``[pp][dp][cp][tp] -> device`` (module doc):
+    per pipeline rank and group kind the cost classes of its groups, per boundary those of its
+    device pairs, as the cluster's fabric answers them; ``cache`` keeps each rank's part across
+    placements."""
     pp = grid.shape[0]
     cache = {} if cache is None else cache
-    if cluster.network is not None:
-        return graph_signature(cluster.network, grid, ep, cache)
-    groups_cache = cache.setdefault("groups", {})
+    fabric = cluster.fabric
     ranks = []
     for r in range(pp):
-        key = grid[r].tobytes()
-        if key not in cache:
+        key = ("rank", ep, grid[r].shape, grid[r].tobytes())
+        got = cache.get(key)
+        if got is None:
             arrays = group_arrays(grid[r], ep)
-            cache[key] = tuple(
-                _kind_factors(cluster, arrays[kind].tolist(), groups_cache) for kind in GROUP_KINDS
+            got = cache[key] = tuple(
+                fabric.group_classes(arrays[kind], all_to_all=kind == GroupKind.EP)
+                for kind in GROUP_KINDS
             )
-        ranks.append(cache[key])
+        ranks.append(got)
     links = []
-    flat = grid.reshape(pp, -1).tolist()
+    flat = grid.reshape(pp, -1)
     for a in range(pp):
         b = (a + 1) % pp
         if pp > 1 and (a + 1 < pp or pp > 2):
-            links.append(
-                frozenset(cluster.common_level(x, y) for x, y in zip(flat[a], flat[b], strict=True))
-            )
+            links.append(fabric.p2p_classes(flat[a], flat[b]))
     return tuple(ranks), tuple(links)
 
 
@@ -161,9 +136,9 @@ def placement_classes(
     n = pp * dp * cp * tp
     seen: dict[tuple, np.ndarray] = {}
     cache: dict = {}
-    if cluster.network is None:
+    if cluster.fabric.level_symmetric:  # the tree's automorphisms keep every cost
         assignments = orderly_assignments(cluster, n, max_visits=max_visits)
-    else:
+    else:  # only the plan's own symmetries
         assignments = graph_assignments(cluster, shape, ep, max_visits=max_visits)
     for assignment in assignments:
         grid = np.asarray(assignment, dtype=np.int64).reshape(shape)

@@ -46,16 +46,13 @@ import numpy as np
 
 from nest.core.alphabeta import ring_forms
 from nest.core.axes import CollectiveOp
+from nest.core.hierarchy import block_sizes, common_levels
 from nest.graph.network import Network, least_costs
 
 
 def _level_of_pairs(net: Network, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """Lowest common derived level of each pair (-1 for a device with itself)."""
-    out = np.full(np.broadcast(src, dst).shape, -1, dtype=np.int64)
-    block = np.concatenate([[1], np.cumprod(net.fanouts)]).astype(np.int64)
-    for lv in reversed(range(len(net.fanouts))):
-        out = np.where((src // block[lv]) != (dst // block[lv]), np.maximum(out, lv), out)
-    return out
+    return common_levels(src, dst, block_sizes(net.fanouts))
 
 
 def pair_bounds(net: Network) -> tuple[np.ndarray, np.ndarray]:

@@ -56,7 +56,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nest.core.alphabeta import affine_time_s
-from nest.core.fabric import GroupClass, LinkClass
+from nest.core.fabric import GroupClass, LinkClass, class_forms
+from nest.core.hierarchy import row_splits, translate_down
 
 REFERENCE_BYTES = 2**20
 """Routing metric: a link costs its latency plus the time it takes to carry this many bytes."""
@@ -120,6 +121,13 @@ class Network:
     _bounds: tuple | None = field(default=None, repr=False)
     _lat_list: list = field(default_factory=list, repr=False)
 
+    kind = "graph"
+    level_symmetric = False
+    """The rings of the hierarchical collectives are ordered by device id, so a tree automorphism
+    that reorders ids can change a cost on a graph (:mod:`nest.graph.placements`)."""
+    priced_by_levels = False
+    """The derived levels number the devices; the links price the traffic."""
+
     def __post_init__(self) -> None:
         n_nodes = len(self.devices) + len(self.switches)
         self.link_src = np.asarray(self.link_src, dtype=np.int64)
@@ -163,12 +171,28 @@ class Network:
         self._groups.clear()
         self._bounds = None
 
-    def describe(self) -> str:
+    def describe(self, levels=None) -> str:
+        """The graph's size and routing, and the cluster's derived ``levels`` when given."""
         n_edges = self.num_links // 2
-        return (
+        out = (
             f"graph of {self.num_devices} devices, {len(self.switches)} switches, {n_edges} links,"
             f" {self.routing.replace('_', '-')} routing"
         )
+        if levels:
+            derived = ", ".join(
+                f"{lv.name} x{lv.fanout} @ {lv.bw_bytes_per_s / 1e9:.3g} GB/s" for lv in levels
+            )
+            out += f"; derived levels {derived}"
+        return out
+
+    def translated(self, devices) -> np.ndarray:
+        """Moved down by whole top-level child blocks of the derived hierarchy where the graph
+        is :attr:`symmetric` (the move is then an automorphism keeping routes); else the
+        devices where they are (a graph need not look the same from every block)."""
+        devices = np.asarray(devices, dtype=np.int64)
+        if not self.symmetric:
+            return devices
+        return translate_down(devices, int(self._block[len(self.fanouts) - 1]))
 
     # ------------------------------------------------------------------ routing
     def _distances(self) -> np.ndarray:
@@ -301,23 +325,8 @@ class Network:
     # ------------------------------------------------------------------ groups
     def group_splits(self, groups: np.ndarray) -> np.ndarray:
         """Per group (row, sorted), its level split on the derived hierarchy
-        (:meth:`nest.core.topology.Cluster.group_factors`, one row at a time)."""
-        rows, n = groups.shape
-        out = np.ones((rows, len(self.fanouts)), dtype=np.int64)
-        row_ids = np.repeat(np.arange(rows), n)
-        for lv in range(len(self.fanouts)):
-            outer = groups // self._block[lv + 1]
-            inner = groups // self._block[lv]
-            starts = np.ones_like(inner, dtype=bool)
-            starts[:, 1:] = inner[:, 1:] != inner[:, :-1]
-            width = int(outer.max()) + 1
-            key = row_ids * width + outer.ravel()
-            uniq, inverse = np.unique(key, return_inverse=True)
-            counts = np.bincount(inverse, weights=starts.ravel())
-            best = np.zeros(rows)
-            np.maximum.at(best, uniq // width, counts)
-            out[:, lv] = best.astype(np.int64)
-        return out
+        (:func:`nest.core.hierarchy.row_splits`)."""
+        return row_splits(groups, self._block)
 
     def group_classes(self, groups, *, all_to_all: bool = False) -> tuple[GroupClass, ...]:
         """The cost classes of every group of one kind in one pipeline rank, running at once
@@ -391,7 +400,15 @@ class Network:
             c += mask.sum(axis=2).max(axis=1) * slowest
         return a, c
 
+    def forms(self, op: str, classes) -> tuple[np.ndarray, np.ndarray]:
+        """``(a, c)`` arrays of ``op`` over cost classes (:func:`nest.core.fabric.class_forms`)."""
+        return class_forms(op, classes)
+
     # ------------------------------------------------------------------ pipeline boundaries
+    def p2p_time_s(self, n_bytes, cls: LinkClass):
+        """``a S + c`` of one pair's class."""
+        return affine_time_s(cls.a, cls.c, n_bytes)
+
     def p2p_classes(self, a_devices, b_devices) -> tuple[LinkClass, ...]:
         """The classes of a stage boundary: device ``a[i]`` sends to ``b[i]`` for every ``i``
         at once, in each direction (module docstring)."""

@@ -2,10 +2,11 @@
 
 The general mode of the exact planners (:mod:`nest.exact.placements`) enumerates injective maps
 of the ranks ``[pp][dp][cp][tp]`` onto devices and keeps one per *signature*. On a graph the
-signature is what the evaluator prices (:func:`graph_signature`): per pipeline rank and group
-kind the cost classes of its groups (:meth:`nest.graph.network.Network.group_classes`, links
-shared by the kind's groups), and per pair of neighbouring ranks the cost classes of their device
-pairs (:meth:`~nest.graph.network.Network.p2p_classes`).
+signature is what the evaluator prices (:func:`nest.exact.placements.signature`): per pipeline
+rank and group kind the cost classes of its groups
+(:meth:`nest.graph.network.Network.group_classes`, links shared by the kind's groups), and per
+pair of neighbouring ranks the cost classes of their device pairs
+(:meth:`~nest.graph.network.Network.p2p_classes`).
 
 The enumeration may not use the derived tree's symmetry (a graph need not have it), nor a graph
 automorphism in general: the hierarchical collectives order each ring by device id, so an
@@ -31,33 +32,6 @@ from collections.abc import Iterator
 import numpy as np
 
 from nest.core.errors import UserError
-from nest.core.plan import GROUP_KINDS, group_arrays
-
-
-def graph_signature(network, grid: np.ndarray, ep: int, cache: dict) -> tuple:
-    """What the evaluator prices of a placement ``[pp][dp][cp][tp] -> device`` on a graph."""
-    pp = grid.shape[0]
-    ranks = []
-    for r in range(pp):
-        key = ("graph rank", ep, grid[r].shape, grid[r].tobytes())
-        got = cache.get(key)
-        if got is None:
-            arrays = group_arrays(grid[r], ep)
-            got = tuple(
-                network.group_classes(arrays[kind], all_to_all=kind == "ep")
-                if arrays[kind].shape[1] > 1
-                else ()
-                for kind in GROUP_KINDS
-            )
-            cache[key] = got
-        ranks.append(got)
-    links = []
-    flat = grid.reshape(pp, -1)
-    for a in range(pp):
-        b = (a + 1) % pp
-        if pp > 1 and (a + 1 < pp or pp > 2):
-            links.append(network.p2p_classes(flat[a], flat[b]))
-    return tuple(ranks), tuple(links)
 
 
 def _constraints(shape: tuple, ep: int) -> dict[int, int]:
