@@ -542,11 +542,16 @@ def summarise(outcomes: list[Outcome]) -> dict:
         if o.error is not None:
             by_source.setdefault(o.row["source"], []).append(o.error)
     fp8 = [abs(o.error) for o in outcomes if o.error is not None and _is_fp8(o)]
+    fp8_by_source: dict[str, list[float]] = {}
+    for o in outcomes:
+        if o.error is not None and _is_fp8(o):
+            fp8_by_source.setdefault(o.row["source"], []).append(abs(o.error))
     return {
         "sweeps": sweeps(outcomes),
         "precision_pairs": precision_pairs(outcomes),
         "fp8_cases": len(fp8),
         "fp8_median_abs_error": statistics.median(fp8) if fp8 else None,
+        "fp8_abs_errors_by_source": fp8_by_source,
         "cases": len(outcomes),
         "predicted": len(errors),
         "median_abs_error": statistics.median(errors) if errors else None,
