@@ -731,6 +731,7 @@ def test_a_row_may_name_its_cluster_preset_and_nvlink_domain():
         ({"nvlink_domain": "48"}, "gpus=128 is not a multiple of 48 GPUs per node"),
         ({"nvlink_domain": "x"}, "nvlink_domain='x' must be a positive whole number"),
         ({"cluster_preset": "nvl72"}, "cluster_preset='nvl72' is not a conf/cluster preset"),
+        ({"cluster_preset": "leaf_spine"}, "cluster_preset='leaf_spine' is a graph"),
     ):
         outcome = validate.predict(dict(row, **changes))
         assert outcome.predicted is None and named in outcome.note, outcome.note

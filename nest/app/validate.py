@@ -253,10 +253,10 @@ def build_row_cluster(row: dict, matmul_efficiency: float | str | None = None) -
     preset (module docstring)."""
     preset, cluster_preset = _gpu_defaults(row)
     data = load_preset("cluster", cluster_preset)
-    if len(data.get("levels") or []) < 2:
+    if data.get("graph_path") or data.get("topology") or len(data.get("levels") or []) < 2:
         raise UserError(
-            f"cluster_preset={cluster_preset!r} has no NVLink and network levels; name a preset "
-            "of levels"
+            f"cluster_preset={cluster_preset!r} is a graph or has no NVLink and network levels; "
+            "name a preset of levels (e.g. gb200_nvl72, dgx_b200)"
         )
     node, network = data["levels"][0], data["levels"][1]
     gpus = _int(row, "gpus")
