@@ -43,6 +43,14 @@ error listing them, never the nearest preset), or the row names its own device p
 only a label, and the node and network levels are those of ``dgx_8x8``: 8 GPUs per node, with
 the row's ``nvlink_gbps`` / ``network_gbps``).
 
+A row on a machine whose NVLink domain is not an 8-GPU node (GB200 NVL72, a TPU slice) names its
+``cluster_preset`` (any ``conf/cluster`` preset of levels, e.g. ``gb200_nvl72``): its first level
+is the row's NVLink domain and its second the network above it, sized by the row's ``gpus`` (the
+domain holds ``nvlink_domain`` GPUs, blank: the preset's first fan-out or all of the row's GPUs if
+fewer; the network joins as many domains as the GPUs fill), with the preset's device unless
+``gpu_preset`` names one (``gpu`` is then a label) and the preset's link speeds unless
+``nvlink_gbps`` / ``network_gbps`` give the row's.
+
 Columns appended for precision and model shapes (blank: the default):
 
 - ``precision`` bf16 (or ``fp8``: the blocks' GEMMs in FP8, :mod:`nest.core.precision`),
@@ -195,16 +203,25 @@ def _load(group: str, name: str, column: str) -> dict:
     return load_preset(group, name)
 
 
-def _gpu_defaults(row: dict) -> tuple[str, str]:
-    """The device and cluster presets of a row: its ``gpu_preset`` with :data:`OWN_PRESET_CLUSTER`,
+def _gpu_defaults(row: dict) -> tuple[str | None, str]:
+    """The device and cluster presets of a row: its ``gpu_preset`` with its ``cluster_preset``
+    (blank: :data:`OWN_PRESET_CLUSTER`), a ``cluster_preset`` alone with its own device (``None``),
     else its ``gpu`` looked up exactly in :data:`GPUS` (or a one-line error listing them)."""
     own = (row.get("gpu_preset") or "").strip()
+    cluster = (row.get("cluster_preset") or "").strip()
+    if cluster and cluster not in _presets("cluster"):
+        raise UserError(
+            f"cluster_preset={cluster!r} is not a conf/cluster preset; use one of "
+            f"{_presets('cluster')}"
+        )
     if own:
         if own not in _presets("device"):
             raise UserError(
                 f"gpu_preset={own!r} is not a conf/device preset; use one of {_presets('device')}"
             )
-        return own, OWN_PRESET_CLUSTER
+        return own, cluster or OWN_PRESET_CLUSTER
+    if cluster:
+        return None, cluster
     gpu = row.get("gpu") or ""
     if gpu not in GPUS:
         raise UserError(
@@ -218,7 +235,11 @@ def device_config(preset: str, matmul_efficiency: float | str | None = None) -> 
     """A device preset (:func:`nest.app.config.load_preset`); ``matmul_efficiency`` replaces
     the preset's (``"ceiling"``: its ``gemm_ceiling``, the kernels at their isolated
     micro-benchmark rates)."""
-    data = load_preset("device", preset)
+    return _with_efficiency(load_preset("device", preset), matmul_efficiency)
+
+
+def _with_efficiency(data: dict, matmul_efficiency: float | str | None) -> dict:
+    """A device preset's figures with ``matmul_efficiency`` replaced (:func:`device_config`)."""
     if matmul_efficiency == "ceiling":
         data["matmul_efficiency"] = data["gemm_ceiling"]
     elif matmul_efficiency is not None:
@@ -227,21 +248,35 @@ def device_config(preset: str, matmul_efficiency: float | str | None = None) -> 
 
 
 def build_row_cluster(row: dict, matmul_efficiency: float | str | None = None) -> Cluster:
-    """The row's cluster: the node and network levels (the first two) of its GPU's cluster
-    preset with the row's GPU count and bandwidths, built as the CLI builds a preset."""
+    """The row's cluster: the node (NVLink domain) and network levels (the first two) of its
+    cluster preset with the row's GPU count, domain size and bandwidths, built as the CLI builds a
+    preset (module docstring)."""
     preset, cluster_preset = _gpu_defaults(row)
     data = load_preset("cluster", cluster_preset)
+    if data.get("graph_path") or data.get("topology") or len(data.get("levels") or []) < 2:
+        raise UserError(
+            f"cluster_preset={cluster_preset!r} is a graph or has no NVLink and network levels; "
+            "name a preset of levels (e.g. gb200_nvl72, dgx_b200)"
+        )
     node, network = data["levels"][0], data["levels"][1]
     gpus = _int(row, "gpus")
+    node["fanout"] = _count(row, "nvlink_domain", min(node["fanout"], max(gpus, 1)))
     if gpus % node["fanout"]:
-        raise UserError(f"gpus={gpus} is not a multiple of {node['fanout']} GPUs per node")
+        raise UserError(
+            f"gpus={gpus} is not a multiple of {node['fanout']} GPUs per node (NVLink domain); "
+            "give the domain the run used in nvlink_domain"
+        )
     node["bw_gbps"] = _float(row, "nvlink_gbps", float(node["bw_gbps"]))
     network["bw_gbps"] = _float(row, "network_gbps", float(network["bw_gbps"]))
     network["fanout"] = None  # the rest of the GPUs
     data.update(
         name=f"{row['gpu']} x{gpus}",
         devices=gpus,
-        device=device_config(preset, matmul_efficiency),
+        device=(
+            device_config(preset, matmul_efficiency)
+            if preset
+            else _with_efficiency(data["device"], matmul_efficiency)
+        ),
         levels=[node, network],
     )
     return build_cluster(data)
@@ -507,11 +542,16 @@ def summarise(outcomes: list[Outcome]) -> dict:
         if o.error is not None:
             by_source.setdefault(o.row["source"], []).append(o.error)
     fp8 = [abs(o.error) for o in outcomes if o.error is not None and _is_fp8(o)]
+    fp8_by_source: dict[str, list[float]] = {}
+    for o in outcomes:
+        if o.error is not None and _is_fp8(o):
+            fp8_by_source.setdefault(o.row["source"], []).append(abs(o.error))
     return {
         "sweeps": sweeps(outcomes),
         "precision_pairs": precision_pairs(outcomes),
         "fp8_cases": len(fp8),
         "fp8_median_abs_error": statistics.median(fp8) if fp8 else None,
+        "fp8_abs_errors_by_source": fp8_by_source,
         "cases": len(outcomes),
         "predicted": len(errors),
         "median_abs_error": statistics.median(errors) if errors else None,
