@@ -75,13 +75,14 @@ def test_restricted_nest_equals_brute_force_where_the_restriction_binds(seed, hb
     assert plan.objective_s > unrestricted.objective_s
 
 
-def test_restricted_nest_equals_brute_force_over_what_megatron_runs():
-    """On random small problems the restricted search is exact within the restricted space, its
-    plan exports without a change, and it is never better than the unrestricted optimum."""
-    checked = 0
-    for seed in range(60):
-        problem = random_problem(random.Random(seed))
-        if count_plans(problem, SpaceOptions()) > 4000:
+def restricted_solves(draw, seeds: int, max_plans: int, wanted: int):
+    """``(problem, plan, brute optimum)`` of the first ``wanted`` drawn problems small enough to
+    enumerate (at most ``max_plans`` plans) that Megatron runs some plan of: the restricted
+    search's plan equals the brute-force optimum over what Megatron runs, and exports as is."""
+    found = []
+    for seed in range(seeds):
+        problem = draw(seed)
+        if count_plans(problem, SpaceOptions()) > max_plans:
             continue
         want = best_megatron_runs(problem)
         if want is None:
@@ -89,12 +90,19 @@ def test_restricted_nest_equals_brute_force_over_what_megatron_runs():
         plan = NestPlanner(export_runnable="megatron").solve(problem)
         assert plan.objective_s == pytest.approx(want, rel=1e-9), seed
         assert not nearest_expressible(problem, plan)[1], seed
+        found.append((problem, plan, want))
+        if len(found) == wanted:
+            return found
+    raise AssertionError(f"only {len(found)} of {wanted} problems drawn in {seeds} seeds")
+
+
+def test_restricted_nest_equals_brute_force_over_what_megatron_runs():
+    """On random small problems the restricted search is exact within the restricted space, its
+    plan exports without a change, and it is never better than the unrestricted optimum."""
+    cases = restricted_solves(lambda seed: random_problem(random.Random(seed)), 60, 4000, 8)
+    for problem, plan, want in cases:
         assert plan.search["export_runnable"] == "megatron"
         assert NestPlanner().solve(problem).objective_s <= want * (1 + 1e-12)
-        checked += 1
-        if checked == 8:
-            break
-    assert checked == 8
 
 
 def test_the_export_names_the_option_and_prices_the_fallback_against_it():
@@ -165,24 +173,14 @@ def test_restricted_nest_with_fp8_param_gather_searches_what_megatron_runs():
     (megatron/training/arguments.py @ 000c4ac24f61, validate_args): a ZeRO-0 plan with data
     parallelism is not runnable as planned. The restricted search is exact over the plans the
     exporter expresses without a change, and its plan exports with --fp8-param-gather."""
-    checked = 0
-    for seed in range(40):
-        problem = with_fp8_param_gather(random_problem(random.Random(seed)))
-        if count_plans(problem, SpaceOptions()) > 2500:
-            continue
-        want = best_megatron_runs(problem)
-        if want is None:
-            continue
-        plan = NestPlanner(export_runnable="megatron").solve(problem)
-        assert plan.objective_s == pytest.approx(want, rel=1e-9), seed
-        assert not nearest_expressible(problem, plan)[1], seed
+
+    def draw(seed):
+        return with_fp8_param_gather(random_problem(random.Random(seed)))
+
+    for problem, plan, _ in restricted_solves(draw, 40, 2500, 4):
         assert plan.zero_stage >= 1 or plan.dp * plan.cp == 1
         exp = export_plan(problem, plan, "megatron")
         assert "--fp8-param-gather" in exp.text and not exp.warnings
-        checked += 1
-        if checked == 4:
-            break
-    assert checked == 4
     problem = with_fp8_param_gather(random_problem(random.Random(1)))
     with pytest.raises(UserError, match="solver.zero_stages=\\[0\\] has no stage Megatron runs"):
         NestPlanner(export_runnable="megatron", zero_stages=[0]).solve(problem)

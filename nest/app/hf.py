@@ -301,23 +301,7 @@ def _attention_bias_note(cfg: dict, path: Path, fields: dict, notes: list[str]) 
 def _decoder(cfg: dict, path: Path, family: str, notes: list[str]) -> dict:
     """Llama, Mistral, Qwen2 and Mixtral: pre-norm RMSNorm decoders with SwiGLU and RoPE."""
     _gated(cfg, path, family)
-    heads = _int(cfg, "num_attention_heads", path)
-    out = dict(
-        hidden=_int(cfg, "hidden_size", path),
-        layers=_int(cfg, "num_hidden_layers", path),
-        heads=heads,
-        kv_heads=_int(cfg, "num_key_value_heads", path, heads),
-        **_head_dim(cfg, path),
-        ffn_hidden=_int(cfg, "intermediate_size", path),
-        vocab=_int(cfg, "vocab_size", path),
-        seq_len=_int(cfg, "max_position_embeddings", path),
-        activation="swiglu",
-        norm="rmsnorm",
-        bias=False,
-        position="rope",
-        tied_embeddings=_flag(cfg, "tie_word_embeddings", path, False),
-        dropout=False,
-    )
+    out = {**_gqa(cfg, path, tied=False), "ffn_hidden": _int(cfg, "intermediate_size", path)}
     if family == "mixtral":
         out["num_experts"] = _int(cfg, "num_local_experts", path)
         out["top_k"] = _int(cfg, "num_experts_per_tok", path)

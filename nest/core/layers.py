@@ -222,6 +222,16 @@ class AnalyticModel:
         self.overlap = overlap or Overlap()
         self.precision = precision or Precision()
         self.chain: tuple[LayerRef, ...] = build_chain(spec)
+        last = spec.layers - 1
+        self.mtp_ref = LayerRef(
+            index=-1,
+            kind=LayerKind.BLOCK,
+            name="mtp",
+            moe=spec.block_is_moe(last),
+            local=spec.block_is_local(last),
+        )
+        """The kind of block a multi-token-prediction module runs: the last block's."""
+        self._ffn_sizes = self._tp_split_ffn_sizes()
         self.seq_len_source = seq_len_source
         """Where ``spec.seq_len`` came from (``LayerModel.seq_len_source``)."""
         self.notes = tuple(notes)
@@ -241,18 +251,6 @@ class AnalyticModel:
     def seq_len(self) -> int:
         return self.spec.seq_len
 
-    @property
-    def mtp_ref(self) -> LayerRef:
-        """The kind of block a multi-token-prediction module runs: the last block's."""
-        last = self.spec.layers - 1
-        return LayerRef(
-            index=-1,
-            kind=LayerKind.BLOCK,
-            name="mtp",
-            moe=self.spec.block_is_moe(last),
-            local=self.spec.block_is_local(last),
-        )
-
     # ----------------------------------------------------------------- validity of a shard
     def shard_rules(self) -> list[str]:
         m = self.spec
@@ -261,8 +259,9 @@ class AnalyticModel:
             rules.append(f"ep must divide num_experts={m.num_experts} and dp*cp")
         return rules
 
-    def _ffn_sizes(self) -> dict[str, int]:
-        """The FFN widths a tensor-parallel split must divide, by field name."""
+    def _tp_split_ffn_sizes(self) -> dict[str, int]:
+        """The FFN widths a tensor-parallel split must divide, by field name (computed once:
+        :meth:`shard_problem` runs for every shard a search visits)."""
         m = self.spec
         sizes = {}
         if any(not m.block_is_moe(i) for i in range(m.layers)):
@@ -279,7 +278,7 @@ class AnalyticModel:
         if m.heads % shard.tp or (m.attention == "gqa" and m.num_kv_heads % shard.tp):
             kv = f" and kv_heads={m.num_kv_heads}" if m.attention == "gqa" else ""
             return f"tp={shard.tp} must divide heads={m.heads}{kv} of {m.name}"
-        for name, size in self._ffn_sizes().items():
+        for name, size in self._ffn_sizes.items():
             if size % shard.tp:
                 return f"tp={shard.tp} must divide {name}={size} of {m.name}"
         if shard.cp > 1 and m.seq_len % (2 * shard.cp):

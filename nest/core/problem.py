@@ -8,7 +8,7 @@ from nest.core.errors import UserError
 from nest.core.hardware import Device
 from nest.core.layers import LayerCost, Overlap, Shard
 from nest.core.model import LayerRef
-from nest.core.precision import Precision
+from nest.core.precision import Fp8Recipe, Precision
 from nest.core.topology import Cluster
 
 
@@ -166,7 +166,7 @@ class Problem:
                 "preset sets no fp8_peak_tflops); use training.precision=bf16 or an FP8 device "
                 "(h100_sxm, h200_sxm)"
             )
-        if numerics.recipe.value == "mxfp8" and numerics.fp8 and not device.mxfp8:
+        if numerics.fp8 and numerics.recipe is Fp8Recipe.MXFP8 and not device.mxfp8:
             raise UserError(
                 f"training.fp8_recipe=mxfp8 needs Blackwell tensor cores; device {device.name} "
                 "has none: use fp8_recipe=delayed, tensorwise or blockwise"

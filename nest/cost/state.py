@@ -20,7 +20,8 @@ the weights.
 - **Optimizer step** (:meth:`ModelState.optimizer_step_s`): memory-bound, the bytes the update
   touches per parameter of the device's shard over HBM bandwidth: Adam reads and writes the fp32
   state (``2 x 12``), reads the gradient and writes the bf16 weight (``g + p``); SGD reads the
-  gradient and reads and writes the weight (``g + 2 p``).
+  gradient and reads and writes the weight (``g + 2 p``). FP8 training adds the weight's cast
+  to FP8 and its transpose (:attr:`ModelState.cast_bytes_per_param`, :mod:`nest.core.precision`).
 
 Every method is linear in the parameter counts and works on scalars and numpy arrays alike: the
 evaluator calls it on one stage, the DP on a row of candidate stages, the bounds on one
