@@ -35,9 +35,9 @@ def test_every_case_is_predicted_and_fits(summary):
     (Megatron-Core's MoE parallel folding) and the 28 multislice MaxText runs (ZeRO-3 within a
     slice, data parallel across slices), which nest cannot shard so and refuses rather than score
     as something else."""
-    assert summary["cases"] == 193
+    assert summary["cases"] == 194
     refused = sum(ETP_REFUSED.values()) + sum(HYBRID_REFUSED.values())
-    assert summary["predicted"] == 193 - refused == 157
+    assert summary["predicted"] == 194 - refused == 158
     assert summary["out_of_memory"] == 9
 
 
@@ -126,6 +126,7 @@ GB200_PAIRS = "NVIDIA_dgxc_benchmarking_GB200_pairs"
 BLACKWELL = "MegatronBridge_perf_Blackwell"
 TPU_V5E = "MaxText_TPU_v5e_README"
 TPU_V5P = "MaxText_TPU_v5p_README"
+MI355X = "MLPerf_Training_v5.1_AMD_MI355X"
 ORIGINAL = (SC21_T1, MEGATRON, LLAMA3, SC21_T2, AUTOMODEL)
 """The sources of the BF16 cost model (v2), before FP8 and the new shapes."""
 
@@ -168,6 +169,10 @@ TPU_WHY = (
     "micro-benchmark, so their ceiling is the peak: at it the medians are 10.8 and 9.3 %), and the "
     "ici_tensor rows' TP collectives are charged as exposed"
 )
+MI355X_WHY = (
+    "Llama 3.1 8B FP8 on 8 MI355X predicted 13.5 % faster than the MLPerf run, as the same "
+    "model's FP8 rows on B200 and GB200 (+6 and +13.5 %)"
+)
 MBRIDGE_WHY = (
     "Qwen3-30B-A3B PP2 VP24 (25.11) predicted at 2.8x the measured throughput (and 8 GiB over "
     "memory), the PP1 EP16 run (26.06) within 4 %"
@@ -189,6 +194,7 @@ MBRIDGE_WHY = (
         pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "26.2 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "36.3 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("source median <= 10 %", "23.6 %", TPU_WHY)),
+        pytest.param(MI355X, marks=_unmet("source median <= 10 %", "13.5 %", MI355X_WHY)),
     ],
 )
 def test_accuracy_no_source_median_above_10_percent(summary, source):
@@ -218,6 +224,7 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "318 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "37.3 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "44.7 %", TPU_WHY)),
+        MI355X,
     ],
 )
 def test_accuracy_every_source_max_within_15_percent(summary, source):
@@ -226,7 +233,7 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
 
 @_unmet(
     "median <= 5 % over all cases",
-    "12.3 %",
+    "12.4 %",
     "SC21 Table 1's 30 A100 rows (2021 software, no FlashAttention) run 4-13 % faster than "
     f"predicted at the assumed in-step GEMM rate of 0.65; the GB200 pairs: {GB200_WHY}; the TPU "
     f"rows: {TPU_WHY}",
@@ -281,6 +288,7 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     BLACKWELL: (9, 0.262, 3.182, 0.262),
     TPU_V5E: (4, 0.363, 0.373, -0.363),
     TPU_V5P: (8, 0.236, 0.447, -0.236),
+    MI355X: (1, 0.135, 0.135, 0.135),
 }
 
 
@@ -642,6 +650,7 @@ FP8_GROUPS = {  # machine: (its sources, FP8 rows, median |error| today)
     "H100": ((PAIRS, MBRIDGE), 17, 0.094),
     "GB200 dgxc": ((GB200_PAIRS,), 15, 0.219),
     "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.288),
+    "MI355X MLPerf": ((MI355X,), 1, 0.135),
 }
 
 
@@ -661,6 +670,7 @@ def _fp8_median(summary, group: str) -> float:
             "B200/GB200 Megatron-Bridge",
             marks=_unmet("FP8 median <= 10 %", "28.8 %", BLACKWELL_WHY),
         ),
+        pytest.param("MI355X MLPerf", marks=_unmet("FP8 median <= 10 %", "13.5 %", MI355X_WHY)),
     ],
 )
 def test_accuracy_fp8_rows_median_within_10_percent(summary, group):
