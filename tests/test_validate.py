@@ -523,6 +523,8 @@ def test_bad_numbers_in_any_column_are_one_line_row_errors():
         ({"measured_value": "0"}, "measured_value='0' must be above 0"),
         ({"ep": "inf"}, "ep='inf' must be a positive whole number"),
         ({"num_experts": "nan"}, "num_experts='nan' must be a positive whole number"),
+        ({"head_dim": "0"}, "head_dim='0' must be a positive whole number"),
+        ({"zero_group": "x"}, "zero_group='x' must be a positive whole number"),
         ({"gpu": ""}, "gpu '' is not known"),
     ):
         outcome = validate.predict(_mixtral_row(**changes))
