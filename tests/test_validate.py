@@ -850,3 +850,13 @@ def test_a_model_preset_gives_the_shape_and_the_columns_must_agree():
         assert outcome.predicted is None and named in outcome.note, outcome.note
         assert "\n" not in outcome.note
     assert validate.predict(dict(row, layers="61", top_k="8")).predicted is not None
+
+
+def test_a_head_dim_column_must_agree_with_the_model_preset():
+    """Llama 4 Maverick's preset has 40 heads of 128 on hidden 5120: ``head_dim`` 128 agrees,
+    64 is a one-line error naming both."""
+    row = next(r for r in _rows() if r.get("model") == "llama4_maverick")
+    assert validate.predict(dict(row, head_dim="128")).predicted is not None
+    outcome = validate.predict(dict(row, head_dim="64"))
+    assert outcome.predicted is None
+    assert "head_dim='64' but model preset 'llama4_maverick' has 128" in outcome.note

@@ -60,7 +60,8 @@ Columns appended for precision and model shapes (blank: the default):
   every n-th block, head_dim, windows, MTP) then comes from the preset, with the row's ``seq`` as
   the training length; the shape columns (``layers``, ``hidden``, ``heads``, ``kv_heads``,
   ``ffn``, ``vocab``, ``activation``, ``norm``, ``bias``, ``position``, ``tied_embeddings``,
-  ``dropout``, ``num_experts``, ``top_k``) must then be blank or agree with the preset;
+  ``dropout``, ``num_experts``, ``top_k``, ``head_dim``) must then be blank or agree with the
+  preset;
 - ``etp``: the expert tensor degree. nest shards experts over the tensor ranks, so it must be
   blank or equal to ``tp`` (a row whose experts ran otherwise is refused, not approximated);
 - ``head_dim``: the width of one attention head when ``heads x head_dim`` is not ``hidden``
