@@ -28,12 +28,17 @@ def test_every_case_is_predicted_and_fits(summary):
     Megatron-Bridge 25.11's Qwen3-30B-A3B on 16 H100 (PP2 VP24, microbatch 2, FP8), which the
     memory model puts 8 GiB over, and Megatron-Bridge 25.11's two Llama 3.1 405B runs on
     Blackwell (256 GB200 TP4 PP16 VP4, 128 B200 TP4 PP8 CP2 VP8, FP8), which it puts 13 and
-    4 GiB over. Every case is predicted but the 8 MoE runs whose
-    experts ran with etp 1 under tp > 1 (Megatron-Core's MoE parallel folding), which nest
-    cannot shard so and refuses rather than score as something else."""
-    assert summary["cases"] == 153
-    assert summary["predicted"] == 153 - sum(ETP_REFUSED.values()) == 145
-    assert summary["out_of_memory"] == 4
+    4 GiB over, and MaxText's five single-slice TPU v5p runs with ``remat_policy=minimal``
+    (scored as selective recompute at microbatches of 16-32), which it puts 31-59 GiB over: MaxText
+    keeps only the weight GEMMs' outputs, fewer bytes than the Megatron activation terms count.
+    Every case is predicted but the 8 MoE runs whose experts ran with etp 1 under tp > 1
+    (Megatron-Core's MoE parallel folding) and the 28 multislice MaxText runs (ZeRO-3 within a
+    slice, data parallel across slices), which nest cannot shard so and refuses rather than score
+    as something else."""
+    assert summary["cases"] == 194
+    refused = sum(ETP_REFUSED.values()) + sum(HYBRID_REFUSED.values())
+    assert summary["predicted"] == 194 - refused == 158
+    assert summary["out_of_memory"] == 9
 
 
 ETP_REFUSED = {  # source: rows refused because their experts ran with etp != tp
@@ -41,6 +46,49 @@ ETP_REFUSED = {  # source: rows refused because their experts ran with etp != tp
     "MoEZoo_Qwen3_235B_H100_BF16": 5,
     "MegatronBridge_perf_H100_FP8": 1,
 }
+
+
+HYBRID_REFUSED = {  # source: rows refused because ZeRO-3 sharded within slices only
+    "MaxText_TPU_v5e_README": 20,
+    "MaxText_TPU_v5p_README": 8,
+}
+
+
+def test_rows_that_shard_within_groups_and_replicate_across_are_refused_in_one_line():
+    """nest shards the ZeRO state over all data-parallel ranks: a MaxText multislice run
+    (``ici_fsdp`` within a slice, ``dcn_data`` across slices) names its shard group in
+    ``zero_group`` and is refused with a one-line error naming it and dp, never scored as
+    ZeRO-3 over every chip (whose gathers would cross the data-centre network)."""
+    counts: dict[str, int] = {}
+    for row in _rows():
+        if (row.get("zero_group") or "").strip():
+            assert row["zero_group"] != row["dp"]
+            outcome = validate.predict(row)
+            assert outcome.predicted is None
+            assert f"zero_group={row['zero_group']} with dp={row['dp']}" in outcome.note
+            assert "\n" not in outcome.note
+            counts[row["source"]] = counts.get(row["source"], 0) + 1
+    assert counts == HYBRID_REFUSED
+
+
+def test_a_zero_group_equal_to_dp_is_the_plan_without_it():
+    """``zero_group`` equal to ``dp`` (one shard group over all data-parallel ranks) is nest's
+    ZeRO-3, so the row scores exactly as with the column blank."""
+    row = next(r for r in _rows() if r["source"] == TPU_V5P and not r.get("zero_group"))
+    same = dict(row, zero_group=row["dp"])
+    assert validate.predict(same).predicted == validate.predict(row).predicted
+
+
+def test_head_dim_column_sets_the_attention_width():
+    """MaxText's 16B (global_parameter_scale 16, commit 76bd53b): hidden 5120 with 32 heads of
+    256, so q, k, v and o are 5120 x 8192 each, not 5120 x 5120; the problem's parameters grow by
+    4 x 5120 x (8192 - 5120) per block over the same row without ``head_dim``."""
+    row = next(r for r in _rows() if r["source"] == TPU_V5E and r["hidden"] == "5120")
+    with_dim, _ = validate.problem_and_plan(row)
+    without, _ = validate.problem_and_plan(dict(row, head_dim=""))
+    blocks = int(row["layers"])
+    extra = with_dim.model.total_params() - without.model.total_params()
+    assert extra == blocks * 4 * 5120 * (8192 - 5120)
 
 
 def test_rows_whose_experts_ran_with_another_tensor_degree_are_refused_in_one_line():
@@ -76,6 +124,9 @@ DSV3 = "NVIDIA_dgxc_benchmarking_H100_DeepSeekV3_BF16"
 MBRIDGE = "MegatronBridge_perf_H100_FP8"
 GB200_PAIRS = "NVIDIA_dgxc_benchmarking_GB200_pairs"
 BLACKWELL = "MegatronBridge_perf_Blackwell"
+TPU_V5E = "MaxText_TPU_v5e_README"
+TPU_V5P = "MaxText_TPU_v5p_README"
+MI355X = "MLPerf_Training_v5.1_AMD_MI355X"
 ORIGINAL = (SC21_T1, MEGATRON, LLAMA3, SC21_T2, AUTOMODEL)
 """The sources of the BF16 cost model (v2), before FP8 and the new shapes."""
 
@@ -112,6 +163,16 @@ BLACKWELL_WHY = (
     "microbatch 1 +318 % (the same recipe printed 23,766 tokens/s at microbatch 4 on GB200), "
     "Qwen3-235B-A22B on 64 B200 +125 %, DeepSeek-V3 +39 %; the 8B and 405B rows +6 to +19 %"
 )
+TPU_WHY = (
+    "every row predicted slow (v5e -31 to -37 %, v5p -20 to -45 %): the published MFU is 55-71 "
+    "%, above the assumed in-step GEMM rate of 0.65 of the peak (the TPU presets cite no GEMM "
+    "micro-benchmark, so their ceiling is the peak: at it the medians are 10.8 and 9.3 %), and the "
+    "ici_tensor rows' TP collectives are charged as exposed"
+)
+MI355X_WHY = (
+    "Llama 3.1 8B FP8 on 8 MI355X predicted 13.5 % faster than the MLPerf run, as the same "
+    "model's FP8 rows on B200 and GB200 (+6 and +13.5 %)"
+)
 MBRIDGE_WHY = (
     "Qwen3-30B-A3B PP2 VP24 (25.11) predicted at 2.8x the measured throughput (and 8 GiB over "
     "memory), the PP1 EP16 run (26.06) within 4 %"
@@ -131,6 +192,9 @@ MBRIDGE_WHY = (
         pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "93.9 %", MBRIDGE_WHY)),
         pytest.param(GB200_PAIRS, marks=_unmet("source median <= 10 %", "17.0 %", GB200_WHY)),
         pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "26.2 %", BLACKWELL_WHY)),
+        pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "36.3 %", TPU_WHY)),
+        pytest.param(TPU_V5P, marks=_unmet("source median <= 10 %", "23.6 %", TPU_WHY)),
+        pytest.param(MI355X, marks=_unmet("source median <= 10 %", "13.5 %", MI355X_WHY)),
     ],
 )
 def test_accuracy_no_source_median_above_10_percent(summary, source):
@@ -158,6 +222,9 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "184 %", MBRIDGE_WHY)),
         pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "30.1 %", GB200_WHY)),
         pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "318 %", BLACKWELL_WHY)),
+        pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "37.3 %", TPU_WHY)),
+        pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "44.7 %", TPU_WHY)),
+        MI355X,
     ],
 )
 def test_accuracy_every_source_max_within_15_percent(summary, source):
@@ -166,9 +233,10 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
 
 @_unmet(
     "median <= 5 % over all cases",
-    "11.3 %",
+    "12.4 %",
     "SC21 Table 1's 30 A100 rows (2021 software, no FlashAttention) run 4-13 % faster than "
-    f"predicted at the assumed in-step GEMM rate of 0.65; the GB200 pairs: {GB200_WHY}",
+    f"predicted at the assumed in-step GEMM rate of 0.65; the GB200 pairs: {GB200_WHY}; the TPU "
+    f"rows: {TPU_WHY}",
 )
 def test_accuracy_median_within_5_percent(summary):
     assert summary["median_abs_error"] <= TARGET_MEDIAN
@@ -218,6 +286,9 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     MBRIDGE: (2, 0.939, 1.841, 0.903),
     GB200_PAIRS: (30, 0.170, 0.301, -0.170),
     BLACKWELL: (9, 0.262, 3.182, 0.262),
+    TPU_V5E: (4, 0.363, 0.373, -0.363),
+    TPU_V5P: (8, 0.236, 0.447, -0.236),
+    MI355X: (1, 0.135, 0.135, 0.135),
 }
 
 
@@ -452,6 +523,8 @@ def test_bad_numbers_in_any_column_are_one_line_row_errors():
         ({"measured_value": "0"}, "measured_value='0' must be above 0"),
         ({"ep": "inf"}, "ep='inf' must be a positive whole number"),
         ({"num_experts": "nan"}, "num_experts='nan' must be a positive whole number"),
+        ({"head_dim": "0"}, "head_dim='0' must be a positive whole number"),
+        ({"zero_group": "x"}, "zero_group='x' must be a positive whole number"),
         ({"gpu": ""}, "gpu '' is not known"),
     ):
         outcome = validate.predict(_mixtral_row(**changes))
@@ -579,6 +652,7 @@ FP8_GROUPS = {  # machine: (its sources, FP8 rows, median |error| today)
     "H100": ((PAIRS, MBRIDGE), 17, 0.094),
     "GB200 dgxc": ((GB200_PAIRS,), 15, 0.219),
     "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.288),
+    "MI355X MLPerf": ((MI355X,), 1, 0.135),
 }
 
 
@@ -598,6 +672,7 @@ def _fp8_median(summary, group: str) -> float:
             "B200/GB200 Megatron-Bridge",
             marks=_unmet("FP8 median <= 10 %", "28.8 %", BLACKWELL_WHY),
         ),
+        pytest.param("MI355X MLPerf", marks=_unmet("FP8 median <= 10 %", "13.5 %", MI355X_WHY)),
     ],
 )
 def test_accuracy_fp8_rows_median_within_10_percent(summary, group):
@@ -775,3 +850,13 @@ def test_a_model_preset_gives_the_shape_and_the_columns_must_agree():
         assert outcome.predicted is None and named in outcome.note, outcome.note
         assert "\n" not in outcome.note
     assert validate.predict(dict(row, layers="61", top_k="8")).predicted is not None
+
+
+def test_a_head_dim_column_must_agree_with_the_model_preset():
+    """Llama 4 Maverick's preset has 40 heads of 128 on hidden 5120: ``head_dim`` 128 agrees,
+    64 is a one-line error naming both."""
+    row = next(r for r in _rows() if r.get("model") == "llama4_maverick")
+    assert validate.predict(dict(row, head_dim="128")).predicted is not None
+    outcome = validate.predict(dict(row, head_dim="64"))
+    assert outcome.predicted is None
+    assert "head_dim='64' but model preset 'llama4_maverick' has 128" in outcome.note

@@ -60,9 +60,16 @@ Columns appended for precision and model shapes (blank: the default):
   every n-th block, head_dim, windows, MTP) then comes from the preset, with the row's ``seq`` as
   the training length; the shape columns (``layers``, ``hidden``, ``heads``, ``kv_heads``,
   ``ffn``, ``vocab``, ``activation``, ``norm``, ``bias``, ``position``, ``tied_embeddings``,
-  ``dropout``, ``num_experts``, ``top_k``) must then be blank or agree with the preset;
+  ``dropout``, ``num_experts``, ``top_k``, ``head_dim``) must then be blank or agree with the
+  preset;
 - ``etp``: the expert tensor degree. nest shards experts over the tensor ranks, so it must be
-  blank or equal to ``tp`` (a row whose experts ran otherwise is refused, not approximated).
+  blank or equal to ``tp`` (a row whose experts ran otherwise is refused, not approximated);
+- ``head_dim``: the width of one attention head when ``heads x head_dim`` is not ``hidden``
+  (MaxText's ``head_dim``; blank: ``hidden / heads``);
+- ``zero_group``: the data-parallel ranks one ZeRO shard group spans. nest shards the ZeRO
+  state over all ``dp`` ranks, so it must be blank or equal to ``dp``; a run that shards within
+  groups and replicates across them (hybrid sharding: MaxText's ``ici_fsdp`` inside a slice with
+  ``dcn_data`` across slices, PyTorch HSDP) is refused, not approximated.
 
 Rows of one source and configuration that differ only in ``precision`` / ``fp8_recipe`` /
 ``fp8_param_gather`` (and their ``case`` text and measured value) are a precision pair: the summary
@@ -114,6 +121,7 @@ MODEL_COLUMNS = {  # CSV column -> ModelSpec field, checked against a ``model`` 
     "dropout": "dropout",
     "num_experts": "num_experts",
     "top_k": "top_k",
+    "head_dim": "head_dim",
 }
 
 
@@ -303,6 +311,8 @@ def _spec(row: dict) -> ModelSpec:
             want = getattr(spec, field)
             if field == "kv_heads":
                 want = spec.num_kv_heads
+            if field == "head_dim":
+                want = spec.head_dim or spec.hidden // spec.heads
             if isinstance(want, bool):
                 got = _flag(text, want)
             elif isinstance(want, int):
@@ -333,6 +343,7 @@ def _spec(row: dict) -> ModelSpec:
         dropout=_flag(row.get("dropout"), True),
         num_experts=_count(row, "num_experts", 1),
         top_k=_count(row, "top_k", 1),
+        head_dim=_count(row, "head_dim", 1) if (row.get("head_dim") or "").strip() else None,
     )
 
 
@@ -348,6 +359,13 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         raise UserError(
             f"etp={etp} with tp={tp}: nest shards experts over the tensor ranks (etp = tp); "
             "leave etp blank or equal to tp"
+        )
+    dp = _int(row, "dp")
+    group = (row.get("zero_group") or "").strip()
+    if group and _count(row, "zero_group", dp) != dp:
+        raise UserError(
+            f"zero_group={group} with dp={dp}: nest shards the ZeRO state over all data-parallel "
+            "ranks (no hybrid sharding); leave zero_group blank or equal to dp"
         )
     sp = _flag(row.get("sequence_parallel"), tp > 1)
     mbs = _int(row, "microbatch", 1)
@@ -377,7 +395,7 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
     settings = PlanSettings(
         tp=tp,
         pp=_int(row, "pp"),
-        dp=_int(row, "dp"),
+        dp=dp,
         cp=_int(row, "cp", 1),
         ep=_count(row, "ep", 1),
         microbatch_size=mbs,
