@@ -24,8 +24,8 @@ justifies each default from the validation errors):
   measured profile (``model=profile``) these are the only compute factors.
 - ``hbm_bandwidth``: the device's HBM bandwidth (elementwise operators, optimizer step), one
   factor per world.
-- ``network_bandwidth`` and ``network_latency``: each level's bandwidth and latency, one factor
-  per level and world. Hierarchies only: a graph cluster's fabric prices communication on its
+- ``network_bandwidth`` and ``network_latency``: each level's bandwidth (its in-network
+  all-reduce's too) and latency, one factor per level and world. Hierarchies only: a graph cluster's fabric prices communication on its
   links and routes (:attr:`nest.core.fabric.Fabric.priced_by_levels` is false), which these
   factors do not reach, so there they are not applied and
   ``report.json["robustness"]["network_perturbed"]`` is false.
@@ -283,6 +283,9 @@ class Worlds:
             replace(
                 level,
                 bw_bytes_per_s=level.bw_bytes_per_s * float(self.bandwidth[s, k]),
+                # the level's in-network all-reduce moves on the same links
+                in_network_bw_bytes_per_s=level.in_network_bw_bytes_per_s
+                * float(self.bandwidth[s, k]),
                 latency_s=level.latency_s * float(self.latency[s, k]),
             )
             for k, level in enumerate(cluster.levels)

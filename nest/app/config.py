@@ -88,6 +88,12 @@ class LevelConfig:
     bw_efficiency: float = 1.0
     """Fraction of the line rate collectives achieve (published nccl-tests bus bandwidth); 1:
     nameplate."""
+    in_network: str | None = None
+    """An in-network all-reduce the level's switches offer: ``nvls`` (NVLink SHARP) or
+    ``sharp`` (InfiniBand SHARP); used when ``cluster.nvls`` / ``cluster.sharp`` is on."""
+    in_network_gbps: float | None = None
+    """Its achieved algorithm bandwidth per device, GB/s (a published run's all-reduce busbw
+    over ``2 (n-1) / n``)."""
 
 
 @dataclass
@@ -107,6 +113,10 @@ class ClusterConfig:
     params: dict[str, Any] = field(default_factory=dict)
     """The generator's parameters (:mod:`nest.graph.generators`; ``measured``: ``table``,
     ``latency_us``)."""
+    nvls: bool = False
+    """All-reduces use NVLink SHARP on the levels that offer it (``in_network: nvls``)."""
+    sharp: bool = False
+    """All-reduces use InfiniBand SHARP on the levels that offer it (``in_network: sharp``)."""
 
 
 # The model schema is the ModelSpec's own fields (same names, types and defaults), so the two
@@ -623,6 +633,10 @@ def _attention_table(where: str, rows) -> tuple[tuple[float, float], ...]:
 def build_cluster(cfg: Any) -> Cluster:
     c = _plain(cfg)
     name = c.get("name", "cluster")
+    if c.get("graph_path") or c.get("topology"):
+        from nest.graph import refuse_in_network
+
+        refuse_in_network(c)
     if c.get("graph_path") or (c.get("topology") and c.get("topology") != "hierarchy"):
         from nest.graph import build_graph_cluster
 
@@ -638,7 +652,8 @@ def build_cluster(cfg: Any) -> Cluster:
     if not 1 <= len(levels_cfg) <= 8:
         raise UserError(f"cluster {name}: {len(levels_cfg)} levels; use 1 to 8")
     fanouts = _fanouts(name, levels_cfg, c.get("devices"))
-    levels = [_level(i, lv, fanouts[i]) for i, lv in enumerate(levels_cfg)]
+    switched_on = _in_network_on(name, c, levels_cfg)
+    levels = [_level(i, lv, fanouts[i], switched_on) for i, lv in enumerate(levels_cfg)]
     cluster = Cluster(name=name, device=build_device(c["device"]), levels=tuple(levels))
     if c.get("topology") == "hierarchy":  # the same hierarchy, priced as a graph
         from nest.graph import build_graph_cluster
@@ -678,8 +693,32 @@ def _fanouts(name: str, levels_cfg: list, devices) -> list[int]:
     return fanouts
 
 
-def _level(i: int, lv: dict, fanout: int) -> Level:
-    """Level ``i`` of a preset, in SI units, its values checked."""
+IN_NETWORK_OPTIONS = {"nvls": "NVLink SHARP", "sharp": "InfiniBand SHARP"}
+"""The cluster options that turn a level's in-network all-reduce on (:attr:`Level.in_network`)."""
+
+
+def _in_network_on(name: str, c: dict, levels_cfg: list) -> set[str]:
+    """The in-network reductions the cluster turns on (``cluster.nvls``, ``cluster.sharp``),
+    each offered by some level (else a one-line error naming the option)."""
+    on = set()
+    for option, what in IN_NETWORK_OPTIONS.items():
+        value = c.get(option, False)
+        if not isinstance(value, bool):
+            raise UserError(f"cluster.{option}={value!r} must be true or false")
+        if not value:
+            continue
+        if not any(lv.get("in_network") == option for lv in levels_cfg):
+            raise UserError(
+                f"cluster.{option}=true but no level of cluster {name} offers {what} "
+                f"(in_network: {option} with in_network_gbps); set cluster.{option}=false"
+            )
+        on.add(option)
+    return on
+
+
+def _level(i: int, lv: dict, fanout: int, switched_on: set[str] = frozenset()) -> Level:
+    """Level ``i`` of a preset, in SI units, its values checked; its in-network reduction kept
+    where ``switched_on`` names it."""
     where = f"cluster.levels[{i}] ({lv.get('name')})"
     bw = _number(where, "bw_gbps", lv.get("bw_gbps"), lambda v: v > 0, "must be > 0")
     low, high, unit, why = PHYSICAL_RANGES["bw_gbps"]
@@ -705,6 +744,18 @@ def _level(i: int, lv: dict, fanout: int) -> Level:
         lambda v: 0 < v <= 1,
         "must be in (0, 1]",
     )
+    kind, in_gbps = lv.get("in_network"), lv.get("in_network_gbps")
+    if kind is not None and kind not in IN_NETWORK_OPTIONS:
+        raise UserError(
+            f"{where}: in_network={kind!r}; use one of {list(IN_NETWORK_OPTIONS)} or leave it unset"
+        )
+    if (kind is None) != (in_gbps is None):
+        raise UserError(
+            f"{where}: in_network={kind!r} and in_network_gbps={in_gbps!r}; give both or neither"
+        )
+    if kind is not None:
+        in_gbps = _number(where, "in_network_gbps", in_gbps, lambda v: v > 0, "must be > 0")
+    on = kind in switched_on
     return Level(
         name=lv.get("name", f"level{i}"),
         fanout=fanout,
@@ -712,6 +763,8 @@ def _level(i: int, lv: dict, fanout: int) -> Level:
         latency_s=units.us_to_s(lat),
         oversubscription=over,
         bw_efficiency=bw_eff,
+        in_network=kind if on else None,
+        in_network_bw_bytes_per_s=units.gbps_to_bytes_per_s(in_gbps) if on else 0.0,
     )
 
 

@@ -16,6 +16,23 @@ The arithmetic shared by both fabrics (:mod:`nest.core.fabric`): a hierarchy's l
   :class:`nest.core.hierarchy.Hierarchy` prices with it; a graph's floor uses a weaker form);
   :func:`level_forms` picks one of the two by collective.
 - :func:`affine_time_s`: ``a S + c`` where ``S > 0`` bytes, else nothing.
+
+**In-network reductions** (:func:`ring_forms` with ``in_network_bw``). An NVSwitch with NVLink
+SHARP (NVLS) or an InfiniBand fabric with SHARP reduces in the switch: each member sends its
+buffer up once and receives the result once, so an all-reduce's time is ``S / B_in`` with
+``B_in`` the achieved *algorithm* bandwidth (bytes over time), whatever the member count
+(nccl-tests' busbw of such a run is ``B_in * 2 (n-1)/n`` by definition, nccl-tests
+doc/PERFORMANCE.md; NCCL's maintainer on NVIDIA/nccl-tests issue #212: "with NVLink SHARP
+neither the algbw nor busbw correspond to the bandwidth on the wire"). The hierarchical
+all-reduce is, level by level, an all-reduce of ``S_l = S / prod_{j<l} k_j`` bytes among
+``k_l`` peers (the reduce-scatter up and the all-gather down of that level), so a level that
+offers one does it at ``min(2 (k_l-1)/k_l / bw_l, 1 / B_in_l) S_l``: the faster of the ring and
+the switch, as NCCL's tuner picks by its model (with NVLS, 2 to 4 H100s reach the ring's busbw
+and 8 beat it: NVIDIA/nccl issue #1455). The latency term stays the ring's ``2 (k_l-1)
+alpha_l`` (not modelled apart; an upper figure for the switch's fewer steps), so the choice is
+by bandwidth alone and the time is the least of the two for every ``S``: the form stays affine
+and never exceeds the ring's. Reduce-scatter and all-gather stay rings (the report's
+simplification: the published in-network figures are all-reduce runs).
 """
 
 import numpy as np
@@ -26,18 +43,35 @@ OPS = tuple(CollectiveOp)
 """The collectives the cost model prices."""
 
 
-def ring_forms(op: str, k: np.ndarray, bw, alpha) -> tuple[np.ndarray, np.ndarray]:
+def ring_forms(
+    op: str, k: np.ndarray, bw, alpha, in_network_bw=None
+) -> tuple[np.ndarray, np.ndarray]:
     """``(a, c)`` per row of the level splits ``k`` (``[n, levels]``) of the hierarchical ring
     collectives (module docstring) with per-level bandwidth ``bw`` (bytes/s) and latency
     ``alpha`` (s): the cost model's levels in :func:`nest.cost.collectives.linear_forms`, a
-    graph's floor figures in :func:`nest.graph.floors.floor_forms`."""
+    graph's floor figures in :func:`nest.graph.floors.floor_forms`. ``in_network_bw``: per level
+    the algorithm bandwidth of an in-network all-reduce (0: none), which an all-reduce takes
+    per level where faster (module docstring)."""
     if op not in OPS or op == CollectiveOp.ALL_TO_ALL:
         rings = tuple(o.value for o in OPS[:3])
         raise ValueError(f"unknown ring collective {op!r}; one of {rings}")
     below = np.cumprod(np.hstack([np.ones((len(k), 1)), k[:, :-1]]), axis=1)  # prod_{j<l} k_j
-    a = ((k - 1) / k / below / bw).sum(axis=1)
+    per_level = (k - 1) / k / below / bw
     c = ((k - 1) * alpha).sum(axis=1)
-    return (2 * a, 2 * c) if op == CollectiveOp.ALL_REDUCE else (a, c)
+    if op != CollectiveOp.ALL_REDUCE:
+        return per_level.sum(axis=1), c
+    if in_network_bw is not None and np.any(np.asarray(in_network_bw) > 0):
+        return np.minimum(2 * per_level, in_network_a(k, below, in_network_bw)).sum(axis=1), 2 * c
+    return 2 * per_level.sum(axis=1), 2 * c
+
+
+def in_network_a(k: np.ndarray, below: np.ndarray, in_network_bw) -> np.ndarray:
+    """Seconds per byte of ``S`` of an in-network all-reduce per level (``[n, levels]``): the
+    level's ``S_l / B_in = S / prod_{j<l} k_j / B_in`` where the group has peers there, 0 where
+    it has none, infinite where the level offers none (``B_in = 0``)."""
+    bw_in = np.asarray(in_network_bw, dtype=float)
+    inv = np.divide(1.0, bw_in, out=np.full(bw_in.shape, np.inf), where=bw_in > 0)
+    return np.where(k > 1, inv / below, 0.0)
 
 
 def affine_time_s(a, c, n_bytes):
@@ -60,9 +94,12 @@ def all_to_all_forms(k: np.ndarray, bw, alpha) -> tuple[np.ndarray, np.ndarray]:
     return (crossing / k.prod(axis=1)[:, None] / bw).sum(axis=1), (crossing * alpha).sum(axis=1)
 
 
-def level_forms(op: str, k: np.ndarray, bw, alpha) -> tuple[np.ndarray, np.ndarray]:
+def level_forms(
+    op: str, k: np.ndarray, bw, alpha, in_network_bw=None
+) -> tuple[np.ndarray, np.ndarray]:
     """``(a, c)`` of collective ``op`` per row of the level splits ``k`` on levels of bandwidth
-    ``bw`` and latency ``alpha``: :func:`all_to_all_forms` or :func:`ring_forms`."""
+    ``bw`` and latency ``alpha`` (and in-network all-reduce bandwidth ``in_network_bw``):
+    :func:`all_to_all_forms` or :func:`ring_forms`."""
     if op == CollectiveOp.ALL_TO_ALL:
         return all_to_all_forms(k, bw, alpha)
-    return ring_forms(op, k, bw, alpha)
+    return ring_forms(op, k, bw, alpha, in_network_bw)

@@ -11,7 +11,9 @@ answers the fabric's questions with those tuples as its cost classes:
   at the levels' bottleneck bandwidth and latency: the hierarchical algorithms, documented in
   :mod:`nest.cost.collectives`); groups do not share links (one NIC per device,
   rail-optimised networks), so every group of a kind has the cost of its own split, and the
-  kind's classes are its distinct splits;
+  kind's classes are its distinct splits; a level with an in-network reduction turned on
+  (:attr:`nest.core.topology.Level.in_network`) prices an all-reduce's share there at the
+  faster of the ring and the switch (:mod:`nest.core.alphabeta`);
 - a stage boundary's class is the lowest common level of each device pair
   (:func:`common_levels`), priced ``S / bw + alpha`` there;
 - the floors are the forms themselves (a group of split ``k`` costs exactly that anywhere);
@@ -112,6 +114,8 @@ class Hierarchy:
         self.block = block_sizes([lv.fanout for lv in self.levels])
         self.bw = np.minimum.accumulate([lv.effective_bw_bytes_per_s for lv in self.levels])
         self.alpha = np.array([lv.latency_s for lv in self.levels])
+        in_bw = np.array([lv.in_network_bw_bytes_per_s for lv in self.levels])
+        self.in_network_bw = in_bw if in_bw.any() else None
         self._bw_list = self.bw.tolist()
         self._split: dict[tuple, tuple[int, ...]] = {}
 
@@ -120,10 +124,16 @@ class Hierarchy:
         return len(self.levels)
 
     def describe(self, levels=None) -> str:
-        """The levels, innermost first, with their bandwidth (and oversubscription)."""
+        """The levels, innermost first, with their bandwidth (and oversubscription, and the
+        in-network reduction where on)."""
         return ", ".join(
             f"{lv.name} x{lv.fanout} @ {lv.bw_bytes_per_s / 1e9:g} GB/s"
             + (f"/{lv.oversubscription:g}" if lv.oversubscription != 1 else "")
+            + (
+                f" +{lv.in_network.upper()} {lv.in_network_bw_bytes_per_s / 1e9:g} GB/s"
+                if lv.in_network
+                else ""
+            )
             for lv in self.levels
         )
 
@@ -165,7 +175,7 @@ class Hierarchy:
     def forms(self, op: str, classes) -> tuple[np.ndarray, np.ndarray]:
         """``(a, c)`` of ``op`` per level split (rows of ``classes``)."""
         k = np.asarray(classes, dtype=float).reshape(-1, self.num_levels)
-        return level_forms(op, k, self.bw, self.alpha)
+        return level_forms(op, k, self.bw, self.alpha, self.in_network_bw)
 
     # ------------------------------------------------------------------ pipeline boundaries
     def p2p_classes(self, a_devices, b_devices) -> tuple[int, ...]:

@@ -32,6 +32,9 @@ from nest.core.fabric import Fabric
 from nest.core.hardware import Device
 from nest.core.hierarchy import Hierarchy, block_sizes, common_levels, row_splits, split_of
 
+IN_NETWORK = (None, "nvls", "sharp")
+"""The in-network reductions a level may offer (:attr:`Level.in_network`)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Level:
@@ -49,6 +52,14 @@ class Level:
     bw_efficiency: float = 1.0
     """Fraction of the line rate collectives achieve on this level's links (NCCL's bus bandwidth
     over the line rate, from published nccl-tests results; 1: nameplate), in (0, 1]."""
+    in_network: str | None = None
+    """An in-network reduction this level's switches perform for an all-reduce, when the
+    cluster turns it on: ``"nvls"`` (NVLink SHARP on an NVSwitch) or ``"sharp"`` (InfiniBand
+    SHARP); None: rings only (:mod:`nest.core.alphabeta`)."""
+    in_network_bw_bytes_per_s: float = 0.0
+    """The achieved algorithm bandwidth (bytes / all-reduce time, per device) of an all-reduce
+    by ``in_network``, bytes/s: nccl-tests' busbw of the published run divided by its
+    ``2 (n-1) / n``. 0 where ``in_network`` is None."""
 
     def __post_init__(self) -> None:
         if self.fanout < 1:
@@ -64,6 +75,21 @@ class Level:
         if not 0 < self.bw_efficiency <= 1:
             raise UserError(
                 f"level {self.name}: bw_efficiency={self.bw_efficiency} must be in (0, 1]"
+            )
+        if self.in_network not in IN_NETWORK:
+            raise UserError(
+                f"level {self.name}: in_network={self.in_network!r}; use one of "
+                f"{[k for k in IN_NETWORK if k]} or leave it unset"
+            )
+        if (self.in_network is None) != (self.in_network_bw_bytes_per_s == 0):
+            raise UserError(
+                f"level {self.name}: in_network={self.in_network!r} with in-network bandwidth "
+                f"{self.in_network_bw_bytes_per_s:g} B/s; give both (bandwidth > 0) or neither"
+            )
+        if self.in_network_bw_bytes_per_s < 0:
+            raise UserError(
+                f"level {self.name}: in-network bandwidth={self.in_network_bw_bytes_per_s:g} "
+                "must be > 0"
             )
 
     @property

@@ -82,4 +82,17 @@ def build_graph_cluster(c: dict, device: Device, hierarchy=None):
     return graph_cluster(name, device, fn(devices, **_params(fn, params, topology)))
 
 
-__all__ = ["TOPOLOGIES", "build_graph_cluster"]
+def refuse_in_network(c: dict) -> None:
+    """A graph cluster routes ring collectives only: ``cluster.nvls`` / ``cluster.sharp`` on
+    is a one-line error (in-network reductions are modelled on a hierarchy of levels)."""
+    on = [option for option in ("nvls", "sharp") if c.get(option)]
+    if on:
+        where = c.get("graph_path") or f"topology={c.get('topology')}"
+        fixes = " ".join(f"cluster.{option}=false" for option in on)
+        raise UserError(
+            f"cluster.{on[0]}=true on a graph cluster ({where}): in-network reductions are "
+            f"modelled on a hierarchy of levels only; add {fixes}"
+        )
+
+
+__all__ = ["TOPOLOGIES", "build_graph_cluster", "refuse_in_network"]
