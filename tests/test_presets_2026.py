@@ -205,3 +205,38 @@ def test_every_planner_plans_on_fan_outs_of_3_and_6(name):
         assert_not_faster_than_peak(problem, plan)
         if plan.status in ("optimal", "feasible"):
             assert evaluate(problem, plan).feasible
+
+
+# Each new cluster at 8 devices, with the preset's levels, bandwidths, device and options
+# (NVLink SHARP on where the preset has it): the inner fan-outs shrink, the top level takes the
+# rest.
+EIGHT = {
+    "dgx_b200": ["cluster.levels.0.fanout=4", "cluster.levels.1.fanout=1"],
+    "gb200_nvl72": ["cluster.levels.0.fanout=4", "cluster.levels.1.fanout=1"],
+    "mi300x_pod": ["cluster.levels.0.fanout=4", "cluster.levels.1.fanout=1"],
+    "tpu_v5p_pod": ["cluster.levels.0.fanout=4"],
+    "tpu_v6e_multislice": ["cluster.levels.0.fanout=4"],
+}
+CONFORMING = [s for s in SOLVERS if not s.startswith("paper_")]
+
+
+@pytest.mark.parametrize("cluster", sorted(EIGHT))
+def test_every_planner_passes_conformance_on_each_new_cluster(cluster):
+    """The issue's done-when: the conformance checks of tests/test_planners.py (a valid plan
+    covering every layer once, feasible when it says so, never faster than the peak, the
+    planner's own name and status) for every planner on each cluster of 2026 at 8 devices. The
+    paper's table planners are left out: their tables have rows for the paper's clusters only."""
+    assert set(EIGHT) == set(SMALL)
+    problem = build_problem(
+        compose(f"cluster={cluster}", *EIGHT[cluster], "cluster.devices=8", "model=tiny")
+    )
+    assert problem.cluster.num_devices == 8
+    for name in CONFORMING:
+        plan = planner_from_config(name).solve(problem)
+        check_plan(problem, plan)
+        assert [i for s in plan.stages for i in s.layers] == list(range(problem.num_layers))
+        assert plan.solver == name
+        assert plan.status in ("optimal", "feasible", "infeasible", "timeout")
+        assert_not_faster_than_peak(problem, plan)
+        if plan.status in ("optimal", "feasible"):
+            assert evaluate(problem, plan).feasible, (cluster, name)
