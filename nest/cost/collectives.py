@@ -13,7 +13,11 @@ All-reduce Algorithms for Clusters of Workstations", JPDC 2009):
   ``a = sum_l (k_l - 1) / k_l / prod_{j<l} k_j / bw_l`` and ``c = sum_l (k_l - 1) alpha_l``.
 - all-gather (output ``S`` bytes): the mirror image, the same cost.
 - all-reduce: reduce-scatter up the levels + all-gather down = twice the reduce-scatter. Inside one
-  level this is the ring's ``2 (n-1)/n * S / B + 2 (n-1) alpha``.
+  level this is the ring's ``2 (n-1)/n * S / B + 2 (n-1) alpha``. Where a level's switches reduce
+  in the network and the cluster turns it on (NVLink SHARP, InfiniBand SHARP:
+  :attr:`nest.core.topology.Level.in_network`), that level's share takes the faster of the ring
+  and the switch's ``S_l / B_in``, latency unchanged (:mod:`nest.core.alphabeta`): still
+  ``a S + c`` with ``a, c >= 0``, never above the ring, so every floor built on these forms holds.
 - all-to-all, ``S`` bytes sent by each device (``S/n`` to each member): the share of the buffer
   whose destination first differs at level ``l`` crosses level ``l``; pairwise exchange costs one
   alpha per peer: ``a = sum_l crossing_l / n / bw_l``, ``c = sum_l crossing_l alpha_l`` with
