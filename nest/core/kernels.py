@@ -78,7 +78,7 @@ def gemm_time_s(
         waves = ceil(tiles / device.sm_count)
         best = min(best, waves * 2.0 * tm * tn * k_i / per_sm_flops_per_s)
     operand_bytes = dtype_bytes * (m * k + k * n + m * n) * groups
-    return max(best, operand_bytes / device.hbm_bw_bytes_per_s) + device.kernel_overhead_s
+    return max(best, operand_bytes / device.achieved_hbm_bw_bytes_per_s) + device.kernel_overhead_s
 
 
 def attention_efficiency(device: Device, key_length: float) -> float:
