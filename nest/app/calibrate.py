@@ -30,30 +30,12 @@ import csv
 import math
 import statistics
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from nest.app.validate import predict
+from nest.app.validate import CALIBRATION_SPLIT, CalibrationSplit, predict
 from nest.core.errors import UserError
 from nest.core.kernels import CALIBRATED_MATMUL_EFFICIENCY
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CalibrationSplit:
-    """The rows a calibrated constant may be fitted on: one source, one precision."""
-
-    source: str
-    precision: str
-
-    def holds(self, row: dict) -> bool:
-        """Whether a validation CSV row belongs to the split."""
-        return (row.get("source") or "").strip() == self.source and (
-            row.get("precision") or "bf16"
-        ).strip() == self.precision
-
-
-CALIBRATION_SPLIT = CalibrationSplit(source="NVIDIA_dgxc_benchmarking_H100_pairs", precision="bf16")
-"""The declared calibration split (module docstring): the BF16 half of the dgxc H100 pairs."""
 
 DEFAULT_CSV = Path("experiments/validation/cases.csv")
 FIT_LOW = 0.45
