@@ -13,17 +13,20 @@ evaluator, and the prediction is compared with the measured number:
 - ``tflops_per_gpu``, ``MFU`` and the Megatron-Core ``aggregate_pflops`` count model FLOPs;
   ``flops_counted`` says which a row uses.
 
-No per-case factor is fitted. Every constant of the device and cluster presets is cited, except
-``matmul_efficiency`` (the rate a large GEMM keeps inside a training step, an assumption: see
-:mod:`nest.core.kernels`) and the latencies across the fabric. Optional columns and their defaults
+No per-case factor is fitted. Every constant of the device and cluster presets is cited or derived
+from a published micro-benchmark, except ``matmul_efficiency`` (the rate a large GEMM keeps inside
+a training step: calibrated on the H100 and H200 presets on :data:`CALIBRATION_SPLIT` only, by
+:mod:`nest.app.calibrate`; assumed on the others; see :mod:`nest.core.kernels`) and the latencies
+across the fabric. Every row is tagged ``calibration`` or ``held-out`` and summarised per split. Optional columns and their defaults
 when absent:
 ``activation`` gelu, ``norm`` layernorm, ``bias`` true, ``position`` learned, ``tied_embeddings``
 true, ``dropout`` true, ``flash_attention`` true, ``schedule`` 1f1b, ``overlap_grad_sync`` false,
 ``zero_stage`` 0, ``virtual_stages`` 1 (the chunks per rank of an interleaved ``schedule``),
 ``layer_partition`` uniform (blocks per chunk separated by ``;``), ``tp_comm_overlap`` /
 ``cp_comm_overlap`` / ``ep_comm_overlap`` false, ``sweep`` none (rows of one published sweep share
-an id; the predicted order of its configurations is compared with the measured one, Kendall
-tau), ``grad_bytes`` 2,
+an id; without one, the rows of one source, model, metric and precision are a sweep when at least
+:data:`SWEEP_MIN_ROWS` are predicted; the predicted order of its configurations is compared with
+the measured one, Kendall tau-b), ``grad_bytes`` 2,
 ``nvlink_gbps`` / ``network_gbps`` from the GPU (A100: 300 / 25, H100: 450 / 50),
 ``flops_counted`` hardware for metrics that say "recompute counted" and model otherwise,
 ``num_experts`` 1 (a dense model; more makes every block a mixture of experts, Mixtral-style, as
