@@ -1,4 +1,4 @@
-"""The one calibrated constant (``python -m nest.calibrate``): declared split, stored value fresh."""
+"""The one calibrated constant (``python -m nest.calibrate``): a declared split, a fresh value."""
 
 import csv
 from pathlib import Path
@@ -58,11 +58,8 @@ def test_stored_constant_equals_a_fresh_fit(rows):
 
 def test_objective_is_symmetric_in_log_error():
     """Over- and under-prediction by the same factor weigh the same (``|log ratio|``)."""
-    row = next(
-        r
-        for r in csv.DictReader(open(CASES, newline="", encoding="utf-8-sig"))
-        if calibrate.CALIBRATION_SPLIT.holds(r)
-    )
+    with open(CASES, newline="", encoding="utf-8-sig") as fh:
+        row = next(r for r in csv.DictReader(fh) if calibrate.CALIBRATION_SPLIT.holds(r))
     from nest.app.validate import predict
 
     predicted = predict(row, 0.6).predicted

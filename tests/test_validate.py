@@ -236,16 +236,15 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
     "median <= 5 % over all cases",
     "12.9 %",
     "SC21 Table 1's 30 A100 rows (2021 software, no FlashAttention) run 4-13 % faster than "
-    f"predicted at the in-step GEMM rate calibrated on H100 (0.638); the GB200 pairs: {GB200_WHY}; the TPU "
-    f"rows: {TPU_WHY}",
+    "predicted at the in-step GEMM rate calibrated on H100 (0.638); the GB200 pairs: "
+    f"{GB200_WHY}; the TPU rows: {TPU_WHY}",
 )
 def test_accuracy_median_within_5_percent(summary):
     assert summary["median_abs_error"] <= TARGET_MEDIAN
 
 
 HELD_OUT_WHY = (
-    f"the held-out sources above: GB200 pairs {GB200_WHY}; TPU {TPU_WHY}; Blackwell "
-    f"{BLACKWELL_WHY}"
+    f"the held-out sources above: GB200 pairs {GB200_WHY}; TPU {TPU_WHY}; Blackwell {BLACKWELL_WHY}"
 )
 
 

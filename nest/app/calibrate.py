@@ -36,7 +36,6 @@ from nest.app.validate import CALIBRATION_SPLIT, CalibrationSplit, predict
 from nest.core.errors import UserError
 from nest.core.kernels import CALIBRATED_MATMUL_EFFICIENCY
 
-
 DEFAULT_CSV = Path("experiments/validation/cases.csv")
 FIT_LOW = 0.45
 """The lowest in-step GEMM rate searched (below every published dense H100 run's MFU / 0.9)."""

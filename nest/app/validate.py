@@ -17,8 +17,8 @@ No per-case factor is fitted. Every constant of the device and cluster presets i
 from a published micro-benchmark, except ``matmul_efficiency`` (the rate a large GEMM keeps inside
 a training step: calibrated on the H100 and H200 presets on :data:`CALIBRATION_SPLIT` only, by
 :mod:`nest.app.calibrate`; assumed on the others; see :mod:`nest.core.kernels`) and the latencies
-across the fabric. Every row is tagged ``calibration`` or ``held-out`` and summarised per split. Optional columns and their defaults
-when absent:
+across the fabric. Every row is tagged ``calibration`` or ``held-out`` and summarised per split.
+Optional columns and their defaults when absent:
 ``activation`` gelu, ``norm`` layernorm, ``bias`` true, ``position`` learned, ``tied_embeddings``
 true, ``dropout`` true, ``flash_attention`` true, ``schedule`` 1f1b, ``overlap_grad_sync`` false,
 ``zero_stage`` 0, ``virtual_stages`` 1 (the chunks per rank of an interleaved ``schedule``),
@@ -722,6 +722,15 @@ def run(
             f"{o.metric[:28]:<28} {o.measured:9.2f} {pred} {err}  {o.note}"
         )
     summary = summarise(outcomes)
+    _echo_summary(summary, echo)
+    if out_dir is not None:
+        _write_csv(out_dir, outcomes)
+        echo(f"wrote {out_dir / 'validation.csv'}")
+    return summary
+
+
+def _echo_summary(summary: dict, echo) -> None:
+    """The summary lines of :func:`run`: totals, splits and targets, sources, FP8, pairs, sweeps."""
     med, worst = summary["median_abs_error"], summary["max_abs_error"]
     errors = (
         "no errors to summarise"
@@ -772,10 +781,6 @@ def run(
             f"  sweep {sweep} [{s['split']}]: {s['n']} configurations ({s['metric']}), "
             f"Kendall tau-b {tau}"
         )
-    if out_dir is not None:
-        _write_csv(out_dir, outcomes)
-        echo(f"wrote {out_dir / 'validation.csv'}")
-    return summary
 
 
 def _write_csv(out_dir: Path, outcomes) -> None:

@@ -604,7 +604,8 @@ class AnalyticModel:
         parameters, which are shared)."""
         t, c, _, sp_div, p, b, s, h, s_loc, hsb, _ = self._dims(shard)
         fwd_s, bwd_s = self._gemms_s(device, [(b * s_loc, h / t, 2 * h, 1)])
-        ew_s = 3 * 2 * p * hsb / sp_div / device.achieved_hbm_bw_bytes_per_s  # two norms and the concat
+        # two norms and the concat
+        ew_s = 3 * 2 * p * hsb / sp_div / device.achieved_hbm_bw_bytes_per_s
         proj = LayerCost(
             dense_params=2 * h * h / t + 2 * self._norm_params(),
             fwd_flops=2.0 * b * s * 2 * h * h / (t * c),

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from nest.core.axes import CollectiveOp, GroupKind, ZeroStage
 from nest.cost.groups import RankGroups
 
-
 CLIP_GRAD_READS = 1
 """Passes over the gradient shard gradient clipping makes every iteration: one, the global L2
 norm (Megatron-Core ``megatron/core/optimizer/clip_grads.py``, ``get_grad_norm_fp32``:
