@@ -124,9 +124,11 @@ def test_dp_sync_per_zero_stage(zero_stage):
     assert s0.fwd_s == approx(compute_f + (ag if zero_stage == 3 else 0.0))
     assert s0.bwd_s == approx(compute_b + (ag + rs if zero_stage == 3 else 0.0))
     # optimizer step: Adam reads and writes 12 bytes of fp32 state, reads the gradient, writes
-    # the weight (2 x 12 + 2 + 2 bytes per parameter of the device's shard) at HBM bandwidth
+    # the weight (2 x 12 + 2 + 2 bytes per parameter of the device's shard), after gradient
+    # clipping's norm pass reads the gradient once more (Megatron-Core clip_grads.py), at HBM
+    # bandwidth
     local = psi / 4 if zero_stage >= 1 else psi
-    opt = local * (2 * ADAM + G + P) / HBM_BW
+    opt = local * (2 * ADAM + G + P + G) / HBM_BW
     assert r.optimizer_s == approx(opt)
     m = 8 // 4  # microbatches: global batch / dp
     assert r.iteration_time_s == approx(m * (s0.fwd_s + s0.bwd_s) + sync + opt)

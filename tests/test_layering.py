@@ -75,7 +75,7 @@ LAYERS = (
     ("nest.exact",),
     ("nest.analysis",),
     ("nest.app",),
-    ("nest.explain", "nest.validate"),
+    ("nest.explain", "nest.validate", "nest.calibrate"),
 )
 """The library's layers, lowest first: a room imports only rooms of lower layers, so rooms of one
 layer (the cost model and the graph, say) never import each other."""

@@ -72,8 +72,9 @@ def _fixed_report(problem):
 
 
 def test_a_plan_above_the_best_published_run_of_its_kind_says_so():
-    """A dense model on an H100 preset at MFU above the best published dense H100 run (49 %,
-    Megatron-LM README) gets a note naming that run and why the model may be optimistic; on a
+    """A dense model on an H100 preset at MFU above the best published dense H100 run (62.5 %,
+    NVIDIA dgxc-benchmarking's Llama 3.1 8B on 8 H100) gets a note naming that run and why the
+    model may be optimistic; on a
     device with no published reference, or below it, none."""
     from nest.cost.mfu import PUBLISHED_BEST, plausibility_note
 

@@ -184,14 +184,14 @@ MBRIDGE_WHY = (
     [
         SC21_T1,
         MEGATRON,
-        pytest.param(LLAMA3, marks=_unmet("source median <= 10 %", "15.5 %", LLAMA3_WHY)),
-        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "12.0 %", SC21_T2_WHY)),
-        pytest.param(AUTOMODEL, marks=_unmet("source median <= 10 %", "30.5 %", AUTOMODEL_WHY)),
+        pytest.param(LLAMA3, marks=_unmet("source median <= 10 %", "17.1 %", LLAMA3_WHY)),
+        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "12.1 %", SC21_T2_WHY)),
+        pytest.param(AUTOMODEL, marks=_unmet("source median <= 10 %", "31.6 %", AUTOMODEL_WHY)),
         PAIRS,
-        pytest.param(DSV3, marks=_unmet("source median <= 10 %", "48.2 %", DSV3_WHY)),
-        pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "93.9 %", MBRIDGE_WHY)),
-        pytest.param(GB200_PAIRS, marks=_unmet("source median <= 10 %", "15.4 %", GB200_WHY)),
-        pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "22.1 %", BLACKWELL_WHY)),
+        pytest.param(DSV3, marks=_unmet("source median <= 10 %", "50.0 %", DSV3_WHY)),
+        pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "89.7 %", MBRIDGE_WHY)),
+        pytest.param(GB200_PAIRS, marks=_unmet("source median <= 10 %", "17.0 %", GB200_WHY)),
+        pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "26.2 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "36.3 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("source median <= 10 %", "23.6 %", TPU_WHY)),
         pytest.param(MI355X, marks=_unmet("source median <= 10 %", "13.5 %", MI355X_WHY)),
@@ -209,19 +209,20 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
             MEGATRON,
             marks=_unmet(
                 "max <= 15 %",
-                "46.2 %",
-                "1.7B over-predicted by 45 % and 7.1B by 19 %: the host and kernel overheads of "
-                "small models are not modelled",
+                "39.9 %",
+                "1.7B over-predicted by 40 % and 7.1B by 16 % with the per-kernel time and the "
+                "achieved HBM bandwidth counted: the host-side (CPU dispatch) time of small "
+                "models' short kernels is not modelled",
             ),
         ),
-        pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "31.5 %", LLAMA3_WHY)),
+        pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "32.8 %", LLAMA3_WHY)),
         pytest.param(SC21_T2, marks=_unmet("max <= 15 %", "166 %", SC21_T2_WHY)),
-        pytest.param(AUTOMODEL, marks=_unmet("max <= 15 %", "30.5 %", AUTOMODEL_WHY)),
-        pytest.param(PAIRS, marks=_unmet("max <= 15 %", "21.7 %", PAIRS_WHY)),
-        pytest.param(DSV3, marks=_unmet("max <= 15 %", "48.2 %", DSV3_WHY)),
-        pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "184 %", MBRIDGE_WHY)),
-        pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "29.8 %", GB200_WHY)),
-        pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "298 %", BLACKWELL_WHY)),
+        pytest.param(AUTOMODEL, marks=_unmet("max <= 15 %", "31.6 %", AUTOMODEL_WHY)),
+        pytest.param(PAIRS, marks=_unmet("max <= 15 %", "19.5 %", PAIRS_WHY)),
+        pytest.param(DSV3, marks=_unmet("max <= 15 %", "50.0 %", DSV3_WHY)),
+        pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "173 %", MBRIDGE_WHY)),
+        pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "30.1 %", GB200_WHY)),
+        pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "318 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "37.3 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "44.7 %", TPU_WHY)),
         MI355X,
@@ -233,16 +234,59 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
 
 @_unmet(
     "median <= 5 % over all cases",
-    "12.4 %",
+    "12.9 %",
     "SC21 Table 1's 30 A100 rows (2021 software, no FlashAttention) run 4-13 % faster than "
-    f"predicted at the assumed in-step GEMM rate of 0.65; the GB200 pairs: {GB200_WHY}; the TPU "
-    f"rows: {TPU_WHY}",
+    "predicted at the in-step GEMM rate calibrated on H100 (0.638); the GB200 pairs: "
+    f"{GB200_WHY}; the TPU rows: {TPU_WHY}",
 )
 def test_accuracy_median_within_5_percent(summary):
     assert summary["median_abs_error"] <= TARGET_MEDIAN
 
 
-@_unmet("max <= 15 % over all cases", "298 %", f"{BLACKWELL_WHY}; {SC21_T2_WHY}; {MBRIDGE_WHY}")
+HELD_OUT_WHY = (
+    f"the held-out sources above: GB200 pairs {GB200_WHY}; TPU {TPU_WHY}; Blackwell {BLACKWELL_WHY}"
+)
+
+
+def test_every_row_is_calibration_or_held_out(summary):
+    """The declared split (``validate.CALIBRATION_SPLIT``, the only rows ``python -m
+    nest.calibrate`` fits on) is the 15 BF16 rows of the dgxc H100 pairs; the 143 other
+    predicted rows are held out, their FP8 twins included."""
+    splits = summary["by_split"]
+    assert splits["calibration"]["n"] == 15
+    assert splits["held-out"]["n"] == summary["predicted"] - 15
+    assert set(summary["by_source_split"][PAIRS]) == {"calibration", "held-out"}
+    assert all(
+        set(parts) == {"held-out"} for s, parts in summary["by_source_split"].items() if s != PAIRS
+    )
+
+
+def test_regression_split_errors_pin_the_current_model(summary):
+    """Pins (not accuracy): calibration rows median 2.9 % / max 11.9 %; held-out rows median
+    13.9 % / max 318 %."""
+    cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
+    assert cal["median_abs_error"] == pytest.approx(0.029, abs=0.005)
+    assert cal["max_abs_error"] == pytest.approx(0.119, abs=0.005)
+    assert held["median_abs_error"] == pytest.approx(0.139, abs=0.005)
+    assert held["max_abs_error"] == pytest.approx(3.181, abs=0.005)
+
+
+@_unmet("held-out median <= 5 % (issue 22)", "13.9 %", HELD_OUT_WHY)
+def test_accuracy_held_out_median_within_5_percent(summary):
+    assert summary["held_out_targets_met"]["median_abs_error"]
+
+
+@_unmet("held-out max <= 25 % (issue 22)", "318 %", HELD_OUT_WHY)
+def test_accuracy_held_out_max_within_25_percent(summary):
+    assert summary["held_out_targets_met"]["max_abs_error"]
+
+
+@_unmet("no held-out source median above 10 % (issue 22)", "50.0 % (DeepSeek-V3)", HELD_OUT_WHY)
+def test_accuracy_no_held_out_source_median_above_10_percent(summary):
+    assert summary["held_out_targets_met"]["source_median_abs_error"]
+
+
+@_unmet("max <= 15 % over all cases", "318 %", f"{BLACKWELL_WHY}; {SC21_T2_WHY}; {MBRIDGE_WHY}")
 def test_accuracy_max_within_15_percent(summary):
     assert summary["max_abs_error"] <= TARGET_MAX
 
@@ -276,16 +320,16 @@ def test_accuracy_3d_parallelism_ranked_above_zero3_at_every_scale():
 # to half a percentage point, so that any change of the model's numbers is noticed. A change
 # made on purpose updates this table together with docs/trust/fidelity.md.
 CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
-    SC21_T1: (30, 0.085, 0.127, -0.085),
-    MEGATRON: (27, 0.038, 0.462, -0.026),
-    LLAMA3: (3, 0.155, 0.315, -0.155),
-    SC21_T2: (12, 0.120, 1.656, 0.038),
-    AUTOMODEL: (1, 0.305, 0.305, -0.305),
-    PAIRS: (30, 0.070, 0.217, -0.053),
-    DSV3: (1, 0.482, 0.482, 0.482),
-    MBRIDGE: (2, 0.939, 1.841, 0.903),
-    GB200_PAIRS: (30, 0.154, 0.298, -0.154),
-    BLACKWELL: (9, 0.221, 2.984, 0.221),
+    SC21_T1: (30, 0.088, 0.138, -0.088),
+    MEGATRON: (27, 0.059, 0.399, -0.046),
+    LLAMA3: (3, 0.171, 0.328, -0.171),
+    SC21_T2: (12, 0.121, 1.655, 0.037),
+    AUTOMODEL: (1, 0.316, 0.316, -0.316),
+    PAIRS: (30, 0.060, 0.195, -0.024),
+    DSV3: (1, 0.500, 0.500, 0.500),
+    MBRIDGE: (2, 0.897, 1.734, 0.837),
+    GB200_PAIRS: (30, 0.170, 0.301, -0.170),
+    BLACKWELL: (9, 0.262, 3.181, 0.262),
     TPU_V5E: (4, 0.363, 0.373, -0.363),
     TPU_V5P: (8, 0.236, 0.447, -0.236),
     MI355X: (1, 0.135, 0.135, 0.135),
@@ -304,33 +348,60 @@ def test_regression_errors_per_source_pin_the_current_model(summary, source):
     assert s["median_error"] == pytest.approx(signed, abs=0.005)
 
 
-def test_regression_sc21_table2_kendall_tau_pins_the_current_model(summary):
-    """Pins the current model's ranking of SC21 Table 2's two sweeps (six configurations each),
-    not an accuracy target: Kendall tau +0.73 (175B: 11 of 15 pairs ordered as measured) and
-    +0.60 (530B: 12 of 15)."""
-    sweeps = summary["sweeps"]
-    assert set(sweeps) == {"SC21_Table2_174.6B", "SC21_Table2_529.6B"}
-    assert all(s["n"] == 6 for s in sweeps.values())
-    assert sweeps["SC21_Table2_174.6B"]["kendall_tau"] == pytest.approx(11 / 15)
-    assert sweeps["SC21_Table2_529.6B"]["kendall_tau"] == pytest.approx(9 / 15)
+def test_regression_sweep_kendall_taus_pin_the_current_model(summary):
+    """Pins the current model's ranking of every sweep (named or auto-detected; not an accuracy
+    target): SC21 Table 2's two six-configuration sweeps +0.73 (175B: 11 of 15 pairs ordered as
+    measured) and +0.60 (530B: 12 of 15), and the eight GB200 scaling sweeps, all +1 but
+    Grok-1's BF16 (+0.33: measured 7.33 / 7.39 / 7.32 s on 128 / 256 / 512 GPUs, a 1 % spread,
+    predicted flat to 0.01 s)."""
+    taus = {k: (s["n"], s["kendall_tau"]) for k, s in summary["sweeps"].items()}
+    assert taus["SC21_Table2_174.6B"] == (6, pytest.approx(11 / 15))
+    assert taus["SC21_Table2_529.6B"] == (6, pytest.approx(9 / 15))
+    gb200 = {k: v for k, v in taus.items() if k.startswith(GB200_PAIRS)}
+    assert len(gb200) == 8 and len(taus) == 10
+    assert taus[f"{GB200_PAIRS}:314B:seq8192:bf16"] == (3, pytest.approx(1 / 3))
+    assert sorted(t for _, t in gb200.values()) == [pytest.approx(1 / 3)] + [1.0] * 7
+
+
+def test_sweeps_are_auto_detected_per_source_model_metric_and_precision():
+    """Rows without a ``sweep`` id form one sweep per source, model, metric and precision when at
+    least three are predicted; two rows (one pair) are no sweep."""
+
+    def outcome(gpus, measured, predicted, precision="bf16", source="S"):
+        row = {"source": source, "model_params_b": "8", "seq": "4096", "layers": "32",
+               "hidden": "4096", "gpus": gpus, "precision": precision}  # fmt: skip
+        return validate.Outcome(row, "step_time_s", measured, predicted, True)
+
+    rows = [outcome("8", 3.0, 2.0), outcome("16", 2.0, 3.0), outcome("32", 1.0, 1.0)]
+    (sweep,) = validate.sweeps(rows).values()
+    assert sweep["n"] == 3 and sweep["kendall_tau"] == pytest.approx(1 / 3)
+    assert validate.sweeps(rows[:2]) == {}
+    mixed = rows[:2] + [outcome("32", 1.0, 1.0, precision="fp8")]
+    assert validate.sweeps(mixed) == {}
+    other = rows[:2] + [outcome("32", 1.0, 1.0, source="T")]
+    assert validate.sweeps(other) == {}
 
 
 def test_at_the_micro_benchmark_ceiling_every_source_is_over_predicted():
-    """Why the presets' GEMM level is an assumption below the cited ceiling: with every kernel at
-    its isolated micro-benchmark rate (``--matmul-efficiency ceiling``) the model predicts more
-    throughput than measured for every Megatron or DeepSpeed source (median signed error > 0:
-    SC21 Table 1 +13.8 %, Megatron-Core H100 +16.7 %, Llama 3 +0.2 %, SC21 Table 2 +30.9 %), so
-    kernels inside a training step run slower than in isolation; at the assumed 0.65 no source is
-    over-predicted by more than 12 % at the median. The FSDP2 row (NeMo Automodel) is left out of
-    the first claim: its error is the exposed ZeRO-3 gathers (see the next test), not the GEMM
-    rate, and it stays under-predicted at the ceiling (-21.8 %). The claim is about the BF16
-    sources it was made on (``ORIGINAL``); the FP8 and new-shape sources score step times, whose
-    error has the other sign."""
+    """Why the GEMM level is below the cited ceiling (and calibrated, :mod:`nest.app.calibrate`):
+    with every kernel at its isolated micro-benchmark rate (``--matmul-efficiency ceiling``) the
+    model predicts more throughput than measured for the Megatron and DeepSpeed sources (median
+    signed error: SC21 Table 1 +13.3 %, Megatron-Core H100 +16.1 %, SC21 Table 2 +30.8 %), so
+    kernels inside a training step run slower than in isolation; at the calibrated rate no
+    source is over-predicted by more than 12 % at the median. Llama 3 (Table 4) lands at -0.3 %
+    at the ceiling: its rows are run as 1F1B, whose 16-stage bubble the real interleaved schedule
+    does not have (``LLAMA3_WHY``), which offsets the kernel-rate gap; it must still be
+    under-predicted less at the ceiling than at the calibrated rate. The FSDP2 row (NeMo
+    Automodel) is left out: its error is the exposed ZeRO-3 gathers (see the next test), not the
+    GEMM rate. The claim is about the BF16 sources it was made on (``ORIGINAL``); the FP8 and
+    new-shape sources score step times, whose error has the other sign."""
     at_ceiling = validate.run(CASES, None, echo=lambda _: None, matmul_efficiency="ceiling")
-    kernel_bound = {k: at_ceiling["by_source"][k] for k in ORIGINAL if k != AUTOMODEL}
-    assert len(kernel_bound) == 4
-    assert all(s["median_error"] > 0 for s in kernel_bound.values())
     default = validate.run(CASES, None, echo=lambda _: None)
+    kernel_bound = {k: at_ceiling["by_source"][k] for k in ORIGINAL if k not in (AUTOMODEL, LLAMA3)}
+    assert len(kernel_bound) == 3
+    assert all(s["median_error"] > 0 for s in kernel_bound.values())
+    llama3 = at_ceiling["by_source"][LLAMA3]["median_error"]
+    assert default["by_source"][LLAMA3]["median_error"] < llama3 < 0.01
     assert all(default["by_source"][k]["median_error"] < 0.12 for k in ORIGINAL)
 
 
@@ -363,13 +434,46 @@ def test_bad_matmul_efficiency_flag_is_one_line_error(capsys, tmp_path):
 
 
 def test_kendall_tau_counts_agreeing_and_reversed_pairs():
-    """Kendall's tau of two orders: 1 identical, -1 reversed, (concordant - discordant) / pairs
-    otherwise (pairs tied in either order are left out)."""
+    """Kendall's tau-b (Kendall 1945), worked by hand. ``[1, 2, 3]`` against ``[1, 3, 2]``: of
+    the 3 pairs, 2 agree and 1 is reversed, no ties: (2 - 1) / 3. ``[1, 1, 2]`` against
+    ``[5, 6, 7]``: 3 pairs, 2 agree, the first pair is tied in the measured order only, so
+    (2 - 0) / sqrt((3 - 1) (3 - 0)) = 2 / sqrt(6). ``[1, 2, 2, 3]`` against ``[1, 3, 2, 2]``:
+    6 pairs; agree (1,2) (1,3) (1,4), reversed (2,4), tied measured (2,3), tied predicted
+    (3,4), tied both none: (3 - 1) / sqrt(5 * 5) = 0.4."""
     assert validate.kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
     assert validate.kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
     assert validate.kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
-    assert validate.kendall_tau([1, 1, 2], [5, 6, 7]) == 1.0  # the tied pair is left out
+    assert validate.kendall_tau([1, 1, 2], [5, 6, 7]) == pytest.approx(2 / 6**0.5)
+    assert validate.kendall_tau([1, 2, 2, 3], [1, 3, 2, 2]) == pytest.approx(0.4)
     assert validate.kendall_tau([1], [2]) is None
+    assert validate.kendall_tau([1, 1], [2, 3]) is None  # nothing measured to order
+
+
+def test_kendall_tau_b_equals_its_covariance_form_on_random_orders_with_ties():
+    """Property: tau-b equals its covariance form (Kendall 1945), ``sum sgn(dm) sgn(dp) /
+    sqrt(sum sgn(dm)^2 * sum sgn(dp)^2)`` over all pairs, computed independently here, on
+    random integer lists with many ties (scipy's ``kendalltau`` computes the same)."""
+    import random
+
+    def sgn(x):
+        return (x > 0) - (x < 0)
+
+    rng = random.Random(7)
+    for _ in range(300):
+        n = rng.randint(2, 9)
+        a = [rng.randint(0, 3) for _ in range(n)]
+        b = [rng.randint(0, 3) for _ in range(n)]
+        pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+        num = sum(sgn(a[i] - a[j]) * sgn(b[i] - b[j]) for i, j in pairs)
+        den = (
+            sum(sgn(a[i] - a[j]) ** 2 for i, j in pairs)
+            * sum(sgn(b[i] - b[j]) ** 2 for i, j in pairs)
+        ) ** 0.5
+        ours = validate.kendall_tau(a, b)
+        if den == 0:
+            assert ours is None
+        else:
+            assert ours == pytest.approx(num / den, abs=1e-12)
 
 
 def test_outcome_error_is_relative_to_the_measurement():
@@ -562,46 +666,43 @@ TARGET_RATIO = 0.10
 TARGET_FP8_MEDIAN = 0.10
 RATIO_WHY = "the model's FP8 speed-up is larger than measured"
 PAIR_RATIOS = {  # pair: (measured speed-up, predicted today): measured from cases.csv
-    "GPT-3 175B NeMo 128xH100": (1.477, 1.573),
-    "GPT-3 175B NeMo 1024xH100": (1.452, 1.571),
-    "Llama3.1 8B NeMo2 8xH100": (1.315, 1.398),
-    "Llama3.1 8B NeMo2 128xH100": (1.292, 1.398),
-    "Llama3.1 70B NeMo 64xH100": (1.397, 1.468),
-    "Llama3.1 70B NeMo 2048xH100": (1.350, 1.467),
-    "Llama3.1 405B NeMo2 512xH100": (1.522, 1.546),
-    "Llama3.1 405B NeMo2 2048xH100": (1.582, 1.546),
-    "Nemotron4 15B NeMo2 16xH100": (1.381, 1.448),
-    "Nemotron4 15B NeMo 2048xH100": (1.362, 1.407),
-    "Nemotron4 340B NeMo2 256xH100": (1.482, 1.415),
-    "Nemotron4 340B NeMo 2048xH100": (1.387, 1.415),
-    "Grok-1 314B NeMo 512xH100": (1.243, 1.389),
-    "Grok-1 314B NeMo 2048xH100": (1.231, 1.390),
-    "Llama4 Maverick NeMo2 512xH100": (1.148, 1.253),
-    "Grok-1 314B NeMo2 128xGB200": (1.383, 1.567),
-    "Grok-1 314B NeMo2 256xGB200": (1.415, 1.568),
-    "Grok-1 314B NeMo2 512xGB200": (1.410, 1.569),
-    "Llama3.1 405B NeMo2 128xGB200": (1.525, 1.706),
-    "Llama3.1 405B NeMo2 256xGB200": (1.534, 1.706),
-    "Llama3.1 405B NeMo2 512xGB200": (1.523, 1.679),
-    "Nemotron4 340B NeMo2 weak 128xGB200": (1.476, 1.494),
-    "Nemotron4 340B NeMo2 weak 256xGB200": (1.444, 1.481),
-    "Nemotron4 340B NeMo2 weak 512xGB200": (1.439, 1.478),
-    "Nemotron4 340B NeMo2 strong 128xGB200": (1.496, 1.503),
-    "Nemotron4 340B NeMo2 strong 256xGB200": (1.479, 1.487),
-    "Nemotron4 340B NeMo2 strong 512xGB200": (1.494, 1.485),
-    "Llama4 Maverick NeMo2 128xGB200": (1.277, 1.356),
-    "Llama4 Maverick NeMo2 256xGB200": (1.263, 1.356),
-    "Llama4 Maverick NeMo2 512xGB200": (1.263, 1.356),
+    "GPT-3 175B NeMo 128xH100": (1.477, 1.560),
+    "GPT-3 175B NeMo 1024xH100": (1.452, 1.558),
+    "Llama3.1 8B NeMo2 8xH100": (1.315, 1.385),
+    "Llama3.1 8B NeMo2 128xH100": (1.292, 1.385),
+    "Llama3.1 70B NeMo 64xH100": (1.397, 1.457),
+    "Llama3.1 70B NeMo 2048xH100": (1.350, 1.457),
+    "Llama3.1 405B NeMo2 512xH100": (1.522, 1.539),
+    "Llama3.1 405B NeMo2 2048xH100": (1.582, 1.539),
+    "Nemotron4 15B NeMo2 16xH100": (1.381, 1.436),
+    "Nemotron4 15B NeMo 2048xH100": (1.362, 1.398),
+    "Nemotron4 340B NeMo2 256xH100": (1.482, 1.411),
+    "Nemotron4 340B NeMo 2048xH100": (1.387, 1.412),
+    "Grok-1 314B NeMo 512xH100": (1.243, 1.382),
+    "Grok-1 314B NeMo 2048xH100": (1.231, 1.382),
+    "Llama4 Maverick NeMo2 512xH100": (1.148, 1.247),
+    "Grok-1 314B NeMo2 128xGB200": (1.383, 1.581),
+    "Grok-1 314B NeMo2 256xGB200": (1.415, 1.582),
+    "Grok-1 314B NeMo2 512xGB200": (1.410, 1.582),
+    "Llama3.1 405B NeMo2 128xGB200": (1.525, 1.708),
+    "Llama3.1 405B NeMo2 256xGB200": (1.534, 1.708),
+    "Llama3.1 405B NeMo2 512xGB200": (1.523, 1.681),
+    "Nemotron4 340B NeMo2 weak 128xGB200": (1.476, 1.515),
+    "Nemotron4 340B NeMo2 weak 256xGB200": (1.444, 1.501),
+    "Nemotron4 340B NeMo2 weak 512xGB200": (1.439, 1.497),
+    "Nemotron4 340B NeMo2 strong 128xGB200": (1.496, 1.525),
+    "Nemotron4 340B NeMo2 strong 256xGB200": (1.479, 1.508),
+    "Nemotron4 340B NeMo2 strong 512xGB200": (1.494, 1.506),
+    "Llama4 Maverick NeMo2 128xGB200": (1.277, 1.357),
+    "Llama4 Maverick NeMo2 256xGB200": (1.263, 1.357),
+    "Llama4 Maverick NeMo2 512xGB200": (1.263, 1.357),
 }
 RATIO_UNMET = {  # pair: why (the measured and predicted speed-ups are in PAIR_RATIOS)
     "GPT-3 175B NeMo 1024xH100": RATIO_WHY,
-    "Llama3.1 8B NeMo2 128xH100": RATIO_WHY,
     "Llama3.1 70B NeMo 2048xH100": f"{RATIO_WHY}; the measured one falls with scale (1.397 on "
     "64 GPUs), the predicted one does not",
     "Grok-1 314B NeMo 512xH100": f"{RATIO_WHY} for MoE blocks (its FP8 rows -20 %, BF16 -11 %)",
     "Grok-1 314B NeMo 2048xH100": f"{RATIO_WHY} for MoE blocks (its FP8 rows -22 %, BF16 -12 %)",
-    "Llama4 Maverick NeMo2 512xH100": f"{RATIO_WHY}; the FP8 run used CUDA graphs and the BF16 "
-    "run did not (dgxc README)",
     **{
         f"Grok-1 314B NeMo2 {n}xGB200": f"{RATIO_WHY} for MoE blocks (its FP8 rows -24 to -25 %, "
         "BF16 -14 to -15 %); on GB200 the FP8 GEMM level is 1.98x the BF16 one (1.77x on H100)"
@@ -649,9 +750,9 @@ def test_accuracy_fp8_speedup_within_a_tenth_on_every_pair(pairs, label):
 
 
 FP8_GROUPS = {  # machine: (its sources, FP8 rows, median |error| today)
-    "H100": ((PAIRS, MBRIDGE), 17, 0.094),
-    "GB200 dgxc": ((GB200_PAIRS,), 15, 0.216),
-    "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.274),
+    "H100": ((PAIRS, MBRIDGE), 17, 0.066),
+    "GB200 dgxc": ((GB200_PAIRS,), 15, 0.219),
+    "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.288),
     "MI355X MLPerf": ((MI355X,), 1, 0.135),
 }
 

@@ -46,6 +46,9 @@ class DeviceConfig:
     """HBM capacity in GiB, when the source says GiB."""
     hbm_bw_gbps: float = MISSING
     """HBM bandwidth, GB/s (decimal)."""
+    hbm_efficiency: float = 1.0
+    """Fraction of ``hbm_bw_gbps`` a streaming kernel achieves (published STREAM-style
+    micro-benchmark), (0, 1]; 1.0: the nameplate."""
     matmul_efficiency: float = 1.0
     """Achieved fraction of the peak on the model's matmuls, (0, 1]."""
     memory_reserve_gib: float = 0.0
@@ -475,6 +478,13 @@ def build_device(cfg: Any) -> Device:
         lambda v: 0 < v <= 1,
         "must be in (0, 1]",
     )
+    hbm_eff = _number(
+        where,
+        "hbm_efficiency",
+        c.get("hbm_efficiency", 1.0),
+        lambda v: 0 < v <= 1,
+        "must be in (0, 1]",
+    )
     reserve_bytes = _reserve_bytes(where, c, hbm)
     compute_model, notes = _compute_model(c, peak_tflops)
     return Device(
@@ -483,6 +493,7 @@ def build_device(cfg: Any) -> Device:
         peak_flops_per_s=units.tflops_to_flops_per_s(peak_tflops),
         hbm_bytes=hbm,
         hbm_bw_bytes_per_s=units.gbps_to_bytes_per_s(hbm_bw_gbps),
+        hbm_efficiency=hbm_eff,
         matmul_efficiency=eff,
         memory_reserve_bytes=reserve_bytes,
         compute_model=compute_model,

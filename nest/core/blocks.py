@@ -188,6 +188,25 @@ def block_tensors(spec: ModelSpec, moe: bool) -> list[tuple[float, str, bool]]:
     return out
 
 
+def elementwise_kernels(spec: ModelSpec) -> int:
+    """Memory-bound (non-GEMM, non-attention) kernels one block's forward launches, the
+    operators of :func:`elementwise_bytes_per_token` each as one kernel: two norms, two residual
+    adds, the activation function; rotary embeddings (one kernel for Q and K), Q/K norms (one),
+    MLA's two latent norms; two dropouts. Each pays the device's fixed per-kernel time
+    (:attr:`nest.core.hardware.Device.kernel_overhead_s`), which small models feel: their
+    kernels are short, the fixed part is not."""
+    count = 5  # 2 norms, 2 residual adds, the activation
+    if spec.position == "rope":
+        count += 1
+    if spec.attention == "mla":
+        count += 2
+    elif spec.qk_norm:
+        count += 1
+    if spec.dropout:
+        count += 2
+    return count
+
+
 def elementwise_bytes_per_token(spec: ModelSpec, moe: bool, p: int) -> dict[str, float]:
     """HBM bytes per token of the block's memory-bound work, by where it runs (each operator
     streams its inputs and outputs once; Korthikanti et al. §4.1's operator list): norms and

@@ -18,7 +18,12 @@ class Device:
     hbm_bytes: float
     """HBM capacity, bytes."""
     hbm_bw_bytes_per_s: float
-    """HBM bandwidth, bytes/s (the optimizer step is bound by it)."""
+    """HBM bandwidth, bytes/s: the datasheet's (nameplate) figure."""
+    hbm_efficiency: float = 1.0
+    """Fraction of ``hbm_bw_bytes_per_s`` a streaming kernel achieves, in (0, 1]: from a
+    published STREAM-style micro-benchmark (copy / triad) where the preset cites one, 1.0
+    (nameplate) otherwise. Every memory-bound term (elementwise operators, the optimizer step,
+    gradient clipping) runs at :attr:`achieved_hbm_bw_bytes_per_s`."""
     matmul_efficiency: float = 1.0
     """Achieved fraction of ``peak_flops_per_s`` a large matmul keeps inside a training step, in
     (0, 1]: every FLOP's rate (``flat``), the large-GEMM level (``shape``, capped by
@@ -33,7 +38,8 @@ class Device:
     """``shape``: fraction of peak the best-shaped large GEMMs reach in a published
     micro-benchmark: the upper bound of ``matmul_efficiency``."""
     kernel_overhead_s: float = 0.0
-    """``shape``: fixed seconds of every GEMM or attention kernel."""
+    """``shape``: fixed seconds of every kernel (GEMM, attention and the block's memory-bound
+    elementwise kernels: launch, prologue, epilogue)."""
     tile_shapes: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128))
     """``shape``: the GEMM thread-block tiles cuBLAS chooses among (``m x n`` per tile)."""
     attention_efficiency: tuple[tuple[float, float], ...] = ()
@@ -55,6 +61,10 @@ class Device:
             value = getattr(self, field_name)
             if not value > 0:
                 raise UserError(f"device {self.name}: {field_name}={value} must be > 0")
+        if not 0 < self.hbm_efficiency <= 1:
+            raise UserError(
+                f"device {self.name}: hbm_efficiency={self.hbm_efficiency} must be in (0, 1]"
+            )
         if not 0 < self.matmul_efficiency <= 1:
             raise UserError(
                 f"device {self.name}: matmul_efficiency={self.matmul_efficiency} must be in (0, 1]"
@@ -108,6 +118,11 @@ class Device:
         """``shape``: the share of an isolated kernel's measured rate kept inside a training step
         (``gemm_level / gemm_ceiling``), applied to the measured attention efficiencies."""
         return self.gemm_level / self.gemm_ceiling
+
+    @property
+    def achieved_hbm_bw_bytes_per_s(self) -> float:
+        """HBM bytes/s a memory-bound kernel streams at: nameplate x ``hbm_efficiency``."""
+        return self.hbm_bw_bytes_per_s * self.hbm_efficiency
 
     @property
     def achieved_flops_per_s(self) -> float:

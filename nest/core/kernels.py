@@ -24,8 +24,11 @@ Two models, chosen per device preset (``compute_model``):
   = 0.803, A100 SXM 271.2 of 312 = 0.869; S. Bekman, ml-engineering, "Maximum Achievable
   Matmul FLOPS", ``mamf-finder.py``): an upper bound. ``matmul_efficiency`` is the rate a
   large GEMM keeps *inside a training step* (clocks under sustained power, launch gaps, the
-  kernels this model does not list); no published micro-benchmark isolates it, so the presets
-  keep the first cost model's stated assumption, 0.65. At the ceiling instead
+  kernels this model does not list); no published micro-benchmark isolates it, so it is the
+  one *calibrated* constant: fitted on a declared split only (:mod:`nest.app.calibrate`, the
+  BF16 half of NVIDIA's dgxc-benchmarking H100 pairs) and stored as
+  :data:`CALIBRATED_MATMUL_EFFICIENCY` in the H100 and H200 presets; other presets keep the
+  first cost model's stated assumption, 0.65. At the ceiling instead
   (``matmul_efficiency`` = ``gemm_ceiling``) the model over-predicts every published run it is
   validated against (docs/trust/fidelity.md). The shape model's job is the *relative*
   cost of shapes: small, ragged and grouped GEMMs lose against large ones as the tiles, waves
@@ -46,6 +49,12 @@ GEMM of the group, all of them filling the same waves).
 from math import ceil, log2
 
 from nest.core.hardware import Device
+
+CALIBRATED_MATMUL_EFFICIENCY = 0.638
+"""The in-step GEMM rate fitted by ``python -m nest.calibrate`` on its declared split (module
+docstring; :data:`nest.app.calibrate.CALIBRATION_SPLIT`); ``conf/device/h100_sxm.yaml`` and
+``h200_sxm.yaml`` carry the same value and ``tests/test_calibrate.py`` checks both against a
+fresh fit."""
 
 
 def gemm_time_s(
@@ -78,7 +87,7 @@ def gemm_time_s(
         waves = ceil(tiles / device.sm_count)
         best = min(best, waves * 2.0 * tm * tn * k_i / per_sm_flops_per_s)
     operand_bytes = dtype_bytes * (m * k + k * n + m * n) * groups
-    return max(best, operand_bytes / device.hbm_bw_bytes_per_s) + device.kernel_overhead_s
+    return max(best, operand_bytes / device.achieved_hbm_bw_bytes_per_s) + device.kernel_overhead_s
 
 
 def attention_efficiency(device: Device, key_length: float) -> float:

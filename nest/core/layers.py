@@ -52,6 +52,7 @@ from nest.core.blocks import (
     attention_linears,
     block_tensors,
     elementwise_bytes_per_token,
+    elementwise_kernels,
     mlp_linears,
 )
 from nest.core.hardware import Device
@@ -533,7 +534,7 @@ class AnalyticModel:
         sharded, replicated = self._embedding_params(vocab)
         act = ((hsb if m.dropout else 0.0) + (p * hsb if m.encoder else 0.0)) / sp_div
         ew = p * hsb + ((2 * p + 1) * hsb if m.dropout else 0.0)  # lookup write, dropout
-        fwd_s = ew / sp_div / device.hbm_bw_bytes_per_s
+        fwd_s = ew / sp_div / device.achieved_hbm_bw_bytes_per_s
         tp_fwd: list[Collective] = []
         tp_bwd: list[Collective] = []
         if t > 1:
@@ -603,7 +604,8 @@ class AnalyticModel:
         parameters, which are shared)."""
         t, c, _, sp_div, p, b, s, h, s_loc, hsb, _ = self._dims(shard)
         fwd_s, bwd_s = self._gemms_s(device, [(b * s_loc, h / t, 2 * h, 1)])
-        ew_s = 3 * 2 * p * hsb / sp_div / device.hbm_bw_bytes_per_s  # two norms and the concat
+        # two norms and the concat
+        ew_s = 3 * 2 * p * hsb / sp_div / device.achieved_hbm_bw_bytes_per_s
         proj = LayerCost(
             dense_params=2 * h * h / t + 2 * self._norm_params(),
             fwd_flops=2.0 * b * s * 2 * h * h / (t * c),
@@ -683,8 +685,8 @@ class AnalyticModel:
         fwd = sum(mm * k * g for name, (mm, _, k, g) in gemms.items() if name not in NORM_FED)
         bwd = sum(mm * n * g for mm, n, _, g in gemms.values())
         return (
-            per_elem * fwd / device.hbm_bw_bytes_per_s,
-            per_elem * bwd / device.hbm_bw_bytes_per_s,
+            per_elem * fwd / device.achieved_hbm_bw_bytes_per_s,
+            per_elem * bwd / device.achieved_hbm_bw_bytes_per_s,
         )
 
     def _attention_s(
@@ -715,7 +717,7 @@ class AnalyticModel:
         )
         core_elems = m.heads * s_loc * s * b
         ew_core = (2 * p + ((2 * p + 1) if m.dropout else 0)) * core_elems
-        return attn_s, core_flops, ew_core / t / device.hbm_bw_bytes_per_s
+        return attn_s, core_flops, ew_core / t / device.achieved_hbm_bw_bytes_per_s
 
     def _block_cost(self, ref: LayerRef, shard: Shard, device: Device) -> LayerCost:
         m = self.spec
@@ -732,15 +734,17 @@ class AnalyticModel:
         cast_fwd, cast_bwd = self._cast_s(gemms, device)
         attn_s, core_flops, core_ew_s = self._attention_s(ref, shard, device)
         # Memory-bound elementwise work (norms, residual adds, activation function, dropout,
-        # RoPE, softmax) streams its inputs and outputs through HBM once (roofline model,
-        # Williams et al., CACM 2009); the operator list is Korthikanti et al.'s §4.1.
+        # RoPE, softmax) streams its inputs and outputs through HBM once at the achieved
+        # bandwidth (roofline model, Williams et al., CACM 2009); the operator list is
+        # Korthikanti et al.'s §4.1; each of its kernels pays the fixed per-kernel time.
         ew = elementwise_bytes_per_token(m, ref.moe, p)
         tokens = s_loc * b
         ew_bytes = tokens * (ew[OUTSIDE] / sp_div + ew[INSIDE] / t + ew[REP])
         if m.dropout:
             ew_bytes += 2 * (2 * p + 1) * hsb / sp_div
-        hbm = device.hbm_bw_bytes_per_s
-        ew_s = ew_bytes / hbm + core_ew_s
+        hbm = device.achieved_hbm_bw_bytes_per_s
+        launch_s = elementwise_kernels(m) * device.kernel_overhead_s
+        ew_s = ew_bytes / hbm + core_ew_s + launch_s
         fwd_s = gemm_fwd + cast_fwd + attn_s + ew_s
         bwd_s = gemm_bwd + cast_bwd + 2.0 * attn_s + 2.0 * ew_s
         core_s = attn_s + core_ew_s

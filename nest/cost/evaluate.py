@@ -255,7 +255,7 @@ def _rank_report(
         bwd_s=sum(stages[k].bwd_s for k in ks),
         dp_sync_s=state.sync_s(groups, dense, expert),
         dp_sync_exposed_s=0.0,
-        optimizer_s=state.optimizer_step_s(dense, expert, device.hbm_bw_bytes_per_s),
+        optimizer_s=state.optimizer_step_s(dense, expert, device.achieved_hbm_bw_bytes_per_s),
         memory=memory,
     )
 

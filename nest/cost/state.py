@@ -22,6 +22,11 @@ the weights.
   state (``2 x 12``), reads the gradient and writes the bf16 weight (``g + p``); SGD reads the
   gradient and reads and writes the weight (``g + 2 p``). FP8 training adds the weight's cast
   to FP8 and its transpose (:attr:`ModelState.cast_bytes_per_param`, :mod:`nest.core.precision`).
+  Gradient clipping by the global norm runs before it on the same shard
+  (:data:`CLIP_GRAD_READS`: Megatron-Core ``clip_grad_norm_fp32`` reads every gradient of the
+  shard once for the norm, a multi-tensor L2-norm kernel; its scale pass runs only when the norm
+  exceeds the threshold and is not charged). Both are memory-bound kernels at the device's
+  *achieved* HBM bandwidth (:attr:`nest.core.hardware.Device.achieved_hbm_bw_bytes_per_s`).
 
 Every method is linear in the parameter counts and works on scalars and numpy arrays alike: the
 evaluator calls it on one stage, the DP on a row of candidate stages, the bounds on one
@@ -33,6 +38,13 @@ from dataclasses import dataclass
 
 from nest.core.axes import CollectiveOp, GroupKind, ZeroStage
 from nest.cost.groups import RankGroups
+
+CLIP_GRAD_READS = 1
+"""Passes over the gradient shard gradient clipping makes every iteration: one, the global L2
+norm (Megatron-Core ``megatron/core/optimizer/clip_grads.py``, ``get_grad_norm_fp32``:
+``multi_tensor_l2norm`` over the gradients; ``clip_grad_by_total_norm_fp32`` scales them only
+when ``max_norm / total_norm < 1``). Megatron-LM and NeMo clip by default (``--clip-grad 1.0``,
+``gradient_clip_val: 1.0``)."""
 
 
 def per_param(term: Callable, *args) -> tuple[float, float]:
@@ -123,19 +135,23 @@ class ModelState:
         return self.param_bytes * (self.local_params(dense, expert, False) - own)
 
     def bytes_touched_per_param(self) -> int:
-        """HBM bytes the optimizer step reads and writes per parameter of the shard."""
+        """HBM bytes the optimizer step and gradient clipping read and write per parameter of
+        the shard (module docstring)."""
+        clip = CLIP_GRAD_READS * self.grad_bytes
         if self.optimizer_bytes_per_param == 0:
             # SGD: read g, read and write w
-            return self.grad_bytes + 2 * self.param_bytes + self.cast_bytes_per_param
+            return self.grad_bytes + 2 * self.param_bytes + self.cast_bytes_per_param + clip
         return (
             2 * self.optimizer_bytes_per_param
             + self.grad_bytes
             + self.param_bytes
             + self.cast_bytes_per_param
+            + clip
         )
 
     def optimizer_step_s(self, dense, expert, hbm_bw_bytes_per_s: float):
-        """Seconds of the optimizer step of a device holding these parameters."""
+        """Seconds of the optimizer step (with gradient clipping) of a device holding these
+        parameters, at ``hbm_bw_bytes_per_s`` (the device's achieved HBM bandwidth)."""
         local = self.local_params(dense, expert, self.zero_stage >= 1)
         return local * self.bytes_touched_per_param() / hbm_bw_bytes_per_s
 

@@ -203,7 +203,7 @@ class Floors:
         got = self._min_cache.get(key)
         if got is None:
             state = self.state(dp, cp, ep, zero)
-            hbm = self.cluster.device.hbm_bw_bytes_per_s
+            hbm = self.cluster.device.achieved_hbm_bw_bytes_per_s
             got = self._min_cache[key] = StatePerParam(
                 state_bytes=state.state_bytes_per_param(),
                 gathered_bytes=per_param(state.gathered_bytes),

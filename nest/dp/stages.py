@@ -161,7 +161,7 @@ class StageModel:
         device = cluster.device
         self.capacity_bytes = device.hbm_bytes
         self.reserve_bytes = device.memory_reserve_bytes
-        self.hbm_bw_bytes_per_s = device.hbm_bw_bytes_per_s
+        self.hbm_bw_bytes_per_s = device.achieved_hbm_bw_bytes_per_s
         self.overlap = training.overlap_grad_sync
 
     def _rank_groups(self, devices: np.ndarray, ep: int) -> RankGroups:
