@@ -168,6 +168,7 @@ class TrainingConfig:
     tp_comm_overlap: bool = TRAINING_DEFAULTS["tp_comm_overlap"]
     cp_comm_overlap: bool = TRAINING_DEFAULTS["cp_comm_overlap"]
     ep_comm_overlap: bool = TRAINING_DEFAULTS["ep_comm_overlap"]
+    reshard_after_forward: bool = TRAINING_DEFAULTS["reshard_after_forward"]
     precision: str = TRAINING_DEFAULTS["precision"]
     fp8_recipe: str = TRAINING_DEFAULTS["fp8_recipe"]
     fp8_param_gather: bool = TRAINING_DEFAULTS["fp8_param_gather"]
@@ -802,6 +803,7 @@ def build_training(cfg: Any) -> Training:
         "tp_comm_overlap",
         "cp_comm_overlap",
         "ep_comm_overlap",
+        "reshard_after_forward",
         "fp8_param_gather",
     )
     return Training(

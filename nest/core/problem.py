@@ -107,6 +107,12 @@ class Training:
     ep_comm_overlap: bool = False
     """MoE all-to-all under another microbatch's compute: Megatron-Core's
     ``--overlap-moe-expert-parallel-comm``."""
+    reshard_after_forward: bool = True
+    """ZeRO-3: free the gathered weights after each layer's forward and gather them again for
+    its backward (FSDP2 ``reshard_after_forward=True``, its default; DeepSpeed ZeRO-3). False
+    keeps the stage's gathered weights from the forward to the backward (FSDP2 ``False``,
+    torchtitan ``fsdp_reshard_after_forward = "never"``): no backward gather, the stage's whole
+    weights in memory (:mod:`nest.cost.fsdp`)."""
     precision: str = "bf16"
     """``bf16``, or ``fp8``: the transformer blocks' GEMMs in FP8 (:mod:`nest.core.precision`)."""
     fp8_recipe: str = "delayed"
