@@ -15,6 +15,8 @@ Yuan, JPDC 2009), for ``S`` bytes on a group of ``k0`` devices per node over ``k
 ``(k0-1)/k0 S/B0 + (k0-1) a0 + (k1-1)/k1 (S/k0)/B1 + (k1-1) a1``; all-reduce twice that.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -589,3 +591,25 @@ def test_fsdp_exposed_is_between_zero_and_unoverlapped(layers, reshard, data):
     )
     idle_s = idle.fwd_s(i, n - 1) + idle.bwd_s(i, n - 1)
     assert abs(idle_s - chain.total_s(i, n - 1)) <= 1e-12
+
+
+def test_zero3_without_reshard_after_forward_keeps_the_gathered_weights():
+    """FSDP2 ``reshard_after_forward=False`` (PyTorch ``fully_shard`` docs): the weights gathered
+    in the forward stay until the backward, so the backward gathers nothing (the traffic is one
+    gather and one reduce-scatter per unit, ``2 Psi`` bytes instead of ``3 Psi``) and the stage's
+    whole weights are in memory: ``2 Psi (1 - 1/N_d)`` more weight bytes, none gathered as a
+    transient (the :func:`_zero_case` problem, ``Psi = 667,136``, ``N_d = 4``)."""
+    spec, problem, plan, on = _zero_case(3)
+    training = dataclasses.replace(problem.training, reshard_after_forward=False)
+    kept = dataclasses.replace(problem, training=training)
+    off = evaluate(kept, plan)
+    counts = gpt_params(spec, padded(spec.vocab, 1))
+    units = [counts["embedding"], counts["block"], counts["block"], counts["head"]]
+    assert off.stages[0].zero3_comm_s == approx(sum(_rs_2x2(P * u) + _rs_2x2(G * u) for u in units))
+    psi = _psi(spec)
+    gained = off.ranks[0].memory.weights_bytes - on.ranks[0].memory.weights_bytes
+    assert gained == approx(P * psi * 3 / 4)
+    logits = P * spec.seq_len * padded(spec.vocab, 1)
+    assert off.ranks[0].memory.transient_bytes == approx(logits)
+    assert off.stages[0].bwd_s < on.stages[0].bwd_s
+    assert off.stages[0].fwd_s == approx(on.stages[0].fwd_s)
