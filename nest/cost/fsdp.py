@@ -25,6 +25,15 @@ forward compute ``f_l`` and backward compute ``b_l`` of a stage holding layers `
 
       bwd = gb_j + s_i + sum_{l=i..j} max(0, [l > i] gb_{l-1} + [l < j] s_{l+1} - b_l)
 
+**Prefetch depth.** FSDP2 prefetches a whole unit. DeepSpeed ZeRO-3 fetches ahead at most
+``stage3_prefetch_bucket_size`` parameter elements ("Maximum number of parameter elements to
+fetch ahead of use", default ``5e7``: ``deepspeed/runtime/zero/config.py``), so of a unit of
+``P_l`` parameters only the share ``q_l = min(1, bucket / P_l)`` of its gather can run ahead and
+``u_l = (1 - q_l) g_l`` waits in the open (a GPT-3 175B block: ``q = 5e7 / 1.8e9 = 2.8 %``).
+Each hiding term above becomes ``max(u, comm - compute)`` with ``u`` the unhideable part of the
+gathers in it (reduce-scatters stay fully hideable: DeepSpeed's ``overlap_comm``); ``q = 1``
+gives the formulas above.
+
 Only compute hides communication here (``f_l``, ``b_l``: the layers' GEMM and attention
 kernels; a recomputed forward is not counted as hiding time, which keeps the term independent of
 the recompute mode). Each hiding term is at most the communication it hides, so
@@ -49,31 +58,44 @@ class OverlapChain:
     """Per-layer ZeRO-3 terms of a chain of layers and their hiding sums (module docstring).
 
     ``gather_s[l]``/``scatter_s[l]``: layer ``l``'s all-gather / reduce-scatter seconds;
-    ``bwd_gather_s[l]``: its backward re-gather (``gather_s`` or 0); ``fwd_hidden[k]`` sums
-    ``max(0, g_l - f_{l-1})`` over ``l < k`` (0 for ``l = 0``); ``bwd_inner[k]`` sums the
-    backward's two-sided terms ``max(0, gb_{l-1} + s_{l+1} - b_l)`` over ``1 <= l < k``."""
+    ``bwd_gather_s[l]``: its backward re-gather (``gather_s`` or 0), ``bwd_late_s[l]`` the part
+    of it that cannot be fetched ahead; ``fwd_hidden[k]`` sums ``max(u_l, g_l - f_{l-1})`` over
+    ``1 <= l < k``; ``bwd_inner[k]`` sums the backward's two-sided terms
+    ``max(ub_{l-1}, gb_{l-1} + s_{l+1} - b_l)`` over ``1 <= l < k``."""
 
     gather_s: np.ndarray
     scatter_s: np.ndarray
     bwd_gather_s: np.ndarray
+    bwd_late_s: np.ndarray
     bwd_compute_s: np.ndarray
     fwd_hidden: np.ndarray
     bwd_inner: np.ndarray
 
     @classmethod
     def build(
-        cls, gather_s, scatter_s, fwd_compute_s, bwd_compute_s, *, reshard_after_forward: bool
+        cls,
+        gather_s,
+        scatter_s,
+        fwd_compute_s,
+        bwd_compute_s,
+        *,
+        reshard_after_forward: bool,
+        prefetch_share=1.0,
     ) -> "OverlapChain":
+        """``prefetch_share``: per layer (or one for all) the share ``q_l`` of its gather that
+        can be fetched ahead (module docstring, prefetch depth)."""
         g = np.asarray(gather_s, dtype=float)
         s = np.asarray(scatter_s, dtype=float)
         f = np.asarray(fwd_compute_s, dtype=float)
         b = np.asarray(bwd_compute_s, dtype=float)
         gb = g if reshard_after_forward else np.zeros_like(g)
+        q = np.broadcast_to(np.asarray(prefetch_share, dtype=float), g.shape)
+        late, late_b = (1.0 - q) * g, (1.0 - q) * gb  # what cannot be fetched ahead
         fwd_terms = np.zeros_like(g)
-        fwd_terms[1:] = np.maximum(0.0, g[1:] - f[:-1])
+        fwd_terms[1:] = np.maximum(late[1:], g[1:] - f[:-1])
         inner = np.zeros_like(g)
-        inner[1:-1] = np.maximum(0.0, gb[:-2] + s[2:] - b[1:-1])
-        return cls(g, s, gb, b, _prefix(fwd_terms), _prefix(inner))
+        inner[1:-1] = np.maximum(late_b[:-2], gb[:-2] + s[2:] - b[1:-1])
+        return cls(g, s, gb, late_b, b, _prefix(fwd_terms), _prefix(inner))
 
     def fwd_s(self, i: int, j):
         """Exposed forward ZeRO-3 seconds of a stage ``i..j`` (``j`` an int or an array of last
@@ -89,7 +111,7 @@ class OverlapChain:
         i1 = min(i + 1, len(s) - 1)
         ends = (
             np.maximum(0.0, s[i1] - b[i])  # layer i hides layer i+1's reduce-scatter
-            + np.maximum(0.0, gb[jm] - b[j])  # layer j hides layer j-1's gather
+            + np.maximum(self.bwd_late_s[jm], gb[jm] - b[j])  # layer j hides j-1's gather
             + self.bwd_inner[np.maximum(j, i + 1)]
             - self.bwd_inner[i + 1]
         )

@@ -72,6 +72,9 @@ class ModelState:
     reshard_after_forward: bool = True
     """ZeRO-3 re-gathers the weights for the backward (:attr:`nest.core.problem.Training.
     reshard_after_forward`)."""
+    prefetch_params: float | None = None
+    """ZeRO-3: parameter elements fetched ahead of use (DeepSpeed ``stage3_prefetch_bucket_size``;
+    None: a whole unit, FSDP2); :mod:`nest.cost.fsdp`."""
 
     @classmethod
     def of(cls, problem, *, zero_stage: int, dp: int, cp: int, ep: int) -> "ModelState":
@@ -87,6 +90,7 @@ class ModelState:
             gather_bytes=numerics.gathered_param_bytes,
             cast_bytes_per_param=numerics.weight_cast_bytes_per_param,
             reshard_after_forward=training.reshard_after_forward,
+            prefetch_params=training.zero3_prefetch_params,
         )
 
     @property
@@ -209,14 +213,18 @@ class ModelState:
     ) -> OverlapChain:
         """The per-layer ZeRO-3 overlap terms of a chain of layers (arrays of their parameters
         and compute seconds, one entry per layer): :class:`nest.cost.fsdp.OverlapChain`."""
-        gather, scatter = self.zero3_layer_s(
-            groups, np.asarray(dense, dtype=float), np.asarray(expert, dtype=float)
-        )
+        dense, expert = np.asarray(dense, dtype=float), np.asarray(expert, dtype=float)
+        gather, scatter = self.zero3_layer_s(groups, dense, expert)
         n = len(fwd_compute_s)
+        share = 1.0
+        if self.prefetch_params is not None:
+            params = dense + expert
+            share = np.minimum(1.0, self.prefetch_params / np.maximum(params, 1.0))
         return OverlapChain.build(
             np.broadcast_to(gather, (n,)),
             np.broadcast_to(scatter, (n,)),
             fwd_compute_s,
             bwd_compute_s,
             reshard_after_forward=self.reshard_after_forward,
+            prefetch_share=share,
         )
