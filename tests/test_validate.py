@@ -140,10 +140,14 @@ LLAMA3_WHY = (
     "real schedule does not have under-predicts every row"
 )
 SC21_T2_WHY = (
-    "ZeRO-3 rows over-predicted 1.4-3x: DeepSpeed 2021's per-parameter gathers are slower "
-    "than the bandwidth-bound collectives modelled"
+    "ZeRO-3 rows over-predicted up to 3x (+203 % on 1536 GPUs): the measured step (66 s) is 4x "
+    "its compute (16 s) while the modelled gathers and reduce-scatters take 10 s even with "
+    "DeepSpeed's 5e7-element prefetch bucket leaving most of each gather exposed; DeepSpeed "
+    "2021's ZeRO-3 ran slower than the bandwidth-bound collectives modelled"
 )
-AUTOMODEL_WHY = "FSDP2 prefetches the ZeRO-3 gathers the model charges as exposed"
+AUTOMODEL_WHY = (
+    "FSDP2's gathers are now prefetched (nest.cost.fsdp) and the row is over-predicted by 12.0 %"
+)
 PAIRS_WHY = (
     "Grok-1's FP8 rows predicted 20-22 % fast (its BF16 rows 11 %): the model's FP8 speed-up of "
     "the MoE blocks is larger than measured"
@@ -185,15 +189,15 @@ MBRIDGE_WHY = (
         SC21_T1,
         MEGATRON,
         pytest.param(LLAMA3, marks=_unmet("source median <= 10 %", "15.5 %", LLAMA3_WHY)),
-        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "12.0 %", SC21_T2_WHY)),
-        pytest.param(AUTOMODEL, marks=_unmet("source median <= 10 %", "30.5 %", AUTOMODEL_WHY)),
+        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "14.7 %", SC21_T2_WHY)),
+        pytest.param(AUTOMODEL, marks=_unmet("source median <= 10 %", "12.0 %", AUTOMODEL_WHY)),
         PAIRS,
         pytest.param(DSV3, marks=_unmet("source median <= 10 %", "48.2 %", DSV3_WHY)),
         pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "93.9 %", MBRIDGE_WHY)),
         pytest.param(GB200_PAIRS, marks=_unmet("source median <= 10 %", "17.0 %", GB200_WHY)),
         pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "26.2 %", BLACKWELL_WHY)),
-        pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "36.3 %", TPU_WHY)),
-        pytest.param(TPU_V5P, marks=_unmet("source median <= 10 %", "23.6 %", TPU_WHY)),
+        pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "28.6 %", TPU_WHY)),
+        pytest.param(TPU_V5P, marks=_unmet("source median <= 10 %", "21.6 %", TPU_WHY)),
         pytest.param(MI355X, marks=_unmet("source median <= 10 %", "13.5 %", MI355X_WHY)),
     ],
 )
@@ -215,15 +219,15 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
             ),
         ),
         pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "31.5 %", LLAMA3_WHY)),
-        pytest.param(SC21_T2, marks=_unmet("max <= 15 %", "166 %", SC21_T2_WHY)),
-        pytest.param(AUTOMODEL, marks=_unmet("max <= 15 %", "30.5 %", AUTOMODEL_WHY)),
+        pytest.param(SC21_T2, marks=_unmet("max <= 15 %", "203 %", SC21_T2_WHY)),
+        AUTOMODEL,
         pytest.param(PAIRS, marks=_unmet("max <= 15 %", "21.7 %", PAIRS_WHY)),
         pytest.param(DSV3, marks=_unmet("max <= 15 %", "48.2 %", DSV3_WHY)),
         pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "184 %", MBRIDGE_WHY)),
         pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "30.1 %", GB200_WHY)),
         pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "318 %", BLACKWELL_WHY)),
-        pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "37.3 %", TPU_WHY)),
-        pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "44.7 %", TPU_WHY)),
+        pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "35.0 %", TPU_WHY)),
+        pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "44.1 %", TPU_WHY)),
         MI355X,
     ],
 )
@@ -250,9 +254,9 @@ def test_accuracy_max_within_15_percent(summary):
 @_unmet(
     "3D parallelism predicted above ZeRO-3 at every scale, as measured "
     "(docs/trust/fidelity.md, Ranking)",
-    "ZeRO-3 predicted above at the smallest scale of both sweeps (175B on 384 GPUs: 165.5 vs "
-    "141.8 TFLOP/s, measured 144 vs 153; 530B: 168.7 on 640 vs 157.7 on 560, measured 138 vs "
-    "171)",
+    "ZeRO-3 predicted above at every 175B scale (384 GPUs: 173.3 vs 141.8 TFLOP/s, measured 144 "
+    "vs 153; 1536: 133.2 vs 129.6, measured 44 vs 141) and at 530B's smallest (176.7 on 640 vs "
+    "157.7 on 560, measured 138 vs 171)",
     SC21_T2_WHY,
 )
 def test_accuracy_3d_parallelism_ranked_above_zero3_at_every_scale():
@@ -279,15 +283,15 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     SC21_T1: (30, 0.085, 0.127, -0.085),
     MEGATRON: (27, 0.038, 0.462, -0.026),
     LLAMA3: (3, 0.155, 0.315, -0.155),
-    SC21_T2: (12, 0.120, 1.656, 0.038),
-    AUTOMODEL: (1, 0.305, 0.305, -0.305),
+    SC21_T2: (12, 0.147, 2.027, 0.065),
+    AUTOMODEL: (1, 0.120, 0.120, 0.120),
     PAIRS: (30, 0.070, 0.217, -0.053),
     DSV3: (1, 0.482, 0.482, 0.482),
     MBRIDGE: (2, 0.939, 1.841, 0.903),
     GB200_PAIRS: (30, 0.170, 0.301, -0.170),
     BLACKWELL: (9, 0.262, 3.182, 0.262),
-    TPU_V5E: (4, 0.363, 0.373, -0.363),
-    TPU_V5P: (8, 0.236, 0.447, -0.236),
+    TPU_V5E: (4, 0.286, 0.350, -0.286),
+    TPU_V5P: (8, 0.216, 0.441, -0.216),
     MI355X: (1, 0.135, 0.135, 0.135),
 }
 
@@ -306,52 +310,51 @@ def test_regression_errors_per_source_pin_the_current_model(summary, source):
 
 def test_regression_sc21_table2_kendall_tau_pins_the_current_model(summary):
     """Pins the current model's ranking of SC21 Table 2's two sweeps (six configurations each),
-    not an accuracy target: Kendall tau +0.73 (175B: 11 of 15 pairs ordered as measured) and
-    +0.60 (530B: 12 of 15)."""
+    not an accuracy target: Kendall tau +0.20 (175B: 9 of 15 pairs ordered as measured) and
+    +0.47 (530B: 11 of 15). Prefetching the ZeRO-3 gathers (nest.cost.fsdp) moved the ZeRO-3
+    rows up, past PTD-P rows that ran faster (it was +0.73 and +0.60 with every gather exposed)."""
     sweeps = summary["sweeps"]
     assert set(sweeps) == {"SC21_Table2_174.6B", "SC21_Table2_529.6B"}
     assert all(s["n"] == 6 for s in sweeps.values())
-    assert sweeps["SC21_Table2_174.6B"]["kendall_tau"] == pytest.approx(11 / 15)
-    assert sweeps["SC21_Table2_529.6B"]["kendall_tau"] == pytest.approx(9 / 15)
+    assert sweeps["SC21_Table2_174.6B"]["kendall_tau"] == pytest.approx(3 / 15)
+    assert sweeps["SC21_Table2_529.6B"]["kendall_tau"] == pytest.approx(7 / 15)
 
 
 def test_at_the_micro_benchmark_ceiling_every_source_is_over_predicted():
     """Why the presets' GEMM level is an assumption below the cited ceiling: with every kernel at
     its isolated micro-benchmark rate (``--matmul-efficiency ceiling``) the model predicts more
     throughput than measured for every Megatron or DeepSpeed source (median signed error > 0:
-    SC21 Table 1 +13.8 %, Megatron-Core H100 +16.7 %, Llama 3 +0.2 %, SC21 Table 2 +30.9 %), so
-    kernels inside a training step run slower than in isolation; at the assumed 0.65 no source is
-    over-predicted by more than 12 % at the median. The FSDP2 row (NeMo Automodel) is left out of
-    the first claim: its error is the exposed ZeRO-3 gathers (see the next test), not the GEMM
-    rate, and it stays under-predicted at the ceiling (-21.8 %). The claim is about the BF16
-    sources it was made on (``ORIGINAL``); the FP8 and new-shape sources score step times, whose
-    error has the other sign."""
+    SC21 Table 1 +13.8 %, Megatron-Core H100 +16.7 %, Llama 3 +0.2 %, SC21 Table 2 +35.2 %, the
+    FSDP2 row +26.4 % now that its gathers are prefetched), so kernels inside a training step run
+    slower than in isolation; at the assumed 0.65 no source is over-predicted by more than 12 % at
+    the median. The claim is about the BF16 sources it was made on (``ORIGINAL``); the FP8 and
+    new-shape sources score step times, whose error has the other sign."""
     at_ceiling = validate.run(CASES, None, echo=lambda _: None, matmul_efficiency="ceiling")
-    kernel_bound = {k: at_ceiling["by_source"][k] for k in ORIGINAL if k != AUTOMODEL}
-    assert len(kernel_bound) == 4
+    kernel_bound = {k: at_ceiling["by_source"][k] for k in ORIGINAL}
+    assert len(kernel_bound) == 5
     assert all(s["median_error"] > 0 for s in kernel_bound.values())
     default = validate.run(CASES, None, echo=lambda _: None)
     assert all(default["by_source"][k]["median_error"] < 0.12 for k in ORIGINAL)
 
 
-def test_fsdp2_run_is_under_predicted_by_its_exposed_gathers(summary):
-    """NeMo Automodel's Llama3 70B on 64 H100 (FSDP2 over 32 ranks x CP 2, BF16): 866.77 tokens/s
-    per GPU measured, 602 predicted (-30.5 %). nest charges ZeRO-3's per-microbatch parameter
-    all-gathers and gradient reduce-scatters as exposed, while FSDP2 prefetches the gathers under
-    compute (the row's ``fsdp2_prefetch``): that traffic is what the model adds, since the row
-    without it (compute, recompute and the CP ring alone) would run faster than measured.
-    (Its error is pinned by the regression table.)"""
+def test_fsdp2_run_within_15_percent_once_its_gathers_are_prefetched(summary):
+    """NeMo Automodel's Llama3 70B on 64 H100 (FSDP2 over 32 ranks x CP 2, BF16, the row's
+    ``fsdp2_prefetch``): 866.77 tokens/s per GPU measured. With every ZeRO-3 gather and
+    reduce-scatter exposed the model predicted 602 (-30.5 %); FSDP2 prefetches each layer's
+    gather under the previous layer's compute and reduce-scatters under the next backward
+    (:mod:`nest.cost.fsdp`), and the issue's target for this row is 15 %. The prefetch is what
+    closes the gap: the same row with nothing hidden is still more than 15 % slow."""
     s = summary["by_source"][AUTOMODEL]
-    assert s["n"] == 1 and s["median_error"] < 0
+    assert s["n"] == 1 and s["max_abs_error"] <= TARGET_MAX
     row = _case(AUTOMODEL, "70.6")
     problem, plan = validate.problem_and_plan(row)
     report = evaluate(problem, plan)
     (stage,) = report.stages
-    assert stage.zero3_comm_s > 0
-    without_zero3_s = report.iteration_time_s - plan.num_microbatches * stage.zero3_comm_s
+    assert 0 < stage.zero3_exposed_s < stage.zero3_comm_s
+    hidden_s = plan.num_microbatches * (stage.zero3_comm_s - stage.zero3_exposed_s)
     tokens = problem.training.global_batch * problem.model.seq_len
-    measured = float(row["measured_value"])
-    assert tokens / without_zero3_s / report.devices_used > measured
+    exposed = tokens / (report.iteration_time_s + hidden_s) / report.devices_used
+    assert exposed < (1 - TARGET_MAX) * float(row["measured_value"])
 
 
 def test_bad_matmul_efficiency_flag_is_one_line_error(capsys, tmp_path):
