@@ -168,9 +168,9 @@ BLACKWELL_WHY = (
     "Qwen3-235B-A22B on 64 B200 +125 %, DeepSeek-V3 +39 %; the 8B and 405B rows +6 to +19 %"
 )
 TPU_WHY = (
-    "every row predicted slow (v5e -31 to -37 %, v5p -20 to -45 %): the published MFU is 55-71 "
+    "every row predicted slow (v5e -23 to -35 %, v5p -17 to -44 %): the published MFU is 55-71 "
     "%, above the assumed in-step GEMM rate of 0.65 of the peak (the TPU presets cite no GEMM "
-    "micro-benchmark, so their ceiling is the peak: at it the medians are 10.8 and 9.3 %), and the "
+    "micro-benchmark, so their ceiling is the peak: at it the medians are 10.9 and 14.2 %), and the "
     "ici_tensor rows' TP collectives are charged as exposed"
 )
 MI355X_WHY = (
