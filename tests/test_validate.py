@@ -35,9 +35,9 @@ def test_every_case_is_predicted_and_fits(summary):
     (Megatron-Core's MoE parallel folding) and the 28 multislice MaxText runs (ZeRO-3 within a
     slice, data parallel across slices), which nest cannot shard so and refuses rather than score
     as something else."""
-    assert summary["cases"] == 194
+    assert summary["cases"] == 199
     refused = sum(ETP_REFUSED.values()) + sum(HYBRID_REFUSED.values())
-    assert summary["predicted"] == 194 - refused == 158
+    assert summary["predicted"] == 199 - refused == 163
     assert summary["out_of_memory"] == 9
 
 
@@ -127,6 +127,7 @@ BLACKWELL = "MegatronBridge_perf_Blackwell"
 TPU_V5E = "MaxText_TPU_v5e_README"
 TPU_V5P = "MaxText_TPU_v5p_README"
 MI355X = "MLPerf_Training_v5.1_AMD_MI355X"
+TORCHTITAN = "torchtitan_performance_A100_FSDP2"
 ORIGINAL = (SC21_T1, MEGATRON, LLAMA3, SC21_T2, AUTOMODEL)
 """The sources of the BF16 cost model (v2), before FP8 and the new shapes."""
 
@@ -177,6 +178,11 @@ MI355X_WHY = (
     "Llama 3.1 8B FP8 on 8 MI355X predicted 13.5 % faster than the MLPerf run, as the same "
     "model's FP8 rows on B200 and GB200 (+6 and +13.5 %)"
 )
+TORCHTITAN_WHY = (
+    "the two 'selective op' rows over-predicted (Llama 3 8B +14.8 %, Llama 2 13B +18.0 %): "
+    "torchtitan's op-level checkpointing recomputes every second matmul, scored as nest's "
+    "selective recompute, which recomputes none; the full and no-recompute rows are -3.8 to +5.2 %"
+)
 MBRIDGE_WHY = (
     "Qwen3-30B-A3B PP2 VP24 (25.11) predicted at 2.8x the measured throughput (and 8 GiB over "
     "memory), the PP1 EP16 run (26.06) within 4 %"
@@ -199,6 +205,7 @@ MBRIDGE_WHY = (
         pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "28.6 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("source median <= 10 %", "21.6 %", TPU_WHY)),
         pytest.param(MI355X, marks=_unmet("source median <= 10 %", "13.5 %", MI355X_WHY)),
+        TORCHTITAN,
     ],
 )
 def test_accuracy_no_source_median_above_10_percent(summary, source):
@@ -229,6 +236,7 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "35.0 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "44.1 %", TPU_WHY)),
         MI355X,
+        pytest.param(TORCHTITAN, marks=_unmet("max <= 15 %", "18.0 %", TORCHTITAN_WHY)),
     ],
 )
 def test_accuracy_every_source_max_within_15_percent(summary, source):
@@ -237,7 +245,7 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
 
 @_unmet(
     "median <= 5 % over all cases",
-    "12.4 %",
+    "12.0 %",
     "SC21 Table 1's 30 A100 rows (2021 software, no FlashAttention) run 4-13 % faster than "
     f"predicted at the assumed in-step GEMM rate of 0.65; the GB200 pairs: {GB200_WHY}; the TPU "
     f"rows: {TPU_WHY}",
@@ -293,6 +301,7 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     TPU_V5E: (4, 0.286, 0.350, -0.286),
     TPU_V5P: (8, 0.216, 0.441, -0.216),
     MI355X: (1, 0.135, 0.135, 0.135),
+    TORCHTITAN: (5, 0.052, 0.180, 0.052),
 }
 
 
