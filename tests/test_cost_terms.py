@@ -564,6 +564,11 @@ def test_fsdp_prefetch_overlap_worked_example():
     # a short middle backward (b_1 = 0.5) leaves gb_0 + s_2 - b_1 = 3 + 2 - 0.5 exposed
     slow = OverlapChain.build(*args[:3], (2, 0.5, 4), reshard_after_forward=True)
     assert slow.bwd_s(0, 2) == 9 + 4.5
+    # DeepSpeed's prefetch bucket: only q = (1, 0.5, 0.5) of each gather can run ahead, so
+    # u = (0, 1, 2.5) waits in the open: forward 3 + max(1, 2 - 1) + max(2.5, 5 - 4) = 6.5;
+    # backward 9 + layer 2 max(ub_1 = 1, 2 - 4) + layer 1 max(ub_0 = 0, 5 - 8) = 10
+    bucket = OverlapChain.build(*args, reshard_after_forward=True, prefetch_share=(1, 0.5, 0.5))
+    assert bucket.fwd_s(0, 2) == 6.5 and bucket.bwd_s(0, 2) == 10
 
 
 @given(
@@ -576,7 +581,8 @@ def test_fsdp_exposed_is_between_zero_and_unoverlapped(layers, reshard, data):
     ``0 <= exposed <= all gathers and scatters`` on every interval, the rows (the DP's form)
     equal the scalars (the evaluator's), and compute never adds exposed time."""
     g, s, f, b = (np.array(col) for col in zip(*layers, strict=True))
-    chain = OverlapChain.build(g, s, f, b, reshard_after_forward=reshard)
+    share = data.draw(st.sampled_from([1.0, 0.0, 0.3]))
+    chain = OverlapChain.build(g, s, f, b, reshard_after_forward=reshard, prefetch_share=share)
     n = len(g)
     i = data.draw(st.integers(0, n - 1))
     js = np.arange(i, n)
@@ -585,7 +591,9 @@ def test_fsdp_exposed_is_between_zero_and_unoverlapped(layers, reshard, data):
         exposed = chain.fwd_s(i, j) + chain.bwd_s(i, j)
         assert abs(exposed - rows[j - i]) <= 1e-12
         assert -1e-12 <= exposed <= chain.total_s(i, j) + 1e-12
-    idle = OverlapChain.build(g, s, 0 * f, 0 * b, reshard_after_forward=reshard)
+    idle = OverlapChain.build(
+        g, s, 0 * f, 0 * b, reshard_after_forward=reshard, prefetch_share=share
+    )
     assert chain.fwd_s(i, n - 1) + chain.bwd_s(i, n - 1) <= (
         idle.fwd_s(i, n - 1) + idle.bwd_s(i, n - 1) + 1e-12
     )

@@ -171,8 +171,8 @@ BLACKWELL_WHY = (
 TPU_WHY = (
     "every row predicted slow (v5e -23 to -35 %, v5p -17 to -44 %): the published MFU is 55-71 "
     "%, above the assumed in-step GEMM rate of 0.65 of the peak (the TPU presets cite no GEMM "
-    "micro-benchmark, so their ceiling is the peak: at it the medians are 10.9 and 14.2 %), and the "
-    "ici_tensor rows' TP collectives are charged as exposed"
+    "micro-benchmark, so their ceiling is the peak: at it the medians are 10.9 and 14.2 %), and "
+    "the ici_tensor rows' TP collectives are charged as exposed"
 )
 MI355X_WHY = (
     "Llama 3.1 8B FP8 on 8 MI355X predicted 13.5 % faster than the MLPerf run, as the same "
