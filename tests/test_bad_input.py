@@ -199,6 +199,11 @@ USER_ERRORS = [
     ("rank-order-axis", [*FIXED, "solver.rank_order=[tp,xx]"], ["'xx'", "permutation"]),
     ("rank-order-twice", [*FIXED, "solver.rank_order=[tp,tp]"], ["'tp' twice"]),
     ("megatron-zero-stage", ["solver.zero_stage=7"], ["zero_stage=7"]),
+    (
+        "zero3-prefetch-params",
+        [*FIXED, "training.zero3_prefetch_params=0.5"],
+        ["zero3_prefetch_params=0.5", "null"],
+    ),
 ]
 
 

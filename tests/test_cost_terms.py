@@ -15,12 +15,18 @@ Yuan, JPDC 2009), for ``S`` bytes on a group of ``k0`` devices per node over ``k
 ``(k0-1)/k0 S/B0 + (k0-1) a0 + (k1-1)/k1 (S/k0)/B1 + (k1-1) a1``; all-reduce twice that.
 """
 
+import dataclasses
+
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from baselines.fixed import FixedPlanner
 from nest.core.axes import Recompute, Schedule
 from nest.core.layers import LayerCost, Shard
 from nest.cost import evaluate
+from nest.cost.fsdp import OverlapChain
 from nest.cost.memory import peak_bytes
 from nest.cost.pipeline import exposed_sync_s, in_flight_microbatches, pipeline_time_s
 from nest.cost.state import ModelState
@@ -113,16 +119,24 @@ def test_dp_sync_per_zero_stage(zero_stage):
     assert r.ranks[0].dp_sync_s == approx(sync)
     if zero_stage in (1, 2):  # ZeRO §7.2.1: P_os and P_os+g move what the all-reduce moves
         assert r.ranks[0].dp_sync_s == approx(all_reduce)
-    zero3 = ag + ag + rs if zero_stage == 3 else 0.0
-    assert r.stages[0].zero3_comm_s == approx(zero3)
-    if zero_stage == 3:  # ZeRO §7.2.2: 3 Psi against 2 Psi
-        assert r.stages[0].zero3_comm_s == approx(1.5 * all_reduce)
-    # the stage pays the forward gather in its forward, re-gather and scatter in its backward
+    # FSDP gathers and reduce-scatters each layer as one collective (one latency step each)
+    counts = gpt_params(spec, padded(spec.vocab, 1))
+    units = [counts["embedding"], counts["block"], counts["block"], counts["head"]]
+    zero3 = sum(2 * _rs_2x2(P * u) + _rs_2x2(G * u) for u in units)
+    assert r.stages[0].zero3_comm_s == approx(zero3 if zero_stage == 3 else 0.0)
+    if zero_stage == 3:  # ZeRO §7.2.2: 3 Psi against 2 Psi, plus the per-unit latencies
+        extra_latency_s = 3 * (len(units) - 1) * 11e-6
+        assert r.stages[0].zero3_comm_s == approx(1.5 * all_reduce + extra_latency_s)
+    # the stage pays what prefetching leaves of its gathers and scatters (nest.cost.fsdp): at
+    # least the first layer's gather, the last one's re-gather and the first one's scatter
     s0 = r.stages[0]
-    compute_f = s0.compute_fwd_s
-    compute_b = s0.compute_bwd_s + s0.recompute_s
-    assert s0.fwd_s == approx(compute_f + (ag if zero_stage == 3 else 0.0))
-    assert s0.bwd_s == approx(compute_b + (ag + rs if zero_stage == 3 else 0.0))
+    compute = s0.compute_fwd_s + s0.compute_bwd_s + s0.recompute_s
+    assert s0.fwd_s + s0.bwd_s == approx(compute + s0.zero3_exposed_s)
+    if zero_stage == 3:
+        unhidden_s = _rs_2x2(P * units[0]) + _rs_2x2(G * units[0]) + _rs_2x2(P * units[-1])
+        assert unhidden_s < s0.zero3_exposed_s <= s0.zero3_comm_s
+    else:
+        assert s0.zero3_exposed_s == 0.0
     # optimizer step: Adam reads and writes 12 bytes of fp32 state, reads the gradient, writes
     # the weight (2 x 12 + 2 + 2 bytes per parameter of the device's shard), after gradient
     # clipping's norm pass reads the gradient once more (Megatron-Core clip_grads.py), at HBM
@@ -529,3 +543,83 @@ def test_recompute_buffer_adds_to_the_layers_own_transient(mode):
         gathered = P * 1e3 * (1 - 1 / n) if zero == 3 else 0.0
         assert peak_bytes(cost, mode, True, state) == approx(250.0 + 1000.0 - act[mode] + gathered)
         assert peak_bytes(cost, mode, False, state) == approx(250.0 + gathered)
+
+
+def test_fsdp_prefetch_overlap_worked_example():
+    """The overlap formula of :mod:`nest.cost.fsdp` (FSDP2 forward/backward prefetch, Zhao et
+    al., VLDB 2023, §3.3) on three layers worked by hand: gathers ``g = (3, 2, 5)``, reduce-
+    scatters ``s = (4, 1, 2)``, forward compute ``f = (1, 4, 2)``, backward ``b = (2, 8, 4)``.
+    Forward: ``g_0 + max(0, g_1 - f_0) + max(0, g_2 - f_1) = 3 + 1 + 1 = 5``. Backward with
+    resharding: ``gb_2 + s_0 = 5 + 4`` exposed, layer 2 hides ``gb_1 = 2`` (``max(0, 2 - 4) =
+    0``), layer 1 hides ``gb_0 + s_2 = 5`` (``max(0, 5 - 8) = 0``), layer 0 hides ``s_1 = 1``
+    (``max(0, 1 - 2) = 0``): 9. Without resharding no backward gathers: ``s_0 = 4``, layer 1
+    hides ``s_2 = 2`` and layer 0 ``s_1``: 4."""
+    args = ((3, 2, 5), (4, 1, 2), (1, 4, 2), (2, 8, 4))
+    on = OverlapChain.build(*args, reshard_after_forward=True)
+    off = OverlapChain.build(*args, reshard_after_forward=False)
+    assert on.fwd_s(0, 2) == 5 and off.fwd_s(0, 2) == 5
+    assert on.bwd_s(0, 2) == 9
+    assert off.bwd_s(0, 2) == 4
+    assert on.total_s(0, 2) == 10 + 7 + 10 and off.total_s(0, 2) == 10 + 7
+    # a one-layer stage hides nothing; the middle layer alone: g_1 + gb_1 + s_1
+    assert on.fwd_s(1, 1) + on.bwd_s(1, 1) == 2 + 2 + 1
+    # a short middle backward (b_1 = 0.5) leaves gb_0 + s_2 - b_1 = 3 + 2 - 0.5 exposed
+    slow = OverlapChain.build(*args[:3], (2, 0.5, 4), reshard_after_forward=True)
+    assert slow.bwd_s(0, 2) == 9 + 4.5
+    # DeepSpeed's prefetch bucket: only q = (1, 0.5, 0.5) of each gather can run ahead, so
+    # u = (0, 1, 2.5) waits in the open: forward 3 + max(1, 2 - 1) + max(2.5, 5 - 4) = 6.5;
+    # backward 9 + layer 2 max(ub_1 = 1, 2 - 4) + layer 1 max(ub_0 = 0, 5 - 8) = 10
+    bucket = OverlapChain.build(*args, reshard_after_forward=True, prefetch_share=(1, 0.5, 0.5))
+    assert bucket.fwd_s(0, 2) == 6.5 and bucket.bwd_s(0, 2) == 10
+
+
+@given(
+    st.lists(st.tuples(*[st.floats(0, 10, allow_nan=False)] * 4), min_size=1, max_size=8),
+    st.booleans(),
+    st.data(),
+)
+def test_fsdp_exposed_is_between_zero_and_unoverlapped(layers, reshard, data):
+    """Each hiding term of :mod:`nest.cost.fsdp` is at most the communication it hides:
+    ``0 <= exposed <= all gathers and scatters`` on every interval, the rows (the DP's form)
+    equal the scalars (the evaluator's), and compute never adds exposed time."""
+    g, s, f, b = (np.array(col) for col in zip(*layers, strict=True))
+    share = data.draw(st.sampled_from([1.0, 0.0, 0.3]))
+    chain = OverlapChain.build(g, s, f, b, reshard_after_forward=reshard, prefetch_share=share)
+    n = len(g)
+    i = data.draw(st.integers(0, n - 1))
+    js = np.arange(i, n)
+    rows = chain.fwd_s(i, js) + chain.bwd_s(i, js)
+    for j in js:
+        exposed = chain.fwd_s(i, j) + chain.bwd_s(i, j)
+        assert abs(exposed - rows[j - i]) <= 1e-12
+        assert -1e-12 <= exposed <= chain.total_s(i, j) + 1e-12
+    idle = OverlapChain.build(
+        g, s, 0 * f, 0 * b, reshard_after_forward=reshard, prefetch_share=share
+    )
+    assert chain.fwd_s(i, n - 1) + chain.bwd_s(i, n - 1) <= (
+        idle.fwd_s(i, n - 1) + idle.bwd_s(i, n - 1) + 1e-12
+    )
+    idle_s = idle.fwd_s(i, n - 1) + idle.bwd_s(i, n - 1)
+    assert abs(idle_s - chain.total_s(i, n - 1)) <= 1e-12
+
+
+def test_zero3_without_reshard_after_forward_keeps_the_gathered_weights():
+    """FSDP2 ``reshard_after_forward=False`` (PyTorch ``fully_shard`` docs): the weights gathered
+    in the forward stay until the backward, so the backward gathers nothing (the traffic is one
+    gather and one reduce-scatter per unit, ``2 Psi`` bytes instead of ``3 Psi``) and the stage's
+    whole weights are in memory: ``2 Psi (1 - 1/N_d)`` more weight bytes, none gathered as a
+    transient (the :func:`_zero_case` problem, ``Psi = 667,136``, ``N_d = 4``)."""
+    spec, problem, plan, on = _zero_case(3)
+    training = dataclasses.replace(problem.training, reshard_after_forward=False)
+    kept = dataclasses.replace(problem, training=training)
+    off = evaluate(kept, plan)
+    counts = gpt_params(spec, padded(spec.vocab, 1))
+    units = [counts["embedding"], counts["block"], counts["block"], counts["head"]]
+    assert off.stages[0].zero3_comm_s == approx(sum(_rs_2x2(P * u) + _rs_2x2(G * u) for u in units))
+    psi = _psi(spec)
+    gained = off.ranks[0].memory.weights_bytes - on.ranks[0].memory.weights_bytes
+    assert gained == approx(P * psi * 3 / 4)
+    logits = P * spec.seq_len * padded(spec.vocab, 1)
+    assert off.ranks[0].memory.transient_bytes == approx(logits)
+    assert off.stages[0].bwd_s < on.stages[0].bwd_s
+    assert off.stages[0].fwd_s == approx(on.stages[0].fwd_s)

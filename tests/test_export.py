@@ -204,6 +204,13 @@ def test_torchtitan_fsdp_plan(problem):
     )
     assert zero3["parallelism"]["fsdp_reshard_after_forward"] == "always"
     assert zero3["training"]["local_batch_size"] == 1  # one microbatch per accumulation step
+    # FSDP2 reshard_after_forward=False: torchtitan's "never" (nest.core.problem.Training)
+    training = dataclasses.replace(problem.training, reshard_after_forward=False)
+    kept = dataclasses.replace(problem, training=training)
+    zero3_kept = toml_of(
+        export_plan(kept, fixed(kept, tp=2, pp=1, dp=8, zero_stage=3), "torchtitan")
+    )
+    assert zero3_kept["parallelism"]["fsdp_reshard_after_forward"] == "never"
 
 
 def test_torchtitan_zero1_without_pipelining_exports_the_better_of_fsdp_modes(problem):

@@ -57,8 +57,11 @@ def best_megatron_runs(problem) -> float | None:
 
 
 # (seed, HBM GiB) of random problems where memory is tight enough that the unrestricted optimum
-# mixes recompute modes (found by drawing seeds and memories; the oracle gives the expectation)
-BINDING = [(2, 0.008), (98, 0.008), (124, 0.004), (127, 0.004), (139, 0.004), (143, 0.008)]
+# mixes recompute modes (found by drawing seeds and memories; the oracle gives the expectation).
+# (124, 0.004) left the list when ZeRO-3's gathers became prefetched (nest.cost.fsdp): its
+# unrestricted optimum is now a plan Megatron runs as is, so the restriction no longer binds
+# there; it binds at (147, 0.004), drawn in its place.
+BINDING = [(2, 0.008), (98, 0.008), (127, 0.004), (139, 0.004), (143, 0.008), (147, 0.004)]
 
 
 @pytest.mark.parametrize("seed, hbm_gib", BINDING)

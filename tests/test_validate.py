@@ -35,9 +35,9 @@ def test_every_case_is_predicted_and_fits(summary):
     (Megatron-Core's MoE parallel folding) and the 28 multislice MaxText runs (ZeRO-3 within a
     slice, data parallel across slices), which nest cannot shard so and refuses rather than score
     as something else."""
-    assert summary["cases"] == 194
+    assert summary["cases"] == 199
     refused = sum(ETP_REFUSED.values()) + sum(HYBRID_REFUSED.values())
-    assert summary["predicted"] == 194 - refused == 158
+    assert summary["predicted"] == 199 - refused == 163
     assert summary["out_of_memory"] == 9
 
 
@@ -127,6 +127,7 @@ BLACKWELL = "MegatronBridge_perf_Blackwell"
 TPU_V5E = "MaxText_TPU_v5e_README"
 TPU_V5P = "MaxText_TPU_v5p_README"
 MI355X = "MLPerf_Training_v5.1_AMD_MI355X"
+TORCHTITAN = "torchtitan_performance_A100_FSDP2"
 ORIGINAL = (SC21_T1, MEGATRON, LLAMA3, SC21_T2, AUTOMODEL)
 """The sources of the BF16 cost model (v2), before FP8 and the new shapes."""
 
@@ -140,10 +141,14 @@ LLAMA3_WHY = (
     "real schedule does not have under-predicts every row"
 )
 SC21_T2_WHY = (
-    "ZeRO-3 rows over-predicted 1.4-3x: DeepSpeed 2021's per-parameter gathers are slower "
-    "than the bandwidth-bound collectives modelled"
+    "ZeRO-3 rows over-predicted up to 3x (+203 % on 1536 GPUs): the measured step (66 s) is 4x "
+    "its compute (16 s) while the modelled gathers and reduce-scatters take 10 s even with "
+    "DeepSpeed's 5e7-element prefetch bucket leaving most of each gather exposed; DeepSpeed "
+    "2021's ZeRO-3 ran slower than the bandwidth-bound collectives modelled"
 )
-AUTOMODEL_WHY = "FSDP2 prefetches the ZeRO-3 gathers the model charges as exposed"
+AUTOMODEL_WHY = (
+    "FSDP2's gathers are now prefetched (nest.cost.fsdp) and the row is over-predicted by 12.0 %"
+)
 PAIRS_WHY = (
     "Grok-1's FP8 rows predicted 20-22 % fast (its BF16 rows 11 %): the model's FP8 speed-up of "
     "the MoE blocks is larger than measured"
@@ -164,14 +169,19 @@ BLACKWELL_WHY = (
     "Qwen3-235B-A22B on 64 B200 +117 %, DeepSeek-V3 +37 %; the 8B and 405B rows +6 to +18 %"
 )
 TPU_WHY = (
-    "every row predicted slow (v5e -31 to -37 %, v5p -20 to -45 %): the published MFU is 55-71 "
+    "every row predicted slow (v5e -23 to -35 %, v5p -17 to -44 %): the published MFU is 55-71 "
     "%, above the assumed in-step GEMM rate of 0.65 of the peak (the TPU presets cite no GEMM "
-    "micro-benchmark, so their ceiling is the peak: at it the medians are 10.8 and 9.3 %), and the "
-    "ici_tensor rows' TP collectives are charged as exposed"
+    "micro-benchmark, so their ceiling is the peak: at it the medians are 10.9 and 14.2 %), and "
+    "the ici_tensor rows' TP collectives are charged as exposed"
 )
 MI355X_WHY = (
     "Llama 3.1 8B FP8 on 8 MI355X predicted 13.5 % faster than the MLPerf run, as the same "
     "model's FP8 rows on B200 and GB200 (+6 and +13.5 %)"
+)
+TORCHTITAN_WHY = (
+    "the two 'selective op' rows over-predicted (Llama 3 8B +14.8 %, Llama 2 13B +18.0 %): "
+    "torchtitan's op-level checkpointing recomputes every second matmul, scored as nest's "
+    "selective recompute, which recomputes none; the full and no-recompute rows are -3.8 to +5.2 %"
 )
 MBRIDGE_WHY = (
     "Qwen3-30B-A3B PP2 VP24 (25.11) predicted at 2.8x the measured throughput (and 8 GiB over "
@@ -184,17 +194,18 @@ MBRIDGE_WHY = (
     [
         SC21_T1,
         MEGATRON,
-        pytest.param(LLAMA3, marks=_unmet("source median <= 10 %", "17.1 %", LLAMA3_WHY)),
-        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "12.1 %", SC21_T2_WHY)),
-        pytest.param(AUTOMODEL, marks=_unmet("source median <= 10 %", "31.6 %", AUTOMODEL_WHY)),
+        pytest.param(LLAMA3, marks=_unmet("source median <= 10 %", "15.5 %", LLAMA3_WHY)),
+        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "14.7 %", SC21_T2_WHY)),
+        pytest.param(AUTOMODEL, marks=_unmet("source median <= 10 %", "12.0 %", AUTOMODEL_WHY)),
         PAIRS,
         pytest.param(DSV3, marks=_unmet("source median <= 10 %", "50.0 %", DSV3_WHY)),
         pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "89.7 %", MBRIDGE_WHY)),
         pytest.param(GB200_PAIRS, marks=_unmet("source median <= 10 %", "17.0 %", GB200_WHY)),
         pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "26.2 %", BLACKWELL_WHY)),
-        pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "36.3 %", TPU_WHY)),
-        pytest.param(TPU_V5P, marks=_unmet("source median <= 10 %", "23.6 %", TPU_WHY)),
+        pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "28.6 %", TPU_WHY)),
+        pytest.param(TPU_V5P, marks=_unmet("source median <= 10 %", "21.6 %", TPU_WHY)),
         pytest.param(MI355X, marks=_unmet("source median <= 10 %", "13.5 %", MI355X_WHY)),
+        TORCHTITAN,
     ],
 )
 def test_accuracy_no_source_median_above_10_percent(summary, source):
@@ -215,17 +226,18 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
                 "models' short kernels is not modelled",
             ),
         ),
-        pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "32.8 %", LLAMA3_WHY)),
-        pytest.param(SC21_T2, marks=_unmet("max <= 15 %", "166 %", SC21_T2_WHY)),
-        pytest.param(AUTOMODEL, marks=_unmet("max <= 15 %", "31.6 %", AUTOMODEL_WHY)),
-        pytest.param(PAIRS, marks=_unmet("max <= 15 %", "19.5 %", PAIRS_WHY)),
-        pytest.param(DSV3, marks=_unmet("max <= 15 %", "50.0 %", DSV3_WHY)),
-        pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "173 %", MBRIDGE_WHY)),
+        pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "31.5 %", LLAMA3_WHY)),
+        pytest.param(SC21_T2, marks=_unmet("max <= 15 %", "203 %", SC21_T2_WHY)),
+        AUTOMODEL,
+        pytest.param(PAIRS, marks=_unmet("max <= 15 %", "21.7 %", PAIRS_WHY)),
+        pytest.param(DSV3, marks=_unmet("max <= 15 %", "48.2 %", DSV3_WHY)),
+        pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "184 %", MBRIDGE_WHY)),
         pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "30.1 %", GB200_WHY)),
         pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "318 %", BLACKWELL_WHY)),
-        pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "37.3 %", TPU_WHY)),
-        pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "44.7 %", TPU_WHY)),
+        pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "35.0 %", TPU_WHY)),
+        pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "44.1 %", TPU_WHY)),
         MI355X,
+        pytest.param(TORCHTITAN, marks=_unmet("max <= 15 %", "18.0 %", TORCHTITAN_WHY)),
     ],
 )
 def test_accuracy_every_source_max_within_15_percent(summary, source):
@@ -234,7 +246,7 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
 
 @_unmet(
     "median <= 5 % over all cases",
-    "12.9 %",
+    "12.0 %",
     "SC21 Table 1's 30 A100 rows (2021 software, no FlashAttention) run 4-13 % faster than "
     "predicted at the in-step GEMM rate calibrated on H100 (0.638); the GB200 pairs: "
     f"{GB200_WHY}; the TPU rows: {TPU_WHY}",
@@ -294,9 +306,9 @@ def test_accuracy_max_within_15_percent(summary):
 @_unmet(
     "3D parallelism predicted above ZeRO-3 at every scale, as measured "
     "(docs/trust/fidelity.md, Ranking)",
-    "ZeRO-3 predicted above at the smallest scale of both sweeps (175B on 384 GPUs: 165.5 vs "
-    "141.8 TFLOP/s, measured 144 vs 153; 530B: 168.7 on 640 vs 157.7 on 560, measured 138 vs "
-    "171)",
+    "ZeRO-3 predicted above at every 175B scale (384 GPUs: 173.3 vs 141.8 TFLOP/s, measured 144 "
+    "vs 153; 1536: 133.2 vs 129.6, measured 44 vs 141) and at 530B's smallest (176.7 on 640 vs "
+    "157.7 on 560, measured 138 vs 171)",
     SC21_T2_WHY,
 )
 def test_accuracy_3d_parallelism_ranked_above_zero3_at_every_scale():
@@ -320,19 +332,20 @@ def test_accuracy_3d_parallelism_ranked_above_zero3_at_every_scale():
 # to half a percentage point, so that any change of the model's numbers is noticed. A change
 # made on purpose updates this table together with docs/trust/fidelity.md.
 CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
-    SC21_T1: (30, 0.088, 0.138, -0.088),
-    MEGATRON: (27, 0.059, 0.399, -0.046),
-    LLAMA3: (3, 0.171, 0.328, -0.171),
-    SC21_T2: (12, 0.121, 1.655, 0.037),
-    AUTOMODEL: (1, 0.316, 0.316, -0.316),
-    PAIRS: (30, 0.060, 0.195, -0.024),
-    DSV3: (1, 0.500, 0.500, 0.500),
-    MBRIDGE: (2, 0.897, 1.734, 0.837),
+    SC21_T1: (30, 0.085, 0.127, -0.085),
+    MEGATRON: (27, 0.038, 0.462, -0.026),
+    LLAMA3: (3, 0.155, 0.315, -0.155),
+    SC21_T2: (12, 0.147, 2.027, 0.065),
+    AUTOMODEL: (1, 0.120, 0.120, 0.120),
+    PAIRS: (30, 0.070, 0.217, -0.053),
+    DSV3: (1, 0.482, 0.482, 0.482),
+    MBRIDGE: (2, 0.939, 1.841, 0.903),
     GB200_PAIRS: (30, 0.170, 0.301, -0.170),
-    BLACKWELL: (9, 0.262, 3.181, 0.262),
-    TPU_V5E: (4, 0.363, 0.373, -0.363),
-    TPU_V5P: (8, 0.236, 0.447, -0.236),
+    BLACKWELL: (9, 0.262, 3.182, 0.262),
+    TPU_V5E: (4, 0.286, 0.350, -0.286),
+    TPU_V5P: (8, 0.216, 0.441, -0.216),
     MI355X: (1, 0.135, 0.135, 0.135),
+    TORCHTITAN: (5, 0.052, 0.180, 0.052),
 }
 
 
@@ -348,54 +361,31 @@ def test_regression_errors_per_source_pin_the_current_model(summary, source):
     assert s["median_error"] == pytest.approx(signed, abs=0.005)
 
 
-def test_regression_sweep_kendall_taus_pin_the_current_model(summary):
-    """Pins the current model's ranking of every sweep (named or auto-detected; not an accuracy
-    target): SC21 Table 2's two six-configuration sweeps +0.73 (175B: 11 of 15 pairs ordered as
-    measured) and +0.60 (530B: 12 of 15), and the eight GB200 scaling sweeps, all +1 but
-    Grok-1's BF16 (+0.33: measured 7.33 / 7.39 / 7.32 s on 128 / 256 / 512 GPUs, a 1 % spread,
-    predicted flat to 0.01 s)."""
-    taus = {k: (s["n"], s["kendall_tau"]) for k, s in summary["sweeps"].items()}
-    assert taus["SC21_Table2_174.6B"] == (6, pytest.approx(11 / 15))
-    assert taus["SC21_Table2_529.6B"] == (6, pytest.approx(9 / 15))
-    gb200 = {k: v for k, v in taus.items() if k.startswith(GB200_PAIRS)}
-    assert len(gb200) == 8 and len(taus) == 10
-    assert taus[f"{GB200_PAIRS}:314B:seq8192:bf16"] == (3, pytest.approx(1 / 3))
-    assert sorted(t for _, t in gb200.values()) == [pytest.approx(1 / 3)] + [1.0] * 7
-
-
-def test_sweeps_are_auto_detected_per_source_model_metric_and_precision():
-    """Rows without a ``sweep`` id form one sweep per source, model, metric and precision when at
-    least three are predicted; two rows (one pair) are no sweep."""
-
-    def outcome(gpus, measured, predicted, precision="bf16", source="S"):
-        row = {"source": source, "model_params_b": "8", "seq": "4096", "layers": "32",
-               "hidden": "4096", "gpus": gpus, "precision": precision}  # fmt: skip
-        return validate.Outcome(row, "step_time_s", measured, predicted, True)
-
-    rows = [outcome("8", 3.0, 2.0), outcome("16", 2.0, 3.0), outcome("32", 1.0, 1.0)]
-    (sweep,) = validate.sweeps(rows).values()
-    assert sweep["n"] == 3 and sweep["kendall_tau"] == pytest.approx(1 / 3)
-    assert validate.sweeps(rows[:2]) == {}
-    mixed = rows[:2] + [outcome("32", 1.0, 1.0, precision="fp8")]
-    assert validate.sweeps(mixed) == {}
-    other = rows[:2] + [outcome("32", 1.0, 1.0, source="T")]
-    assert validate.sweeps(other) == {}
+def test_regression_sc21_table2_kendall_tau_pins_the_current_model(summary):
+    """Pins the current model's ranking of SC21 Table 2's two sweeps (six configurations each),
+    not an accuracy target: Kendall tau +0.20 (175B: 9 of 15 pairs ordered as measured) and
+    +0.47 (530B: 11 of 15). Prefetching the ZeRO-3 gathers (nest.cost.fsdp) moved the ZeRO-3
+    rows up, past PTD-P rows that ran faster (it was +0.73 and +0.60 with every gather exposed)."""
+    sweeps = summary["sweeps"]
+    assert set(sweeps) == {"SC21_Table2_174.6B", "SC21_Table2_529.6B"}
+    assert all(s["n"] == 6 for s in sweeps.values())
+    assert sweeps["SC21_Table2_174.6B"]["kendall_tau"] == pytest.approx(3 / 15)
+    assert sweeps["SC21_Table2_529.6B"]["kendall_tau"] == pytest.approx(7 / 15)
 
 
 def test_at_the_micro_benchmark_ceiling_every_source_is_over_predicted():
-    """Why the GEMM level is below the cited ceiling (and calibrated, :mod:`nest.app.calibrate`):
-    with every kernel at its isolated micro-benchmark rate (``--matmul-efficiency ceiling``) the
-    model predicts more throughput than measured for the Megatron and DeepSpeed sources (median
-    signed error: SC21 Table 1 +13.3 %, Megatron-Core H100 +16.1 %, SC21 Table 2 +30.8 %), so
-    kernels inside a training step run slower than in isolation; at the calibrated rate no
-    source is over-predicted by more than 12 % at the median. Llama 3 (Table 4) lands at -0.3 %
-    at the ceiling: its rows are run as 1F1B, whose 16-stage bubble the real interleaved schedule
-    does not have (``LLAMA3_WHY``), which offsets the kernel-rate gap; it must still be
-    under-predicted less at the ceiling than at the calibrated rate. The FSDP2 row (NeMo
-    Automodel) is left out: its error is the exposed ZeRO-3 gathers (see the next test), not the
-    GEMM rate. The claim is about the BF16 sources it was made on (``ORIGINAL``); the FP8 and
+    """Why the presets' GEMM level is an assumption below the cited ceiling: with every kernel at
+    its isolated micro-benchmark rate (``--matmul-efficiency ceiling``) the model predicts more
+    throughput than measured for every Megatron or DeepSpeed source (median signed error > 0:
+    SC21 Table 1 +13.8 %, Megatron-Core H100 +16.7 %, Llama 3 +0.2 %, SC21 Table 2 +35.2 %, the
+    FSDP2 row +26.4 % now that its gathers are prefetched), so kernels inside a training step run
+    slower than in isolation; at the assumed 0.65 no source is over-predicted by more than 12 % at
+    the median. The claim is about the BF16 sources it was made on (``ORIGINAL``); the FP8 and
     new-shape sources score step times, whose error has the other sign."""
     at_ceiling = validate.run(CASES, None, echo=lambda _: None, matmul_efficiency="ceiling")
+    kernel_bound = {k: at_ceiling["by_source"][k] for k in ORIGINAL}
+    assert len(kernel_bound) == 5
+    assert all(s["median_error"] > 0 for s in kernel_bound.values())
     default = validate.run(CASES, None, echo=lambda _: None)
     kernel_bound = {k: at_ceiling["by_source"][k] for k in ORIGINAL if k not in (AUTOMODEL, LLAMA3)}
     assert len(kernel_bound) == 3
@@ -405,24 +395,24 @@ def test_at_the_micro_benchmark_ceiling_every_source_is_over_predicted():
     assert all(default["by_source"][k]["median_error"] < 0.12 for k in ORIGINAL)
 
 
-def test_fsdp2_run_is_under_predicted_by_its_exposed_gathers(summary):
-    """NeMo Automodel's Llama3 70B on 64 H100 (FSDP2 over 32 ranks x CP 2, BF16): 866.77 tokens/s
-    per GPU measured, 602 predicted (-30.5 %). nest charges ZeRO-3's per-microbatch parameter
-    all-gathers and gradient reduce-scatters as exposed, while FSDP2 prefetches the gathers under
-    compute (the row's ``fsdp2_prefetch``): that traffic is what the model adds, since the row
-    without it (compute, recompute and the CP ring alone) would run faster than measured.
-    (Its error is pinned by the regression table.)"""
+def test_fsdp2_run_within_15_percent_once_its_gathers_are_prefetched(summary):
+    """NeMo Automodel's Llama3 70B on 64 H100 (FSDP2 over 32 ranks x CP 2, BF16, the row's
+    ``fsdp2_prefetch``): 866.77 tokens/s per GPU measured. With every ZeRO-3 gather and
+    reduce-scatter exposed the model predicted 602 (-30.5 %); FSDP2 prefetches each layer's
+    gather under the previous layer's compute and reduce-scatters under the next backward
+    (:mod:`nest.cost.fsdp`), and the issue's target for this row is 15 %. The prefetch is what
+    closes the gap: the same row with nothing hidden is still more than 15 % slow."""
     s = summary["by_source"][AUTOMODEL]
-    assert s["n"] == 1 and s["median_error"] < 0
+    assert s["n"] == 1 and s["max_abs_error"] <= TARGET_MAX
     row = _case(AUTOMODEL, "70.6")
     problem, plan = validate.problem_and_plan(row)
     report = evaluate(problem, plan)
     (stage,) = report.stages
-    assert stage.zero3_comm_s > 0
-    without_zero3_s = report.iteration_time_s - plan.num_microbatches * stage.zero3_comm_s
+    assert 0 < stage.zero3_exposed_s < stage.zero3_comm_s
+    hidden_s = plan.num_microbatches * (stage.zero3_comm_s - stage.zero3_exposed_s)
     tokens = problem.training.global_batch * problem.model.seq_len
-    measured = float(row["measured_value"])
-    assert tokens / without_zero3_s / report.devices_used > measured
+    exposed = tokens / (report.iteration_time_s + hidden_s) / report.devices_used
+    assert exposed < (1 - TARGET_MAX) * float(row["measured_value"])
 
 
 def test_bad_matmul_efficiency_flag_is_one_line_error(capsys, tmp_path):

@@ -48,7 +48,7 @@ def explain_report(report: dict) -> dict:
             "tp": sum(s["tp_exposed_s"] for s in chunks),
             "cp": sum(s["cp_exposed_s"] for s in chunks),
             "ep": sum(s["ep_exposed_s"] for s in chunks),
-            "zero3": sum(s["zero3_comm_s"] for s in chunks),
+            "zero3": sum(s["zero3_exposed_s"] for s in chunks),
             "p2p": sum(s["p2p_fwd_s"] + s["p2p_bwd_s"] for s in chunks),
         }
         busy = m * (rank["fwd_s"] + rank["bwd_s"])

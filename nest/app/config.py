@@ -181,6 +181,8 @@ class TrainingConfig:
     tp_comm_overlap: bool = TRAINING_DEFAULTS["tp_comm_overlap"]
     cp_comm_overlap: bool = TRAINING_DEFAULTS["cp_comm_overlap"]
     ep_comm_overlap: bool = TRAINING_DEFAULTS["ep_comm_overlap"]
+    reshard_after_forward: bool = TRAINING_DEFAULTS["reshard_after_forward"]
+    zero3_prefetch_params: float | None = TRAINING_DEFAULTS["zero3_prefetch_params"]
     precision: str = TRAINING_DEFAULTS["precision"]
     fp8_recipe: str = TRAINING_DEFAULTS["fp8_recipe"]
     fp8_param_gather: bool = TRAINING_DEFAULTS["fp8_param_gather"]
@@ -866,6 +868,7 @@ def build_training(cfg: Any) -> Training:
         "tp_comm_overlap",
         "cp_comm_overlap",
         "ep_comm_overlap",
+        "reshard_after_forward",
         "fp8_param_gather",
     )
     return Training(
@@ -875,8 +878,25 @@ def build_training(cfg: Any) -> Training:
         grad_bytes=c.get("grad_bytes", TRAINING_DEFAULTS["grad_bytes"]),
         precision=str(c.get("precision", TRAINING_DEFAULTS["precision"])),
         fp8_recipe=str(c.get("fp8_recipe", TRAINING_DEFAULTS["fp8_recipe"])),
+        zero3_prefetch_params=_prefetch_params(c.get("zero3_prefetch_params")),
         **{key: bool(c.get(key, TRAINING_DEFAULTS[key])) for key in flags},
     )
+
+
+def _prefetch_params(value: Any) -> int | None:
+    """``training.zero3_prefetch_params``: null, or parameter elements (``5e7`` is accepted)."""
+    if value is None:
+        return None
+    try:
+        count = float(value)
+    except (TypeError, ValueError):
+        count = float("nan")
+    if not count.is_integer() or count < 1:
+        raise UserError(
+            f"training.zero3_prefetch_params={value!r} must be a positive whole number of "
+            "parameter elements (DeepSpeed's default 5e7) or null for a whole layer (FSDP2)"
+        )
+    return int(count)
 
 
 def build_problem(cfg: Any) -> Problem:

@@ -73,6 +73,9 @@ Columns appended for precision and model shapes (blank: the default):
   state over all ``dp`` ranks, so it must be blank or equal to ``dp``; a run that shards within
   groups and replicates across them (hybrid sharding: MaxText's ``ici_fsdp`` inside a slice with
   ``dcn_data`` across slices, PyTorch HSDP) is refused, not approximated.
+- ``zero3_prefetch_params``: ZeRO-3's prefetch depth in parameter elements
+  (:attr:`nest.core.problem.Training.zero3_prefetch_params`): DeepSpeed runs set its
+  ``stage3_prefetch_bucket_size`` (default ``5e7``); blank: a whole layer, as FSDP2.
 
 Rows of one source and configuration that differ only in ``precision`` / ``fp8_recipe`` /
 ``fp8_param_gather`` (and their ``case`` text and measured value) are a precision pair: the summary
@@ -417,6 +420,7 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         precision=(row.get("precision") or "bf16").strip(),
         fp8_recipe=(row.get("fp8_recipe") or "delayed").strip(),
         fp8_param_gather=_flag(row.get("fp8_param_gather"), False),
+        zero3_prefetch_params=_prefetch(row),
     )
     problem = Problem(
         model=AnalyticModel(
@@ -441,6 +445,12 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         sequence_parallel=sp,
     )
     return problem, build_plan(problem, settings)
+
+
+def _prefetch(row: dict) -> int | None:
+    """``zero3_prefetch_params`` (module docstring): blank for a whole layer (FSDP2)."""
+    text = (row.get("zero3_prefetch_params") or "").strip()
+    return None if not text else _count(row, "zero3_prefetch_params", 0)
 
 
 def _partition(text: str | None) -> list[int] | None:

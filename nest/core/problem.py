@@ -107,6 +107,16 @@ class Training:
     ep_comm_overlap: bool = False
     """MoE all-to-all under another microbatch's compute: Megatron-Core's
     ``--overlap-moe-expert-parallel-comm``."""
+    reshard_after_forward: bool = True
+    """ZeRO-3: free the gathered weights after each layer's forward and gather them again for
+    its backward (FSDP2 ``reshard_after_forward=True``, its default; DeepSpeed ZeRO-3). False
+    keeps the stage's gathered weights from the forward to the backward (FSDP2 ``False``,
+    torchtitan ``fsdp_reshard_after_forward = "never"``): no backward gather, the stage's whole
+    weights in memory (:mod:`nest.cost.fsdp`)."""
+    zero3_prefetch_params: int | None = None
+    """ZeRO-3: parameter elements a rank fetches ahead of use. None (the default): a whole layer,
+    as FSDP2 prefetches a unit; DeepSpeed ZeRO-3 fetches at most ``stage3_prefetch_bucket_size``
+    (default ``5e7``), less than a large model's layer (:mod:`nest.cost.fsdp`)."""
     precision: str = "bf16"
     """``bf16``, or ``fp8``: the transformer blocks' GEMMs in FP8 (:mod:`nest.core.precision`)."""
     fp8_recipe: str = "delayed"
@@ -135,6 +145,12 @@ class Training:
         ):
             raise UserError(
                 f"training.microbatch_sizes={list(self.microbatch_sizes)} must be positive integers"
+            )
+        prefetch = self.zero3_prefetch_params
+        if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 1):
+            raise UserError(
+                f"training.zero3_prefetch_params={prefetch!r} must be a positive integer "
+                "(parameter elements) or null for a whole layer (FSDP2)"
             )
         for b in self.microbatch_sizes:
             if self.global_batch % b:

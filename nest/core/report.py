@@ -47,6 +47,9 @@ class StageReport:
     cp_exposed_s: float
     ep_exposed_s: float
     zero3_comm_s: float
+    """ZeRO-3 weight gathers and gradient reduce-scatters per microbatch, all of their time."""
+    zero3_exposed_s: float
+    """The part of ``zero3_comm_s`` that prefetching does not hide (:mod:`nest.cost.fsdp`)."""
     p2p_fwd_s: float
     p2p_bwd_s: float
     fwd_s: float
@@ -77,7 +80,7 @@ class StageReport:
             self.tp_exposed_s
             + self.cp_exposed_s
             + self.ep_exposed_s
-            + self.zero3_comm_s
+            + self.zero3_exposed_s
             + self.p2p_fwd_s
             + self.p2p_bwd_s
         )

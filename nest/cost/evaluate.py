@@ -3,13 +3,13 @@
 A short composition of the cost model's public terms, which the planners call too:
 
 - per chunk (pipeline stage) and microbatch, seconds (:func:`_stage_report`):
-  ``f = compute_fwd + TP/CP/EP collectives + ZeRO-3 weight gather + p2p send of the output``;
-  ``b = compute_bwd + recompute (+ its collectives) + TP/CP/EP collectives + ZeRO-3 gather and
-  gradient reduce-scatter + p2p send of the input gradient``. Layer terms:
+  ``f = compute_fwd + TP/CP/EP collectives + exposed ZeRO-3 weight gathers + p2p send of the
+  output``; ``b = compute_bwd + recompute (+ its collectives) + TP/CP/EP collectives + exposed
+  ZeRO-3 gathers and gradient reduce-scatters + p2p send of the input gradient``. Layer terms:
   :mod:`nest.cost.compute`; collectives on the rank's groups, each costing its slowest group:
-  :mod:`nest.cost.groups` over :mod:`nest.cost.collectives`; ZeRO-3 traffic:
-  :meth:`nest.cost.state.ModelState.zero3_traffic_s`; p2p at the slowest device pair of the two
-  chunks: :func:`nest.cost.collectives.pair_p2p_time_s`. Synchronous data parallelism makes
+  :mod:`nest.cost.groups` over :mod:`nest.cost.collectives`; ZeRO-3 traffic, layer by
+  layer with FSDP's prefetch overlap: :mod:`nest.cost.fsdp`; p2p at the slowest device pair of
+  the two chunks: :func:`nest.cost.collectives.pair_p2p_time_s`. Synchronous data parallelism makes
   every stage run at the pace of its slowest replica, so these maxima are what a replica sees.
 - per pipeline rank (:func:`_rank_report`): ``t_r`` sums its chunks; its DP sync and optimizer
   step (:class:`nest.cost.state.ModelState`); its memory (:mod:`nest.cost.memory`).
@@ -160,6 +160,24 @@ def _chunks(problem: Problem, plan: Plan) -> list[Chunk]:
     ]
 
 
+def zero3_chunk_s(state: ModelState, groups: RankGroups, chunk: Chunk) -> tuple:
+    """``(forward exposed, backward exposed, all)`` ZeRO-3 seconds per microbatch of a chunk:
+    its layers' gathers and reduce-scatters with FSDP's prefetch overlap
+    (:class:`nest.cost.fsdp.OverlapChain`); zeros below ZeRO-3."""
+    if state.zero_stage < 3:
+        return 0.0, 0.0, 0.0
+    layers = [cost for cost, _, _ in chunk.layers]
+    chain = state.zero3_chain(
+        groups,
+        [c.dense_params for c in layers],
+        [c.expert_params for c in layers],
+        [c.fwd_s for c in layers],
+        [c.bwd_s for c in layers],
+    )
+    last = len(layers) - 1
+    return float(chain.fwd_s(0, last)), float(chain.bwd_s(0, last)), float(chain.total_s(0, last))
+
+
 def _stage_report(
     problem: Problem,
     plan: Plan,
@@ -180,7 +198,7 @@ def _stage_report(
     bwd_comm = {axis: groups.axis_times_s(bwd_colls, axis) for axis in AXES}
     comm = {axis: (fwd_comm[axis][0], bwd_comm[axis][0]) for axis in AXES}  # exposed: charged
     total = {axis: fwd_comm[axis][1] + bwd_comm[axis][1] for axis in AXES}  # hidden or not
-    zero3_fwd, zero3_bwd = state.zero3_traffic_s(groups, chunk.dense_params, chunk.expert_params)
+    zero3_fwd, zero3_bwd, zero3_total = zero3_chunk_s(state, groups, chunk)
     p2p_fwd = p2p_bwd = 0.0
     if k + 1 < len(chunks):  # the output to the next chunk's devices
         # the device pairs' shared levels (a graph: their cost classes)
@@ -209,7 +227,8 @@ def _stage_report(
         tp_exposed_s=sum(comm["tp"]),
         cp_exposed_s=sum(comm["cp"]),
         ep_exposed_s=sum(comm["ep"]),
-        zero3_comm_s=zero3_fwd + zero3_bwd,
+        zero3_comm_s=zero3_total,
+        zero3_exposed_s=zero3_fwd + zero3_bwd,
         p2p_fwd_s=p2p_fwd,
         p2p_bwd_s=p2p_bwd,
         fwd_s=fwd,

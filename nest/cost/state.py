@@ -15,8 +15,12 @@ the weights.
   (:meth:`ModelState.zero3_traffic_s`), so its end-of-iteration sync is 0. Dense and expert
   weights sync over their own groups (:class:`nest.cost.groups.RankGroups`), the two one after
   the other.
-- **ZeRO-3 traffic** per microbatch: the stage's weights all-gathered before the forward and
-  again before the backward, the gradients reduce-scattered after it.
+- **ZeRO-3 traffic** per microbatch: each layer's weights all-gathered before its forward and
+  again before its backward (not again with ``reshard_after_forward`` off), its gradients
+  reduce-scattered after it (:meth:`ModelState.zero3_layer_s`); what the stage time is charged
+  is what prefetching does not hide (:mod:`nest.cost.fsdp`). With ``reshard_after_forward`` off
+  the stage's gathered weights stay in memory (:meth:`ModelState.unsharded_bytes`, counted with
+  the weights).
 - **Optimizer step** (:meth:`ModelState.optimizer_step_s`): memory-bound, the bytes the update
   touches per parameter of the device's shard over HBM bandwidth: Adam reads and writes the fp32
   state (``2 x 12``), reads the gradient and writes the bf16 weight (``g + p``); SGD reads the
@@ -36,7 +40,10 @@ parameter.
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from nest.core.axes import CollectiveOp, GroupKind, ZeroStage
+from nest.cost.fsdp import OverlapChain
 from nest.cost.groups import RankGroups
 
 CLIP_GRAD_READS = 1
@@ -74,6 +81,12 @@ class ModelState:
     """HBM bytes per parameter of the once-per-iteration FP8 weight cast, charged with the
     optimizer step (exact for FP8 primary weights, cast on the shard after the update;
     otherwise the cast of the whole weight at the first microbatch, approximated on the shard)."""
+    reshard_after_forward: bool = True
+    """ZeRO-3 re-gathers the weights for the backward (:attr:`nest.core.problem.Training.
+    reshard_after_forward`)."""
+    prefetch_params: float | None = None
+    """ZeRO-3: parameter elements fetched ahead of use (DeepSpeed ``stage3_prefetch_bucket_size``;
+    None: a whole unit, FSDP2); :mod:`nest.cost.fsdp`."""
 
     @classmethod
     def of(cls, problem, *, zero_stage: int, dp: int, cp: int, ep: int) -> "ModelState":
@@ -88,6 +101,8 @@ class ModelState:
             optimizer_bytes_per_param=training.optimizer_state_bytes_per_param,
             gather_bytes=numerics.gathered_param_bytes,
             cast_bytes_per_param=numerics.weight_cast_bytes_per_param,
+            reshard_after_forward=training.reshard_after_forward,
+            prefetch_params=training.zero3_prefetch_params,
         )
 
     @property
@@ -103,7 +118,20 @@ class ModelState:
         return dense / self.dense_replicas + expert / self.expert_replicas
 
     def weights_bytes(self, dense, expert):
-        return self.param_bytes * self.local_params(dense, expert, self.zero_stage >= 3)
+        """The device's weights: its shard under ZeRO-3, plus what stays gathered from the
+        forward to the backward (:meth:`unsharded_bytes`)."""
+        return self.param_bytes * self.local_params(
+            dense, expert, self.zero_stage >= 3
+        ) + self.unsharded_bytes(dense, expert)
+
+    def unsharded_bytes(self, dense, expert):
+        """ZeRO-3 without ``reshard_after_forward``: the stage's weights beyond the device's
+        shard, gathered in the forward and kept until the backward (FSDP2
+        ``reshard_after_forward=False``); 0 otherwise."""
+        if self.zero_stage < 3 or self.reshard_after_forward:
+            return 0.0 * (dense + expert)
+        own = self.local_params(dense, expert, True)
+        return self.param_bytes * (self.local_params(dense, expert, False) - own)
 
     def grads_bytes(self, dense, expert):
         return self.grad_bytes * self.local_params(dense, expert, self.zero_stage >= 2)
@@ -128,8 +156,9 @@ class ModelState:
 
     def gathered_bytes(self, dense, expert):
         """ZeRO-3: a layer's weights gathered beyond the device's own shard while it runs
-        (0 below stage 3)."""
-        if self.zero_stage < 3:
+        (0 below stage 3, and without ``reshard_after_forward``, where they are counted with the
+        weights: :meth:`unsharded_bytes`)."""
+        if self.zero_stage < 3 or not self.reshard_after_forward:
             return 0.0 * (dense + expert)
         own = self.local_params(dense, expert, True)
         return self.param_bytes * (self.local_params(dense, expert, False) - own)
@@ -172,9 +201,10 @@ class ModelState:
             )
         return 0.0 * (dense + expert)  # ZeRO-3 reduce-scatters every microbatch
 
-    def zero3_traffic_s(self, groups: RankGroups, dense, expert):
-        """``(forward, backward)`` seconds of ZeRO-3's per-microbatch traffic for a stage of
-        these parameters; ``(0, 0)`` below stage 3."""
+    def zero3_layer_s(self, groups: RankGroups, dense, expert):
+        """``(all-gather, reduce-scatter)`` seconds of ZeRO-3's per-microbatch traffic of one
+        unit of these parameters (a layer; FSDP gathers each wrapped unit as one collective);
+        ``(0, 0)`` below stage 3."""
         if self.zero_stage < 3:
             zero = 0.0 * (dense + expert)
             return zero, zero
@@ -185,4 +215,32 @@ class ModelState:
         scatter = groups.time_s(
             CollectiveOp.REDUCE_SCATTER, g * dense, GroupKind.DENSE_DP
         ) + groups.time_s(CollectiveOp.REDUCE_SCATTER, g * expert, GroupKind.EXPERT_DP)
-        return gather, gather + scatter
+        return gather, scatter
+
+    def zero3_traffic_s(self, groups: RankGroups, dense, expert):
+        """``(forward, backward)`` seconds of ZeRO-3's per-microbatch traffic of a unit of
+        these parameters, nothing hidden: the gather, then the backward's re-gather (unless
+        ``reshard_after_forward`` is off) and the reduce-scatter; ``(0, 0)`` below stage 3."""
+        gather, scatter = self.zero3_layer_s(groups, dense, expert)
+        return gather, (gather if self.reshard_after_forward else 0.0 * gather) + scatter
+
+    def zero3_chain(
+        self, groups: RankGroups, dense, expert, fwd_compute_s, bwd_compute_s
+    ) -> OverlapChain:
+        """The per-layer ZeRO-3 overlap terms of a chain of layers (arrays of their parameters
+        and compute seconds, one entry per layer): :class:`nest.cost.fsdp.OverlapChain`."""
+        dense, expert = np.asarray(dense, dtype=float), np.asarray(expert, dtype=float)
+        gather, scatter = self.zero3_layer_s(groups, dense, expert)
+        n = len(fwd_compute_s)
+        share = 1.0
+        if self.prefetch_params is not None:
+            params = dense + expert
+            share = np.minimum(1.0, self.prefetch_params / np.maximum(params, 1.0))
+        return OverlapChain.build(
+            np.broadcast_to(gather, (n,)),
+            np.broadcast_to(scatter, (n,)),
+            fwd_compute_s,
+            bwd_compute_s,
+            reshard_after_forward=self.reshard_after_forward,
+            prefetch_share=share,
+        )

@@ -47,12 +47,10 @@ its layers of compute (and the recompute of its mode), plus per axis the slowest
 collectives summed over the layers, plus ZeRO-3 traffic, plus p2p. For each axis
 ``max_f sum_layers >= sum_layers min_f`` (over the rank's splits, all in ``T(n)``), so a layer's
 floor is its compute, plus the cheapest allowed recompute with its collectives, plus the
-minimum over ``T(n)`` of each direction's collectives. ZeRO-3 all-gathers the stage's weights
-twice and reduce-scatters its gradients once per microbatch over the ``dp x cp`` (dense) and
-``dp x cp / ep`` (expert) groups; ``a(k) S + c(k) >= a_min S`` and ``S`` is additive over the
-stage's layers, so each layer adds the latency-free floor of that traffic for its parameters
-(``(2 p + g) a_min (n)`` per parameter). Hence every stage takes at least the sum of its layers'
-floors.
+minimum over ``T(n)`` of each direction's collectives. ZeRO-3's traffic adds nothing to a
+layer's floor: prefetching can hide each layer's gathers and reduce-scatter under its
+neighbours' compute (:mod:`nest.cost.fsdp`), and the exposed part is ``>= 0``. Hence every
+stage takes at least the sum of its layers' floors.
 
 **Per configuration** (:meth:`Floors.config_bound_s`), with ``F`` the sum of the layer floors:
 
@@ -340,21 +338,12 @@ class Floors:
         return zd * sf.dense + zx * sf.expert
 
     def _z3_coefs(self, dp: int, cp: int, ep: int, zero: int) -> tuple[float, float]:
-        """Seconds per dense and per expert parameter of ZeRO-3's per-microbatch traffic (both
-        directions): :meth:`ModelState.zero3_traffic_s` on floor groups without latency, so
-        that it adds up over a stage's layers."""
-        if zero < 3:
-            return 0.0, 0.0
-        key = ("zero3", dp * cp, ep)
-        got = self._min_cache.get(key)
-        if got is None:
-            state = self.state(dp, cp, ep, zero)
-            groups = self.groups(dp, cp, ep, with_latency=False)
-            got = self._min_cache[key] = (
-                sum(state.zero3_traffic_s(groups, 1.0, 0.0)),
-                sum(state.zero3_traffic_s(groups, 0.0, 1.0)),
-            )
-        return got
+        """Seconds per dense and per expert parameter of ZeRO-3's exposed per-microbatch
+        traffic that every stage pays at least: 0. Prefetching hides a layer's gather and
+        reduce-scatter under its neighbours' compute (:mod:`nest.cost.fsdp`), so the exposed
+        part can be 0 for any layer but a stage's first; ``0 <= exposed`` is the only floor
+        that holds per layer."""
+        return 0.0, 0.0
 
     def _sync_floor_s(self, family: Family, dense: float, expert: float, zero: int) -> float:
         """Least DP sync time of a rank holding at least these parameters (monotone in bytes):

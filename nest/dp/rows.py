@@ -47,9 +47,10 @@ def stage_common(sm: StageModel, r: int, i: int) -> tuple:
     bwd = ch.bwd_s[i + 1 :] - ch.bwd_s[i]
     dense_c = ch.dense_params[i + 1 :] - ch.dense_params[i]
     expert = ch.expert_params[i + 1 :] - ch.expert_params[i]
-    zero3_fwd, zero3_bwd = sm.state.zero3_traffic_s(sm.groups[r], dense_c, expert)
-    fwd = fwd + zero3_fwd
-    bwd = bwd + zero3_bwd
+    if sm.state.zero_stage >= 3:
+        z3, last = sm.zero3_chain(r), np.arange(i, n)
+        fwd = fwd + z3.fwd_s(i, last)
+        bwd = bwd + z3.bwd_s(i, last)
     if r + 1 < c.pp:
         fwd = fwd + pair_p2p_time_s(ch.boundary_bytes[i:n], sm.p2p_levels(r, r + 1), cluster)
     if r > 0:

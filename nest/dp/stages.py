@@ -11,8 +11,10 @@ memory numbers :func:`nest.cost.evaluate` computes for that stage, with the same
 - a collective axis: per group split of the rank, the layers' :func:`collectives_time_s` summed
   over the interval (prefix sums per split), then the slowest split
   (:meth:`~nest.cost.groups.RankGroups.axis_time_s` reordered);
-- ZeRO-3 traffic, DP sync, optimizer step and model-state bytes:
-  :class:`nest.cost.state.ModelState` on the rank's :class:`~nest.cost.groups.RankGroups`;
+- ZeRO-3 traffic with FSDP's prefetch overlap: :class:`nest.cost.fsdp.OverlapChain` of the
+  rank's layers (:meth:`StageModel.zero3_chain`), read on the interval;
+- DP sync, optimizer step and model-state bytes: :class:`nest.cost.state.ModelState` on the
+  rank's :class:`~nest.cost.groups.RankGroups`;
 - p2p at the slowest device pair of the neighbouring ranks:
   :func:`nest.cost.collectives.pair_p2p_time_s`;
 - memory: :func:`nest.cost.memory.rank_memory_bytes` of the interval's stored bytes and the range
@@ -294,22 +296,36 @@ class StageModel:
         """Forward and backward seconds of layers ``i..j`` on rank ``r`` (one stage or chunk)
         whose neighbours run on ranks ``prev`` and ``nxt`` (None: no neighbour)."""
         ch, cluster = self.chain, self.problem.cluster
-        dense = ch.dense_params[j + 1] - ch.dense_params[i]
-        expert = ch.expert_params[j + 1] - ch.expert_params[i]
         fwd = (ch.fwd_s[j + 1] - ch.fwd_s[i]) + self._comm_s(r, i, j, "f", mode)
         bwd = (
             (ch.bwd_s[j + 1] - ch.bwd_s[i])
             + (ch.recompute_s[mode][j + 1] - ch.recompute_s[mode][i])
             + self._comm_s(r, i, j, "b", mode)
         )
-        zero3_fwd, zero3_bwd = self.state.zero3_traffic_s(self.groups[r], dense, expert)
-        fwd += zero3_fwd
-        bwd += zero3_bwd
+        if self.state.zero_stage >= 3:
+            z3 = self.zero3_chain(r)
+            fwd += float(z3.fwd_s(i, j))
+            bwd += float(z3.bwd_s(i, j))
         if nxt is not None:
             fwd += pair_p2p_time_s(ch.boundary_bytes[j], self.p2p_levels(r, nxt), cluster)
         if prev is not None:
             bwd += pair_p2p_time_s(ch.boundary_bytes[i - 1], self.p2p_levels(r, prev), cluster)
         return fwd, bwd
+
+    def zero3_chain(self, r: int):
+        """Rank ``r``'s per-layer ZeRO-3 overlap terms over the whole chain
+        (:meth:`ModelState.zero3_chain`; a stage ``i..j`` reads its interval)."""
+        key = ("zero3", r)
+        got = self._rank_cache.get(key)
+        if got is None:
+            got = self._rank_cache[key] = self.state.zero3_chain(
+                self.groups[r],
+                [x.dense_params for x in self.costs],
+                [x.expert_params for x in self.costs],
+                [x.fwd_s for x in self.costs],
+                [x.bwd_s for x in self.costs],
+            )
+        return got
 
     def rank_sync_opt(self, r: int, dense, expert) -> tuple:
         """DP sync and optimizer-step seconds of a rank holding these parameters (dense with

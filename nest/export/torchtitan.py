@@ -34,7 +34,9 @@ at commit 000204a4a8bf (2025):
 - DDP: ZeRO-0 (only with ``tp = cp = pp = ep = 1``);
 - FSDP without pipelining: ``fsdp_reshard_after_forward = "always"`` gathers the weights for the
   forward and again for the backward and reduce-scatters every microbatch: ZeRO-3, as our model;
-  ``"never"`` keeps the gathered weights from the forward to the backward: ZeRO-2;
+  ``"never"`` keeps the gathered weights from the forward to the backward: ZeRO-2, or ZeRO-3
+  with ``training.reshard_after_forward=false`` (exported ``"never"``: the same FSDP2 setting,
+  which nest prices with one gather per microbatch and the stage's weights kept gathered);
 - FSDP with pipelining: PyTorch's pipeline stage runs every backward but the last with
   ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)``
   (``torch/distributed/pipelining/stage.py``, ``backward_maybe_with_nosync``), so full weights and
@@ -254,6 +256,8 @@ def torchtitan_sections(problem: Problem, plan: Plan) -> dict:
         "expert_parallel_degree": plan.ep,
         "pipeline_parallel_degree": plan.pp,
     }
+    if plan.zero_stage == 3 and not problem.training.reshard_after_forward:
+        parallelism[RESHARD] = "never"  # FSDP2 reshard_after_forward=False (module docstring)
     if plan.pp > 1:
         blocks = [i for i, ref in enumerate(chain) if ref.kind is LayerKind.BLOCK]
         parallelism["pipeline_parallel_split_points"] = [
