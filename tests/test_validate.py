@@ -361,16 +361,38 @@ def test_regression_errors_per_source_pin_the_current_model(summary, source):
     assert s["median_error"] == pytest.approx(signed, abs=0.005)
 
 
-def test_regression_sc21_table2_kendall_tau_pins_the_current_model(summary):
-    """Pins the current model's ranking of SC21 Table 2's two sweeps (six configurations each),
-    not an accuracy target: Kendall tau +0.20 (175B: 9 of 15 pairs ordered as measured) and
-    +0.47 (530B: 11 of 15). Prefetching the ZeRO-3 gathers (nest.cost.fsdp) moved the ZeRO-3
-    rows up, past PTD-P rows that ran faster (it was +0.73 and +0.60 with every gather exposed)."""
-    sweeps = summary["sweeps"]
-    assert set(sweeps) == {"SC21_Table2_174.6B", "SC21_Table2_529.6B"}
-    assert all(s["n"] == 6 for s in sweeps.values())
-    assert sweeps["SC21_Table2_174.6B"]["kendall_tau"] == pytest.approx(3 / 15)
-    assert sweeps["SC21_Table2_529.6B"]["kendall_tau"] == pytest.approx(7 / 15)
+def test_regression_sweep_kendall_taus_pin_the_current_model(summary):
+    """Pins the current model's ranking of every sweep (named or auto-detected; not an accuracy
+    target): SC21 Table 2's two six-configuration sweeps +0.73 (175B: 11 of 15 pairs ordered as
+    measured) and +0.60 (530B: 12 of 15), and the eight GB200 scaling sweeps, all +1 but
+    Grok-1's BF16 (+0.33: measured 7.33 / 7.39 / 7.32 s on 128 / 256 / 512 GPUs, a 1 % spread,
+    predicted flat to 0.01 s)."""
+    taus = {k: (s["n"], s["kendall_tau"]) for k, s in summary["sweeps"].items()}
+    assert taus["SC21_Table2_174.6B"] == (6, pytest.approx(11 / 15))
+    assert taus["SC21_Table2_529.6B"] == (6, pytest.approx(9 / 15))
+    gb200 = {k: v for k, v in taus.items() if k.startswith(GB200_PAIRS)}
+    assert len(gb200) == 8 and len(taus) == 10
+    assert taus[f"{GB200_PAIRS}:314B:seq8192:bf16"] == (3, pytest.approx(1 / 3))
+    assert sorted(t for _, t in gb200.values()) == [pytest.approx(1 / 3)] + [1.0] * 7
+
+
+def test_sweeps_are_auto_detected_per_source_model_metric_and_precision():
+    """Rows without a ``sweep`` id form one sweep per source, model, metric and precision when at
+    least three are predicted; two rows (one pair) are no sweep."""
+
+    def outcome(gpus, measured, predicted, precision="bf16", source="S"):
+        row = {"source": source, "model_params_b": "8", "seq": "4096", "layers": "32",
+               "hidden": "4096", "gpus": gpus, "precision": precision}  # fmt: skip
+        return validate.Outcome(row, "step_time_s", measured, predicted, True)
+
+    rows = [outcome("8", 3.0, 2.0), outcome("16", 2.0, 3.0), outcome("32", 1.0, 1.0)]
+    (sweep,) = validate.sweeps(rows).values()
+    assert sweep["n"] == 3 and sweep["kendall_tau"] == pytest.approx(1 / 3)
+    assert validate.sweeps(rows[:2]) == {}
+    mixed = rows[:2] + [outcome("32", 1.0, 1.0, precision="fp8")]
+    assert validate.sweeps(mixed) == {}
+    other = rows[:2] + [outcome("32", 1.0, 1.0, source="T")]
+    assert validate.sweeps(other) == {}
 
 
 def test_at_the_micro_benchmark_ceiling_every_source_is_over_predicted():
