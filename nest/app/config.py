@@ -168,6 +168,7 @@ class TrainingConfig:
     tp_comm_overlap: bool = TRAINING_DEFAULTS["tp_comm_overlap"]
     cp_comm_overlap: bool = TRAINING_DEFAULTS["cp_comm_overlap"]
     ep_comm_overlap: bool = TRAINING_DEFAULTS["ep_comm_overlap"]
+    moe_routing: str = TRAINING_DEFAULTS["moe_routing"]
     precision: str = TRAINING_DEFAULTS["precision"]
     fp8_recipe: str = TRAINING_DEFAULTS["fp8_recipe"]
     fp8_param_gather: bool = TRAINING_DEFAULTS["fp8_param_gather"]
@@ -754,6 +755,7 @@ def build_model(cfg: Any, training: Training):
             flash_attention=training.flash_attention,
             overlap=training.overlap,
             precision=training.numerics,
+            moe_routing=training.moe_routing,
             seq_len_source=hf.seq_len_source,
             notes=tuple(hf.notes),
         )
@@ -779,6 +781,7 @@ def build_model(cfg: Any, training: Training):
         flash_attention=training.flash_attention,
         overlap=training.overlap,
         precision=training.numerics,
+        moe_routing=training.moe_routing,
     )
 
 
@@ -811,6 +814,7 @@ def build_training(cfg: Any) -> Training:
         grad_bytes=c.get("grad_bytes", TRAINING_DEFAULTS["grad_bytes"]),
         precision=str(c.get("precision", TRAINING_DEFAULTS["precision"])),
         fp8_recipe=str(c.get("fp8_recipe", TRAINING_DEFAULTS["fp8_recipe"])),
+        moe_routing=str(c.get("moe_routing", TRAINING_DEFAULTS["moe_routing"])),
         **{key: bool(c.get(key, TRAINING_DEFAULTS[key])) for key in flags},
     )
 

@@ -64,6 +64,9 @@ Columns appended for precision and model shapes (blank: the default):
   preset;
 - ``etp``: the expert tensor degree. nest shards experts over the tensor ranks, so it must be
   blank or equal to ``tp`` (a row whose experts ran otherwise is refused, not approximated);
+- ``moe_routing``: ``balanced`` when blank (the published MoE benchmarks force the router to
+  balance, ``--moe-router-force-load-balancing``, or pad every expert to one capacity), or
+  ``dropless`` (:attr:`nest.core.problem.Training.moe_routing`);
 - ``head_dim``: the width of one attention head when ``heads x head_dim`` is not ``hidden``
   (MaxText's ``head_dim``; blank: ``hidden / heads``);
 - ``zero_group``: the data-parallel ranks one ZeRO shard group spans. nest shards the ZeRO
@@ -383,10 +386,15 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         precision=(row.get("precision") or "bf16").strip(),
         fp8_recipe=(row.get("fp8_recipe") or "delayed").strip(),
         fp8_param_gather=_flag(row.get("fp8_param_gather"), False),
+        moe_routing=(row.get("moe_routing") or "balanced").strip(),
     )
     problem = Problem(
         model=AnalyticModel(
-            spec, flash_attention=flash, overlap=training.overlap, precision=training.numerics
+            spec,
+            flash_attention=flash,
+            overlap=training.overlap,
+            precision=training.numerics,
+            moe_routing=training.moe_routing,
         ),
         cluster=cluster,
         training=training,

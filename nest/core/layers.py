@@ -61,6 +61,29 @@ from nest.core.precision import Precision
 
 VOCAB_PAD_MULTIPLE = 128  # Megatron-LM --make-vocab-size-divisible-by default
 
+DROPLESS_LOAD_FACTOR = 1.4
+"""Tokens the most loaded expert-parallel rank receives per MoE layer under dropless routing, over
+the balanced share (``dropless``; ``balanced`` is 1): its expert GEMMs, its received all-to-all
+bytes and its received-token permutations scale by it, and the step waits for that rank.
+
+Calibrated, on one declared row: no published micro-benchmark isolates the per-rank load of a
+dropless run. Megatron-MoE-ModelZoo (``best_practice/qwen3/readme.md``, "Long Context": Qwen3-235B
+on 256 H100, TP4 PP8 VP4 EP8, DeepEP, BF16) measures forced-balance vs dropless routing at four
+sequence lengths: 295 / 237, 335 / 277, 368 / 320 and 389 / 357 TFLOP/s per GPU at 16K, 32K, 64K
+and 128K tokens (CP 1, 2, 4, 8), i.e. dropless 19.7 %, 17.3 %, 13.0 % and 8.2 % slower. 1.4 is the
+factor that reproduces the 16K gap (19.8 % predicted); the 32K, 64K and 128K pairs are held out
+(17.0 %, 13.2 %, 9.1 % predicted: tests/test_moe_routing.py)."""
+
+EXPERT_FC1 = "efc1"
+EXPERT_LINEARS = frozenset((EXPERT_FC1, "efc2"))
+"""The routed experts' linears (:func:`nest.core.blocks.mlp_linears`)."""
+
+ROUTER_BYTES_PER_LOGIT = 12
+"""HBM bytes per router logit of the router's memory-bound kernels, each way: the softmax reads
+and writes the fp32 logits (8 bytes; Megatron-Core ``--moe-router-dtype fp32``) and the top-k
+reads the probabilities (4 bytes) (Megatron-Core ``moe/router.py``, ``topk_softmax_with_capacity``;
+roofline, each operator streaming its inputs and outputs once)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Shard:
@@ -214,6 +237,7 @@ class AnalyticModel:
         flash_attention: bool = False,
         overlap: Overlap | None = None,
         precision: Precision | None = None,
+        moe_routing: str = "dropless",
         seq_len_source: str = "model.seq_len",
         notes: tuple[str, ...] = (),
     ) -> None:
@@ -221,6 +245,8 @@ class AnalyticModel:
         self.flash_attention = flash_attention
         self.overlap = overlap or Overlap()
         self.precision = precision or Precision()
+        self.moe_routing = moe_routing
+        """``dropless`` or ``balanced`` (:attr:`nest.core.problem.Training.moe_routing`)."""
         self.chain: tuple[LayerRef, ...] = build_chain(spec)
         last = spec.layers - 1
         self.mtp_ref = LayerRef(
@@ -646,6 +672,51 @@ class AnalyticModel:
             Recompute.FULL: p * hsb / sp_div,
         }
 
+    def moe_load_factor(self, ref: LayerRef, shard: Shard) -> float:
+        """Tokens the most loaded expert-parallel rank of a MoE block receives over the balanced
+        share: :data:`DROPLESS_LOAD_FACTOR` under ``dropless`` routing with ``ep > 1``; 1 when
+        routing is ``balanced``, for dense blocks, and with ``ep = 1`` (every rank holds every
+        expert and processes all of its own tokens, however the router spreads them)."""
+        if not ref.moe or shard.ep == 1 or self.moe_routing == "balanced":
+            return 1.0
+        return DROPLESS_LOAD_FACTOR
+
+    def _moe_kernels_s(self, ref: LayerRef, shard: Shard, device: Device) -> tuple[float, float]:
+        """Forward and backward seconds of a MoE block's router and token permutations on one
+        device, beyond its expert GEMMs (Megatron-Core ``moe/router.py``, ``moe/moe_utils.py``,
+        ``moe/token_dispatcher.py``, ``MoEAlltoAllTokenDispatcher``):
+
+        - the router GEMM ``[T x h] @ [h x E]`` on the device's ``T = b s / (c t_sp)`` tokens
+          (left out of the FLOP count, as Megatron-LM leaves it) and its softmax and top-k,
+          memory-bound over ``T x E`` fp32 logits (:data:`ROUTER_BYTES_PER_LOGIT`);
+        - ``permute`` before the dispatch reads the ``T`` tokens once and writes their ``top_k``
+          copies, ``unpermute`` after the combine reads the copies and writes the weighted sums
+          (the fused kernels of ``--moe-permute-fusion``, Transformer Engine ``moe_permute``):
+          ``(1 + top_k) T h p`` bytes each;
+        - with ``ep > 1`` and several local experts, ``sort_chunks_by_idxs`` after the dispatch and
+          before the combine regroups the received copies by local expert: ``2 R h p`` bytes each,
+          ``R`` = the copies this rank's experts receive (:meth:`_block_gemms`'s per-expert tokens
+          times the local experts, times :meth:`moe_load_factor`).
+
+        Every kernel is memory-bound at the device's HBM bandwidth (roofline) plus its launch
+        overhead; the backward runs the reverse permutations and the router's gradient, the same
+        bytes, and the router GEMM's two gradient GEMMs."""
+        m = self.spec
+        t, _, _, sp_div, p, b, _, h, s_loc, _, _ = self._dims(shard)
+        tokens = b * s_loc / sp_div
+        local = m.num_experts // shard.ep
+        router_f, router_b = self._gemms_s(device, [(tokens, m.num_experts, h, 1)])
+        moved = ROUTER_BYTES_PER_LOGIT * tokens * m.num_experts
+        moved += 2 * (1 + m.top_k) * tokens * h * p  # permute, unpermute
+        kernels = 4  # softmax, top-k, permute, unpermute
+        if shard.ep > 1 and local > 1:
+            per_expert = self._block_gemms(ref, shard)[EXPERT_FC1][0]
+            received = per_expert * local * self.moe_load_factor(ref, shard)
+            moved += 2 * (2 * received * h * p)
+            kernels += 2
+        stream_s = moved / device.hbm_bw_bytes_per_s + kernels * device.kernel_overhead_s
+        return router_f + stream_s, router_b + stream_s
+
     def _block_gemms(self, ref: LayerRef, shard: Shard) -> dict[str, tuple]:
         """The block's GEMMs on one device, ``name -> (m, n, k, groups)``: ``m`` tokens of the
         device's sequence chunk (all of them after sequence parallelism's all-gather), weights
@@ -726,7 +797,10 @@ class AnalyticModel:
         ep = shard.ep if ref.moe else 1
         fp8 = self.precision.fp8
         gemms = self._block_gemms(ref, shard)
+        load = self.moe_load_factor(ref, shard)
         fwd_of = {name: self._gemms_s(device, [g], fp8) for name, g in gemms.items()}
+        for name in EXPERT_LINEARS & fwd_of.keys():  # the most loaded rank's expert GEMMs
+            fwd_of[name] = (load * fwd_of[name][0], load * fwd_of[name][1])
         gemm_fwd = sum(f for f, _ in fwd_of.values())
         gemm_bwd = sum(b_ for _, b_ in fwd_of.values())
         cast_fwd, cast_bwd = self._cast_s(gemms, device)
@@ -741,8 +815,9 @@ class AnalyticModel:
             ew_bytes += 2 * (2 * p + 1) * hsb / sp_div
         hbm = device.hbm_bw_bytes_per_s
         ew_s = ew_bytes / hbm + core_ew_s
-        fwd_s = gemm_fwd + cast_fwd + attn_s + ew_s
-        bwd_s = gemm_bwd + cast_bwd + 2.0 * attn_s + 2.0 * ew_s
+        moe_fwd, moe_bwd = self._moe_kernels_s(ref, shard, device) if ref.moe else (0.0, 0.0)
+        fwd_s = gemm_fwd + cast_fwd + attn_s + ew_s + moe_fwd
+        bwd_s = gemm_bwd + cast_bwd + 2.0 * attn_s + 2.0 * ew_s + moe_bwd
         core_s = attn_s + core_ew_s
         # FlashAttention's backward recomputes S = QK^T (half of the core's forward FLOPs), which
         # is why its backward costs 2.5x its forward rather than 2x (Dao 2023, FlashAttention-2).
@@ -823,7 +898,9 @@ class AnalyticModel:
         ep_fwd: list[Collective] = []
         ep_bwd: list[Collective] = []
         if ref.moe and shard.ep > 1:
-            a2a_bytes = p * (s_loc * b / sp_div) * m.top_k * m.hidden  # tokens this device holds
+            # tokens this device holds; the most loaded rank receives moe_load_factor times more
+            a2a_bytes = p * (s_loc * b / sp_div) * m.top_k * m.hidden
+            a2a_bytes *= self.moe_load_factor(ref, shard)
             attn_fwd = attn_in[0] + fwd_of["proj"][0] + attn_s
             attn_bwd = attn_in[1] + fwd_of["proj"][1] + 2.0 * attn_s
             hide_f = attn_fwd / 2 if ov.ep else 0.0

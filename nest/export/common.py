@@ -172,6 +172,7 @@ def framework_problem(problem: Problem, runs: dict) -> tuple[Problem, dict]:
             flash_attention=model.flash_attention,
             overlap=ran.overlap,
             precision=ran.numerics,
+            moe_routing=ran.moe_routing,
         )
     return replace(problem, training=ran, model=model), diffs
 
