@@ -489,7 +489,7 @@ def test_ep_overlap_by_hand(overlap):
     microbatch's attention: forward ``(QKV + projection + core)/2``, backward twice that
     (FLOPs ``2 s 3h h``, ``2 s h h``, ``4 s^2 h`` at 100 TFLOP/s). The link is slow enough that
     the forward's all-to-alls stick out of their half and the backward's hide. Balanced routing
-    (dropless routing's larger share for the most loaded rank: tests/test_moe_routing.py)."""
+    (dropless routing's larger share for the most loaded rank: tests/test_moe_realism.py)."""
     spec = make_spec(
         layers=1, hidden=1024, heads=8, ffn_hidden=4096, seq_len=512, num_experts=4, top_k=2
     )

@@ -219,6 +219,8 @@ def megatron_args(problem: Problem, plan: Plan) -> list[str]:
         f"--micro-batch-size {plan.microbatch_size}",
         f"--global-batch-size {global_batch(plan)}",
     ]
+    if plan.etp is not None:  # Megatron-Core's default expert tensor degree is tp
+        args.append(f"--expert-tensor-parallel-size {plan.etp}")
     if problem.model.seq_len:
         args.append(f"--seq-length {problem.model.seq_len}")
     if plan.sequence_parallel and plan.tp > 1:

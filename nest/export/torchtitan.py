@@ -201,6 +201,12 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     if moved is not None:
         issues.append("a stage that starts without a transformer block (moved one block into it)")
         changes["layer_counts"] = moved
+    if plan.etp is not None:
+        issues.append(
+            "whole experts under tensor parallelism (etp 1; this export lays out torchtitan's "
+            "expert_tensor_parallel_degree = tp, used it)"
+        )
+        changes["whole_experts"] = False
     if plan.zero_stage not in data_parallel_modes(plan):
         scored = []
         for ep in _ep_candidates(problem, plan):
@@ -255,6 +261,8 @@ def torchtitan_sections(problem: Problem, plan: Plan) -> dict:
         "expert_parallel_degree": plan.ep,
         "pipeline_parallel_degree": plan.pp,
     }
+    if plan.ep > 1:  # torchtitan's default is 1; experts split like the dense weights, as scored
+        parallelism["expert_tensor_parallel_degree"] = plan.tp
     if plan.pp > 1:
         blocks = [i for i, ref in enumerate(chain) if ref.kind is LayerKind.BLOCK]
         parallelism["pipeline_parallel_split_points"] = [
