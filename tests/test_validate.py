@@ -30,22 +30,16 @@ def test_every_case_is_predicted_and_fits(summary):
     Blackwell (256 GB200 TP4 PP16 VP4, 128 B200 TP4 PP8 CP2 VP8, FP8), which it puts 13 and
     4 GiB over, and MaxText's five single-slice TPU v5p runs with ``remat_policy=minimal``
     (scored as selective recompute at microbatches of 16-32), which it puts 31-59 GiB over: MaxText
-    keeps only the weight GEMMs' outputs, fewer bytes than the Megatron activation terms count.
-    Every case is predicted but the 8 MoE runs whose experts ran with etp 1 under tp > 1
-    (Megatron-Core's MoE parallel folding) and the 28 multislice MaxText runs (ZeRO-3 within a
-    slice, data parallel across slices), which nest cannot shard so and refuses rather than score
-    as something else."""
+    keeps only the weight GEMMs' outputs, fewer bytes than the Megatron activation terms count,
+    and DeepSeek-V3 on 512 H100 (TP2 PP16 EP64 with whole experts), which it puts 4.9 GiB over.
+    Every case is predicted but the 28 multislice MaxText runs (ZeRO-3 within a slice, data
+    parallel across slices), which nest cannot shard so and refuses rather than score as
+    something else; the 8 MoE runs whose experts ran with etp 1 under tp > 1 are scored as
+    folded plans (tests/test_moe_realism.py)."""
     assert summary["cases"] == 194
-    refused = sum(ETP_REFUSED.values()) + sum(HYBRID_REFUSED.values())
-    assert summary["predicted"] == 194 - refused == 158
-    assert summary["out_of_memory"] == 9
-
-
-ETP_REFUSED = {  # source: rows refused because their experts ran with etp != tp
-    "NVIDIA_dgxc_benchmarking_H100_DeepSeekV3_BF16": 2,
-    "MoEZoo_Qwen3_235B_H100_BF16": 5,
-    "MegatronBridge_perf_H100_FP8": 1,
-}
+    refused = sum(HYBRID_REFUSED.values())
+    assert summary["predicted"] == 194 - refused == 166
+    assert summary["out_of_memory"] == 10
 
 
 HYBRID_REFUSED = {  # source: rows refused because ZeRO-3 sharded within slices only
@@ -91,20 +85,6 @@ def test_head_dim_column_sets_the_attention_width():
     assert extra == blocks * 4 * 5120 * (8192 - 5120)
 
 
-def test_rows_whose_experts_ran_with_another_tensor_degree_are_refused_in_one_line():
-    """nest shards experts over the tensor ranks (etp = tp): a row with etp 1 under tp 2 or 4 is
-    refused with a one-line error naming both, never scored with tp-sharded experts."""
-    counts: dict[str, int] = {}
-    for row in _rows():
-        if (row.get("etp") or "").strip() and row["etp"] != row["tp"]:
-            outcome = validate.predict(row)
-            assert outcome.predicted is None
-            assert f"etp={row['etp']} with tp={row['tp']}" in outcome.note
-            assert "\n" not in outcome.note
-            counts[row["source"]] = counts.get(row["source"], 0) + 1
-    assert counts == ETP_REFUSED
-
-
 # ------------------------------------------------------------------------------ accuracy
 # The targets docs/trust/fidelity.md states (median <= 5 %, max <= 15 %, no source
 # median above 10 %), asserted as stated. A target the model does not meet today is a strict
@@ -122,6 +102,8 @@ AUTOMODEL = "NeMoAutomodel_PerfSummary_H100_BF16"
 PAIRS = "NVIDIA_dgxc_benchmarking_H100_pairs"
 DSV3 = "NVIDIA_dgxc_benchmarking_H100_DeepSeekV3_BF16"
 MBRIDGE = "MegatronBridge_perf_H100_FP8"
+MOEZOO = "MoEZoo_Qwen3_235B_H100_BF16"
+MOEZOO_SWEEP = "MoEZoo_Qwen3_235B_256xH100"
 GB200_PAIRS = "NVIDIA_dgxc_benchmarking_GB200_pairs"
 BLACKWELL = "MegatronBridge_perf_Blackwell"
 TPU_V5E = "MaxText_TPU_v5e_README"
@@ -149,8 +131,14 @@ PAIRS_WHY = (
     "the MoE blocks is larger than measured"
 )
 DSV3_WHY = (
-    "one row (TP1 PP8 VP2 EP64 on 1024 H100) predicted 52 % slow; the other two ran with etp 1 "
-    "and are refused"
+    "TP1 PP8 VP2 EP64 on 1024 H100 predicted 52 % slow (the EP-64 all-to-all charged as one "
+    "exposed NCCL all-to-all; DeepEP's node-deduplicated dispatch is not modelled); the two "
+    "folded rows (TP2 EP64 etp 1) -12.5 and -7.9 %"
+)
+MOEZOO_WHY = (
+    "Megatron-Core FSDP row (TP2 EP8 DP128 ZeRO-3, full recompute) +76 % (ZeRO-3 gathers "
+    "charged as exposed), cross-node EP32 rows +27-29 % (DeepEP's node-deduplicated dispatch "
+    "not modelled), TP2 PP32 -36 % and TP4 PP8 -50 % (predicted fastest, measured slowest)"
 )
 GB200_WHY = (
     "every row predicted fast (BF16 -14 to -22 %, FP8 -15 to -30 %): at the assumed in-step GEMM "
@@ -175,7 +163,8 @@ MI355X_WHY = (
 )
 MBRIDGE_WHY = (
     "Qwen3-30B-A3B PP2 VP24 (25.11) predicted at 2.6x the measured throughput (and 8 GiB over "
-    "memory), the PP1 EP16 run (26.06) 9 % slow"
+    "memory), the PP1 EP16 run (26.06) 9 % slow, the folded Qwen3-235B run (25.11, TP2 EP32 "
+    "etp 1) 10 % slow"
 )
 
 
@@ -188,8 +177,9 @@ MBRIDGE_WHY = (
         pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "12.0 %", SC21_T2_WHY)),
         pytest.param(AUTOMODEL, marks=_unmet("source median <= 10 %", "30.5 %", AUTOMODEL_WHY)),
         PAIRS,
-        pytest.param(DSV3, marks=_unmet("source median <= 10 %", "52.3 %", DSV3_WHY)),
-        pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "83.7 %", MBRIDGE_WHY)),
+        pytest.param(DSV3, marks=_unmet("source median <= 10 %", "12.5 %", DSV3_WHY)),
+        pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "10.2 %", MBRIDGE_WHY)),
+        pytest.param(MOEZOO, marks=_unmet("source median <= 10 %", "35.7 %", MOEZOO_WHY)),
         pytest.param(GB200_PAIRS, marks=_unmet("source median <= 10 %", "17.0 %", GB200_WHY)),
         pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "19.3 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "36.3 %", TPU_WHY)),
@@ -219,7 +209,8 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         pytest.param(AUTOMODEL, marks=_unmet("max <= 15 %", "30.5 %", AUTOMODEL_WHY)),
         pytest.param(PAIRS, marks=_unmet("max <= 15 %", "20.9 %", PAIRS_WHY)),
         pytest.param(DSV3, marks=_unmet("max <= 15 %", "52.3 %", DSV3_WHY)),
-        pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "184 %", MBRIDGE_WHY)),
+        pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "158 %", MBRIDGE_WHY)),
+        pytest.param(MOEZOO, marks=_unmet("max <= 15 %", "75.6 %", MOEZOO_WHY)),
         pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "30.1 %", GB200_WHY)),
         pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "318 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "37.3 %", TPU_WHY)),
@@ -282,8 +273,9 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     SC21_T2: (12, 0.120, 1.656, 0.038),
     AUTOMODEL: (1, 0.305, 0.305, -0.305),
     PAIRS: (30, 0.070, 0.209, -0.053),
-    DSV3: (1, 0.523, 0.523, 0.523),
-    MBRIDGE: (2, 0.837, 1.583, 0.747),
+    DSV3: (3, 0.125, 0.523, -0.079),
+    MBRIDGE: (3, 0.102, 1.583, -0.090),
+    MOEZOO: (5, 0.357, 0.756, 0.268),
     GB200_PAIRS: (30, 0.170, 0.301, -0.170),
     BLACKWELL: (9, 0.193, 2.808, 0.193),
     TPU_V5E: (4, 0.363, 0.373, -0.363),
@@ -309,10 +301,25 @@ def test_regression_sc21_table2_kendall_tau_pins_the_current_model(summary):
     not an accuracy target: Kendall tau +0.73 (175B: 11 of 15 pairs ordered as measured) and
     +0.60 (530B: 12 of 15)."""
     sweeps = summary["sweeps"]
-    assert set(sweeps) == {"SC21_Table2_174.6B", "SC21_Table2_529.6B"}
-    assert all(s["n"] == 6 for s in sweeps.values())
+    assert set(sweeps) == {"SC21_Table2_174.6B", "SC21_Table2_529.6B", MOEZOO_SWEEP}
+    assert all(sweeps[k]["n"] == 6 for k in ("SC21_Table2_174.6B", "SC21_Table2_529.6B"))
     assert sweeps["SC21_Table2_174.6B"]["kendall_tau"] == pytest.approx(11 / 15)
     assert sweeps["SC21_Table2_529.6B"]["kendall_tau"] == pytest.approx(9 / 15)
+
+
+def test_regression_moezoo_qwen3_layout_ranking_pins_the_current_model(summary):
+    """Pins (not a target) Kendall tau of Megatron-MoE-ModelZoo's five Qwen3-235B layouts on 256
+    H100 (step times 17.6, 17.6, 19.7, 24.2, 29.0 s; the tied pair left out): -0.78, 7 of the 9
+    untied pairs reversed."""
+    sweep = summary["sweeps"][MOEZOO_SWEEP]
+    assert sweep["n"] == 5
+    assert sweep["kendall_tau"] == pytest.approx(-7 / 9)
+
+
+@_unmet("Kendall tau >= 0.8", "-0.78", MOEZOO_WHY)
+def test_accuracy_moezoo_qwen3_layouts_ranked_as_measured(summary):
+    """The issue's target: the five Qwen3-235B layouts ranked in the measured order."""
+    assert summary["sweeps"][MOEZOO_SWEEP]["kendall_tau"] >= 0.8
 
 
 def test_at_the_micro_benchmark_ceiling_every_source_is_over_predicted():
@@ -649,7 +656,7 @@ def test_accuracy_fp8_speedup_within_a_tenth_on_every_pair(pairs, label):
 
 
 FP8_GROUPS = {  # machine: (its sources, FP8 rows, median |error| today)
-    "H100": ((PAIRS, MBRIDGE), 17, 0.094),
+    "H100": ((PAIRS, MBRIDGE), 18, 0.094),
     "GB200 dgxc": ((GB200_PAIRS,), 15, 0.213),
     "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.262),
     "MI355X MLPerf": ((MI355X,), 1, 0.135),
