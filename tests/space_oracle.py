@@ -235,8 +235,11 @@ def oracle_space(problem, options: dict) -> dict:
                 continue
             if not shard_allowed(spec, tp=tp, cp=cp, ep=ep, sp=sp and tp > 1, etp=etp):
                 continue
-            # [S] ZeRO 0-3, only 0 when dp * cp == 1 (nothing to shard)
-            zeros = [0] if dp * cp == 1 else [z for z in (0, 1, 2, 3) if z in zero_stages]
+            # [S] ZeRO 0-3, only 0 when dp * cp == 1 and no expert is replicated (nothing to
+            # shard: whole experts replicate over the folded tensor ranks)
+            replicas = dp * cp * fold // ep if spec.is_moe else 1
+            alone = dp * cp == 1 and replicas == 1
+            zeros = [0] if alone else [z for z in (0, 1, 2, 3) if z in zero_stages]
             placed: dict = {}
             for order in orders(options):
                 key = placement_of(tp, cp, dp, pp, ep, order, etp)

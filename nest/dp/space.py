@@ -17,7 +17,8 @@ partition and the recompute modes:
   size; ``seq_len`` divisible by ``2 cp``; ...);
 - the microbatch size ``mbs`` is one of ``training.microbatch_sizes`` with ``mbs * dp`` dividing
   the global batch; ``m = global_batch / (mbs * dp)`` microbatches per replica;
-- the ZeRO stage 0-3 (only 0 when ``dp * cp == 1``: nothing to shard, stages 1-3 cost exactly
+- the ZeRO stage 0-3 (only 0 when ``dp * cp == 1`` and no expert is replicated, i.e. the
+  expert data parallelism ``dp * cp * tp / (etp * ep)`` is 1: nothing to shard, stages 1-3 cost exactly
   what 0 costs);
 - the rank order: ``tp`` innermost, any order of ``cp, dp, pp`` above it; orders that place every
   device alike (same order of the axes of degree > 1) are kept once, the first in
@@ -303,7 +304,9 @@ def families(problem: Problem, options: SpaceOptions) -> Iterator[Family]:
 def _families(problem, options, orders, kinds, degrees) -> Iterator[Family]:
     tp, cp, ep, dp, pp, etp = degrees
     training = problem.training
-    zeros = (0,) if dp * cp == 1 else tuple(options.zero_stages)
+    fold = 1 if etp is None else tp  # whole experts replicate over the folded tensor ranks
+    replicas = dp * cp * fold // ep if problem.model.spec.is_moe else 1
+    zeros = (0,) if dp * cp == 1 and replicas == 1 else tuple(options.zero_stages)
     # two orders place every device alike iff the axes of degree > 1 come in the same order
     degree = {Axis.TP: tp, Axis.CP: cp, Axis.DP: dp, Axis.PP: pp}
     seen: set[tuple] = set()
