@@ -212,7 +212,7 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "158 %", MBRIDGE_WHY)),
         pytest.param(MOEZOO, marks=_unmet("max <= 15 %", "75.6 %", MOEZOO_WHY)),
         pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "30.1 %", GB200_WHY)),
-        pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "318 %", BLACKWELL_WHY)),
+        pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "281 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "37.3 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "44.7 %", TPU_WHY)),
         MI355X,
@@ -224,7 +224,7 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
 
 @_unmet(
     "median <= 5 % over all cases",
-    "12.4 %",
+    "12.6 %",
     "SC21 Table 1's 30 A100 rows (2021 software, no FlashAttention) run 4-13 % faster than "
     f"predicted at the assumed in-step GEMM rate of 0.65; the GB200 pairs: {GB200_WHY}; the TPU "
     f"rows: {TPU_WHY}",
@@ -233,7 +233,7 @@ def test_accuracy_median_within_5_percent(summary):
     assert summary["median_abs_error"] <= TARGET_MEDIAN
 
 
-@_unmet("max <= 15 % over all cases", "318 %", f"{BLACKWELL_WHY}; {SC21_T2_WHY}; {MBRIDGE_WHY}")
+@_unmet("max <= 15 % over all cases", "281 %", f"{BLACKWELL_WHY}; {SC21_T2_WHY}; {MBRIDGE_WHY}")
 def test_accuracy_max_within_15_percent(summary):
     assert summary["max_abs_error"] <= TARGET_MAX
 
