@@ -138,9 +138,14 @@ def build_plan(problem: Problem, settings: "PlanSettings") -> Plan:
     dp = s.dp if s.dp is not None else n // width
     fold = 1 if etp is None else s.tp
     if (dp * s.cp * fold) % s.ep:
+        if fold == 1:
+            raise UserError(
+                f"solver.ep={s.ep} must divide dp*cp = {dp}*{s.cp}; expert ranks are carved "
+                "out of the data x context ranks (or set solver.etp=1 to fold the tensor ranks in)"
+            )
         raise UserError(
-            f"solver.ep={s.ep} must divide dp*cp*tp/etp = {dp}*{s.cp}*{fold}; expert ranks are "
-            "carved out of the data x context ranks (and the tensor ranks with etp=1)"
+            f"solver.ep={s.ep} must divide dp*cp*tp = {dp}*{s.cp}*{s.tp} with etp=1; expert "
+            "ranks are carved out of the data x context x tensor ranks"
         )
     mbs = training.microbatch_sizes[0] if s.microbatch_size is None else s.microbatch_size
     if training.global_batch % (mbs * dp):
