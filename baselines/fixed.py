@@ -29,6 +29,7 @@ class FixedPlanner:
         dp: int | None = None,
         cp: int = 1,
         ep: int = 1,
+        etp: int | None = None,
         microbatch_size: int | None = None,
         recompute: str | Sequence[str] = "none",
         zero_stage: int = 0,
@@ -40,6 +41,7 @@ class FixedPlanner:
     ) -> None:
         self.name = name
         self.tp, self.pp, self.dp, self.cp, self.ep = tp, pp, dp, cp, ep
+        self.etp = etp
         self.microbatch_size = microbatch_size
         self.recompute = recompute
         self.zero_stage = zero_stage

@@ -74,6 +74,7 @@ def make_problem(spec=None, cluster=None, *, flash=False, **train) -> Problem:
             flash_attention=flash,
             overlap=training.overlap,
             precision=training.numerics,
+            moe_routing=training.moe_routing,
         ),
         cluster=cluster or make_cluster(),
         training=training,

@@ -135,8 +135,10 @@ def random_planner(rng: random.Random, problem) -> FixedPlanner:
     gb = problem.training.global_batch
     dp = rng.choice([d for d in divisors(rest) if gb % d == 0])
     mbs = rng.choice([b for b in problem.training.microbatch_sizes if gb % (b * dp) == 0])
+    etp = rng.choice([None, 1]) if spec.is_moe and tp > 1 else None  # 1: whole experts
+    fold = tp if etp == 1 else 1
     ep = (
-        rng.choice([e for e in divisors(dp * cp) if spec.num_experts % e == 0])
+        rng.choice([e for e in divisors(dp * cp * fold) if spec.num_experts % e == 0])
         if spec.is_moe
         else 1
     )
@@ -152,6 +154,7 @@ def random_planner(rng: random.Random, problem) -> FixedPlanner:
         dp=dp,
         cp=cp,
         ep=ep,
+        etp=etp,
         microbatch_size=mbs,
         recompute=modes,
         zero_stage=rng.randint(0, 3),

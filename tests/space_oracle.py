@@ -48,12 +48,18 @@ def divisors(n: int) -> list[int]:
 
 
 # ------------------------------------------------------------------------------ model rules
-def shard_allowed(spec, *, tp: int, cp: int, ep: int, sp: bool) -> bool:
-    """[M] ``tp`` divides heads, KV heads and the FFN size; ``cp > 1`` needs ``seq_len``
-    divisible by ``2 cp`` (load-balanced context parallelism); ``ep`` divides the experts and
-    is 1 for a dense model; a mixture of experts with ``tp > 1`` needs sequence parallelism
-    (Megatron-Core asserts it)."""
-    if spec.heads % tp or spec.num_kv_heads % tp or spec.ffn_hidden % tp:
+def shard_allowed(spec, *, tp: int, cp: int, ep: int, sp: bool, etp: int | None = None) -> bool:
+    """[M] ``tp`` divides heads, KV heads and the FFN size (a routed expert's FFN: the expert
+    tensor degree ``etp`` does, ``tp`` when None); ``cp > 1`` needs ``seq_len`` divisible by
+    ``2 cp`` (load-balanced context parallelism); ``ep`` divides the experts and is 1 for a dense
+    model; a mixture of experts with ``tp > 1`` needs sequence parallelism (Megatron-Core asserts
+    it)."""
+    if spec.heads % tp or spec.num_kv_heads % tp:
+        return False
+    dense_blocks = not spec.is_moe or any(not spec.block_is_moe(i) for i in range(spec.layers))
+    if dense_blocks and spec.ffn_hidden % tp:
+        return False
+    if spec.is_moe and (spec.expert_ffn % (tp if etp is None else etp) or spec.shared_ffn % tp):
         return False
     if cp > 1 and spec.seq_len % (2 * cp):
         return False
@@ -64,10 +70,12 @@ def shard_allowed(spec, *, tp: int, cp: int, ep: int, sp: bool) -> bool:
 
 # ------------------------------------------------------------------------------ placement
 @cache
-def placement_of(tp: int, cp: int, dp: int, pp: int, ep: int, order: tuple[Axis, ...]) -> tuple:
+def placement_of(
+    tp: int, cp: int, dp: int, pp: int, ep: int, order: tuple[Axis, ...], etp: int | None = None
+) -> tuple:
     """:func:`placement` of the :func:`grid` of a rank order (cached: the same degrees recur
     across configurations)."""
-    return placement(grid(tp, cp, dp, pp, order), ep)
+    return placement(grid(tp, cp, dp, pp, order), ep, etp)
 
 
 def grid(tp: int, cp: int, dp: int, pp: int, order) -> np.ndarray:
@@ -87,14 +95,18 @@ def grid(tp: int, cp: int, dp: int, pp: int, order) -> np.ndarray:
     return out
 
 
-def placement(devices: np.ndarray, ep: int) -> tuple:
+def placement(devices: np.ndarray, ep: int, etp: int | None = None) -> tuple:
     """Which devices form each group, per pipeline rank (in pipeline order), and each pipeline
     (the devices one microbatch's boundary activations cross, rank by rank):
 
     [G] ``tp``: the devices of one (replica, context rank); ``cp``: of one (replica, tensor
     rank); ``ep``: ``ep`` consecutive data x context ranks (replica-major) of one tensor rank;
     ``dense_dp``: all data x context ranks of one tensor rank; ``expert_dp``: the ranks holding
-    the same experts (same position in their ``ep`` block, same tensor rank).
+    the same experts (same position in their ``ep`` block, same tensor rank). With whole experts
+    (``etp = 1``, Megatron-Core's MoE parallel folding) the devices of the rank, replica-major
+    with the tensor rank innermost, are read as one line: ``ep`` consecutive devices form an
+    expert group, and the devices at the same position of every expert group hold the same
+    experts.
 
     Groups are sets (a collective's cost sees a group's members); two placements are the same
     iff every rank has the same device set and the same groups of every kind, and the same
@@ -111,15 +123,20 @@ def placement(devices: np.ndarray, ep: int) -> tuple:
 
         tp_groups = groups(g[d][c] for d, c in rows)
         cp_groups = groups([g[d][c][t] for c in range(cp)] for d in range(dp) for t in range(tp))
-        ep_groups = groups(
-            [g[d][c][t] for d, c in rows[b * ep : (b + 1) * ep]]
-            for b in range(dp * cp // ep)
-            for t in range(tp)
-        )
+        if etp is None:
+            ep_groups = groups(
+                [g[d][c][t] for d, c in rows[b * ep : (b + 1) * ep]]
+                for b in range(dp * cp // ep)
+                for t in range(tp)
+            )
+            expert_dp = groups(
+                [g[d][c][t] for d, c in rows[j::ep]] for j in range(ep) for t in range(tp)
+            )
+        else:
+            line = [g[d][c][t] for d, c in rows for t in range(tp)]
+            ep_groups = groups(line[b * ep : (b + 1) * ep] for b in range(len(line) // ep))
+            expert_dp = groups(line[j::ep] for j in range(ep))
         dense_dp = groups([g[d][c][t] for d, c in rows] for t in range(tp))
-        expert_dp = groups(
-            [g[d][c][t] for d, c in rows[j::ep]] for j in range(ep) for t in range(tp)
-        )
         ranks.append((tp_groups, cp_groups, ep_groups, dense_dp, expert_dp))
     pipelines = frozenset(
         tuple(devices[r][d][c][t] for r in range(pp))
@@ -208,17 +225,24 @@ def oracle_space(problem, options: dict) -> dict:
             continue
         if not all(_allowed(options, k, v) for k, v in (("tp", tp), ("cp", cp), ("pp", pp))):
             continue
-        for ep in range(1, n * max(spec.num_experts, 1) + 1):
-            # [S]/[D] ep divides the experts and dp * cp; [M] the shard's own rules
-            if (dp * cp) % ep or not _allowed(options, "ep", ep):
+        # [S] a MoE model's experts split like the dense weights (None) or whole (etp 1)
+        etps = (None, 1) if spec.is_moe and tp > 1 else (None,)
+        for ep, etp in product(range(1, n * max(spec.num_experts, 1) + 1), etps):
+            # [S]/[D] ep divides the experts and dp * cp (x tp with whole experts); [M] the
+            # shard's own rules
+            fold = tp if etp == 1 else 1
+            if (dp * cp * fold) % ep or not _allowed(options, "ep", ep):
                 continue
-            if not shard_allowed(spec, tp=tp, cp=cp, ep=ep, sp=sp and tp > 1):
+            if not shard_allowed(spec, tp=tp, cp=cp, ep=ep, sp=sp and tp > 1, etp=etp):
                 continue
-            # [S] ZeRO 0-3, only 0 when dp * cp == 1 (nothing to shard)
-            zeros = [0] if dp * cp == 1 else [z for z in (0, 1, 2, 3) if z in zero_stages]
+            # [S] ZeRO 0-3, only 0 when dp * cp == 1 and no expert is replicated (nothing to
+            # shard: whole experts replicate over the folded tensor ranks)
+            replicas = dp * cp * fold // ep if spec.is_moe else 1
+            alone = dp * cp == 1 and replicas == 1
+            zeros = [0] if alone else [z for z in (0, 1, 2, 3) if z in zero_stages]
             placed: dict = {}
             for order in orders(options):
-                key = placement_of(tp, cp, dp, pp, ep, order)
+                key = placement_of(tp, cp, dp, pp, ep, order, etp)
                 placed.setdefault(key, []).append(order)
             for mbs in training.microbatch_sizes:
                 # [S] mbs * dp divides the global batch; m = batch / (mbs dp) per replica
@@ -230,6 +254,7 @@ def oracle_space(problem, options: dict) -> dict:
                         tp=tp,
                         cp=cp,
                         ep=ep,
+                        etp=etp,
                         dp=dp,
                         pp=pp,
                         microbatch_size=mbs,
@@ -245,7 +270,10 @@ def oracle_space(problem, options: dict) -> dict:
 def space_points(configs) -> list:
     """The space's configurations as ``(configuration without rank order, placement)``."""
     return [
-        (c.unordered(), placement_of(c.tp, c.cp, c.dp, c.pp, c.ep, tuple(c.rank_order)))
+        (
+            c.unordered(),
+            placement_of(c.tp, c.cp, c.dp, c.pp, c.ep, tuple(c.rank_order), c.etp),
+        )
         for c in configs
     ]
 

@@ -504,11 +504,14 @@ def test_ep_overlap_by_hand(overlap):
     in the backward. ``--overlap-moe-expert-parallel-comm`` runs each under half of another
     microbatch's attention: forward ``(QKV + projection + core)/2``, backward twice that
     (FLOPs ``2 s 3h h``, ``2 s h h``, ``4 s^2 h`` at 100 TFLOP/s). The link is slow enough that
-    the forward's all-to-alls stick out of their half and the backward's hide."""
+    the forward's all-to-alls stick out of their half and the backward's hide. Balanced routing
+    (dropless routing's larger share for the most loaded rank: tests/test_moe_realism.py)."""
     spec = make_spec(
         layers=1, hidden=1024, heads=8, ffn_hidden=4096, seq_len=512, num_experts=4, top_k=2
     )
-    problem = _overlap_problem(spec, (2,), global_batch=2, bw_gbps=25, ep_comm_overlap=overlap)
+    problem = _overlap_problem(
+        spec, (2,), global_batch=2, bw_gbps=25, ep_comm_overlap=overlap, moe_routing="balanced"
+    )
     r = evaluate(problem, FixedPlanner(dp=2, ep=2, microbatch_size=1).solve(problem))
     s, b, h, k = 512, 1, 1024, 2
     T = 0.5 * P * s * b * k * h / 25e9 + 1e-6

@@ -57,6 +57,7 @@ MEGATRON_FLAGS = {
     "--overlap-grad-reduce",
     "--tp-comm-overlap",
     "--overlap-moe-expert-parallel-comm",
+    "--moe-router-force-load-balancing",
     "--optimizer",
     "--sgd-momentum",
     # FP8 (_add_transformer_engine_args)
@@ -312,6 +313,7 @@ def torchtitan_runs(t: dict, world: int) -> dict:
         grad_bytes=4,
         tp_comm_overlap=bool(par.get("enable_async_tensor_parallel") and tr.get("compile")),
         ep_comm_overlap=False,
+        moe_routing="dropless",  # no forced balancing in torchtitan's router
     )
     settings.update(torchtitan_fp8(t, tp=tp, dp_shard=shard))
     if not fsdp:
@@ -397,6 +399,7 @@ def megatron_runs(flags: dict, world: int) -> dict:
         tp_comm_overlap="--tp-comm-overlap" in flags,
         cp_comm_overlap=True,
         ep_comm_overlap="--overlap-moe-expert-parallel-comm" in flags,
+        moe_routing="balanced" if "--moe-router-force-load-balancing" in flags else "dropless",
     )
     # FP8 (_add_transformer_engine_args): --fp8-format {e4m3,hybrid} (dest fp8, default None:
     # no FP8), --fp8-recipe {tensorwise,delayed,mxfp8,blockwise,custom} (default delayed),
@@ -502,6 +505,26 @@ def test_torchtitan_runs_the_planned_microbatch_of_the_readme_command(tmp_path):
     assert (ran["microbatch_size"], ran["num_microbatches"]) == want
 
 
+@pytest.mark.parametrize("routing", ["balanced", "dropless"])
+def test_moe_routing_is_exported_or_re_scored(routing):
+    """Megatron carries forced balancing as ``--moe-router-force-load-balancing`` and runs
+    dropless without it, so nothing is re-scored; torchtitan's router has no forced balancing, so
+    a balanced plan with ``ep > 1`` is re-scored dropless and the difference is named."""
+    moe = make_problem(
+        make_spec(layers=4, heads=8, num_experts=4, top_k=2, seq_len=128),
+        make_cluster(fanouts=(4, 4)),
+        global_batch=32,
+        grad_bytes=4,  # as torchtitan runs
+        moe_routing=routing,
+    )
+    settings = dict(tp=1, pp=1, dp=16, ep=4, zero_stage=1)
+    megatron = check_scored(moe, "megatron", settings)
+    assert ("--moe-router-force-load-balancing" in megatron.text) == (routing == "balanced")
+    assert "moe_routing" not in megatron.framework_differences
+    titan = check_scored(moe, "torchtitan", dict(settings, zero_stage=3))
+    assert ("moe_routing" in titan.framework_differences) == (routing == "balanced")
+
+
 def test_torchtitan_expert_parallelism_needs_ep_a_multiple_of_cp():
     """torchtitan's EP borrows all context ranks: ep=2 with cp=4 is refused; the nearest plan
     takes the best ep it can lay out (here 1 or 4) by the evaluator."""
@@ -555,6 +578,7 @@ def as_run(problem, settings: dict):
         flash_attention=problem.training.flash_attention,
         overlap=training.overlap,
         precision=training.numerics,
+        moe_routing=training.moe_routing,
     )
     return Problem(model=model, cluster=problem.cluster, training=training)
 
@@ -602,7 +626,12 @@ def check_scored(problem, target: str, settings: dict):
         ran = megatron_runs(megatron_flags(exp.text), plan.devices_used)
     want = evaluate(as_run(problem, ran["training"]), plan).iteration_time_s
     assert exp.exported_iteration_time_s == pytest.approx(want, rel=1e-12)
-    unused = {"tp_comm_overlap": plan.tp, "cp_comm_overlap": plan.cp, "ep_comm_overlap": plan.ep}
+    unused = {
+        "tp_comm_overlap": plan.tp,
+        "cp_comm_overlap": plan.cp,
+        "ep_comm_overlap": plan.ep,
+        "moe_routing": plan.ep,
+    }
     differs = {
         k
         for k, v in ran["training"].items()

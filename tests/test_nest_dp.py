@@ -340,12 +340,17 @@ def _space_by_the_docstring(problem, *, zero_stages=(0, 1, 2, 3), kinds=("1f1b",
     spec, training = problem.model.spec, problem.training
     orders = [(Axis.TP, *rest) for rest in permutations((Axis.CP, Axis.DP, Axis.PP))]
     out = set()
-    for tp, cp, pp, dp, ep in product(*[range(1, n + 1)] * 3, range(1, batch + 1), range(1, 9)):
+    degrees = product(*[range(1, n + 1)] * 3, range(1, batch + 1), range(1, 9), (None, 1))
+    for tp, cp, pp, dp, ep, etp in degrees:
         if n % tp or (n // tp) % cp or tp * cp * pp * dp > n or pp > chain or batch % dp:
             continue
-        if (spec.num_experts if spec.is_moe else 1) % ep or (dp * cp) % ep:
+        # etp: a MoE model's experts split like the dense weights (None) or whole (1, tp > 1)
+        if etp == 1 and (not spec.is_moe or tp == 1):
             continue
-        shard = Shard(tp=tp, cp=cp, ep=ep, sp=training.sequence_parallel and tp > 1)
+        fold = tp if etp == 1 else 1  # whole experts fold the tensor ranks into expert ranks
+        if (spec.num_experts if spec.is_moe else 1) % ep or (dp * cp * fold) % ep:
+            continue
+        shard = Shard(tp=tp, cp=cp, ep=ep, sp=training.sequence_parallel and tp > 1, etp=etp)
         if problem.model.shard_problem(shard) is not None:
             continue
         for mbs in training.microbatch_sizes:
@@ -362,9 +367,11 @@ def _space_by_the_docstring(problem, *, zero_stages=(0, 1, 2, 3), kinds=("1f1b",
             placed = {}
             for order in orders:  # the first order of each placement is kept
                 placed.setdefault(tuple(a for a in order if degree[a] > 1), order)
-            zeros = (0,) if dp * cp == 1 else zero_stages
+            # ZeRO 0 alone when nothing is replicated: no dense and no expert replica
+            replicas = dp * cp * fold // ep if spec.is_moe else 1
+            zeros = (0,) if dp * cp == 1 and replicas == 1 else zero_stages
             for (kind, v), zero, order in product(schedules, zeros, placed.values()):
-                out.add((tp, cp, ep, dp, pp, mbs, zero, kind, v, order))
+                out.add((tp, cp, ep, etp, dp, pp, mbs, zero, kind, v, order))
     return out
 
 
@@ -475,6 +482,7 @@ def test_space_planner_keeps_its_hyper_parameters_as_given():
         rank_orders=["tp,dp,cp,pp"],
         schedules="interleaved",
         virtual_stages=[2, 4],
+        etp=1,
     )
     planner = SpacePlanner(name="x", **given)
     assert planner.name == "x"
@@ -489,6 +497,7 @@ def test_space_planner_keeps_its_hyper_parameters_as_given():
         rank_orders=("tp,dp,cp,pp",),
         schedules=("interleaved",),
         virtual_stages=(2, 4),
+        etp=(1,),
     )
     default = SpacePlanner(name="d")
     assert default.options() == SpaceOptions(zero_stages=(0, 1, 2, 3))
@@ -497,3 +506,31 @@ def test_space_planner_keeps_its_hyper_parameters_as_given():
         with pytest.raises(UserError) as info:
             SpacePlanner(name="x", **{name: 3.5}).options()
         assert str(info.value) == f"solver.{name}=3.5 must be a list: solver.{name}=[...]"
+
+
+def test_etp_option_selects_whole_or_split_experts():
+    """``solver.etp``: ``tp`` keeps experts split like the dense weights, ``1`` whole experts, both
+    by default (MoE models with tp > 1 only); a dense model has no expert degree to choose; any
+    other value is a one-line error naming the choices."""
+    from nest.core.errors import UserError
+    from nest.dp.space import configurations
+    from tests.conftest import make_spec
+
+    moe = make_problem(
+        make_spec(layers=2, heads=4, num_experts=4, top_k=2, activation="swiglu"),
+        make_cluster(fanouts=(4,)),
+        global_batch=8,
+    )
+    both = {c.etp for c in configurations(moe, SpaceOptions(tp=(2,), pp=(1,)))}
+    assert both == {None, 1}
+    assert {c.etp for c in configurations(moe, SpaceOptions(tp=(2,), pp=(1,), etp=("tp",)))} == {
+        None
+    }
+    assert {c.etp for c in configurations(moe, SpaceOptions(tp=(2,), pp=(1,), etp=(1,)))} == {1}
+    assert {c.etp for c in configurations(moe, SpaceOptions(tp=(1,), pp=(1,), etp=(1,)))} == {
+        None  # tp 1: whole experts are the split ones
+    }
+    dense = make_problem(make_spec(layers=2, heads=4), make_cluster(fanouts=(4,)), global_batch=8)
+    assert {c.etp for c in configurations(dense, SpaceOptions(tp=(2,), pp=(1,)))} == {None}
+    with pytest.raises(UserError, match=r"solver.etp=\[2\]: 2 is not an expert tensor degree"):
+        list(configurations(moe, SpaceOptions(tp=(2,), pp=(1,), etp=(2,))))

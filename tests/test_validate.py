@@ -91,20 +91,6 @@ def test_head_dim_column_sets_the_attention_width():
     assert extra == blocks * 4 * 5120 * (8192 - 5120)
 
 
-def test_rows_whose_experts_ran_with_another_tensor_degree_are_refused_in_one_line():
-    """nest shards experts over the tensor ranks (etp = tp): a row with etp 1 under tp 2 or 4 is
-    refused with a one-line error naming both, never scored with tp-sharded experts."""
-    counts: dict[str, int] = {}
-    for row in _rows():
-        if (row.get("etp") or "").strip() and row["etp"] != row["tp"]:
-            outcome = validate.predict(row)
-            assert outcome.predicted is None
-            assert f"etp={row['etp']} with tp={row['tp']}" in outcome.note
-            assert "\n" not in outcome.note
-            counts[row["source"]] = counts.get(row["source"], 0) + 1
-    assert counts == ETP_REFUSED
-
-
 # ------------------------------------------------------------------------------ accuracy
 # The targets docs/trust/fidelity.md states (median <= 5 %, max <= 15 %, no source
 # median above 10 %), asserted as stated. A target the model does not meet today is a strict
@@ -122,6 +108,8 @@ AUTOMODEL = "NeMoAutomodel_PerfSummary_H100_BF16"
 PAIRS = "NVIDIA_dgxc_benchmarking_H100_pairs"
 DSV3 = "NVIDIA_dgxc_benchmarking_H100_DeepSeekV3_BF16"
 MBRIDGE = "MegatronBridge_perf_H100_FP8"
+MOEZOO = "MoEZoo_Qwen3_235B_H100_BF16"
+MOEZOO_SWEEP = "MoEZoo_Qwen3_235B_256xH100"
 GB200_PAIRS = "NVIDIA_dgxc_benchmarking_GB200_pairs"
 BLACKWELL = "MegatronBridge_perf_Blackwell"
 TPU_V5E = "MaxText_TPU_v5e_README"
@@ -150,12 +138,18 @@ AUTOMODEL_WHY = (
     "FSDP2's gathers are now prefetched (nest.cost.fsdp) and the row is over-predicted by 12.0 %"
 )
 PAIRS_WHY = (
-    "Grok-1's FP8 rows predicted 20-22 % fast (its BF16 rows 11 %): the model's FP8 speed-up of "
+    "Grok-1's FP8 rows predicted 19-21 % fast (its BF16 rows 10-11 %): the model's FP8 speed-up of "
     "the MoE blocks is larger than measured"
 )
 DSV3_WHY = (
-    "one row (TP1 PP8 VP2 EP64 on 1024 H100) predicted 48 % slow; the other two ran with etp 1 "
-    "and are refused"
+    "TP1 PP8 VP2 EP64 on 1024 H100 predicted 52 % slow (the EP-64 all-to-all charged as one "
+    "exposed NCCL all-to-all; DeepEP's node-deduplicated dispatch is not modelled); the two "
+    "folded rows (TP2 EP64 etp 1) -12.5 and -7.9 %"
+)
+MOEZOO_WHY = (
+    "Megatron-Core FSDP row (TP2 EP8 DP128 ZeRO-3, full recompute) +76 % (ZeRO-3 gathers "
+    "charged as exposed), cross-node EP32 rows +27-29 % (DeepEP's node-deduplicated dispatch "
+    "not modelled), TP2 PP32 -36 % and TP4 PP8 -50 % (predicted fastest, measured slowest)"
 )
 GB200_WHY = (
     "every row predicted fast (BF16 -11 to -22 %, FP8 -11 to -30 %): at the assumed in-step GEMM "
@@ -184,8 +178,9 @@ TORCHTITAN_WHY = (
     "selective recompute, which recomputes none; the full and no-recompute rows are -3.8 to +5.2 %"
 )
 MBRIDGE_WHY = (
-    "Qwen3-30B-A3B PP2 VP24 (25.11) predicted at 2.8x the measured throughput (and 8 GiB over "
-    "memory), the PP1 EP16 run (26.06) within 4 %"
+    "Qwen3-30B-A3B PP2 VP24 (25.11) predicted at 2.6x the measured throughput (and 8 GiB over "
+    "memory), the PP1 EP16 run (26.06) 9 % slow, the folded Qwen3-235B run (25.11, TP2 EP32 "
+    "etp 1) 10 % slow"
 )
 
 
@@ -393,6 +388,21 @@ def test_sweeps_are_auto_detected_per_source_model_metric_and_precision():
     assert validate.sweeps(mixed) == {}
     other = rows[:2] + [outcome("32", 1.0, 1.0, source="T")]
     assert validate.sweeps(other) == {}
+
+
+def test_regression_moezoo_qwen3_layout_ranking_pins_the_current_model(summary):
+    """Pins (not a target) Kendall tau of Megatron-MoE-ModelZoo's five Qwen3-235B layouts on 256
+    H100 (step times 17.6, 17.6, 19.7, 24.2, 29.0 s; the tied pair left out): -0.78, 7 of the 9
+    untied pairs reversed."""
+    sweep = summary["sweeps"][MOEZOO_SWEEP]
+    assert sweep["n"] == 5
+    assert sweep["kendall_tau"] == pytest.approx(-7 / 9)
+
+
+@_unmet("Kendall tau >= 0.8", "-0.78", MOEZOO_WHY)
+def test_accuracy_moezoo_qwen3_layouts_ranked_as_measured(summary):
+    """The issue's target: the five Qwen3-235B layouts ranked in the measured order."""
+    assert summary["sweeps"][MOEZOO_SWEEP]["kendall_tau"] >= 0.8
 
 
 def test_at_the_micro_benchmark_ceiling_every_source_is_over_predicted():

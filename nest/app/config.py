@@ -183,6 +183,7 @@ class TrainingConfig:
     ep_comm_overlap: bool = TRAINING_DEFAULTS["ep_comm_overlap"]
     reshard_after_forward: bool = TRAINING_DEFAULTS["reshard_after_forward"]
     zero3_prefetch_params: float | None = TRAINING_DEFAULTS["zero3_prefetch_params"]
+    moe_routing: str = TRAINING_DEFAULTS["moe_routing"]
     precision: str = TRAINING_DEFAULTS["precision"]
     fp8_recipe: str = TRAINING_DEFAULTS["fp8_recipe"]
     fp8_param_gather: bool = TRAINING_DEFAULTS["fp8_param_gather"]
@@ -820,6 +821,7 @@ def build_model(cfg: Any, training: Training):
             flash_attention=training.flash_attention,
             overlap=training.overlap,
             precision=training.numerics,
+            moe_routing=training.moe_routing,
             seq_len_source=hf.seq_len_source,
             notes=tuple(hf.notes),
         )
@@ -845,6 +847,7 @@ def build_model(cfg: Any, training: Training):
         flash_attention=training.flash_attention,
         overlap=training.overlap,
         precision=training.numerics,
+        moe_routing=training.moe_routing,
     )
 
 
@@ -879,6 +882,7 @@ def build_training(cfg: Any) -> Training:
         precision=str(c.get("precision", TRAINING_DEFAULTS["precision"])),
         fp8_recipe=str(c.get("fp8_recipe", TRAINING_DEFAULTS["fp8_recipe"])),
         zero3_prefetch_params=_prefetch_params(c.get("zero3_prefetch_params")),
+        moe_routing=str(c.get("moe_routing", TRAINING_DEFAULTS["moe_routing"])),
         **{key: bool(c.get(key, TRAINING_DEFAULTS[key])) for key in flags},
     )
 

@@ -65,8 +65,12 @@ Columns appended for precision and model shapes (blank: the default):
   ``ffn``, ``vocab``, ``activation``, ``norm``, ``bias``, ``position``, ``tied_embeddings``,
   ``dropout``, ``num_experts``, ``top_k``, ``head_dim``) must then be blank or agree with the
   preset;
-- ``etp``: the expert tensor degree. nest shards experts over the tensor ranks, so it must be
-  blank or equal to ``tp`` (a row whose experts ran otherwise is refused, not approximated);
+- ``etp``: the expert tensor degree, blank or ``tp`` (experts split like the dense weights) or 1
+  (whole experts: Megatron-Core's MoE parallel folding, expert ranks carved out of the
+  ``dp x cp x tp`` ranks); another value is refused, not approximated;
+- ``moe_routing``: ``balanced`` when blank (the published MoE benchmarks force the router to
+  balance, ``--moe-router-force-load-balancing``, or pad every expert to one capacity), or
+  ``dropless`` (:attr:`nest.core.problem.Training.moe_routing`);
 - ``head_dim``: the width of one attention head when ``heads x head_dim`` is not ``hidden``
   (MaxText's ``head_dim``; blank: ``hidden / heads``);
 - ``zero_group``: the data-parallel ranks one ZeRO shard group spans. nest shards the ZeRO
@@ -392,10 +396,10 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
     cluster = build_row_cluster(row, matmul_efficiency)
     tp = _int(row, "tp")
     etp = (row.get("etp") or "").strip()
-    if etp and _count(row, "etp", tp) != tp:
+    if etp and _count(row, "etp", tp) not in (1, tp):
         raise UserError(
-            f"etp={etp} with tp={tp}: nest shards experts over the tensor ranks (etp = tp); "
-            "leave etp blank or equal to tp"
+            f"etp={etp} with tp={tp}: nest splits experts over the tensor ranks (etp = tp) or "
+            "keeps them whole (etp = 1); use one of those"
         )
     dp = _int(row, "dp")
     group = (row.get("zero_group") or "").strip()
@@ -421,10 +425,15 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         fp8_recipe=(row.get("fp8_recipe") or "delayed").strip(),
         fp8_param_gather=_flag(row.get("fp8_param_gather"), False),
         zero3_prefetch_params=_prefetch(row),
+        moe_routing=(row.get("moe_routing") or "balanced").strip(),
     )
     problem = Problem(
         model=AnalyticModel(
-            spec, flash_attention=flash, overlap=training.overlap, precision=training.numerics
+            spec,
+            flash_attention=flash,
+            overlap=training.overlap,
+            precision=training.numerics,
+            moe_routing=training.moe_routing,
         ),
         cluster=cluster,
         training=training,
@@ -436,6 +445,7 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         dp=dp,
         cp=_int(row, "cp", 1),
         ep=_count(row, "ep", 1),
+        etp=_count(row, "etp", tp) if (row.get("etp") or "").strip() else None,
         microbatch_size=mbs,
         recompute=recompute,
         zero_stage=_int(row, "zero_stage", 0),

@@ -30,7 +30,10 @@ class PlanSettings:
     cp: int = 1
     """Context degree (1 = off)."""
     ep: int = 1
-    """Expert degree, carved out of the ``dp x cp`` ranks (1 = off)."""
+    """Expert degree, carved out of the ``dp x cp`` ranks (x ``tp`` with ``etp = 1``; 1 = off)."""
+    etp: int | None = None
+    """Expert tensor degree: None or ``tp`` (experts split like the dense weights) or 1 (whole
+    experts: MoE parallel folding)."""
     microbatch_size: int | None = None
     """Sequences per microbatch; None: the first of ``training.microbatch_sizes``."""
     recompute: str | Sequence[str] = "none"
@@ -125,14 +128,24 @@ def build_plan(problem: Problem, settings: "PlanSettings") -> Plan:
         )
     training = problem.training
     sp = training.sequence_parallel if s.sequence_parallel is None else s.sequence_parallel
-    reason = problem.model.shard_problem(Shard(tp=s.tp, cp=s.cp, ep=s.ep, sp=bool(sp) and s.tp > 1))
+    etp = None if s.etp is None or s.etp == s.tp else s.etp
+    if etp is not None and etp != 1:
+        raise UserError(f"solver.etp={s.etp} with tp={s.tp}; use etp=1 (whole experts) or etp=tp")
+    shard = Shard(tp=s.tp, cp=s.cp, ep=s.ep, sp=bool(sp) and s.tp > 1, etp=etp)
+    reason = problem.model.shard_problem(shard)
     if reason:
         raise UserError(f"solver: {reason}")
     dp = s.dp if s.dp is not None else n // width
-    if (dp * s.cp) % s.ep:
+    fold = 1 if etp is None else s.tp
+    if (dp * s.cp * fold) % s.ep:
+        if fold == 1:
+            raise UserError(
+                f"solver.ep={s.ep} must divide dp*cp = {dp}*{s.cp}; expert ranks are carved "
+                "out of the data x context ranks (or set solver.etp=1 to fold the tensor ranks in)"
+            )
         raise UserError(
-            f"solver.ep={s.ep} must divide dp*cp = {dp}*{s.cp}; expert ranks are carved "
-            "out of the data x context ranks"
+            f"solver.ep={s.ep} must divide dp*cp*tp = {dp}*{s.cp}*{s.tp} with etp=1; expert "
+            "ranks are carved out of the data x context x tensor ranks"
         )
     mbs = training.microbatch_sizes[0] if s.microbatch_size is None else s.microbatch_size
     if training.global_batch % (mbs * dp):
@@ -153,6 +166,7 @@ def build_plan(problem: Problem, settings: "PlanSettings") -> Plan:
         tp=s.tp,
         cp=s.cp,
         ep=s.ep,
+        etp=etp,
         dp=dp,
         pp=s.pp,
         microbatch_size=mbs,

@@ -62,6 +62,29 @@ from nest.core.precision import Precision
 
 VOCAB_PAD_MULTIPLE = 128  # Megatron-LM --make-vocab-size-divisible-by default
 
+DROPLESS_LOAD_FACTOR = 1.4
+"""Tokens the most loaded expert-parallel rank receives per MoE layer under dropless routing, over
+the balanced share (``dropless``; ``balanced`` is 1): its expert GEMMs, its received all-to-all
+bytes and its received-token permutations scale by it, and the step waits for that rank.
+
+Calibrated, on one declared row: no published micro-benchmark isolates the per-rank load of a
+dropless run. Megatron-MoE-ModelZoo (``best_practice/qwen3/readme.md``, "Long Context": Qwen3-235B
+on 256 H100, TP4 PP8 VP4 EP8, DeepEP, BF16) measures forced-balance vs dropless routing at four
+sequence lengths: 295 / 237, 335 / 277, 368 / 320 and 389 / 357 TFLOP/s per GPU at 16K, 32K, 64K
+and 128K tokens (CP 1, 2, 4, 8), i.e. dropless 19.7 %, 17.3 %, 13.0 % and 8.2 % slower. 1.4 is the
+factor that reproduces the 16K gap (19.8 % predicted); the 32K, 64K and 128K pairs are held out
+(17.0 %, 13.2 %, 9.1 % predicted: tests/test_moe_realism.py)."""
+
+EXPERT_FC1 = "efc1"
+EXPERT_LINEARS = frozenset((EXPERT_FC1, "efc2"))
+"""The routed experts' linears (:func:`nest.core.blocks.mlp_linears`)."""
+
+ROUTER_BYTES_PER_LOGIT = 12
+"""HBM bytes per router logit of the router's memory-bound kernels, each way: the softmax reads
+and writes the fp32 logits (8 bytes; Megatron-Core ``--moe-router-dtype fp32``) and the top-k
+reads the probabilities (4 bytes) (Megatron-Core ``moe/router.py``, ``topk_softmax_with_capacity``;
+roofline, each operator streaming its inputs and outputs once)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Shard:
@@ -73,6 +96,18 @@ class Shard:
     sp: bool = False
     """Sequence parallelism (Korthikanti et al.); only matters when ``tp > 1``."""
     mbs: int = 1
+    etp: int | None = None
+    """Expert tensor degree: None (= ``tp``) or 1 (whole experts on the sequence-parallel
+    tokens: :attr:`nest.core.plan.ParallelConfig.etp`)."""
+
+    def __post_init__(self) -> None:
+        if self.etp is not None and self.etp == self.tp:
+            object.__setattr__(self, "etp", None)
+
+    @property
+    def expert_tp(self) -> int:
+        """The degree each expert's weights are split over (``etp``, or ``tp`` when None)."""
+        return self.tp if self.etp is None else self.etp
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +250,7 @@ class AnalyticModel:
         flash_attention: bool = False,
         overlap: Overlap | None = None,
         precision: Precision | None = None,
+        moe_routing: str = "dropless",
         seq_len_source: str = "model.seq_len",
         notes: tuple[str, ...] = (),
     ) -> None:
@@ -222,6 +258,8 @@ class AnalyticModel:
         self.flash_attention = flash_attention
         self.overlap = overlap or Overlap()
         self.precision = precision or Precision()
+        self.moe_routing = moe_routing
+        """``dropless`` or ``balanced`` (:attr:`nest.core.problem.Training.moe_routing`)."""
         self.chain: tuple[LayerRef, ...] = build_chain(spec)
         last = spec.layers - 1
         self.mtp_ref = LayerRef(
@@ -257,7 +295,9 @@ class AnalyticModel:
         m = self.spec
         rules = [f"tp must divide heads={m.heads} and the FFN size"]
         if m.is_moe:
-            rules.append(f"ep must divide num_experts={m.num_experts} and dp*cp")
+            rules.append(
+                f"ep must divide num_experts={m.num_experts} and dp*cp*tp/etp; etp is tp or 1"
+            )
         return rules
 
     def _tp_split_ffn_sizes(self) -> dict[str, int]:
@@ -268,7 +308,6 @@ class AnalyticModel:
         if any(not m.block_is_moe(i) for i in range(m.layers)):
             sizes["ffn_hidden"] = m.ffn_hidden
         if m.is_moe:
-            sizes["moe_ffn_hidden"] = m.expert_ffn
             if m.shared_experts:
                 sizes["shared FFN (shared_experts x shared_ffn_hidden)"] = m.shared_ffn
         return sizes
@@ -282,6 +321,13 @@ class AnalyticModel:
         for name, size in self._ffn_sizes.items():
             if size % shard.tp:
                 return f"tp={shard.tp} must divide {name}={size} of {m.name}"
+        if m.is_moe and m.expert_ffn % shard.expert_tp:
+            return (
+                f"tp={shard.tp} must divide moe_ffn_hidden={m.expert_ffn} of {m.name} "
+                "(or use etp=1: whole experts)"
+            )
+        if shard.etp is not None and not m.is_moe:
+            return f"etp={shard.etp} but {m.name} has no experts; leave etp unset"
         if shard.cp > 1 and m.seq_len % (2 * shard.cp):
             return (
                 f"cp={shard.cp} needs seq_len={m.seq_len} divisible by 2*cp (load-balanced "
@@ -648,6 +694,51 @@ class AnalyticModel:
             Recompute.FULL: p * hsb / sp_div,
         }
 
+    def moe_load_factor(self, ref: LayerRef, shard: Shard) -> float:
+        """Tokens the most loaded expert-parallel rank of a MoE block receives over the balanced
+        share: :data:`DROPLESS_LOAD_FACTOR` under ``dropless`` routing with ``ep > 1``; 1 when
+        routing is ``balanced``, for dense blocks, and with ``ep = 1`` (every rank holds every
+        expert and processes all of its own tokens, however the router spreads them)."""
+        if not ref.moe or shard.ep == 1 or self.moe_routing == "balanced":
+            return 1.0
+        return DROPLESS_LOAD_FACTOR
+
+    def _moe_kernels_s(self, ref: LayerRef, shard: Shard, device: Device) -> tuple[float, float]:
+        """Forward and backward seconds of a MoE block's router and token permutations on one
+        device, beyond its expert GEMMs (Megatron-Core ``moe/router.py``, ``moe/moe_utils.py``,
+        ``moe/token_dispatcher.py``, ``MoEAlltoAllTokenDispatcher``):
+
+        - the router GEMM ``[T x h] @ [h x E]`` on the device's ``T = b s / (c t_sp)`` tokens
+          (left out of the FLOP count, as Megatron-LM leaves it) and its softmax and top-k,
+          memory-bound over ``T x E`` fp32 logits (:data:`ROUTER_BYTES_PER_LOGIT`);
+        - ``permute`` before the dispatch reads the ``T`` tokens once and writes their ``top_k``
+          copies, ``unpermute`` after the combine reads the copies and writes the weighted sums
+          (the fused kernels of ``--moe-permute-fusion``, Transformer Engine ``moe_permute``):
+          ``(1 + top_k) T h p`` bytes each;
+        - with ``ep > 1`` and several local experts, ``sort_chunks_by_idxs`` after the dispatch and
+          before the combine regroups the received copies by local expert: ``2 R h p`` bytes each,
+          ``R`` = the copies this rank's experts receive (:meth:`_block_gemms`'s per-expert tokens
+          times the local experts, times :meth:`moe_load_factor`).
+
+        Every kernel is memory-bound at the device's HBM bandwidth (roofline) plus its launch
+        overhead; the backward runs the reverse permutations and the router's gradient, the same
+        bytes, and the router GEMM's two gradient GEMMs."""
+        m = self.spec
+        t, _, _, sp_div, p, b, _, h, s_loc, _, _ = self._dims(shard)
+        tokens = b * s_loc / sp_div
+        local = m.num_experts // shard.ep
+        router_f, router_b = self._gemms_s(device, [(tokens, m.num_experts, h, 1)])
+        moved = ROUTER_BYTES_PER_LOGIT * tokens * m.num_experts
+        moved += 2 * (1 + m.top_k) * tokens * h * p  # permute, unpermute
+        kernels = 4  # softmax, top-k, permute, unpermute
+        if shard.ep > 1 and local > 1:
+            per_expert = self._block_gemms(ref, shard)[EXPERT_FC1][0]
+            received = per_expert * local * self.moe_load_factor(ref, shard)
+            moved += 2 * (2 * received * h * p)
+            kernels += 2
+        stream_s = moved / device.achieved_hbm_bw_bytes_per_s + kernels * device.kernel_overhead_s
+        return router_f + stream_s, router_b + stream_s
+
     def _block_gemms(self, ref: LayerRef, shard: Shard) -> dict[str, tuple]:
         """The block's GEMMs on one device, ``name -> (m, n, k, groups)``: ``m`` tokens of the
         device's sequence chunk (all of them after sequence parallelism's all-gather), weights
@@ -660,7 +751,11 @@ class AnalyticModel:
         t, _, _, sp_div, _, b, _, _, s_loc, _, _ = self._dims(shard)
         tokens = b * s_loc
         local = m.num_experts // shard.ep
-        per_expert = tokens * m.top_k * shard.ep / m.num_experts * (m.capacity_factor or 1.0)
+        e = shard.expert_tp
+        # experts split over e < t (MoE parallel folding) take the t / e sequence-parallel shards
+        # of the tokens instead of their all-gather
+        moe_tokens = tokens * e / t
+        per_expert = moe_tokens * m.top_k * shard.ep / m.num_experts * (m.capacity_factor or 1.0)
         gemms = {}
         for lin in attention_linears(m) + mlp_linears(m, ref.moe):
             if lin.split == COL:
@@ -668,9 +763,9 @@ class AnalyticModel:
             elif lin.split == ROW:
                 gemms[lin.name] = (tokens, lin.n, lin.k / t, 1)
             elif lin.split == ECOL:
-                gemms[lin.name] = (per_expert, lin.n / t, lin.k, local)
+                gemms[lin.name] = (per_expert, lin.n / e, lin.k, local)
             elif lin.split == EROW:
-                gemms[lin.name] = (per_expert, lin.n, lin.k / t, local)
+                gemms[lin.name] = (per_expert, lin.n, lin.k / e, local)
             elif lin.name != "router":  # MLA's down-projections, on the local tokens under SP
                 gemms[lin.name] = (tokens / sp_div, lin.n, lin.k, 1)
         return gemms
@@ -728,7 +823,10 @@ class AnalyticModel:
         ep = shard.ep if ref.moe else 1
         fp8 = self.precision.fp8
         gemms = self._block_gemms(ref, shard)
+        load = self.moe_load_factor(ref, shard)
         fwd_of = {name: self._gemms_s(device, [g], fp8) for name, g in gemms.items()}
+        for name in EXPERT_LINEARS & fwd_of.keys():  # the most loaded rank's expert GEMMs
+            fwd_of[name] = (load * fwd_of[name][0], load * fwd_of[name][1])
         gemm_fwd = sum(f for f, _ in fwd_of.values())
         gemm_bwd = sum(b_ for _, b_ in fwd_of.values())
         cast_fwd, cast_bwd = self._cast_s(gemms, device)
@@ -745,8 +843,9 @@ class AnalyticModel:
         hbm = device.achieved_hbm_bw_bytes_per_s
         launch_s = elementwise_kernels(m) * device.kernel_overhead_s
         ew_s = ew_bytes / hbm + core_ew_s + launch_s
-        fwd_s = gemm_fwd + cast_fwd + attn_s + ew_s
-        bwd_s = gemm_bwd + cast_bwd + 2.0 * attn_s + 2.0 * ew_s
+        moe_fwd, moe_bwd = self._moe_kernels_s(ref, shard, device) if ref.moe else (0.0, 0.0)
+        fwd_s = gemm_fwd + cast_fwd + attn_s + ew_s + moe_fwd
+        bwd_s = gemm_bwd + cast_bwd + 2.0 * attn_s + 2.0 * ew_s + moe_bwd
         core_s = attn_s + core_ew_s
         # FlashAttention's backward recomputes S = QK^T (half of the core's forward FLOPs), which
         # is why its backward costs 2.5x its forward rather than 2x (Dao 2023, FlashAttention-2).
@@ -754,7 +853,7 @@ class AnalyticModel:
         none_flops = 0.5 * core_flops if self.flash_attention else 0.0
         fwd_coll, bwd_coll = self._block_collectives(ref, shard, device, fwd_of, attn_s)
         dense_params = sharded / t + replicated
-        expert_params = (exp_sharded / t + exp_replicated) / ep if ref.moe else 0.0
+        expert_params = (exp_sharded / shard.expert_tp + exp_replicated) / ep if ref.moe else 0.0
         fp8_weights = sum(n * k * g for _, n, k, g in gemms.values()) if fp8 else 0.0
         return LayerCost(
             dense_params=dense_params,
@@ -827,7 +926,9 @@ class AnalyticModel:
         ep_fwd: list[Collective] = []
         ep_bwd: list[Collective] = []
         if ref.moe and shard.ep > 1:
-            a2a_bytes = p * (s_loc * b / sp_div) * m.top_k * m.hidden  # tokens this device holds
+            # tokens this device holds; the most loaded rank receives moe_load_factor times more
+            a2a_bytes = p * (s_loc * b / sp_div) * m.top_k * m.hidden
+            a2a_bytes *= self.moe_load_factor(ref, shard)
             attn_fwd = attn_in[0] + fwd_of["proj"][0] + attn_s
             attn_bwd = attn_in[1] + fwd_of["proj"][1] + 2.0 * attn_s
             hide_f = attn_fwd / 2 if ov.ep else 0.0
@@ -859,10 +960,11 @@ class AnalyticModel:
             if m.attention == "mla":
                 latent = (m.q_lora_rank or m.hidden) + m.kv_lora_rank + m.qk_rope_head_dim
                 attn_gather = p * s_loc * b * latent
-            pairs = (
-                (*attention, True, attn_gather),
-                (*mlp, not ref.moe, x_bytes),
-            )
+            pairs = [(*attention, True, attn_gather)]
+            # a MoE block with whole experts (etp 1) all-gathers no tokens for them: each tensor
+            # rank dispatches its own sequence shard; shared experts still split over tp
+            if not ref.moe or shard.etp is None or m.shared_experts:
+                pairs.append((*mlp, not ref.moe, x_bytes))
             for (f1, b1), (f2, b2), overlapped, gather in pairs:
                 on = ov.tp and overlapped
                 hide = (lambda seconds: seconds) if on else (lambda seconds: 0.0)

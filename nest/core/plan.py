@@ -59,7 +59,12 @@ class ParallelConfig:
     cp: int = 1
     """Context degree (1 = off)."""
     ep: int = 1
-    """Expert degree, carved out of the cp x dp ranks of MoE blocks (1 = off)."""
+    """Expert degree, carved out of the ``dp x cp x tp / etp`` ranks of MoE blocks (1 = off)."""
+    etp: int | None = None
+    """Expert tensor degree: None (= ``tp``: each expert's weights split like the dense ones) or
+    1 (whole experts, ``--expert-tensor-parallel-size 1``: Megatron-Core's MoE parallel folding,
+    where the expert mesh ``etp x ep x edp`` folds the attention's tensor ranks into expert
+    ranks). Stored as None when it equals ``tp``, so equal configurations compare equal."""
     dp: int = 1
     """Data-parallel replicas."""
     pp: int = 1
@@ -81,6 +86,12 @@ class ParallelConfig:
             value = getattr(self, name)
             if not isinstance(value, int | np.integer) or value < 1:
                 raise UserError(f"plan {name}={value!r} must be a positive integer")
+        if self.etp is not None and self.etp == self.tp:
+            object.__setattr__(self, "etp", None)
+        if self.etp is not None and self.etp != 1:
+            raise UserError(
+                f"plan etp={self.etp!r} with tp={self.tp}; use etp=1 (whole experts) or etp=tp"
+            )
         if self.zero_stage not in (0, 1, 2, 3):
             raise UserError(f"plan zero_stage={self.zero_stage!r}; use 0, 1, 2 or 3")
         if self.schedule is not Schedule.INTERLEAVED and self.virtual_stages != 1:
@@ -98,6 +109,22 @@ class ParallelConfig:
     def interleaved(self) -> bool:
         return self.schedule is Schedule.INTERLEAVED
 
+    @property
+    def expert_tp(self) -> int:
+        """The expert tensor degree (``etp``, or ``tp`` when None)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_fold(self) -> int:
+        """``tp / etp``: how many attention tensor ranks fold into distinct expert ranks (1 when
+        experts split like the dense weights)."""
+        return self.tp // self.expert_tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks holding the same experts: ``dp x cp x (tp / etp) / ep`` (Megatron-Core's EDP)."""
+        return self.dp * self.cp * self.expert_fold // self.ep
+
     def num_microbatches(self, global_batch: int) -> int:
         """Microbatches per replica per iteration for ``global_batch`` sequences."""
         return global_batch // (self.microbatch_size * self.dp)
@@ -109,6 +136,7 @@ class ParallelConfig:
             tp=self.tp,
             cp=self.cp,
             ep=self.ep,
+            etp=self.etp,
             sp=sequence_parallel and self.tp > 1,
             mbs=self.microbatch_size,
         )
@@ -164,6 +192,7 @@ class Plan:
     tp = property(lambda self: self.config.tp)
     cp = property(lambda self: self.config.cp)
     ep = property(lambda self: self.config.ep)
+    etp = property(lambda self: self.config.etp)
     dp = property(lambda self: self.config.dp)
     pp = property(lambda self: self.config.pp)
     microbatch_size = property(lambda self: self.config.microbatch_size)
@@ -227,20 +256,26 @@ GROUP_KINDS = tuple(GroupKind)
 and how its collectives are priced: :mod:`nest.cost.groups`)."""
 
 
-def group_arrays(devices, ep: int) -> dict[str, np.ndarray]:
+def group_arrays(devices, ep: int, etp: int | None = None) -> dict[str, np.ndarray]:
     """The groups of each kind (:data:`GROUP_KINDS`) of one rank's ``[dp][cp][tp]`` devices, one
-    group per row: expert ranks are carved out of the ``dp x cp`` ranks (Megatron-Core's
-    convention), dense gradients sync over all ``dp x cp`` ranks of a tensor rank."""
+    group per row; dense gradients sync over all ``dp x cp`` ranks of a tensor rank. The expert
+    mesh folds the rank's ``dp x cp x tp`` devices, in that order with the tensor rank innermost,
+    into ``edp x ep x etp`` with ``etp`` innermost (Megatron-Core's MoE parallel folding,
+    ``RankGenerator`` order ``tp-ep-dp`` for experts): with ``etp = tp`` (None) expert ranks are
+    carved out of the ``dp x cp`` ranks of one tensor rank, with ``etp = 1`` an expert group takes
+    ``ep`` consecutive devices across tensor ranks."""
     devices = np.asarray(devices, dtype=np.int64)
     dp, cp, tp = devices.shape
+    etp = tp if etp is None else etp
     flat = devices.reshape(dp * cp, tp)  # row j = replica * cp + context rank
-    blocks = flat.reshape(dp * cp // ep, ep, tp)
+    edp = dp * cp * tp // (ep * etp)
+    blocks = devices.reshape(edp, ep, etp)
     return {
         GroupKind.TP: flat,
         GroupKind.CP: devices.transpose(0, 2, 1).reshape(-1, cp),
         GroupKind.EP: blocks.transpose(0, 2, 1).reshape(-1, ep),
         GroupKind.DENSE_DP: flat.T,
-        GroupKind.EXPERT_DP: blocks.transpose(1, 2, 0).reshape(-1, dp * cp // ep),
+        GroupKind.EXPERT_DP: blocks.transpose(1, 2, 0).reshape(-1, edp),
     }
 
 

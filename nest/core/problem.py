@@ -75,6 +75,10 @@ OPTIMIZER_STATE_BYTES_PER_PARAM = {
 }
 
 
+MOE_ROUTINGS = ("dropless", "balanced")
+"""The values of :attr:`Training.moe_routing`."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Training:
     """Training settings of one iteration. The defaults here are the only ones: the config
@@ -117,6 +121,12 @@ class Training:
     """ZeRO-3: parameter elements a rank fetches ahead of use. None (the default): a whole layer,
     as FSDP2 prefetches a unit; DeepSpeed ZeRO-3 fetches at most ``stage3_prefetch_bucket_size``
     (default ``5e7``), less than a large model's layer (:mod:`nest.cost.fsdp`)."""
+    moe_routing: str = "dropless"
+    """How a MoE router's tokens reach the experts: ``dropless`` (every token goes to the experts
+    it chose, so each step waits for the most loaded expert rank:
+    :data:`nest.core.layers.DROPLESS_LOAD_FACTOR`) or ``balanced`` (every expert rank gets the
+    mean share: Megatron-Core's ``--moe-router-force-load-balancing`` of the published
+    benchmarks, or a capacity factor that pads every expert to the same load)."""
     precision: str = "bf16"
     """``bf16``, or ``fp8``: the transformer blocks' GEMMs in FP8 (:mod:`nest.core.precision`)."""
     fp8_recipe: str = "delayed"
@@ -160,6 +170,10 @@ class Training:
                 )
         if self.grad_bytes not in (2, 4):
             raise UserError(f"training.grad_bytes={self.grad_bytes}; use 2 (bf16) or 4 (fp32)")
+        if self.moe_routing not in MOE_ROUTINGS:
+            raise UserError(
+                f"training.moe_routing={self.moe_routing!r}; use one of {list(MOE_ROUTINGS)}"
+            )
         self.numerics  # noqa: B018 (refuses an unknown precision or recipe, in one line)
 
     @property

@@ -86,8 +86,12 @@ def check_plan(problem: Problem, plan: Plan) -> None:
     reason = problem.model.shard_problem(shard_of(plan))
     if reason:
         raise UserError(reason)
-    if (plan.dp * plan.cp) % plan.ep:
-        raise UserError(f"ep={plan.ep} must divide dp*cp = {plan.dp * plan.cp}")
+    fold = plan.config.expert_fold
+    if (plan.dp * plan.cp * fold) % plan.ep:
+        raise UserError(
+            f"ep={plan.ep} must divide dp*cp*tp/etp = {plan.dp * plan.cp * fold}; "
+            "expert ranks are carved out of the data x context (x tensor, with etp=1) ranks"
+        )
     global_batch = problem.training.global_batch
     if plan.num_microbatches * plan.microbatch_size * plan.dp != global_batch:
         raise UserError(
@@ -283,7 +287,14 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
     """Score ``plan`` on ``problem`` with the shared cost model (module docstring)."""
     check_plan(problem, plan)
     cluster, training, model = problem.cluster, problem.training, problem.model
-    state = ModelState.of(problem, zero_stage=plan.zero_stage, dp=plan.dp, cp=plan.cp, ep=plan.ep)
+    state = ModelState.of(
+        problem,
+        zero_stage=plan.zero_stage,
+        dp=plan.dp,
+        cp=plan.cp,
+        ep=plan.ep,
+        fold=plan.config.expert_fold,
+    )
     groups = rank_groups(plan, cluster)
     chunks = _chunks(problem, plan)
     rank_devices = [np.asarray(plan.stages[r].devices, dtype=np.int64) for r in range(plan.pp)]

@@ -6,10 +6,13 @@ kind (the collectives each kind carries):
 - ``tp``: the ``tp`` devices of one (replica, context rank): tensor-parallel collectives;
 - ``cp``: the ``cp`` devices of one (replica, tensor rank): context-parallel K/V exchange;
 - ``ep``: ``ep`` consecutive data x context ranks of one tensor rank (expert ranks are carved out
-  of the ``dp x cp`` ranks, Megatron-Core's convention): the MoE all-to-all;
+  of the ``dp x cp`` ranks, Megatron-Core's convention); with ``etp = 1`` (MoE parallel folding)
+  ``ep`` consecutive devices of the ``dp x cp x tp`` ones, tensor rank innermost
+  (:func:`nest.core.plan.group_arrays`): the MoE all-to-all;
 - ``dense_dp``: all ``dp x cp`` ranks of one tensor rank: gradient sync of dense weights
   (Megatron-Core reduces over data x context ranks);
-- ``expert_dp``: the ``dp x cp / ep`` ranks holding the same experts: expert gradient sync.
+- ``expert_dp``: the ``dp x cp x (tp / etp) / ep`` ranks holding the same experts: expert
+  gradient sync.
 
 All groups of a kind run the same collective at once, so a collective costs its *slowest* group
 (synchronous parallelism: every rank waits for it). The cost model sees a group only through its
@@ -65,9 +68,9 @@ class RankGroups:
     """The groups of one pipeline rank, their level splits and collective costs (module
     docstring). Splits and forms are computed on first use and kept."""
 
-    def __init__(self, devices, ep: int, cluster: Cluster) -> None:
+    def __init__(self, devices, ep: int, cluster: Cluster, etp: int | None = None) -> None:
         self.cluster = cluster
-        self.arrays = group_arrays(devices, ep)
+        self.arrays = group_arrays(devices, ep, etp)
         self._splits: dict[str, tuple] = {}
         self._forms: dict[str, dict] = {}
 
@@ -148,7 +151,7 @@ def rank_groups(plan, cluster: Cluster) -> list[RankGroups]:
         moved = translated(stage.devices, cluster)
         key = (moved.shape, moved.tobytes())
         if key not in shared:
-            shared[key] = RankGroups(moved, plan.ep, cluster)
+            shared[key] = RankGroups(moved, plan.ep, cluster, plan.etp)
         out.append(shared[key])
     return out
 

@@ -69,7 +69,7 @@ class ModelState:
     dense_replicas: int
     """Ranks holding the same dense weights: ``dp x cp``."""
     expert_replicas: int
-    """Ranks holding the same experts: ``dp x cp / ep``."""
+    """Ranks holding the same experts: ``dp x cp x fold / ep`` (``fold = tp / etp``)."""
     param_bytes: int
     grad_bytes: int
     optimizer_bytes_per_param: int
@@ -89,13 +89,16 @@ class ModelState:
     None: a whole unit, FSDP2); :mod:`nest.cost.fsdp`."""
 
     @classmethod
-    def of(cls, problem, *, zero_stage: int, dp: int, cp: int, ep: int) -> "ModelState":
+    def of(
+        cls, problem, *, zero_stage: int, dp: int, cp: int, ep: int, fold: int = 1
+    ) -> "ModelState":
+        """``fold``: :attr:`nest.core.plan.ParallelConfig.expert_fold` (``tp / etp``)."""
         training = problem.training
         numerics = training.numerics
         return cls(
             zero_stage=zero_stage,
             dense_replicas=dp * cp,
-            expert_replicas=dp * cp // ep,
+            expert_replicas=dp * cp * fold // ep,
             param_bytes=problem.model.spec.dtype_bytes,
             grad_bytes=training.grad_bytes,
             optimizer_bytes_per_param=training.optimizer_state_bytes_per_param,

@@ -191,16 +191,17 @@ class Floors:
         # no sharding and no gathers: the shard-independent parts of the memory floors
         self._unsharded = ModelState.of(problem, zero_stage=0, dp=1, cp=1, ep=1)
 
-    def state(self, dp: int, cp: int, ep: int, zero: int) -> ModelState:
-        """The configuration's :class:`ModelState` (it depends on ``dp x cp`` and ``ep``)."""
-        return ModelState.of(self.problem, zero_stage=zero, dp=dp, cp=cp, ep=ep)
+    def state(self, dp: int, cp: int, ep: int, zero: int, fold: int = 1) -> ModelState:
+        """The configuration's :class:`ModelState` (it depends on ``dp x cp``, ``ep`` and the
+        expert fold ``tp / etp``)."""
+        return ModelState.of(self.problem, zero_stage=zero, dp=dp, cp=cp, ep=ep, fold=fold)
 
-    def per_param(self, dp: int, cp: int, ep: int, zero: int) -> StatePerParam:
+    def per_param(self, dp: int, cp: int, ep: int, zero: int, fold: int = 1) -> StatePerParam:
         """The configuration's linear state terms per dense and per expert parameter."""
-        key = ("per param", zero, dp * cp, ep)
+        key = ("per param", zero, dp * cp, ep, fold)
         got = self._min_cache.get(key)
         if got is None:
-            state = self.state(dp, cp, ep, zero)
+            state = self.state(dp, cp, ep, zero, fold)
             hbm = self.cluster.device.achieved_hbm_bw_bytes_per_s
             got = self._min_cache[key] = StatePerParam(
                 state_bytes=state.state_bytes_per_param(),
@@ -240,9 +241,11 @@ class Floors:
             self._min_cache[key] = float(self._coef[op][0][self._prod >= n].min())
         return self._min_cache[key]
 
-    def groups(self, dp: int, cp: int, ep: int, *, with_latency: bool) -> FloorGroups:
+    def groups(
+        self, dp: int, cp: int, ep: int, *, with_latency: bool, fold: int = 1
+    ) -> FloorGroups:
         """Floor groups of the data-parallel kinds (the sizes the configuration gives them)."""
-        sizes = {GroupKind.DENSE_DP: dp * cp, GroupKind.EXPERT_DP: dp * cp // ep}
+        sizes = {GroupKind.DENSE_DP: dp * cp, GroupKind.EXPERT_DP: dp * cp * fold // ep}
         return FloorGroups(self, sizes, with_latency=with_latency)
 
     def _axis_s(self, colls, shard: Shard, tp_splits) -> float:
@@ -334,10 +337,12 @@ class Floors:
     def zero3_floors_s(self, shard: Shard, dp: int, ep: int, zero: int) -> np.ndarray:
         """Per chain layer, the latency-free floor of its ZeRO-3 traffic (0 below stage 3)."""
         sf = self.shard(shard)
-        zd, zx = self._z3_coefs(dp, shard.cp, ep, zero)
+        zd, zx = self._z3_coefs(dp, shard.cp, ep, zero, shard.tp // shard.expert_tp)
         return zd * sf.dense + zx * sf.expert
 
-    def _z3_coefs(self, dp: int, cp: int, ep: int, zero: int) -> tuple[float, float]:
+    def _z3_coefs(
+        self, dp: int, cp: int, ep: int, zero: int, fold: int = 1
+    ) -> tuple[float, float]:
         """Seconds per dense and per expert parameter of ZeRO-3's exposed per-microbatch
         traffic that every stage pays at least: 0. Prefetching hides a layer's gather and
         reduce-scatter under its neighbours' compute (:mod:`nest.cost.fsdp`), so the exposed
@@ -351,22 +356,27 @@ class Floors:
         if zero >= 3 or self.problem.training.overlap_grad_sync:
             return 0.0
         nd = family.dp * family.cp
-        key = ("sync", dense, expert, nd, nd // family.ep, zero > 0)
+        key = ("sync", dense, expert, nd, nd * family.fold // family.ep, zero > 0)
         got = self._min_cache.get(key)
         if got is None:
             f = family
-            groups = self.groups(f.dp, f.cp, f.ep, with_latency=True)
-            state = self.state(f.dp, f.cp, f.ep, zero)
+            groups = self.groups(f.dp, f.cp, f.ep, with_latency=True, fold=f.fold)
+            state = self.state(f.dp, f.cp, f.ep, zero, f.fold)
             got = self._min_cache[key] = float(state.sync_s(groups, dense, expert))
         return got
 
     def _shard_of(self, family: Family) -> ShardFloors:
-        key = (family.tp, family.cp, family.ep, family.microbatch_size)
+        key = (family.tp, family.cp, family.ep, family.etp, family.microbatch_size)
         got = self._shards.get(key)
         if got is None:
             sp = self.problem.training.sequence_parallel and family.tp > 1
             shard = Shard(
-                tp=family.tp, cp=family.cp, ep=family.ep, sp=sp, mbs=family.microbatch_size
+                tp=family.tp,
+                cp=family.cp,
+                ep=family.ep,
+                sp=sp,
+                mbs=family.microbatch_size,
+                etp=family.etp,
             )
             got = self._shards[key] = self.shard(shard)
         return got
@@ -376,9 +386,9 @@ class Floors:
         sf = self._shard_of(family)
         pp, m = family.pp, family.m
         f = family
-        zd, zx = self._z3_coefs(f.dp, f.cp, f.ep, zero)
+        zd, zx = self._z3_coefs(f.dp, f.cp, f.ep, zero, f.fold)
         tied = sf.tied_copy if pp > 1 else 0.0
-        opt_d, opt_x = self.per_param(f.dp, f.cp, f.ep, zero).optimizer_s
+        opt_d, opt_x = self.per_param(f.dp, f.cp, f.ep, zero, f.fold).optimizer_s
         optimizer = (opt_d * (sf.dense_sum + tied) + opt_x * sf.expert_sum) / pp
         kind, v = schedule
         if kind is Schedule.INTERLEAVED:
@@ -428,7 +438,7 @@ class Floors:
         the fixed ranks of an interleaved partition)."""
         sf = self._shard_of(family)
         pp = family.pp
-        per_param = self.per_param(family.dp, family.cp, family.ep, zero)
+        per_param = self.per_param(family.dp, family.cp, family.ep, zero, family.fold)
         per_d, per_x = per_param.state_bytes
         gathered_d, gathered_x = per_param.gathered_bytes
         reserve_bytes = self.cluster.device.memory_reserve_bytes

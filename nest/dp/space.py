@@ -10,12 +10,15 @@ partition and the recompute modes:
 
 - ``tp`` divides the devices, ``cp`` divides ``devices / tp``, ``pp`` is 1 .. chain length, and
   ``tp * cp * pp * dp`` is at most the devices (the rest stay idle);
-- ``dp`` divides the global batch; ``ep`` divides the experts (1 for dense models) and ``dp * cp``;
-  the shard ``(tp, cp, ep)`` passes the model's rules (``tp`` divides heads, KV heads and the FFN
+- ``dp`` divides the global batch; ``ep`` divides the experts (1 for dense models) and
+  ``dp * cp * tp / etp``; ``etp`` (MoE models only) is ``tp`` (None) or 1 (whole experts:
+  Megatron-Core's MoE parallel folding), among ``SpaceOptions.etp``;
+  the shard ``(tp, cp, ep, etp)`` passes the model's rules (``tp`` divides heads, KV heads and the FFN
   size; ``seq_len`` divisible by ``2 cp``; ...);
 - the microbatch size ``mbs`` is one of ``training.microbatch_sizes`` with ``mbs * dp`` dividing
   the global batch; ``m = global_batch / (mbs * dp)`` microbatches per replica;
-- the ZeRO stage 0-3 (only 0 when ``dp * cp == 1``: nothing to shard, stages 1-3 cost exactly
+- the ZeRO stage 0-3 (only 0 when ``dp * cp == 1`` and no expert is replicated, i.e. the
+  expert data parallelism ``dp * cp * tp / (etp * ep)`` is 1: nothing to shard, stages 1-3 cost exactly
   what 0 costs);
 - the rank order: ``tp`` innermost, any order of ``cp, dp, pp`` above it; orders that place every
   device alike (same order of the axes of degree > 1) are kept once, the first in
@@ -47,7 +50,7 @@ recomputing only some of them is a real middle ground between two uniform modes,
 per-rank search (:mod:`nest.dp.interleaved`) costs little more.
 
 Mirroring it (e.g. a CP-SAT or MILP model of "the same space"): iterate :func:`configurations`
-(or :func:`families`, which groups configurations sharing ``(tp, cp, ep, dp, pp, mbs)``), take
+(or :func:`families`, which groups configurations sharing ``(tp, cp, ep, dp, pp, mbs, etp)``), take
 the partition rule from ``config.schedule`` (:func:`interleaved_chunks` for interleaved) and the
 modes from ``SpaceOptions.recompute_modes``; ``baselines/brute.py`` is the reference
 enumeration.
@@ -75,7 +78,7 @@ ONE_F_ONE_B = (Schedule.ONE_F_ONE_B, 1)
 
 @dataclass(frozen=True, slots=True)
 class Family:
-    """The configurations sharing ``(tp, cp, ep, dp, pp, mbs)``: every combination of its
+    """The configurations sharing ``(tp, cp, ep, dp, pp, mbs, etp)``: every combination of its
     schedules, ZeRO stages and rank orders (in that nesting order)."""
 
     tp: int
@@ -89,6 +92,13 @@ class Family:
     schedules: tuple[tuple[Schedule, int], ...]
     zeros: tuple[int, ...]
     orders: tuple[tuple[Axis, ...], ...]
+    etp: int | None = None
+    """Expert tensor degree: None (= tp) or 1 (:attr:`ParallelConfig.etp`)."""
+
+    @property
+    def fold(self) -> int:
+        """``tp / etp`` (:attr:`ParallelConfig.expert_fold`)."""
+        return 1 if self.etp is None else self.tp // self.etp
 
     def config(self, schedule: tuple[Schedule, int], zero: int, order) -> ParallelConfig:
         kind, v = schedule
@@ -96,6 +106,7 @@ class Family:
             tp=self.tp,
             cp=self.cp,
             ep=self.ep,
+            etp=self.etp,
             dp=self.dp,
             pp=self.pp,
             microbatch_size=self.microbatch_size,
@@ -131,6 +142,27 @@ class SpaceOptions:
     virtual_stages: Sequence[int] | None = None
     """Interleaved ``v`` candidates; None: every ``v >= 2`` whose ``pp * v`` chunks split the
     chain evenly (:func:`chunk_split`)."""
+    etp: Sequence[int | str] | None = None
+    """Expert tensor degrees of MoE models: ``"tp"`` (experts split like the dense weights) and
+    / or ``1`` (whole experts); None: both."""
+
+    def etp_values(self, tp: int, is_moe: bool) -> tuple[int | None, ...]:
+        """The ``etp`` of the configurations with tensor degree ``tp`` (None = ``tp``)."""
+        if not is_moe:
+            return (None,)
+        wanted = ("tp", 1) if self.etp is None else tuple(self.etp)
+        bad = [e for e in wanted if e not in ("tp", 1)]
+        if bad:
+            raise UserError(
+                f"solver.etp={list(wanted)}: {bad[0]!r} is not an expert tensor degree; use "
+                "'tp' (experts split like the dense weights) and / or 1 (whole experts)"
+            )
+        out: list[int | None] = []
+        for e in wanted:
+            value = None if e == "tp" or tp == 1 else 1
+            if value not in out:
+                out.append(value)
+        return tuple(out)
 
     @property
     def recompute_modes(self) -> tuple[Recompute, ...]:
@@ -256,17 +288,25 @@ def families(problem: Problem, options: SpaceOptions) -> Iterator[Family]:
                         break
                     eps = options.ep or (divisors(spec.num_experts) if spec.is_moe else [1])
                     for ep in eps:
-                        if (dp * cp) % ep:
-                            continue
-                        shard = Shard(tp=tp, cp=cp, ep=ep, sp=training.sequence_parallel and tp > 1)
-                        if model.shard_problem(shard) is not None:
-                            continue
-                        yield from _families(problem, options, orders, kinds, tp, cp, ep, dp, pp)
+                        for etp in options.etp_values(tp, spec.is_moe):
+                            fold = 1 if etp is None else tp
+                            if (dp * cp * fold) % ep:
+                                continue
+                            sp = training.sequence_parallel and tp > 1
+                            shard = Shard(tp=tp, cp=cp, ep=ep, sp=sp, etp=etp)
+                            if model.shard_problem(shard) is not None:
+                                continue
+                            yield from _families(
+                                problem, options, orders, kinds, (tp, cp, ep, dp, pp, etp)
+                            )
 
 
-def _families(problem, options, orders, kinds, tp, cp, ep, dp, pp) -> Iterator[Family]:
+def _families(problem, options, orders, kinds, degrees) -> Iterator[Family]:
+    tp, cp, ep, dp, pp, etp = degrees
     training = problem.training
-    zeros = (0,) if dp * cp == 1 else tuple(options.zero_stages)
+    fold = 1 if etp is None else tp  # whole experts replicate over the folded tensor ranks
+    replicas = dp * cp * fold // ep if problem.model.spec.is_moe else 1
+    zeros = (0,) if dp * cp == 1 and replicas == 1 else tuple(options.zero_stages)
     # two orders place every device alike iff the axes of degree > 1 come in the same order
     degree = {Axis.TP: tp, Axis.CP: cp, Axis.DP: dp, Axis.PP: pp}
     seen: set[tuple] = set()
@@ -282,7 +322,9 @@ def _families(problem, options, orders, kinds, tp, cp, ep, dp, pp) -> Iterator[F
         m = training.global_batch // (mbs * dp)
         schedules = _schedules(kinds, problem.num_layers - 2, pp, m)
         if schedules and zeros and placed_orders:
-            yield Family(tp, cp, ep, dp, pp, mbs, m, schedules, zeros, tuple(placed_orders))
+            yield Family(
+                tp, cp, ep, dp, pp, mbs, m, schedules, zeros, tuple(placed_orders), etp
+            )
 
 
 def configurations(problem: Problem, options: SpaceOptions) -> Iterator[ParallelConfig]:
@@ -308,9 +350,11 @@ class SpacePlanner:
         rank_orders: Sequence[str] | None = None,
         schedules: Sequence[str] = ("1f1b", "interleaved"),
         virtual_stages: Sequence[int] | None = None,
+        etp: Sequence[int | str] | None = None,
     ) -> None:
         self.name = name
         self.tp, self.cp, self.ep, self.pp = tp, cp, ep, pp
+        self.etp = etp
         self.zero_stages = zero_stages
         self.recompute = recompute
         self.rank_orders = rank_orders
@@ -320,7 +364,7 @@ class SpacePlanner:
     def space_kwargs(self) -> dict:
         """The space hyper-parameters as given (to build another planner on the same space)."""
         keys = ("tp", "cp", "ep", "pp", "zero_stages", "recompute", "rank_orders", "schedules")
-        return {k: getattr(self, k) for k in (*keys, "virtual_stages")}
+        return {k: getattr(self, k) for k in (*keys, "virtual_stages", "etp")}
 
     def options(self) -> SpaceOptions:
         return SpaceOptions(
@@ -333,6 +377,7 @@ class SpacePlanner:
             rank_orders=_listed("rank_orders", self.rank_orders),
             schedules=_listed("schedules", self.schedules),
             virtual_stages=_listed("virtual_stages", self.virtual_stages),
+            etp=_listed("etp", self.etp),
         )
 
 

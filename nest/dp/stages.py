@@ -135,24 +135,26 @@ class StageModel:
         self.is_block = [ref.kind is LayerKind.BLOCK for ref in model.chain]
         self.head_index = n - 1
         self.tied_copy_params = costs[-1].tied_copy_params
-        self.state = ModelState.of(problem, zero_stage=c.zero_stage, dp=c.dp, cp=c.cp, ep=c.ep)
+        self.state = ModelState.of(
+            problem, zero_stage=c.zero_stage, dp=c.dp, cp=c.cp, ep=c.ep, fold=c.expert_fold
+        )
         # the state bytes are linear in the parameters (ModelState): their two coefficients
         self._state_per_param = self.state.state_bytes_per_param()
-        key = ("chain", shard, c.zero_stage >= 3, c.dp * c.cp, c.ep)
+        key = ("chain", shard, c.zero_stage >= 3, c.dp * c.cp, c.ep)  # the shard holds etp
         if key not in self._shared:
             self._shared[key] = ChainTerms.build(costs, self.is_block, self.state)
         self.chain: ChainTerms = self._shared[key]
         # groups and p2p levels depend on the placement only: shared across microbatch sizes,
         # ZeRO stages and schedules
         if grid is None:
-            placement = ("placement", c.tp, c.cp, c.dp, c.pp, c.ep, c.rank_order)
+            placement = ("placement", c.tp, c.cp, c.dp, c.pp, c.ep, c.etp, c.rank_order)
         else:
             grid = np.asarray(grid, dtype=np.int64)
-            placement = ("grid", c.ep, grid.shape, grid.tobytes())
+            placement = ("grid", c.ep, c.etp, grid.shape, grid.tobytes())
         if placement not in self._shared:
             if grid is None:
                 grid = place(tp=c.tp, cp=c.cp, dp=c.dp, pp=c.pp, rank_order=c.rank_order)
-            groups = [self._rank_groups(grid[r], c.ep) for r in range(c.pp)]
+            groups = [self._rank_groups(grid[r], c.ep, c.etp) for r in range(c.pp)]
             self._shared[placement] = (grid, groups, {})
         self.grid, self.groups, self._levels = self._shared[placement]
         self._rank_cache: dict = {}
@@ -166,14 +168,14 @@ class StageModel:
         self.hbm_bw_bytes_per_s = device.achieved_hbm_bw_bytes_per_s
         self.overlap = training.overlap_grad_sync
 
-    def _rank_groups(self, devices: np.ndarray, ep: int) -> RankGroups:
+    def _rank_groups(self, devices: np.ndarray, ep: int, etp: int | None) -> RankGroups:
         """The groups of one rank's devices, shared by every rank (of any placement) whose
         devices are the same up to a move the cost model cannot see
         (:func:`nest.cost.groups.translated`), so their level splits are computed once."""
         devices = translated(devices, self.problem.cluster)
-        key = ("rank_groups", ep, devices.shape, devices.tobytes())
+        key = ("rank_groups", ep, etp, devices.shape, devices.tobytes())
         if key not in self._shared:
-            self._shared[key] = RankGroups(devices, ep, self.problem.cluster)
+            self._shared[key] = RankGroups(devices, ep, self.problem.cluster, etp)
         return self._shared[key]
 
     # ------------------------------------------------------------ collectives per split

@@ -100,7 +100,13 @@ def orderly_assignments(
     yield from extend()
 
 
-def signature(cluster: Cluster, grid: np.ndarray, ep: int, cache: dict | None = None) -> tuple:
+def signature(
+    cluster: Cluster,
+    grid: np.ndarray,
+    ep: int,
+    cache: dict | None = None,
+    etp: int | None = None,
+) -> tuple:
     """What the cost model sees of a placement ``[pp][dp][cp][tp] -> device`` (module doc):
     per pipeline rank and group kind the cost classes of its groups, per boundary those of its
     device pairs, as the cluster's fabric answers them; ``cache`` keeps each rank's part across
@@ -110,10 +116,10 @@ def signature(cluster: Cluster, grid: np.ndarray, ep: int, cache: dict | None = 
     fabric = cluster.fabric
     ranks = []
     for r in range(pp):
-        key = ("rank", ep, grid[r].shape, grid[r].tobytes())
+        key = ("rank", ep, etp, grid[r].shape, grid[r].tobytes())
         got = cache.get(key)
         if got is None:
-            arrays = group_arrays(grid[r], ep)
+            arrays = group_arrays(grid[r], ep, etp)
             got = cache[key] = tuple(
                 fabric.group_classes(arrays[kind], all_to_all=kind == GroupKind.EP)
                 for kind in GROUP_KINDS
@@ -129,7 +135,15 @@ def signature(cluster: Cluster, grid: np.ndarray, ep: int, cache: dict | None = 
 
 
 def placement_classes(
-    cluster: Cluster, *, tp: int, cp: int, dp: int, pp: int, ep: int, max_visits: int
+    cluster: Cluster,
+    *,
+    tp: int,
+    cp: int,
+    dp: int,
+    pp: int,
+    ep: int,
+    max_visits: int,
+    etp: int | None = None,
 ) -> list[np.ndarray]:
     """One grid ``[pp][dp][cp][tp]`` per distinct signature, in enumeration order."""
     shape = (pp, dp, cp, tp)
@@ -139,10 +153,10 @@ def placement_classes(
     if cluster.fabric.level_symmetric:  # the tree's automorphisms keep every cost
         assignments = orderly_assignments(cluster, n, max_visits=max_visits)
     else:  # only the plan's own symmetries
-        assignments = graph_assignments(cluster, shape, ep, max_visits=max_visits)
+        assignments = graph_assignments(cluster, shape, ep, max_visits=max_visits, etp=etp)
     for assignment in assignments:
         grid = np.asarray(assignment, dtype=np.int64).reshape(shape)
-        key = signature(cluster, grid, ep, cache)
+        key = signature(cluster, grid, ep, cache, etp)
         if key not in seen:
             seen[key] = grid
     return list(seen.values())

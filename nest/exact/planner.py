@@ -48,8 +48,8 @@ def _find_hint(problem: Problem, groups: list[Group], plan: Plan) -> tuple[int, 
         if c.unordered() != wanted:
             continue
         if group.general:
-            key = key or signature(problem.cluster, grid, plan.ep, cache)
-            if signature(problem.cluster, group.grid, c.ep, cache) != key:
+            key = key or signature(problem.cluster, grid, plan.ep, cache, plan.etp)
+            if signature(problem.cluster, group.grid, c.ep, cache, c.etp) != key:
                 continue
         elif not np.array_equal(group.grid, grid):
             continue

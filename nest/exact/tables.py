@@ -194,7 +194,8 @@ def build_groups(
     for config in configurations(problem, options):
         if general:
             # the rank order is part of the placement here
-            key = (config.tp, config.cp, config.ep, config.dp, config.pp, config.microbatch_size)
+            key = (config.tp, config.cp, config.ep, config.etp, config.dp, config.pp)
+            key += (config.microbatch_size,)
             key += (config.zero_stage, config.schedule, config.virtual_stages)
             if key in seen_configs:
                 continue
@@ -208,7 +209,7 @@ def build_groups(
                 continue
         grids = [None]
         if general:
-            shape = (config.tp, config.cp, config.dp, config.pp, config.ep)
+            shape = (config.tp, config.cp, config.dp, config.pp, config.ep, config.etp)
             if shape not in classes:
                 classes[shape] = placement_classes(
                     problem.cluster,
@@ -218,6 +219,7 @@ def build_groups(
                     pp=config.pp,
                     ep=config.ep,
                     max_visits=max_placements,
+                    etp=config.etp,
                 )
             grids = classes[shape]
         for grid in grids:

@@ -97,6 +97,7 @@ def rebuild(
     virtual_stages=None,
     layer_counts=None,
     ep=None,
+    whole_experts=None,
 ) -> Plan:
     """The plan with some choices changed (placement rebuilt from ``rank_order`` at offset 0)."""
     counts = layer_counts or [s.last_layer - s.first_layer + 1 for s in plan.stages]
@@ -107,6 +108,7 @@ def rebuild(
     config = replace(
         plan.config,
         ep=plan.ep if ep is None else ep,
+        etp=plan.etp if whole_experts is None else (1 if whole_experts else None),
         zero_stage=plan.zero_stage if zero_stage is None else zero_stage,
         schedule=Schedule(schedule or plan.schedule),
         virtual_stages=v,
@@ -172,6 +174,7 @@ def framework_problem(problem: Problem, runs: dict) -> tuple[Problem, dict]:
             flash_attention=model.flash_attention,
             overlap=ran.overlap,
             precision=ran.numerics,
+            moe_routing=ran.moe_routing,
         )
     return replace(problem, training=ran, model=model), diffs
 

@@ -51,6 +51,9 @@ defaults are off for every one of them):
 - ``cp_comm_overlap``: Megatron's default ``--cp-comm-type p2p`` overlaps the ring (nothing to
   emit); a run scored without it is re-scored with it.
 - ``ep_comm_overlap`` with ``ep > 1``: ``--overlap-moe-expert-parallel-comm``.
+- ``moe_routing: balanced`` with ``ep > 1``: ``--moe-router-force-load-balancing`` (the
+  benchmarking switch of Megatron-Core's router); ``dropless`` is Megatron's default (no capacity
+  factor: every token reaches its experts).
 - ``optimizer: sgd``: ``--optimizer sgd --sgd-momentum 0`` (no optimizer state, as scored).
 - ZeRO-2/3 (Megatron FSDP): ``--use-distributed-optimizer`` and
   ``--no-gradient-accumulation-fusion`` beside ``--use-megatron-fsdp``, as Megatron-FSDP's guide
@@ -216,6 +219,8 @@ def megatron_args(problem: Problem, plan: Plan) -> list[str]:
         f"--micro-batch-size {plan.microbatch_size}",
         f"--global-batch-size {global_batch(plan)}",
     ]
+    if plan.etp is not None:  # Megatron-Core's default expert tensor degree is tp
+        args.append(f"--expert-tensor-parallel-size {plan.etp}")
     if problem.model.seq_len:
         args.append(f"--seq-length {problem.model.seq_len}")
     if plan.sequence_parallel and plan.tp > 1:
@@ -258,6 +263,8 @@ def training_args(problem: Problem, plan: Plan) -> list[str]:
         args.append("--tp-comm-overlap")
     if t.ep_comm_overlap and plan.ep > 1:
         args.append("--overlap-moe-expert-parallel-comm")
+    if t.moe_routing == "balanced" and plan.ep > 1:
+        args.append("--moe-router-force-load-balancing")
     if t.optimizer is Optimizer.SGD:
         args += ["--optimizer sgd", "--sgd-momentum 0"]
     return args + fp8_args(problem, plan)

@@ -63,7 +63,8 @@ and DDP runs fp32 weights under autocast, so torchtitan's gradients are 4 bytes:
 with ``grad_bytes: 2`` is re-scored with 4. ``tp_comm_overlap``: torchtitan's
 ``enable_async_tensor_parallel`` works only under ``[training] compile``, which this export does
 not turn on, so a plan with ``tp > 1`` is re-scored without it; ``ep_comm_overlap``: no option
-overlaps the MoE all-to-all. The export states each difference and the re-scored time.
+overlaps the MoE all-to-all; ``moe_routing: balanced``: no option forces the router to balance,
+so a plan with ``ep > 1`` is re-scored dropless. The export states each difference and the re-scored time.
 
 **FP8** (``precision: fp8``; ``components/quantization/{float8,mx,utils}.py`` and
 ``docs/float8.md`` at the same commit). ``[model] converters = ["float8"]`` swaps each
@@ -202,6 +203,12 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     if moved is not None:
         issues.append("a stage that starts without a transformer block (moved one block into it)")
         changes["layer_counts"] = moved
+    if plan.etp is not None:
+        issues.append(
+            "whole experts under tensor parallelism (etp 1; this export lays out torchtitan's "
+            "expert_tensor_parallel_degree = tp, used it)"
+        )
+        changes["whole_experts"] = False
     if plan.zero_stage not in data_parallel_modes(plan):
         scored = []
         for ep in _ep_candidates(problem, plan):
@@ -258,6 +265,8 @@ def torchtitan_sections(problem: Problem, plan: Plan) -> dict:
     }
     if plan.zero_stage == 3 and not problem.training.reshard_after_forward:
         parallelism[RESHARD] = "never"  # FSDP2 reshard_after_forward=False (module docstring)
+    if plan.ep > 1:  # torchtitan's default is 1; experts split like the dense weights, as scored
+        parallelism["expert_tensor_parallel_degree"] = plan.tp
     if plan.pp > 1:
         blocks = [i for i, ref in enumerate(chain) if ref.kind is LayerKind.BLOCK]
         parallelism["pipeline_parallel_split_points"] = [
@@ -443,6 +452,7 @@ def framework_runs(problem: Problem, plan: Plan) -> dict:
         )
     if plan.ep > 1:
         runs["ep_comm_overlap"] = (False, "torchtitan has no MoE all-to-all overlap")
+        runs["moe_routing"] = ("dropless", "torchtitan's MoE router has no forced balancing")
     numerics = problem.training.numerics
     if numerics.fp8 and numerics.recipe is Fp8Recipe.DELAYED:
         runs["fp8_recipe"] = (

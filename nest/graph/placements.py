@@ -14,7 +14,8 @@ automorphism that reorders ids can change a cost. It uses only symmetries *of th
 leave every signature unchanged on any network, applied to all pipeline ranks at once:
 
 - renumbering the tensor ranks (a tensor group keeps its devices; context, data and expert
-  groups are the same sets; every boundary pair keeps its two devices);
+  groups are the same sets; every boundary pair keeps its two devices), unless whole experts
+  (``etp = 1``) with ``ep > 1`` fold tensor ranks into expert groups;
 - without expert parallelism (``ep = 1``), renumbering the data-parallel replicas, and the
   context ranks (each context group, data group and tensor group maps onto one of its kind).
 
@@ -34,13 +35,14 @@ import numpy as np
 from nest.core.errors import UserError
 
 
-def _constraints(shape: tuple, ep: int) -> dict[int, int]:
+def _constraints(shape: tuple, ep: int, etp: int | None = None) -> dict[int, int]:
     """Flat position -> the earlier position whose device it must exceed (module docstring)."""
     pp, dp, cp, tp = shape
     flat = np.arange(pp * dp * cp * tp).reshape(shape)
     after: dict[int, int] = {}
-    for t in range(1, tp):
-        after[int(flat[0, 0, 0, t])] = int(flat[0, 0, 0, t - 1])
+    if ep == 1 or etp is None:
+        for t in range(1, tp):
+            after[int(flat[0, 0, 0, t])] = int(flat[0, 0, 0, t - 1])
     if ep == 1:
         for d in range(1, dp):
             after[int(flat[0, d, 0, 0])] = int(flat[0, d - 1, 0, 0])
@@ -50,7 +52,7 @@ def _constraints(shape: tuple, ep: int) -> dict[int, int]:
 
 
 def graph_assignments(
-    cluster, shape: tuple, ep: int, *, max_visits: int
+    cluster, shape: tuple, ep: int, *, max_visits: int, etp: int | None = None
 ) -> Iterator[tuple[int, ...]]:
     """Injective maps of the flat ``[pp][dp][cp][tp]`` positions onto the devices, one or more
     per orbit of the plan's symmetries (module docstring)."""
@@ -58,7 +60,7 @@ def graph_assignments(
     n_ranks, n_devices = pp * dp * cp * tp, cluster.num_devices
     if n_ranks > n_devices:
         return
-    after = _constraints(shape, ep)
+    after = _constraints(shape, ep, etp)
     # without ep every position of rank 0 can be moved to the corner, which holds its smallest
     # device; with ep only the tensor ranks can (the sorted first row says as much)
     corner_last = dp * cp * tp if ep == 1 else 0

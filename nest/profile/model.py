@@ -145,6 +145,11 @@ class ProfileModel:
         return [f"(tp, cp, ep) must be a measured width: {shown}"]
 
     def shard_problem(self, shard: Shard) -> str | None:
+        if shard.etp is not None:
+            return (
+                f"profile {self.name} measured experts split like the dense weights; etp="
+                f"{shard.etp} is not measured (solver.etp=[tp])"
+            )
         if (shard.tp, shard.cp, shard.ep) in self.widths:
             return None
         shown = ", ".join(f"(tp={t}, cp={c}, ep={e})" for t, c, e in self.widths)
