@@ -165,6 +165,7 @@ class TrainingConfig:
     overlap_grad_sync: bool = TRAINING_DEFAULTS["overlap_grad_sync"]
     sequence_parallel: bool = TRAINING_DEFAULTS["sequence_parallel"]
     flash_attention: bool = TRAINING_DEFAULTS["flash_attention"]
+    fused_loss: bool = TRAINING_DEFAULTS["fused_loss"]
     tp_comm_overlap: bool = TRAINING_DEFAULTS["tp_comm_overlap"]
     cp_comm_overlap: bool = TRAINING_DEFAULTS["cp_comm_overlap"]
     ep_comm_overlap: bool = TRAINING_DEFAULTS["ep_comm_overlap"]
@@ -465,7 +466,7 @@ def build_device(cfg: Any) -> Device:
         lambda v: 0 < v <= 1,
         "must be in (0, 1]",
     )
-    reserve_bytes = _reserve_bytes(where, c, hbm)
+    reserve_bytes, margin_bytes = _reserve_bytes(where, c, hbm)
     compute_model, notes = _compute_model(c, peak_tflops)
     return Device(
         name=c["name"],
@@ -475,6 +476,7 @@ def build_device(cfg: Any) -> Device:
         hbm_bw_bytes_per_s=units.gbps_to_bytes_per_s(hbm_bw_gbps),
         matmul_efficiency=eff,
         memory_reserve_bytes=reserve_bytes,
+        allocator_margin_bytes=margin_bytes,
         compute_model=compute_model,
         sm_count=int(
             _number(where, "sm_count", c.get("sm_count", 0) or 0, lambda v: v >= 0, "must be >= 0")
@@ -535,9 +537,9 @@ def _physical(where: str, c: dict, key: str) -> float:
     return value
 
 
-def _reserve_bytes(where: str, c: dict, hbm: float) -> float:
+def _reserve_bytes(where: str, c: dict, hbm: float) -> tuple[float, float]:
     """The memory a device keeps from the model: ``memory_reserve_gib`` plus ``memory_margin``
-    of the HBM, checked to leave some of it."""
+    of the HBM, checked to leave some of it; and the margin's part of it, bytes."""
     capacity_gib = hbm / units.GiB
     reserve = _number(
         where,
@@ -561,7 +563,7 @@ def _reserve_bytes(where: str, c: dict, hbm: float) -> float:
         reserve_bytes < hbm,
         "must leave some of the HBM to the model",
     )
-    return reserve_bytes
+    return reserve_bytes, margin * hbm
 
 
 PHYSICAL_RANGES = {
@@ -752,6 +754,7 @@ def build_model(cfg: Any, training: Training):
         return AnalyticModel(
             hf.spec,
             flash_attention=training.flash_attention,
+            fused_loss=training.fused_loss,
             overlap=training.overlap,
             precision=training.numerics,
             seq_len_source=hf.seq_len_source,
@@ -777,6 +780,7 @@ def build_model(cfg: Any, training: Training):
     return AnalyticModel(
         spec,
         flash_attention=training.flash_attention,
+        fused_loss=training.fused_loss,
         overlap=training.overlap,
         precision=training.numerics,
     )
@@ -799,6 +803,7 @@ def build_training(cfg: Any) -> Training:
         "overlap_grad_sync",
         "sequence_parallel",
         "flash_attention",
+        "fused_loss",
         "tp_comm_overlap",
         "cp_comm_overlap",
         "ep_comm_overlap",
