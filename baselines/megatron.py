@@ -34,13 +34,12 @@ stated), which costs TP traffic on models that would fit with less.
 import time
 from math import gcd
 
-from nest.analysis.memory_fix import memory_fix
 from nest.core.axes import Recompute, Schedule, divisors, parse_rank_order
 from nest.core.errors import Infeasible, UserError
 from nest.core.layers import Shard
 from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.core.problem import Problem
-from nest.planner import finish, infeasible_memory
+from nest.planner import finish, infeasible_memory, memory_fix
 
 RECOMPUTE_ORDER = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 

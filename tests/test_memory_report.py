@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from baselines.fixed import FixedPlanner
-from nest.analysis.memory_fix import knobs, largest_term, memory_fix
 from nest.app.summary import format_summary, memory_table
 from nest.core.axes import Recompute
 from nest.core.layers import AnalyticModel, Shard, padded_vocab
 from nest.cost import evaluate
+from nest.planner import knobs, largest_term, memory_fix
 
 from .conftest import make_cluster, make_problem, make_spec
 from .randomcase import random_case
@@ -127,3 +127,31 @@ def test_no_memory_fix_for_a_plan_that_fits_and_a_table_that_adds_up():
 def test_summary_of_a_plan_over_memory_carries_the_fix():
     problem, plan, report = _over_memory_plan()
     assert "memory fix:" in format_summary(problem, plan, report)
+
+
+def test_nest_and_megatron_out_of_memory_errors_carry_the_memory_fix():
+    """When nothing fits, nest's error (its configuration of least memory, split evenly in the
+    least-storing mode) and Megatron's (its least-memory plan tried) end with the memory fix:
+    the largest term and what would help. Nest's least-memory plan is already at ZeRO-3 and full
+    recompute, so no single knob fits: the line says so."""
+    from baselines.megatron import MegatronPlanner
+    from nest.core.errors import Infeasible
+    from nest.core.model import ModelSpec
+    from nest.dp.planner import NestPlanner
+
+    from .conftest import make_device
+
+    problem = make_problem(
+        ModelSpec(name="x", hidden=256, layers=4, heads=4, ffn_hidden=1024, vocab=512, seq_len=64),
+        make_cluster(fanouts=(4,), device=make_device(hbm_bytes=2**20)),
+        global_batch=8,
+    )
+    with pytest.raises(Infeasible) as nest_error:
+        NestPlanner().solve(problem)
+    reason = nest_error.value.reason
+    assert "; memory fix: pipeline rank " in reason and "its largest term is" in reason
+    assert "no single knob fits" in reason or "add devices" in reason
+    assert "\n" not in reason
+    with pytest.raises(Infeasible) as megatron_error:
+        MegatronPlanner().solve(problem)
+    assert "; memory fix: pipeline rank " in megatron_error.value.reason

@@ -2,12 +2,12 @@
 
 import numpy as np
 
-from nest.analysis.memory_fix import memory_fix
 from nest.core.plan import Plan
 from nest.core.problem import Problem
 from nest.core.report import Report
 from nest.core.units import GiB
 from nest.cost.mfu import causal_mfu, fp8_peak_mfu, plausibility_note
+from nest.planner import memory_fix
 
 
 def _ms(seconds: float) -> str:
