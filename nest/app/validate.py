@@ -37,6 +37,12 @@ per GPU) needs no FLOP count, so it is the metric of sources whose FLOP conventi
 is the metric of FP8 runs whose sources report MFU against the FP8 peak. For a time the error
 ``predicted / measured - 1`` is positive when the prediction is slower than the run.
 
+Measured peak memory: ``peak_memory_allocated`` (``torch.cuda.max_memory_allocated``),
+``peak_memory_reserved`` (``max_memory_reserved``) or ``peak_memory_nvidia_smi``, optionally
+``" (rank k)"`` for one pipeline rank, with ``unit`` GiB, GB, MiB or MB; each is modelled from the
+evaluator's per-device total (:func:`predicted_memory_bytes`). These rows are summarised apart
+from the time rows (:func:`memory_summary`), with the fits verdict: a run that ran must fit.
+
 The GPU: ``gpu`` must be one of the names in :data:`GPUS` exactly (an unknown name is a one-line
 error listing them, never the nearest preset), or the row names its own device preset in
 ``gpu_preset`` (any ``conf/device`` preset, its figures as the CLI reads them; ``gpu`` is then
