@@ -35,11 +35,11 @@ import time
 from math import gcd
 
 from nest.core.axes import Recompute, Schedule, divisors, parse_rank_order
-from nest.core.errors import UserError
+from nest.core.errors import Infeasible, UserError
 from nest.core.layers import Shard
 from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.core.problem import Problem
-from nest.planner import finish, infeasible_memory
+from nest.planner import finish, infeasible_memory, memory_fix
 
 RECOMPUTE_ORDER = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 
@@ -132,6 +132,7 @@ class MegatronPlanner:
         if self.zero_stage not in (0, 1, 2, 3):
             raise UserError(f"solver.zero_stage={self.zero_stage!r}; use 0, 1, 2 or 3")
         best_peak = None
+        least = None  # the least-memory plan tried, for the error's memory fix
         tried = 0
         for plan in self.candidates(problem):
             tried += 1
@@ -140,11 +141,8 @@ class MegatronPlanner:
             )
             if report.feasible:
                 return scored.with_record(search={"configurations_considered": tried})
-            best_peak = (
-                report.peak_memory_bytes
-                if best_peak is None
-                else min(best_peak, report.peak_memory_bytes)
-            )
+            if best_peak is None or report.peak_memory_bytes < best_peak:
+                best_peak, least = report.peak_memory_bytes, (scored, report)
         if tried == 0:
             raise UserError(
                 f"no Megatron-rule configuration for training.global_batch="
@@ -152,4 +150,6 @@ class MegatronPlanner:
                 f"{list(problem.training.microbatch_sizes)} on cluster.devices="
                 f"{problem.cluster.num_devices}; choose a batch divisible by the microbatch sizes"
             )
-        raise infeasible_memory(problem, self.name, best_peak)
+        error = infeasible_memory(problem, self.name, best_peak)
+        fix = memory_fix(problem, *least)
+        raise Infeasible(f"{error}; {fix}", min_memory_bytes=error.min_memory_bytes)

@@ -32,20 +32,32 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from nest.analysis.explain import memory_terms
 from nest.app.results import FAILED_STATUSES
 from nest.core.files import atomic_path
 from nest.core.units import GiB
 
 DPI = 110
-MEMORY_TERMS = (
-    ("weights_bytes", "weights"),
-    ("grads_bytes", "gradients"),
-    ("optimizer_bytes", "optimizer state"),
-    ("activations_bytes", "stored activations"),
-    ("transient_bytes", "transient buffers"),
-    ("reserve_bytes", "reserve"),
+MEMORY_TERMS = (  # the keys of MemoryReport.terms (report.json breakdown.ranks[].memory.terms)
+    ("weights", "weights"),
+    ("fp8_copies", "FP8 weight copies"),
+    ("gradients", "gradients"),
+    ("optimizer_state", "optimizer state"),
+    ("activations", "stored activations"),
+    ("comm_buffers", "communication buffers"),
+    ("transient", "transient buffers"),
+    ("reserve", "reserve"),
 )
-MEMORY_COLORS = ("#4c72b0", "#55a868", "#8172b2", "#dd8452", "#c44e52", "#8c8c8c")
+MEMORY_COLORS = (
+    "#4c72b0",
+    "#64b5cd",
+    "#55a868",
+    "#8172b2",
+    "#dd8452",
+    "#ccb974",
+    "#c44e52",
+    "#8c8c8c",
+)
 
 
 def planner_colors(planners: Sequence[str]) -> dict[str, str]:
@@ -168,7 +180,7 @@ def plot_stage_memory(ax, report: Mapping, *, title: str) -> None:
     xs = np.arange(len(ranks))
     bottom = np.zeros(len(ranks))
     for (key, label), color in zip(MEMORY_TERMS, MEMORY_COLORS, strict=True):
-        vals = np.array([r["memory"][key] for r in ranks]) / GiB
+        vals = np.array([memory_terms(r["memory"])[key] for r in ranks]) / GiB
         ax.bar(xs, vals, bottom=bottom, color=color, label=label, width=0.8)
         bottom += vals
     capacity = ranks[0]["memory"]["capacity_bytes"] / GiB

@@ -10,9 +10,10 @@ traffic and p2p):
 ``bubble_r = T_pipe - m t_r`` (the rank idles inside the pipeline schedule) and ``wait_r`` is the
 time the rank waits for the slowest rank's exposed sync and optimizer step
 (``T_iter = T_pipe + max_r exposed_r + max_r optimizer_r``, :mod:`nest.cost.evaluate`). Every row
-therefore adds up to the iteration time. Memory per device of rank ``r``: weights + gradients +
-optimizer state + activations of one microbatch x in-flight microbatches + transient buffers +
-reserve = its total (:mod:`nest.cost.memory`).
+therefore adds up to the iteration time. Memory per device of rank ``r``: weights + FP8 weight
+copies + gradients + optimizer state + activations of one microbatch x in-flight microbatches +
+communication buffers (ZeRO-3 gathered weights) + other transient buffers + reserve = its total
+(:meth:`nest.core.report.MemoryReport.terms`, :mod:`nest.cost.memory`).
 """
 
 import argparse
@@ -25,7 +26,35 @@ from nest.core.units import GiB
 
 TIME_TERMS = ("compute", "recompute", "tp", "cp", "ep", "zero3", "p2p")
 ROW_TERMS = ("busy", "bubble", "dp_sync_exposed", "optimizer", "wait")
-MEMORY_TERMS = ("weights", "grads", "optimizer", "activations", "transient", "reserve")
+MEMORY_TERMS = (
+    "weights",
+    "fp8_copies",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "comm_buffers",
+    "transient",
+    "reserve",
+)
+"""The disjoint memory terms (:meth:`nest.core.report.MemoryReport.terms`)."""
+
+
+def memory_terms(mem: dict) -> dict:
+    """A rank's memory terms from ``report.json`` (``breakdown.ranks[].memory``); a report
+    written before the terms were recorded keeps the FP8 copies in the weights and the
+    communication buffers in the transient."""
+    if "terms" in mem:
+        return mem["terms"]
+    return {
+        "weights": mem["weights_bytes"],
+        "fp8_copies": 0.0,
+        "gradients": mem["grads_bytes"],
+        "optimizer_state": mem["optimizer_bytes"],
+        "activations": mem["activations_bytes"],
+        "comm_buffers": 0.0,
+        "transient": mem["transient_bytes"],
+        "reserve": mem["reserve_bytes"],
+    }
 
 
 def explain_report(report: dict) -> dict:
@@ -77,7 +106,7 @@ def explain_report(report: dict) -> dict:
                 "per_iteration_s": {**{k: m * v for k, v in per_mb.items()}, **row},
                 "dp_sync_s": rank["dp_sync_s"],
                 "memory_bytes": {
-                    **{k: mem[f"{k}_bytes"] for k in MEMORY_TERMS},
+                    **memory_terms(mem),
                     "activations_per_microbatch": mem["activations_bytes"] / in_flight
                     if in_flight
                     else 0.0,
@@ -121,11 +150,13 @@ def format_explain(e: dict) -> str:
     mem_head = [
         "rank",
         "weights",
+        "fp8",
         "grads",
         "optim",
         "act/mb",
         "x inflt",
         "= acts",
+        "comm",
         "buffers",
         "reserve",
         "total",
@@ -136,9 +167,9 @@ def format_explain(e: dict) -> str:
         mb = r["memory_bytes"]
         mem_rows.append(
             [str(r["pp_rank"])]
-            + [f"{mb[k] / GiB:.2f}" for k in ("weights", "grads", "optimizer")]
+            + [f"{mb[k] / GiB:.2f}" for k in MEMORY_TERMS[:4]]
             + [f"{mb['activations_per_microbatch'] / GiB:.3f}", f"{mb['in_flight_microbatches']:g}"]
-            + [f"{mb[k] / GiB:.2f}" for k in ("activations", "transient", "reserve", "total")]
+            + [f"{mb[k] / GiB:.2f}" for k in (*MEMORY_TERMS[4:], "total")]
             + [f"{mb['capacity'] / GiB:.2f}"]
         )
     out = [
@@ -155,7 +186,8 @@ def format_explain(e: dict) -> str:
         )
         + f" {uname}",
         "",
-        "memory per device (GiB): weights + grads + optim + act/mb x in-flight + buffers + reserve",
+        "memory per device (GiB): weights + fp8 copies + grads + optim + act/mb x in-flight + "
+        "comm buffers + other buffers + reserve",
         *_table(mem_head, mem_rows),
         f"peak {e['peak_memory_bytes'] / GiB:.2f} GiB",
     ]

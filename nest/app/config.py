@@ -178,6 +178,7 @@ class TrainingConfig:
     overlap_grad_sync: bool = TRAINING_DEFAULTS["overlap_grad_sync"]
     sequence_parallel: bool = TRAINING_DEFAULTS["sequence_parallel"]
     flash_attention: bool = TRAINING_DEFAULTS["flash_attention"]
+    fused_loss: bool = TRAINING_DEFAULTS["fused_loss"]
     tp_comm_overlap: bool = TRAINING_DEFAULTS["tp_comm_overlap"]
     cp_comm_overlap: bool = TRAINING_DEFAULTS["cp_comm_overlap"]
     ep_comm_overlap: bool = TRAINING_DEFAULTS["ep_comm_overlap"]
@@ -488,7 +489,7 @@ def build_device(cfg: Any) -> Device:
         lambda v: 0 < v <= 1,
         "must be in (0, 1]",
     )
-    reserve_bytes = _reserve_bytes(where, c, hbm)
+    reserve_bytes, margin_bytes = _reserve_bytes(where, c, hbm)
     compute_model, notes = _compute_model(c, peak_tflops)
     return Device(
         name=c["name"],
@@ -499,6 +500,7 @@ def build_device(cfg: Any) -> Device:
         hbm_efficiency=hbm_eff,
         matmul_efficiency=eff,
         memory_reserve_bytes=reserve_bytes,
+        allocator_margin_bytes=margin_bytes,
         compute_model=compute_model,
         sm_count=int(
             _number(where, "sm_count", c.get("sm_count", 0) or 0, lambda v: v >= 0, "must be >= 0")
@@ -559,9 +561,9 @@ def _physical(where: str, c: dict, key: str) -> float:
     return value
 
 
-def _reserve_bytes(where: str, c: dict, hbm: float) -> float:
+def _reserve_bytes(where: str, c: dict, hbm: float) -> tuple[float, float]:
     """The memory a device keeps from the model: ``memory_reserve_gib`` plus ``memory_margin``
-    of the HBM, checked to leave some of it."""
+    of the HBM, checked to leave some of it; and the margin's part of it, bytes."""
     capacity_gib = hbm / units.GiB
     reserve = _number(
         where,
@@ -585,7 +587,7 @@ def _reserve_bytes(where: str, c: dict, hbm: float) -> float:
         reserve_bytes < hbm,
         "must leave some of the HBM to the model",
     )
-    return reserve_bytes
+    return reserve_bytes, margin * hbm
 
 
 PHYSICAL_RANGES = {
@@ -819,6 +821,7 @@ def build_model(cfg: Any, training: Training):
         return AnalyticModel(
             hf.spec,
             flash_attention=training.flash_attention,
+            fused_loss=training.fused_loss,
             overlap=training.overlap,
             precision=training.numerics,
             moe_routing=training.moe_routing,
@@ -845,6 +848,7 @@ def build_model(cfg: Any, training: Training):
     return AnalyticModel(
         spec,
         flash_attention=training.flash_attention,
+        fused_loss=training.fused_loss,
         overlap=training.overlap,
         precision=training.numerics,
         moe_routing=training.moe_routing,
@@ -868,6 +872,7 @@ def build_training(cfg: Any) -> Training:
         "overlap_grad_sync",
         "sequence_parallel",
         "flash_attention",
+        "fused_loss",
         "tp_comm_overlap",
         "cp_comm_overlap",
         "ep_comm_overlap",

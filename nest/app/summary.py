@@ -7,6 +7,7 @@ from nest.core.problem import Problem
 from nest.core.report import Report
 from nest.core.units import GiB
 from nest.cost.mfu import causal_mfu, fp8_peak_mfu, plausibility_note
+from nest.planner import memory_fix
 
 
 def _ms(seconds: float) -> str:
@@ -89,8 +90,48 @@ def format_summary(problem: Problem, plan: Plan, report: Report) -> str:
         f"peak memory {report.peak_memory_bytes / GiB:.2f} GiB of "
         f"{cluster.device.hbm_bytes / GiB:.2f} GiB"
         + ("" if report.feasible else f"  ** {report.violation}"),
+        "",
+        *memory_table(report),
     ]
+    fix = memory_fix(problem, plan, report)
+    if fix:
+        out.append(fix)
     return "\n".join(out)
+
+
+MEMORY_COLUMNS = (
+    ("weights", "weights"),
+    ("fp8_copies", "fp8"),
+    ("gradients", "grads"),
+    ("optimizer_state", "optim"),
+    ("activations", "activ"),
+    ("comm_buffers", "comm"),
+    ("transient", "transnt"),
+    ("reserve", "reserve"),
+)
+"""The summary's memory columns: :meth:`nest.core.report.MemoryReport.terms` keys, headers."""
+
+
+def memory_table(report: Report) -> list[str]:
+    """Per pipeline rank, the memory terms of one of its devices (GiB), which sum to its total,
+    and the activations per in-flight microbatch times the microbatches in flight."""
+    out = [
+        "memory per device (GiB): "
+        + "terms sum to the total; activations = per microbatch x microbatches in flight",
+        f"{'rank':>4} "
+        + " ".join(f"{h:>7}" for _, h in MEMORY_COLUMNS)
+        + f" {'total':>7} {'of':>7}  activations",
+    ]
+    for rank in report.ranks:
+        m = rank.memory
+        terms = m.terms()
+        out.append(
+            f"{rank.pp_rank:>4} "
+            + " ".join(f"{terms[k] / GiB:>7.2f}" for k, _ in MEMORY_COLUMNS)
+            + f" {m.total_bytes / GiB:>7.2f} {m.capacity_bytes / GiB:>7.2f}  "
+            f"{m.activations_per_microbatch_bytes / GiB:.3f} x {m.in_flight_microbatches:g}"
+        )
+    return out
 
 
 def _mfu_text(problem, report) -> str:

@@ -40,6 +40,12 @@ per GPU) needs no FLOP count, so it is the metric of sources whose FLOP conventi
 is the metric of FP8 runs whose sources report MFU against the FP8 peak. For a time the error
 ``predicted / measured - 1`` is positive when the prediction is slower than the run.
 
+Measured peak memory: ``peak_memory_allocated`` (``torch.cuda.max_memory_allocated``),
+``peak_memory_reserved`` (``max_memory_reserved``) or ``peak_memory_nvidia_smi``, optionally
+``" (rank k)"`` for one pipeline rank, with ``unit`` GiB, GB, MiB or MB; each is modelled from the
+evaluator's per-device total (:func:`predicted_memory_bytes`). These rows are summarised apart
+from the time rows (:func:`memory_summary`), with the fits verdict: a run that ran must fit.
+
 The GPU: ``gpu`` must be one of the names in :data:`GPUS` exactly (an unknown name is a one-line
 error listing them, never the nearest preset), or the row names its own device preset in
 ``gpu_preset`` (any ``conf/device`` preset, its figures as the CLI reads them; ``gpu`` is then
@@ -73,6 +79,9 @@ Columns appended for precision and model shapes (blank: the default):
   ``dropless`` (:attr:`nest.core.problem.Training.moe_routing`);
 - ``head_dim``: the width of one attention head when ``heads x head_dim`` is not ``hidden``
   (MaxText's ``head_dim``; blank: ``hidden / heads``);
+- ``fused_loss`` true: the loss is Megatron-Core's fused vocabulary-parallel cross entropy;
+  false for PyTorch's ``F.cross_entropy`` on fp32 logits (torchtitan), which holds twice the
+  bytes per logit (:attr:`nest.core.problem.Training.fused_loss`);
 - ``zero_group``: the data-parallel ranks one ZeRO shard group spans. nest shards the ZeRO
   state over all ``dp`` ranks, so it must be blank or equal to ``dp``; a run that shards within
   groups and replicates across them (hybrid sharding: MaxText's ``ici_fsdp`` inside a slice with
@@ -411,6 +420,7 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
     sp = _flag(row.get("sequence_parallel"), tp > 1)
     mbs = _int(row, "microbatch", 1)
     flash = _flag(row.get("flash_attention"), True)
+    fused_loss = _flag(row.get("fused_loss"), True)
     training = Training(
         global_batch=_int(row, "global_batch_seqs"),
         microbatch_sizes=(mbs,),
@@ -418,6 +428,7 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         overlap_grad_sync=_flag(row.get("overlap_grad_sync"), False),
         sequence_parallel=sp,
         flash_attention=flash,
+        fused_loss=fused_loss,
         tp_comm_overlap=_flag(row.get("tp_comm_overlap"), False),
         cp_comm_overlap=_flag(row.get("cp_comm_overlap"), False),
         ep_comm_overlap=_flag(row.get("ep_comm_overlap"), False),
@@ -431,6 +442,7 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         model=AnalyticModel(
             spec,
             flash_attention=flash,
+            fused_loss=fused_loss,
             overlap=training.overlap,
             precision=training.numerics,
             moe_routing=training.moe_routing,
@@ -514,10 +526,76 @@ def predict(row: dict, matmul_efficiency: float | str | None = None) -> Outcome:
         value = 100 * per_s / gpus / peak
     elif "tflops_per_gpu" in metric:
         value = per_s / gpus / 1e12
+    elif is_memory_metric(metric):
+        try:
+            value = predicted_memory_bytes(report, problem.cluster.device, metric)
+            value /= _memory_unit(row)
+        except UserError as exc:
+            return Outcome(row, metric, measured, None, None, f"error: {exc}")
     else:
         return Outcome(row, metric, measured, None, None, f"metric {metric!r} not understood")
     note = "" if report.feasible else f"model says out of memory: {memory_shortfall(report)}"
     return Outcome(row, metric, measured, value, report.feasible, note)
+
+
+MEMORY_METRICS = ("peak_memory_allocated", "peak_memory_reserved", "peak_memory_nvidia_smi")
+"""The measured peak-memory quantities a row may give (module docstring)."""
+
+MEMORY_UNITS = {"GiB": 2**30, "GB": 1e9, "MiB": 2**20, "MB": 1e6}
+"""The ``unit`` a peak-memory row's value is in, bytes each."""
+
+
+def is_memory_metric(metric: str) -> bool:
+    return metric.startswith("peak_memory_")
+
+
+def _memory_unit(row: dict) -> float:
+    unit = (row.get("unit") or "").strip()
+    if unit not in MEMORY_UNITS:
+        raise UserError(
+            f"unit={unit!r} of a peak-memory row: give one of {sorted(MEMORY_UNITS)} (GiB for "
+            "PyTorch's and torchtitan's logs, which divide by 2**30)"
+        )
+    return MEMORY_UNITS[unit]
+
+
+def predicted_memory_bytes(report, device, metric: str) -> float:
+    """The predicted value of a measured peak-memory ``metric`` (``MEMORY_METRICS``, optionally
+    ``" (rank k)"`` for pipeline rank ``k``; without it the rank with the largest need, as
+    torchtitan reports "the maximum across all GPUs"), bytes. The evaluator's per-device total
+    (:class:`nest.core.report.MemoryReport`) is what the whole device holds, so:
+
+    - ``peak_memory_allocated`` (``torch.cuda.max_memory_allocated``: tensors alive at the peak)
+      is the total less the device's reserve (context, NCCL buffers, allocator margin);
+    - ``peak_memory_reserved`` (``torch.cuda.max_memory_reserved``: the caching allocator's
+      segments, tensors plus their fragmentation) adds the allocator margin back;
+    - ``peak_memory_nvidia_smi`` (the process's memory as nvidia-smi shows it: the reserved
+      segments plus the CUDA context and NCCL's own buffers, which bypass the caching
+      allocator) is the total.
+    """
+    name, _, rest = metric.partition("(")
+    name = name.strip()
+    if name not in MEMORY_METRICS:
+        raise UserError(f"measured_metric={metric!r}: give one of {list(MEMORY_METRICS)}")
+    memories = [r.memory for r in report.ranks]
+    if rest:
+        text = rest.rstrip(")").strip()
+        if not text.startswith("rank ") or not text[5:].strip().isdigit():
+            raise UserError(f"measured_metric={metric!r}: write the rank as '{name} (rank 0)'")
+        k = int(text[5:])
+        if k >= len(memories):
+            raise UserError(
+                f"measured_metric={metric!r}: the plan has pipeline ranks 0..{len(memories) - 1}"
+            )
+        m = memories[k]
+    else:
+        m = max(memories, key=lambda mem: mem.total_bytes)
+    allocated = m.total_bytes - m.reserve_bytes
+    if name == "peak_memory_allocated":
+        return allocated
+    if name == "peak_memory_reserved":
+        return allocated + device.allocator_margin_bytes
+    return m.total_bytes
 
 
 def memory_shortfall(report) -> str:
@@ -661,9 +739,29 @@ def _stats(errors: list[float]) -> dict:
     }
 
 
+def memory_summary(outcomes: list[Outcome]) -> dict:
+    """The peak-memory rows apart from the time rows: errors overall and per source, and the
+    fits verdict (every published run ran, so the plan must fit: right when ``feasible``)."""
+    rows = [o for o in outcomes if is_memory_metric(o.metric) and o.error is not None]
+    by_source: dict[str, list[Outcome]] = {}
+    for o in rows:
+        by_source.setdefault(o.row["source"], []).append(o)
+    errors = [o.error for o in rows]
+    return {
+        **(_stats(errors) if errors else {"n": 0}),
+        "verdict_right": sum(1 for o in rows if o.feasible),
+        "by_source": {
+            s: {**_stats([o.error for o in v]), "verdict_right": sum(o.feasible for o in v)}
+            for s, v in sorted(by_source.items())
+        },
+    }
+
+
 def summarise(outcomes: list[Outcome]) -> dict:
     """Totals, per source, per split (:data:`CALIBRATION_SPLIT`) and per source and split,
     the held-out targets (:data:`TARGETS`), the sweeps and the precision pairs."""
+    memory = memory_summary(outcomes)
+    outcomes = [o for o in outcomes if not is_memory_metric(o.metric)]
     errors = [abs(o.error) for o in outcomes if o.error is not None]
     by_source: dict[str, list[float]] = {}
     by_split: dict[str, list[float]] = {}
@@ -689,6 +787,7 @@ def summarise(outcomes: list[Outcome]) -> dict:
         default=None,
     )
     return {
+        "memory": memory,
         "sweeps": sweeps(outcomes),
         "precision_pairs": precision_pairs(outcomes),
         "fp8_cases": len(fp8),
@@ -770,6 +869,20 @@ def _echo_summary(summary: dict, echo) -> None:
             f"  [{split}] {st['n']} cases, median |error| {100 * st['median_abs_error']:.1f} %, "
             f"max {100 * st['max_abs_error']:.1f} %"
         )
+    memory = summary["memory"]
+    if memory["n"]:
+        echo(
+            f"  peak memory: {memory['n']} cases, median |error| "
+            f"{100 * memory['median_abs_error']:.1f} %, max {100 * memory['max_abs_error']:.1f} %, "
+            f"fits verdict right on {memory['verdict_right']} of {memory['n']}"
+        )
+        for source, s in memory["by_source"].items():
+            echo(
+                f"    {source}: {s['n']} cases, median |error| "
+                f"{100 * s['median_abs_error']:.1f} %, max {100 * s['max_abs_error']:.1f} %, "
+                f"median signed {100 * s['median_error']:+.1f} %, verdict right "
+                f"{s['verdict_right']}/{s['n']}"
+            )
     met = summary["held_out_targets_met"]
     if met is not None:
         echo(

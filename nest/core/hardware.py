@@ -30,6 +30,11 @@ class Device:
     ``gemm_ceiling``; :mod:`nest.core.kernels`)."""
     memory_reserve_bytes: float = 0.0
     """Bytes unavailable to the model (CUDA context, allocator fragmentation, framework)."""
+    allocator_margin_bytes: float = 0.0
+    """The part of ``memory_reserve_bytes`` kept for the caching allocator's fragmentation (the
+    preset's ``memory_margin`` of the HBM); the rest is outside the allocator (CUDA context, NCCL
+    buffers). :mod:`nest.app.validate` uses the split to predict ``max_memory_allocated``,
+    ``max_memory_reserved`` and nvidia-smi separately."""
     compute_model: str = "flat"
     """``flat`` (every FLOP at ``matmul_efficiency``) or ``shape`` (:mod:`nest.core.kernels`)."""
     sm_count: int = 0
@@ -106,6 +111,11 @@ class Device:
             raise UserError(
                 f"device {self.name}: memory_reserve_bytes={self.memory_reserve_bytes} must be in "
                 f"[0, hbm_bytes={self.hbm_bytes})"
+            )
+        if not 0 <= self.allocator_margin_bytes <= self.memory_reserve_bytes:
+            raise UserError(
+                f"device {self.name}: allocator_margin_bytes={self.allocator_margin_bytes} must "
+                f"be in [0, memory_reserve_bytes={self.memory_reserve_bytes}]"
             )
 
     @property

@@ -248,6 +248,7 @@ class AnalyticModel:
         spec: ModelSpec,
         *,
         flash_attention: bool = False,
+        fused_loss: bool = True,
         overlap: Overlap | None = None,
         precision: Precision | None = None,
         moe_routing: str = "dropless",
@@ -256,6 +257,7 @@ class AnalyticModel:
     ) -> None:
         self.spec = spec
         self.flash_attention = flash_attention
+        self.fused_loss = fused_loss
         self.overlap = overlap or Overlap()
         self.precision = precision or Precision()
         self.moe_routing = moe_routing
@@ -638,10 +640,24 @@ class AnalyticModel:
             fwd_s=fwd_s,
             bwd_s=bwd_s,
             act_bytes={mode: act for mode in Recompute},
-            transient_bytes=p * s_loc * b * vocab / t,  # bf16 logits before the fp32 cast
+            transient_bytes=self._loss_transient_bytes_per_logit() * s_loc * b * vocab / t,
             fwd_collectives=tuple(tp_fwd),
             bwd_collectives=tuple(tp_bwd),
         )
+
+    def _loss_transient_bytes_per_logit(self) -> float:
+        """Bytes per logit the loss holds at its peak beyond the 4 stored (the fp32 softmax or
+        log-probabilities its backward reads):
+
+        - fused (Megatron-Core ``VocabParallelCrossEntropy``: casts the bf16 logits to fp32,
+          saves the softmax and computes the gradient in place): the bf16 logits beside their
+          fp32 copy in the forward, the gradient's bf16 cast beside the fp32 one in the
+          backward: 2;
+        - unfused (torchtitan's ``F.cross_entropy(pred.float(), labels)``): the backward of
+          ``nll_loss`` writes a dense fp32 gradient of the log-probabilities and
+          ``log_softmax_backward_data`` an fp32 gradient of the logits beside it, both alive
+          with the saved log-probabilities: 8 (12 in all)."""
+        return 2.0 if self.fused_loss else 8.0
 
     def _mtp_cost(self, shard: Shard, device: Device) -> LayerCost:
         """One multi-token-prediction module on the last stage (DeepSeek-V3 §2.2): its two

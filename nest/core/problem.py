@@ -102,6 +102,11 @@ class Training:
     flash_attention: bool = True
     """Fused attention that keeps no ``s x s`` scores (Dao et al. 2022); False reproduces the
     activation inventory of Korthikanti et al. 2022."""
+    fused_loss: bool = True
+    """The loss is a fused vocabulary-parallel cross entropy that keeps the fp32 softmax and
+    writes its gradient in place (Megatron-Core ``vocab_parallel_cross_entropy``): 6 bytes per
+    logit at the head's peak. False: PyTorch's ``F.cross_entropy`` on the fp32-cast logits
+    (torchtitan), 12 bytes per logit (:meth:`nest.core.layers.AnalyticModel._head_cost`)."""
     tp_comm_overlap: bool = True
     """TP all-gathers / reduce-scatters under their GEMMs: Megatron-Core's
     ``--tp-comm-overlap`` (:class:`nest.core.layers.Overlap`; needs sequence parallelism)."""

@@ -7,23 +7,47 @@ from nest.core.units import GiB
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryReport:
-    """Per-device memory of one pipeline rank, bytes. ``total_bytes`` is the sum of the terms."""
+    """Per-device memory of one pipeline rank, bytes. ``total_bytes`` is the sum of the terms
+    (:meth:`terms`)."""
 
     weights_bytes: float
+    """The device's weights, FP8 copies included (``fp8_copies_bytes`` of them)."""
     grads_bytes: float
     optimizer_bytes: float
     activations_bytes: float
     """Stored activations of the in-flight microbatches."""
     transient_bytes: float
-    """Peak short-lived buffers (recomputed layer, logits, ZeRO-3 gathered weights)."""
+    """Peak short-lived buffers (recomputed layer, logits, ZeRO-3 gathered weights:
+    ``comm_buffers_bytes`` of them)."""
     reserve_bytes: float
     total_bytes: float
     capacity_bytes: float
     in_flight_microbatches: float
+    activations_per_microbatch_bytes: float = 0.0
+    """Stored activations of one microbatch (``activations_bytes / in_flight_microbatches``)."""
+    fp8_copies_bytes: float = 0.0
+    """The part of ``weights_bytes`` that is FP8 weight copies and their transposes."""
+    comm_buffers_bytes: float = 0.0
+    """The part of ``transient_bytes`` that is communication buffers: under ZeRO-3 the weights
+    gathered beyond the device's shard for the layer at the peak."""
 
     @property
     def fits(self) -> bool:
         return self.total_bytes <= self.capacity_bytes
+
+    def terms(self) -> dict[str, float]:
+        """The disjoint terms a user acts on, bytes, in the order a summary prints them; they sum
+        to ``total_bytes``."""
+        return {
+            "weights": self.weights_bytes - self.fp8_copies_bytes,
+            "fp8_copies": self.fp8_copies_bytes,
+            "gradients": self.grads_bytes,
+            "optimizer_state": self.optimizer_bytes,
+            "activations": self.activations_bytes,
+            "comm_buffers": self.comm_buffers_bytes,
+            "transient": self.transient_bytes - self.comm_buffers_bytes,
+            "reserve": self.reserve_bytes,
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,6 +163,7 @@ class Report:
         out = asdict(self)
         for rank_dict, rank in zip(out["ranks"], self.ranks, strict=True):
             rank_dict["memory"]["fits"] = rank.memory.fits
+            rank_dict["memory"]["terms"] = rank.memory.terms()
         return out
 
     def memory_summary(self) -> str:

@@ -101,6 +101,21 @@ def report_to_dict(plan: Plan, report: Report) -> dict:
         "devices_used": report.devices_used,
         "devices_idle": report.devices_idle,
         "peak_memory_bytes": report.peak_memory_bytes,
+        "memory": {
+            # per pipeline rank, the disjoint terms of one device's memory, which sum to its
+            # total (:meth:`nest.core.report.MemoryReport.terms`), bytes
+            "terms": [
+                {
+                    "pp_rank": r.pp_rank,
+                    **r.memory.terms(),
+                    "total": r.memory.total_bytes,
+                    "capacity": r.memory.capacity_bytes,
+                    "activations_per_microbatch": r.memory.activations_per_microbatch_bytes,
+                    "in_flight_microbatches": r.memory.in_flight_microbatches,
+                }
+                for r in report.ranks
+            ],
+        },
         "plan": {
             **_choices(plan),
             "stages": [

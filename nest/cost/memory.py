@@ -62,7 +62,13 @@ def rank_memory(
     """Memory of one device of a pipeline rank holding ``layers`` ((cost, stage mode, is block)
     per layer of all its chunks) and these parameters (dense with a tied-embedding copy)."""
     stored = sum(stored_bytes(cost, mode, blk) for cost, mode, blk in layers)
-    transient = max(peak_bytes(cost, mode, blk, state) for cost, mode, blk in layers)
+    transient, comm = max(
+        (
+            peak_bytes(cost, mode, blk, state),
+            state.gathered_bytes(cost.dense_params, cost.expert_params),
+        )
+        for cost, mode, blk in layers
+    )
     resident = sum(resident_bytes(cost, state) for cost, _, _ in layers)
     return MemoryReport(
         weights_bytes=state.weights_bytes(dense_params, expert_params) + resident,
@@ -80,4 +86,7 @@ def rank_memory(
         ),
         capacity_bytes=capacity_bytes,
         in_flight_microbatches=in_flight,
+        activations_per_microbatch_bytes=stored,
+        fp8_copies_bytes=resident,
+        comm_buffers_bytes=comm,
     )

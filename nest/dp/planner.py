@@ -52,16 +52,17 @@ from operator import itemgetter
 
 import numpy as np
 
-from nest.core.axes import Axis, parse_rank_order
+from nest.core.axes import Axis, Recompute, parse_rank_order
 from nest.core.errors import Infeasible, UserError
-from nest.core.plan import ParallelConfig, Plan, make_structured_plan
+from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.core.problem import Problem
+from nest.cost import evaluate
 from nest.dp.bounds import Floors
 from nest.dp.interleaved import smallest_peak_interleaved, solve_interleaved
 from nest.dp.recurrence import DPStats, solve_config
 from nest.dp.space import SpaceOptions, SpacePlanner, families
 from nest.dp.stages import StageModel
-from nest.planner import finish, infeasible_memory
+from nest.planner import finish, infeasible_memory, memory_fix
 
 BOUND_SLACK = 1e-12
 """Relative slack before a bound prunes: floors are sums of the same floating-point terms as
@@ -78,6 +79,24 @@ def plan_from_choices(problem: Problem, config: ParallelConfig, choices) -> Plan
         num_microbatches=training.global_batch // (config.microbatch_size * config.dp),
         sequence_parallel=training.sequence_parallel,
     )
+
+
+LEAST_STORING_FIRST = (Recompute.FULL, Recompute.SELECTIVE, Recompute.NONE)
+"""Recompute modes from the one that stores the least activations."""
+
+
+def least_memory_plan(problem: Problem, config: ParallelConfig, n_layers: int, modes) -> Plan:
+    """A plan of ``config`` the memory fix starts from when nothing fits: the chain split evenly
+    over the chunks, each in the searched mode that stores the least. Near the configuration's
+    least peak (:func:`smallest_peak_bytes` gives that number exactly), not the same plan."""
+    mode = next(m for m in LEAST_STORING_FIRST if m in set(modes))
+    chunks = config.pp * config.virtual_stages
+    counts = uniform_partition(n_layers, chunks)
+    first, choices = 0, []
+    for count in counts:
+        choices.append((first, first + count - 1, mode))
+        first += count
+    return plan_from_choices(problem, config, choices)
 
 
 def smallest_peak_bytes(sm: StageModel, modes) -> float:
@@ -265,14 +284,17 @@ class NestPlanner(SpacePlanner):
             (floors.memory_floor_bytes(f, z, s), k, f, s, z)
             for k, (_, _, f, s, z) in enumerate(entries + over)
         )
-        best = float("inf")
+        best, least = float("inf"), None
         for need, _, family, schedule, zero in ranked:
             if need >= best:
                 break
             for order in family.orders:
                 config = family.config(schedule, zero, order)
-                best = min(best, smallest_peak_bytes(StageModel(problem, config, shared), modes))
-        return best
+                sm = StageModel(problem, config, shared)
+                peak = smallest_peak_bytes(sm, modes)
+                if peak < best:
+                    best, least = peak, least_memory_plan(problem, config, sm.n_layers, modes)
+        return best, least
 
     def solve(self, problem: Problem) -> Plan:
         """The optimal plan (the first of :meth:`solve_ranked`)."""
@@ -414,8 +436,8 @@ class NestPlanner(SpacePlanner):
 
     def _nothing_fits(self, problem, options, entries, over, floors, shared):
         """The error of a search that found no plan: the least memory any plan would need."""
-        need = self._smallest_need_bytes(problem, entries, over, floors, shared)
-        return infeasible_memory(
+        need, least = self._smallest_need_bytes(problem, entries, over, floors, shared)
+        error = infeasible_memory(
             problem,
             self.name,
             need,
@@ -423,6 +445,10 @@ class NestPlanner(SpacePlanner):
             zero_stages=options.zero_stages,
             recompute=options.recompute,
         )
+        if least is None:
+            return error
+        fix = memory_fix(problem, least, evaluate(problem, least))
+        return Infeasible(f"{error}; {fix}", min_memory_bytes=error.min_memory_bytes)
 
     def _finished(self, problem, best, search, started: float, n_evaluations: int) -> list[Plan]:
         """The ranked (value, key, config, choices) as plans scored by the evaluator, the first
