@@ -17,7 +17,9 @@ assignment is found exhaustively but without repetition: chunks with the same la
 neighbours cost the same, so only how many of each group take each mode matters; groups are merged
 one by one keeping, per largest transient buffer, the Pareto set of (time, stored activations)
 (memory is ``state + in-flight x activations + largest transient + reserve``, increasing in both,
-so a dropped assignment is never the only one that fits or the fastest).
+so a dropped assignment is never the only one that fits or the fastest). When every chunk at
+its fastest mode fits, that assignment is the rank's only option and nothing is enumerated
+(:func:`fastest_option`).
 
 **Across ranks** the recurrence of :mod:`nest.dp.recurrence` runs with state ``r`` and the same
 labels ``(S, M, B, E, O)``; the dominance test carries the coefficients ``1/v`` and ``m - 1/v``
@@ -29,7 +31,6 @@ layers, :mod:`nest.dp.bounds`). Complexity: ``pp`` ranks x at most 3 options x t
 
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import combinations_with_replacement
 
 import numpy as np
 
@@ -49,16 +50,34 @@ class RankOption:
     """Recompute mode of each of the rank's chunks, in chunk order."""
 
 
-@lru_cache(maxsize=256)
-def _count_vectors(size: int, n_modes: int) -> np.ndarray:
-    """Every way to give ``size`` identical chunks one of ``n_modes`` modes, as counts."""
-    rows = [
-        [combo.count(c) for c in range(n_modes)]
-        for combo in combinations_with_replacement(range(n_modes), size)
-    ]
-    out = np.array(rows, dtype=float).reshape(-1, n_modes)
-    out.flags.writeable = False
-    return out
+def _group_front(rep: np.ndarray, size: int):
+    """:func:`_group_front_of` of these costs (cached: a configuration's ranks and its
+    neighbours share chunk costs)."""
+    return _group_front_of(rep.tobytes(), rep.shape, size)
+
+
+@lru_cache(maxsize=1024)
+def _group_front_of(rep_bytes: bytes, shape: tuple, size: int):
+    """The Pareto-kept (time, activations, transient, counts per mode) of ``size`` identical
+    chunks whose per-mode costs are ``rep`` (rows ``(t, b, act, transient)``), built one chunk
+    at a time: an assignment beaten at its transient value stays beaten after any further
+    chunk is added (times and activations add, transients take a max), so pruning after each
+    chunk keeps every assignment the enumeration of all ``C(size + modes - 1, size)`` count
+    vectors would keep, at a cost linear in ``size``."""
+    rep = np.frombuffer(rep_bytes).reshape(shape)
+    n = len(rep)
+    unit = np.eye(n)
+    t, act, tr = np.zeros(1), np.zeros(1), np.full(1, -np.inf)
+    counts = np.zeros((1, n))
+    for _ in range(size):
+        t = (t[:, None] + rep[None, :, 0]).ravel()
+        act = (act[:, None] + rep[None, :, 2]).ravel()
+        tr = np.maximum(tr[:, None], rep[None, :, 3]).ravel()
+        counts = (counts[:, None, :] + unit[None, :, :]).reshape(-1, n)
+        t, act, tr, counts = _pareto(t, act, tr, counts)
+    for array in (t, act, tr, counts):
+        array.flags.writeable = False
+    return t, act, tr, counts
 
 
 def _pareto(t, act, tr, picks):
@@ -103,10 +122,7 @@ class RankChunks:
         t, act, tr = np.zeros(1), np.zeros(1), np.zeros(1)
         picks = np.zeros((1, 0), dtype=int)
         for ks in self.groups.values():
-            rep = self.cost[ks[0]]
-            counts = _count_vectors(len(ks), n)
-            g_t, g_act = counts @ rep[:, 0], counts @ rep[:, 2]
-            g_tr = np.where(counts > 0, rep[:, 3], -np.inf).max(axis=1)
+            g_t, g_act, g_tr, counts = _group_front(self.cost[ks[0]], len(ks))
             t = (t[:, None] + g_t[None, :]).ravel()
             act = (act[:, None] + g_act[None, :]).ravel()
             tr = np.maximum(tr[:, None], g_tr[None, :]).ravel()
@@ -123,6 +139,30 @@ class RankChunks:
             expanded = [self.modes[c] for c in range(n) for _ in range(int(pick[g * n + c]))]
             out.update(zip(ks, expanded, strict=True))
         return tuple(out[k] for k in self.ks)
+
+
+def fastest_option(sm: StageModel, rc: RankChunks) -> RankOption | None:
+    """Every chunk at its fastest mode, when that fits: then the rank's only option needed.
+
+    Against any other option ``Y`` of the rank it is as fast or faster in every chunk, so
+    ``t_Y - t >= b_Y - b`` (``b``: the first chunk's backward, where the modes differ only
+    in recomputation, ``t`` and ``b`` move together) and ``b <= b_Y``; taking it instead of
+    ``Y`` lowers ``S`` by ``t_Y - t`` and raises no later exposed sync by more than
+    ``b_Y - b`` (:mod:`nest.dp.recurrence`), so the objective never grows. Ties keep the first
+    mode of ``modes``. None when it does not fit."""
+    first = rc.cost[rc.ks[0]]
+    c0 = int(np.argmin(first[:, 0]))
+    t, act, tr = first[c0, 0], first[c0, 2], first[c0, 3]
+    pick = []
+    for ks in rc.groups.values():
+        rep = rc.cost[ks[0]]
+        c = int(np.argmin(rep[:, 0]))
+        t, act, tr = t + len(ks) * rep[c, 0], act + len(ks) * rep[c, 2], max(tr, rep[c, 3])
+        pick += [len(ks) if m == c else 0 for m in range(len(rc.modes))]
+    memory = rank_memory_bytes(rc.state_bytes, act, rc.in_flight, tr, sm.reserve_bytes)
+    if memory > sm.capacity_bytes:
+        return None
+    return RankOption(float(t), float(first[c0, 1]), rc.modes_of(c0, pick))
 
 
 def rank_options(sm: StageModel, rc: RankChunks) -> tuple[list[RankOption], float]:
@@ -187,7 +227,8 @@ def solve_interleaved(
             stats.labels_bounded += len(labels)
             return None
         rc = RankChunks(sm, r, modes)
-        options, _ = rank_options(sm, rc)
+        fast = fastest_option(sm, rc)
+        options = [fast] if fast is not None else rank_options(sm, rc)[0]
         stats.stages_scored += len(modes) * len(rc.cost)
         front = Front(m_coef, s_coef) if exact else GreedyFront(m_coef, s_coef)
         for opt in options:
