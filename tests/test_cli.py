@@ -19,8 +19,8 @@ import pytest
 from hydra.core.global_hydra import GlobalHydra
 
 import nest.app.cli
-from nest.core.axes import Recompute
 from nest.app.config import build_problem
+from nest.core.axes import Recompute
 from nest.core.serialize import plan_from_dict
 from nest.cost import evaluate
 from nest.planner import Planner, build_planner

@@ -118,7 +118,6 @@ class RankChunks:
 
     def assignments(self):
         """Pareto-kept (time, activations, transient, modes per chunk) of the non-first chunks."""
-        n = len(self.modes)
         t, act, tr = np.zeros(1), np.zeros(1), np.zeros(1)
         picks = np.zeros((1, 0), dtype=int)
         for ks in self.groups.values():

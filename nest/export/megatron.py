@@ -30,8 +30,9 @@ Mapping of our plan:
   selective`` (its default ``--recompute-modules core_attn``); mlp / selective_mlp:
   ``--recompute-granularity selective --recompute-modules [core_attn] mlp`` with ``moe_act``
   for MoE blocks (and ``--moe-grouped-gemm``, which ``moe_act`` requires); full: ``full`` +
-  ``uniform`` + ``--recompute-num-layers 1`` (every layer keeps only its input, as our model). Mixed modes: nearest = every stage at the mode that recomputes
-  everything any stage recomputes (selective and mlp: selective_mlp).
+  ``uniform`` + ``--recompute-num-layers 1`` (every layer keeps only its input, as our
+  model). Mixed modes: nearest = every stage at the mode that recomputes everything any stage
+  recomputes (selective and mlp: selective_mlp).
 - Partition: equal blocks per stage need nothing; equal middle stages and different first / last
   stages use ``--decoder-first/last-pipeline-num-layers``; any other split (or an interleaved
   split with unequal chunks, or a stage without blocks) uses ``--pipeline-model-parallel-layout``.

@@ -51,10 +51,11 @@ One recompute mode for all stages (nearest: the mode that recomputes everything 
 recomputes); selective maps to torchtitan's per-op selective checkpointing, whose saved set
 differs from the cost model's attention-core recompute. torchtitan has no MLP-only recompute
 (``[activation_checkpoint]`` offers ``none``, ``selective`` by op or every n blocks, and
-``full``): ``mlp`` and ``selective_mlp`` are exported as ``full``, which stores less. Stages after the first must start with a transformer block (a split
-point); a stage holding only the head is moved one block back. ``Interleaved1F1B`` needs the
-microbatch count to be a multiple of ``max(1, m // pp)`` (PyTorch's ``ScheduleInterleaved1F1B``),
-which every plan meets: the evaluator requires ``m`` to be a multiple of ``pp`` under interleaving.
+``full``): ``mlp`` and ``selective_mlp`` are exported as ``full``, which stores less. Stages
+after the first must start with a transformer block (a split point); a stage holding only the
+head is moved one block back. ``Interleaved1F1B`` needs the microbatch count to be a multiple
+of ``max(1, m // pp)`` (PyTorch's ``ScheduleInterleaved1F1B``), which every plan meets: the
+evaluator requires ``m`` to be a multiple of ``pp`` under interleaving.
 
 **Training settings the score assumes.** ``[training] mixed_precision_param = "bfloat16"`` is
 emitted; ``mixed_precision_reduce`` accepts only ``"float32"`` at this commit
