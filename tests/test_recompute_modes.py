@@ -222,3 +222,28 @@ def test_mixed_modes_export_as_the_mode_recomputing_everything_used():
     exp = export_plan(problem, plan("mlp"), "torchtitan")
     assert exp.exported_plan["recompute"] == ["full", "full"]
     assert any("recompute mlp" in w and "used full" in w for w in exp.warnings)
+
+
+def test_llama3_8b_on_h100_takes_mlp_where_memory_forces_recompute():
+    """The issue's done-when: Llama 3 8B data-parallel on one DGX H100 node (8 x 80 GB; ZeRO-1
+    keeps 16 bytes of model state per parameter over 8 ranks, about 44 GB, beside the
+    activations) cannot keep every activation; the best plan of the five-mode space recomputes
+    only MLPs and beats the best plan of the old three modes (which must recompute everything)."""
+    from nest.app.config import build_problem
+    from nest.dp.planner import NestPlanner
+
+    from .test_cli import compose
+
+    spec = "model.hidden=4096 model.layers=32 model.heads=32 model.kv_heads=8"
+    spec += " model.ffn_hidden=14336"
+    cfg = compose(
+        "cluster=dgx_8x8", "cluster.devices=8", "model=llama3_70b", "model.name=llama3_8b",
+        *spec.split(), "training.global_batch=64",
+    )  # fmt: skip
+    problem = build_problem(cfg)
+    space = dict(tp=[1], cp=[1], pp=[1], zero_stages=[0, 1])
+    old = NestPlanner(**space, recompute=["none", "selective", "full"]).solve(problem)
+    new = NestPlanner(**space).solve(problem)
+    assert {s.recompute for s in old.stages} == {Recompute.FULL}
+    assert {s.recompute for s in new.stages} == {Recompute.MLP}
+    assert new.objective_s < 0.95 * old.objective_s
