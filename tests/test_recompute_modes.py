@@ -247,3 +247,29 @@ def test_llama3_8b_on_h100_takes_mlp_where_memory_forces_recompute():
     assert {s.recompute for s in old.stages} == {Recompute.FULL}
     assert {s.recompute for s in new.stages} == {Recompute.MLP}
     assert new.objective_s < 0.95 * old.objective_s
+
+
+def test_more_modes_never_make_the_optimum_worse():
+    """A larger space holds every plan of a smaller one: ``nest`` over all five modes is never
+    slower than over any three of them, 1F1B and interleaved (a rule that dropped a needed
+    mode, e.g. keeping only a rank's fastest assignment where a slower first chunk hides more
+    gradient sync, breaks this)."""
+    from nest.core.errors import Infeasible
+    from nest.dp.planner import NestPlanner
+
+    rng = random.Random(7)
+    compared = 0
+    for seed in range(30):
+        problem, options = interleaved_case(3000 + seed) if seed % 2 else tiny_case(seed)
+        try:
+            full = NestPlanner(**{**options, "recompute": ALL_MODES}).solve(problem)
+        except Infeasible:
+            continue
+        subset = sorted(rng.sample(ALL_MODES, 3))
+        try:
+            part = NestPlanner(**{**options, "recompute": subset}).solve(problem)
+        except Infeasible:
+            continue
+        assert full.objective_s <= part.objective_s * (1 + 1e-12), (seed, subset)
+        compared += 1
+    assert compared >= 15, compared

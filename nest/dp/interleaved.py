@@ -17,9 +17,9 @@ assignment is found exhaustively but without repetition: chunks with the same la
 neighbours cost the same, so only how many of each group take each mode matters; groups are merged
 one by one keeping, per largest transient buffer, the Pareto set of (time, stored activations)
 (memory is ``state + in-flight x activations + largest transient + reserve``, increasing in both,
-so a dropped assignment is never the only one that fits or the fastest). When every chunk at
-its fastest mode fits, that assignment is the rank's only option and nothing is enumerated
-(:func:`fastest_option`).
+so a dropped assignment is never the only one that fits or the fastest). When the other
+chunks at their fastest modes fit beside every mode of the first chunk, that assignment is the
+fastest for each and nothing is enumerated (:func:`rank_options`).
 
 **Across ranks** the recurrence of :mod:`nest.dp.recurrence` runs with state ``r`` and the same
 labels ``(S, M, B, E, O)``; the dominance test carries the coefficients ``1/v`` and ``m - 1/v``
@@ -131,6 +131,18 @@ class RankChunks:
             t, act, tr, picks = _pareto(t, act, tr, picks)
         return t, act, tr, picks
 
+    def fastest_rest(self):
+        """:meth:`assignments`' terms of the one assignment giving every non-first chunk its
+        fastest mode (ties: the first of ``modes``)."""
+        n = len(self.modes)
+        t, act, tr, pick = 0.0, 0.0, 0.0, []
+        for ks in self.groups.values():
+            rep = self.cost[ks[0]]
+            c = int(np.argmin(rep[:, 0]))
+            t, act, tr = t + len(ks) * rep[c, 0], act + len(ks) * rep[c, 2], max(tr, rep[c, 3])
+            pick += [len(ks) if m == c else 0 for m in range(n)]
+        return np.array([t]), np.array([act]), np.array([tr]), np.array([pick], dtype=int)
+
     def modes_of(self, first: int, pick) -> tuple[Recompute, ...]:
         out = {self.ks[0]: self.modes[first]}
         n = len(self.modes)
@@ -140,34 +152,23 @@ class RankChunks:
         return tuple(out[k] for k in self.ks)
 
 
-def fastest_option(sm: StageModel, rc: RankChunks) -> RankOption | None:
-    """Every chunk at its fastest mode, when that fits: then the rank's only option needed.
+def rank_options(
+    sm: StageModel, rc: RankChunks, *, shortcut: bool = True
+) -> tuple[list[RankOption], float]:
+    """The rank's Pareto-best feasible options and the least memory any assignment needs.
 
-    Against any other option ``Y`` of the rank it is as fast or faster in every chunk, so
-    ``t_Y - t >= b_Y - b`` (``b``: the first chunk's backward, where the modes differ only
-    in recomputation, ``t`` and ``b`` move together) and ``b <= b_Y``; taking it instead of
-    ``Y`` lowers ``S`` by ``t_Y - t`` and raises no later exposed sync by more than
-    ``b_Y - b`` (:mod:`nest.dp.recurrence`), so the objective never grows. Ties keep the first
-    mode of ``modes``. None when it does not fit."""
+    ``shortcut``: when the other chunks, each at its fastest mode, fit beside the first chunk
+    in every mode, that assignment is the fastest that fits for every first mode (the other
+    chunks change only ``t_r``, module docstring), so nothing is enumerated; the least memory
+    returned is then that assignment's, not the least of all."""
     first = rc.cost[rc.ks[0]]
-    c0 = int(np.argmin(first[:, 0]))
-    t, act, tr = first[c0, 0], first[c0, 2], first[c0, 3]
-    pick = []
-    for ks in rc.groups.values():
-        rep = rc.cost[ks[0]]
-        c = int(np.argmin(rep[:, 0]))
-        t, act, tr = t + len(ks) * rep[c, 0], act + len(ks) * rep[c, 2], max(tr, rep[c, 3])
-        pick += [len(ks) if m == c else 0 for m in range(len(rc.modes))]
-    memory = rank_memory_bytes(rc.state_bytes, act, rc.in_flight, tr, sm.reserve_bytes)
-    if memory > sm.capacity_bytes:
-        return None
-    return RankOption(float(t), float(first[c0, 1]), rc.modes_of(c0, pick))
-
-
-def rank_options(sm: StageModel, rc: RankChunks) -> tuple[list[RankOption], float]:
-    """The rank's Pareto-best feasible options and the least memory any assignment needs."""
-    t, act, tr, picks = rc.assignments()
-    first = rc.cost[rc.ks[0]]
+    t, act, tr, picks = rc.fastest_rest()
+    memory = rank_memory_bytes(
+        rc.state_bytes, act + first[:, 2], rc.in_flight, np.maximum(tr, first[:, 3]),
+        sm.reserve_bytes,
+    )  # fmt: skip
+    if not (shortcut and (memory <= sm.capacity_bytes).all()):
+        t, act, tr, picks = rc.assignments()
     found, least = [], np.inf
     for c in range(len(rc.modes)):
         memory = rank_memory_bytes(
@@ -226,8 +227,7 @@ def solve_interleaved(
             stats.labels_bounded += len(labels)
             return None
         rc = RankChunks(sm, r, modes)
-        fast = fastest_option(sm, rc)
-        options = [fast] if fast is not None else rank_options(sm, rc)[0]
+        options, _ = rank_options(sm, rc)
         stats.stages_scored += len(modes) * len(rc.cost)
         front = Front(m_coef, s_coef) if exact else GreedyFront(m_coef, s_coef)
         for opt in options:
@@ -262,4 +262,6 @@ def solve_interleaved(
 
 def smallest_peak_interleaved(sm: StageModel, modes) -> float:
     """The least per-device peak memory of any plan of an interleaved configuration."""
-    return max(rank_options(sm, RankChunks(sm, r, modes))[1] for r in range(sm.config.pp))
+    return max(
+        rank_options(sm, RankChunks(sm, r, modes), shortcut=False)[1] for r in range(sm.config.pp)
+    )
