@@ -6,7 +6,7 @@ import random
 import networkx as nx
 
 from baselines.brute import count_plans
-from nest.core.axes import Optimizer
+from nest.core.axes import Optimizer, Recompute
 from nest.core.model import ModelSpec
 from nest.dp.space import SpaceOptions
 from nest.graph.build import graph_cluster
@@ -154,7 +154,7 @@ def graph_case(seed: int, *, max_plans: int = 2500, max_devices: int = 16):
         )
         options = dict(
             zero_stages=sorted(rng.sample([0, 1, 2, 3], rng.randint(1, 2))),
-            recompute=sorted(rng.sample(["none", "selective", "full"], rng.randint(1, 3))),
+            recompute=sorted(rng.sample([r.value for r in Recompute], rng.randint(1, 3))),
             rank_orders=random_rank_orders(rng),
             schedules=rng.choice([["1f1b"], ["1f1b", "interleaved"]]),
         )

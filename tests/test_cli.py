@@ -20,6 +20,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 import nest.app.cli
 from nest.app.config import build_problem
+from nest.core.axes import Recompute
 from nest.core.serialize import plan_from_dict
 from nest.cost import evaluate
 from nest.planner import Planner, build_planner
@@ -182,7 +183,7 @@ def check_report_facts(cfg, report: dict, plan_json: dict) -> None:
         first, last = stage["layers"]
         assert first == expected_first and last >= first
         expected_first = last + 1
-        assert stage["recompute"] in ("none", "selective", "full")
+        assert stage["recompute"] in {r.value for r in Recompute}
         assert stage["memory_bytes"] > 0 and stage["time_s"] > 0
         assert stage["pp_rank"] == k % p["pp"]
     assert expected_first == blocks + 2

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from baselines.brute import count_plans
-from nest.core.axes import Optimizer
+from nest.core.axes import Optimizer, Recompute
 from nest.core.errors import Infeasible
 from nest.core.model import ModelSpec
 from nest.cost import evaluate
@@ -122,7 +122,7 @@ def tiny_case(seed: int):
         )
         options = dict(
             zero_stages=sorted(rng.sample([0, 1, 2, 3], rng.randint(1, 2))),
-            recompute=sorted(rng.sample(["none", "selective", "full"], rng.randint(1, 3))),
+            recompute=sorted(rng.sample([r.value for r in Recompute], rng.randint(1, 3))),
             rank_orders=random_rank_orders(rng),
             # half search 1F1B only (tests/test_nest_interleaved.py covers interleaved in depth)
             schedules=rng.choice([["1f1b"], ["1f1b", "interleaved"]]),
@@ -249,15 +249,17 @@ def test_infeasible_names_the_zero_stages_and_recompute_modes_searched():
     assert "nest's space (ZeRO 0,1, recompute none) needs at least" in narrow.value.reason
     assert (
         "widen the search (solver.zero_stages=[0, 1, 2, 3] "
-        "solver.recompute=[none,selective,full])" in narrow.value.reason
+        "solver.recompute=[none,selective,mlp,selective_mlp,full])" in narrow.value.reason
     )
-    assert "nest's space (ZeRO 0-3, recompute none/selective/full)" in full.value.reason
+    modes = "none/selective/mlp/selective_mlp/full"
+    assert f"nest's space (ZeRO 0-3, recompute {modes})" in full.value.reason
     assert "widen" not in full.value.reason and "\n" not in narrow.value.reason
     assert full.value.min_memory_bytes < narrow.value.min_memory_bytes
     with pytest.raises(Infeasible) as zero_only:
         NestPlanner(zero_stages=[0, 1, 2, 3], recompute=["full", "none"]).solve(problem)
     assert "(ZeRO 0-3, recompute full/none)" in zero_only.value.reason
-    assert "widen the search (solver.recompute=[none,selective,full])" in zero_only.value.reason
+    widen = "widen the search (solver.recompute=[none,selective,mlp,selective_mlp,full])"
+    assert widen in zero_only.value.reason
 
 
 def test_front_keeps_exactly_the_labels_worse_by_at_most_admits():

@@ -83,7 +83,7 @@ def interleaved_case(seed: int, max_plans: int = 1500):
         )
         options = dict(
             zero_stages=sorted(rng.sample([0, 1, 2, 3], rng.randint(1, 2))),
-            recompute=sorted(rng.sample(["none", "selective", "full"], rng.randint(1, 3))),
+            recompute=sorted(rng.sample([r.value for r in Recompute], rng.randint(1, 3))),
             rank_orders=random_rank_orders(rng),
             schedules=rng.choice([["1f1b", "interleaved"], ["interleaved"]]),
         )

@@ -15,7 +15,7 @@ from itertools import product
 
 import pytest
 
-from nest.core.axes import Axis, Optimizer
+from nest.core.axes import Axis, Optimizer, Recompute
 from nest.core.model import ModelSpec
 
 from .conftest import make_cluster, make_device, make_problem
@@ -195,7 +195,7 @@ def exact_case(seed: int, max_plans: int = 1000):
             ),
         )
         options = random_options(rng, problem.cluster.num_devices)
-        options["recompute"] = sorted(rng.sample(["none", "selective", "full"], rng.randint(1, 2)))
+        options["recompute"] = sorted(rng.sample([r.value for r in Recompute], rng.randint(1, 2)))
         if rng.random() < 0.33:
             options.update(schedules=["interleaved"], pp=[2])
         space = oracle_space(problem, options)

@@ -24,10 +24,13 @@ NEST_ARTIFACT_RANK_ORDER: tuple[Axis, ...] = (Axis.TP, Axis.CP, Axis.PP, Axis.DP
 
 
 class Recompute(StrEnum):
-    """Activation recomputation of a stage (Korthikanti et al. 2022)."""
+    """Activation recomputation of a stage's blocks (Korthikanti et al. 2022; the per-module
+    modes are Megatron-Core's ``--recompute-modules``, ``megatron/training/arguments.py``)."""
 
     NONE = "none"
     SELECTIVE = "selective"  # recompute the attention core (softmax, dropout, attention over V)
+    MLP = "mlp"  # recompute the MLP (dense: FC1, activation, FC2) / the experts' activation (MoE)
+    SELECTIVE_MLP = "selective_mlp"  # both of the above
     FULL = "full"  # keep only each layer's input; recompute its forward in the backward pass
 
 

@@ -145,10 +145,21 @@ def attention_core(spec: ModelSpec, local: bool) -> Core:
 OUTSIDE, INSIDE = "outside", "inside"
 
 
-def block_tensors(spec: ModelSpec, moe: bool) -> list[tuple[float, str, bool]]:
+def block_tensors(
+    spec: ModelSpec, moe: bool, *, mlp_recomputed: bool = False
+) -> list[tuple[float, str, bool]]:
     """Stored tensors per token, ``(elements, where, fp8_input)`` (module docstring), without
     the attention core's (:func:`attention_core`; the caller adds them by kernel) and the
-    dropout masks."""
+    dropout masks.
+
+    ``mlp_recomputed``: what is left when the MLP is recomputed in the backward, as
+    Megatron-Core's ``--recompute-modules`` does it (``TransformerConfig.recompute_modules``):
+    a dense block's ``mlp`` checkpoints the whole MLP, which keeps only its input (stored
+    anyway) and drops the FC1 output and the FC2 input; a MoE block's ``moe_act``
+    checkpoints the experts' activation function with output discarding, which drops each
+    routed copy's FC2 input (the activation's output) and keeps the FC1 output it is
+    recomputed from. The shared experts are not recomputed (Megatron's separate
+    ``shared_experts`` module)."""
     h, a = spec.hidden, spec.heads
     gate = gate_factor(spec)
     out = [
@@ -179,10 +190,12 @@ def block_tensors(spec: ModelSpec, moe: bool) -> list[tuple[float, str, bool]]:
     if moe:
         fe, fs = spec.expert_ffn, spec.shared_ffn
         for _ in range(spec.top_k):  # each token's copy sent to an expert
-            out += [(h, INSIDE, True), (gate * fe, INSIDE, False), (fe, INSIDE, True)]
+            out += [(h, INSIDE, True), (gate * fe, INSIDE, False)]
+            if not mlp_recomputed:
+                out.append((fe, INSIDE, True))  # the activation's output, FC2's input
         if fs:
             out += [(gate * fs, INSIDE, False), (fs, INSIDE, True)]
-    else:
+    elif not mlp_recomputed:
         f = spec.ffn_hidden
         out += [(gate * f, INSIDE, False), (f, INSIDE, True)]  # FC1 output, FC2 input
     return out

@@ -690,13 +690,18 @@ class AnalyticModel:
         tokens = s_loc * b
         fp8 = self.precision.fp8
         split = {OUTSIDE: sp_div, INSIDE: t, REP: 1}
-        kept = 0.0
-        for elems, where, fp8_input in block_tensors(m, ref.moe):
-            kept += elems * tokens * (1 if fp8 and fp8_input else p) / split[where]
-        if m.dropout:
-            kept += 2 * hsb / sp_div  # the two dropout masks, one byte per element
-        if ref.moe:
-            kept += 4.0 * tokens * m.num_experts / sp_div  # fp32 router logits
+
+        def stored(mlp_recomputed: bool) -> float:
+            out = 0.0
+            for elems, where, fp8_input in block_tensors(m, ref.moe, mlp_recomputed=mlp_recomputed):
+                out += elems * tokens * (1 if fp8 and fp8_input else p) / split[where]
+            if m.dropout:
+                out += 2 * hsb / sp_div  # the two dropout masks, one byte per element
+            if ref.moe:
+                out += 4.0 * tokens * m.num_experts / sp_div  # fp32 router logits
+            return out
+
+        kept, kept_mlp = stored(False), stored(True)
         # Attention core: the softmax output (+ dropout mask and output) of every query against
         # every key (the full s x s matrix, masked) unfused; FlashAttention stores only the fp32
         # log-sum-exp per query and head and recomputes the scores in its backward (Dao et al.
@@ -707,6 +712,8 @@ class AnalyticModel:
         return {
             Recompute.NONE: kept + core / t,
             Recompute.SELECTIVE: kept,
+            Recompute.MLP: kept_mlp + core / t,
+            Recompute.SELECTIVE_MLP: kept_mlp,
             Recompute.FULL: p * hsb / sp_div,
         }
 
@@ -754,6 +761,26 @@ class AnalyticModel:
             kernels += 2
         stream_s = moved / device.achieved_hbm_bw_bytes_per_s + kernels * device.kernel_overhead_s
         return router_f + stream_s, router_b + stream_s
+
+    def _mlp_recompute(
+        self, ref: LayerRef, shard: Shard, device: Device, gemms: dict, fwd_of: dict
+    ) -> tuple[float, float]:
+        """(seconds, matmul FLOPs) of recomputing the MLP as :func:`block_tensors` with
+        ``mlp_recomputed`` stores it: a dense MLP's forward again (FC1 and FC2, their FP8
+        casts, the activation function); a MoE block's routed experts' activation function
+        only (``moe_act``: memory-bound, no GEMM). The activation function streams its
+        inputs and outputs once (roofline, as :func:`elementwise_bytes_per_token`)."""
+        m = self.spec
+        t, _, _, _, p, b, _, _, s_loc, _, _ = self._dims(shard)
+        act = 3 if m.activation == "swiglu" else 2  # read gate and up, write / read, write
+        width = m.top_k * m.expert_ffn if ref.moe else m.ffn_hidden
+        seconds = p * width * act * b * s_loc / t / device.achieved_hbm_bw_bytes_per_s
+        if ref.moe:
+            return seconds, 0.0
+        mlp = {name: g for name, g in gemms.items() if name in ("fc1", "fc2")}
+        seconds += sum(fwd_of[name][0] for name in mlp) + self._cast_s(mlp, device)[0]
+        flops = sum(2.0 * mm * n * k * g for mm, n, k, g in mlp.values())
+        return seconds, flops
 
     def _block_gemms(self, ref: LayerRef, shard: Shard) -> dict[str, tuple]:
         """The block's GEMMs on one device, ``name -> (m, n, k, groups)``: ``m`` tokens of the
@@ -867,7 +894,8 @@ class AnalyticModel:
         # is why its backward costs 2.5x its forward rather than 2x (Dao 2023, FlashAttention-2).
         none_s = 0.5 * core_s if self.flash_attention else 0.0
         none_flops = 0.5 * core_flops if self.flash_attention else 0.0
-        fwd_coll, bwd_coll = self._block_collectives(ref, shard, device, fwd_of, attn_s)
+        fwd_coll, bwd_coll, mlp_coll = self._block_collectives(ref, shard, device, fwd_of, attn_s)
+        mlp_s, mlp_flops = self._mlp_recompute(ref, shard, device, gemms, fwd_of)
         dense_params = sharded / t + replicated
         expert_params = (exp_sharded / shard.expert_tp + exp_replicated) / ep if ref.moe else 0.0
         fp8_weights = sum(n * k * g for _, n, k, g in gemms.values()) if fp8 else 0.0
@@ -880,11 +908,15 @@ class AnalyticModel:
             recompute_s={
                 Recompute.NONE: none_s,
                 Recompute.SELECTIVE: core_s,
+                Recompute.MLP: none_s + mlp_s,
+                Recompute.SELECTIVE_MLP: core_s + mlp_s,
                 Recompute.FULL: fwd_s + none_s,
             },
             recompute_flops={
                 Recompute.NONE: none_flops,
                 Recompute.SELECTIVE: core_flops,
+                Recompute.MLP: none_flops + mlp_flops,
+                Recompute.SELECTIVE_MLP: core_flops + mlp_flops,
                 Recompute.FULL: flops + none_flops,
             },
             act_bytes=self._block_activations(ref, shard),
@@ -895,6 +927,8 @@ class AnalyticModel:
             recompute_collectives={
                 Recompute.NONE: (),
                 Recompute.SELECTIVE: (),  # the backward's K/V gather serves the recompute too
+                Recompute.MLP: mlp_coll,  # a dense MLP's tensor-parallel forward collectives
+                Recompute.SELECTIVE_MLP: mlp_coll,
                 Recompute.FULL: fwd_coll,
             },
         )
@@ -903,7 +937,8 @@ class AnalyticModel:
         self, ref: LayerRef, shard: Shard, device: Device, fwd_of: dict, attn_s: float
     ):
         """The block's forward and backward collectives, with the compute each may hide behind
-        under :class:`Overlap` (``fwd_of``: forward and backward seconds per GEMM)."""
+        under :class:`Overlap` (``fwd_of``: forward and backward seconds per GEMM), and the
+        forward collectives of a dense MLP, which recomputing it repeats."""
         m = self.spec
         t, c, sp, sp_div, p, b, s, _, s_loc, _, x_bytes = self._dims(shard)
         ov = self.overlap
@@ -953,7 +988,9 @@ class AnalyticModel:
                 coll(CollectiveOp.ALL_TO_ALL, GroupKind.EP, a2a_bytes, hide_f)
             ] * 2  # dispatch, combine
             ep_bwd = [coll(CollectiveOp.ALL_TO_ALL, GroupKind.EP, a2a_bytes, hide_b)] * 2
-        return tuple(tp_fwd + cp_fwd + ep_fwd), tuple(tp_bwd + cp_bwd + ep_bwd)
+        # _tp_collectives lists the attention's, then the MLP's (as many each)
+        mlp_fwd = () if ref.moe else tuple(tp_fwd[len(tp_fwd) // 2 :])
+        return tuple(tp_fwd + cp_fwd + ep_fwd), tuple(tp_bwd + cp_bwd + ep_bwd), mlp_fwd
 
     def _tp_collectives(self, ref: LayerRef, shard: Shard, coll, attention, mlp):
         """The block's tensor-parallel collectives, forward and backward: with sequence

@@ -17,7 +17,9 @@ assignment is found exhaustively but without repetition: chunks with the same la
 neighbours cost the same, so only how many of each group take each mode matters; groups are merged
 one by one keeping, per largest transient buffer, the Pareto set of (time, stored activations)
 (memory is ``state + in-flight x activations + largest transient + reserve``, increasing in both,
-so a dropped assignment is never the only one that fits or the fastest).
+so a dropped assignment is never the only one that fits or the fastest). When the other
+chunks at their fastest modes fit beside every mode of the first chunk, that assignment is the
+fastest for each and nothing is enumerated (:func:`rank_options`).
 
 **Across ranks** the recurrence of :mod:`nest.dp.recurrence` runs with state ``r`` and the same
 labels ``(S, M, B, E, O)``; the dominance test carries the coefficients ``1/v`` and ``m - 1/v``
@@ -29,7 +31,6 @@ layers, :mod:`nest.dp.bounds`). Complexity: ``pp`` ranks x at most 3 options x t
 
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import combinations_with_replacement
 
 import numpy as np
 
@@ -49,16 +50,34 @@ class RankOption:
     """Recompute mode of each of the rank's chunks, in chunk order."""
 
 
-@lru_cache(maxsize=256)
-def _count_vectors(size: int, n_modes: int) -> np.ndarray:
-    """Every way to give ``size`` identical chunks one of ``n_modes`` modes, as counts."""
-    rows = [
-        [combo.count(c) for c in range(n_modes)]
-        for combo in combinations_with_replacement(range(n_modes), size)
-    ]
-    out = np.array(rows, dtype=float).reshape(-1, n_modes)
-    out.flags.writeable = False
-    return out
+def _group_front(rep: np.ndarray, size: int):
+    """:func:`_group_front_of` of these costs (cached: a configuration's ranks and its
+    neighbours share chunk costs)."""
+    return _group_front_of(rep.tobytes(), rep.shape, size)
+
+
+@lru_cache(maxsize=1024)
+def _group_front_of(rep_bytes: bytes, shape: tuple, size: int):
+    """The Pareto-kept (time, activations, transient, counts per mode) of ``size`` identical
+    chunks whose per-mode costs are ``rep`` (rows ``(t, b, act, transient)``), built one chunk
+    at a time: an assignment beaten at its transient value stays beaten after any further
+    chunk is added (times and activations add, transients take a max), so pruning after each
+    chunk keeps every assignment the enumeration of all ``C(size + modes - 1, size)`` count
+    vectors would keep, at a cost linear in ``size``."""
+    rep = np.frombuffer(rep_bytes).reshape(shape)
+    n = len(rep)
+    unit = np.eye(n)
+    t, act, tr = np.zeros(1), np.zeros(1), np.full(1, -np.inf)
+    counts = np.zeros((1, n))
+    for _ in range(size):
+        t = (t[:, None] + rep[None, :, 0]).ravel()
+        act = (act[:, None] + rep[None, :, 2]).ravel()
+        tr = np.maximum(tr[:, None], rep[None, :, 3]).ravel()
+        counts = (counts[:, None, :] + unit[None, :, :]).reshape(-1, n)
+        t, act, tr, counts = _pareto(t, act, tr, counts)
+    for array in (t, act, tr, counts):
+        array.flags.writeable = False
+    return t, act, tr, counts
 
 
 def _pareto(t, act, tr, picks):
@@ -99,14 +118,10 @@ class RankChunks:
 
     def assignments(self):
         """Pareto-kept (time, activations, transient, modes per chunk) of the non-first chunks."""
-        n = len(self.modes)
         t, act, tr = np.zeros(1), np.zeros(1), np.zeros(1)
         picks = np.zeros((1, 0), dtype=int)
         for ks in self.groups.values():
-            rep = self.cost[ks[0]]
-            counts = _count_vectors(len(ks), n)
-            g_t, g_act = counts @ rep[:, 0], counts @ rep[:, 2]
-            g_tr = np.where(counts > 0, rep[:, 3], -np.inf).max(axis=1)
+            g_t, g_act, g_tr, counts = _group_front(self.cost[ks[0]], len(ks))
             t = (t[:, None] + g_t[None, :]).ravel()
             act = (act[:, None] + g_act[None, :]).ravel()
             tr = np.maximum(tr[:, None], g_tr[None, :]).ravel()
@@ -115,6 +130,18 @@ class RankChunks:
             picks = np.hstack([picks[rows], counts[cols].astype(int)])
             t, act, tr, picks = _pareto(t, act, tr, picks)
         return t, act, tr, picks
+
+    def fastest_rest(self):
+        """:meth:`assignments`' terms of the one assignment giving every non-first chunk its
+        fastest mode (ties: the first of ``modes``)."""
+        n = len(self.modes)
+        t, act, tr, pick = 0.0, 0.0, 0.0, []
+        for ks in self.groups.values():
+            rep = self.cost[ks[0]]
+            c = int(np.argmin(rep[:, 0]))
+            t, act, tr = t + len(ks) * rep[c, 0], act + len(ks) * rep[c, 2], max(tr, rep[c, 3])
+            pick += [len(ks) if m == c else 0 for m in range(n)]
+        return np.array([t]), np.array([act]), np.array([tr]), np.array([pick], dtype=int)
 
     def modes_of(self, first: int, pick) -> tuple[Recompute, ...]:
         out = {self.ks[0]: self.modes[first]}
@@ -125,10 +152,23 @@ class RankChunks:
         return tuple(out[k] for k in self.ks)
 
 
-def rank_options(sm: StageModel, rc: RankChunks) -> tuple[list[RankOption], float]:
-    """The rank's Pareto-best feasible options and the least memory any assignment needs."""
-    t, act, tr, picks = rc.assignments()
+def rank_options(
+    sm: StageModel, rc: RankChunks, *, shortcut: bool = True
+) -> tuple[list[RankOption], float]:
+    """The rank's Pareto-best feasible options and the least memory any assignment needs.
+
+    ``shortcut``: when the other chunks, each at its fastest mode, fit beside the first chunk
+    in every mode, that assignment is the fastest that fits for every first mode (the other
+    chunks change only ``t_r``, module docstring), so nothing is enumerated; the least memory
+    returned is then that assignment's, not the least of all."""
     first = rc.cost[rc.ks[0]]
+    t, act, tr, picks = rc.fastest_rest()
+    memory = rank_memory_bytes(
+        rc.state_bytes, act + first[:, 2], rc.in_flight, np.maximum(tr, first[:, 3]),
+        sm.reserve_bytes,
+    )  # fmt: skip
+    if not (shortcut and (memory <= sm.capacity_bytes).all()):
+        t, act, tr, picks = rc.assignments()
     found, least = [], np.inf
     for c in range(len(rc.modes)):
         memory = rank_memory_bytes(
@@ -222,4 +262,6 @@ def solve_interleaved(
 
 def smallest_peak_interleaved(sm: StageModel, modes) -> float:
     """The least per-device peak memory of any plan of an interleaved configuration."""
-    return max(rank_options(sm, RankChunks(sm, r, modes))[1] for r in range(sm.config.pp))
+    return max(
+        rank_options(sm, RankChunks(sm, r, modes), shortcut=False)[1] for r in range(sm.config.pp)
+    )

@@ -30,6 +30,15 @@ remaining stage times' sum and ``R / k`` their maximum from below, and no comple
 dropped label can beat the incumbent. Before any label is extended, the same bound with the
 least ``S``, ``M``, ``E`` and ``O`` of the state's labels skips a whole stage end ``j`` at once;
 past the ``j`` where the stage's own floor exceeds ``R / k`` it only grows, so the scan stops.
+Only the fastest recompute mode that fits extends a stage: for one rank ``r`` and layers
+``i..j`` the modes change nothing but the recomputation in the backward (and whether the stage
+fits), so two fitting modes ``c, c'`` give ``t_c - t_c' = b_c - b_c' = d`` with the same sync
+and optimizer step. Taking ``c'`` with ``d >= 0`` instead of ``c`` lowers ``S`` by ``d``, does
+not raise ``M``, and lowers ``B`` (and the rank's own ``b``) by ``d``, which raises every later
+exposed sync by at most ``d``; so ``F`` does not grow for any completion, and the slower mode's
+label is never needed (ties keep the first mode of ``SpaceOptions.recompute``). The modes other
+than the fastest fitting one (e.g. ``selective``, which with FlashAttention saves only the
+log-sum-exp but recomputes the whole attention core) thus cost one row each and no labels.
 Memory is checked first, for every ``j`` of a state at once (:meth:`StageModel.fits_from`), and
 a stage's terms come from one numpy row per (rank, first layer, mode)
 (:func:`nest.dp.rows.stage_row`).
@@ -215,6 +224,7 @@ def solve_config(
                         break  # later j: t_low grows, spread shrinks, so low never falls
                     continue
                 per_rank = remaining / rest if rest else 0.0
+                fastest = None  # (t, mode, row): the fastest mode that fits (module docstring)
                 for mode in sm.modes_for(i, j, modes):
                     stats.stages_scored += 1
                     fit = fits.get(mode)
@@ -228,6 +238,10 @@ def solve_config(
                         if common is None:
                             common = stage_common(sm, r, i)
                         row = rows[mode] = stage_row(sm, r, i, mode, common)
+                    if fastest is None or row.time_s[j - i] < fastest[0]:
+                        fastest = (row.time_s[j - i], mode, row)
+                if fastest is not None:
+                    _, mode, row = fastest
                     t, b = row.time_s[j - i], row.bwd_s[j - i]
                     sync, opt = row.sync_s[j - i], row.optimizer_s[j - i]
                     own = b if sm.overlap else 0.0

@@ -135,7 +135,7 @@ class SpaceOptions:
     ep: Sequence[int] | None = None
     pp: Sequence[int] | None = None
     zero_stages: Sequence[int] = (0, 1, 2, 3)
-    recompute: Sequence[str] = ("none", "selective", "full")
+    recompute: Sequence[str] = ("none", "selective", "mlp", "selective_mlp", "full")
     rank_orders: Sequence[str] | None = None
     """e.g. ``["tp,cp,dp,pp", "tp,cp,pp,dp"]``; None: every order with tp innermost."""
     schedules: Sequence[str] = ("1f1b", "interleaved")
@@ -346,7 +346,7 @@ class SpacePlanner:
         ep: Sequence[int] | None = None,
         pp: Sequence[int] | None = None,
         zero_stages: Sequence[int] = (0, 1, 2, 3),
-        recompute: Sequence[str] = ("none", "selective", "full"),
+        recompute: Sequence[str] = ("none", "selective", "mlp", "selective_mlp", "full"),
         rank_orders: Sequence[str] | None = None,
         schedules: Sequence[str] = ("1f1b", "interleaved"),
         virtual_stages: Sequence[int] | None = None,

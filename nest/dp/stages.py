@@ -44,7 +44,7 @@ from nest.cost.state import ModelState
 from nest.dp.bounds import Floors
 from nest.dp.space import interleaved_chunks
 
-MODES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+MODES = tuple(Recompute)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,14 @@ from nest.core.problem import Problem
 from nest.core.report import Report
 from nest.cost import evaluate
 
-RECOMPUTE_STRENGTH = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
+RECOMPUTED = {
+    Recompute.NONE: frozenset(),
+    Recompute.SELECTIVE: frozenset({"core_attn"}),
+    Recompute.MLP: frozenset({"mlp"}),
+    Recompute.SELECTIVE_MLP: frozenset({"core_attn", "mlp"}),
+    Recompute.FULL: frozenset({"core_attn", "mlp", "rest"}),
+}
+"""What each mode recomputes (``rest``: everything else of the block, full recompute only)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,7 +131,11 @@ def rebuild(
 
 
 def strongest_recompute(plan: Plan) -> Recompute:
-    return max((s.recompute for s in plan.stages), key=RECOMPUTE_STRENGTH.__getitem__)
+    """The one mode for every stage that recomputes everything any stage's mode recomputes
+    (so it stores at most what each stage stored): ``selective`` with ``mlp`` is
+    ``selective_mlp``."""
+    union = frozenset().union(*(RECOMPUTED[s.recompute] for s in plan.stages))
+    return next(mode for mode, parts in RECOMPUTED.items() if parts == union)
 
 
 def describe(plan: Plan, counts: list[int]) -> str:

@@ -27,8 +27,12 @@ Mapping of our plan:
   context ranks, as our model); 2 / 3: Megatron FSDP ``optim_grads`` / ``optim_grads_params``.
 - Recompute: one mode for every stage (Megatron has no per-stage mode; ``block`` recomputes the
   first N layers of *every* stage). none: no flag; selective: ``--recompute-granularity
-  selective``; full: ``full`` + ``uniform`` + ``--recompute-num-layers 1`` (every layer keeps only
-  its input, as our model). Mixed modes: nearest = every stage at the strongest mode used.
+  selective`` (its default ``--recompute-modules core_attn``); mlp / selective_mlp:
+  ``--recompute-granularity selective --recompute-modules [core_attn] mlp`` with ``moe_act``
+  for MoE blocks (and ``--moe-grouped-gemm``, which ``moe_act`` requires); full: ``full`` +
+  ``uniform`` + ``--recompute-num-layers 1`` (every layer keeps only its input, as our
+  model). Mixed modes: nearest = every stage at the mode that recomputes everything any stage
+  recomputes (selective and mlp: selective_mlp).
 - Partition: equal blocks per stage need nothing; equal middle stages and different first / last
   stages use ``--decoder-first/last-pipeline-num-layers``; any other split (or an interleaved
   split with unequal chunks, or a stage without blocks) uses ``--pipeline-model-parallel-layout``.
@@ -209,6 +213,18 @@ def _partition_args(problem: Problem, plan: Plan) -> list[str]:
     return [f'--pipeline-model-parallel-layout "{"|".join(stages)}"']
 
 
+def _recompute_modules_args(problem: Problem, mode: Recompute) -> list[str]:
+    """``mlp`` / ``selective_mlp`` as Megatron-Core's per-module recompute
+    (``TransformerConfig.recompute_modules``): ``mlp`` for dense blocks, ``moe_act`` for MoE
+    blocks (which ``TransformerConfig.__post_init__`` accepts only with ``--moe-grouped-gemm``),
+    and ``core_attn`` for the selective part."""
+    moe = {ref.moe for ref in problem.model.chain if ref.kind is LayerKind.BLOCK}
+    modules = ["core_attn"] if mode is Recompute.SELECTIVE_MLP else []
+    modules += (["mlp"] if False in moe else []) + (["moe_act"] if True in moe else [])
+    out = ["--recompute-granularity selective", f"--recompute-modules {' '.join(modules)}"]
+    return out + (["--moe-grouped-gemm"] if True in moe else [])
+
+
 def megatron_args(problem: Problem, plan: Plan) -> list[str]:
     """The arguments of an expressible plan, one flag (with its value) per entry."""
     args = [
@@ -228,6 +244,8 @@ def megatron_args(problem: Problem, plan: Plan) -> list[str]:
     mode = plan.stages[0].recompute
     if mode is Recompute.SELECTIVE:
         args.append("--recompute-granularity selective")
+    elif mode in (Recompute.MLP, Recompute.SELECTIVE_MLP):
+        args += _recompute_modules_args(problem, mode)
     elif mode is Recompute.FULL:
         args += [
             "--recompute-granularity full",

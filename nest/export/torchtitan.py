@@ -49,12 +49,15 @@ evaluator (a plan that fits first), with a warning. torchtitan's accumulation lo
 ``no_sync``: without pipelining DDP and FSDP synchronise gradients after every accumulation step,
 which a note says when the evaluated plan counts one synchronisation per iteration (ZeRO-0/2).
 
-One recompute mode for all stages (nearest: the strongest mode used); selective maps to
-torchtitan's per-op selective checkpointing, whose saved set differs from the cost model's
-attention-core recompute. Stages after the first must start with a transformer block (a split
-point); a stage holding only the head is moved one block back. ``Interleaved1F1B`` needs the
-microbatch count to be a multiple of ``max(1, m // pp)`` (PyTorch's ``ScheduleInterleaved1F1B``),
-which every plan meets: the evaluator requires ``m`` to be a multiple of ``pp`` under interleaving.
+One recompute mode for all stages (nearest: the mode that recomputes everything any stage
+recomputes); selective maps to torchtitan's per-op selective checkpointing, whose saved set
+differs from the cost model's attention-core recompute. torchtitan has no MLP-only recompute
+(``[activation_checkpoint]`` offers ``none``, ``selective`` by op or every n blocks, and
+``full``): ``mlp`` and ``selective_mlp`` are exported as ``full``, which stores less. Stages
+after the first must start with a transformer block (a split point); a stage holding only the
+head is moved one block back. ``Interleaved1F1B`` needs the microbatch count to be a multiple
+of ``max(1, m // pp)`` (PyTorch's ``ScheduleInterleaved1F1B``), which every plan meets: the
+evaluator requires ``m`` to be a multiple of ``pp`` under interleaving.
 
 **Training settings the score assumes.** ``[training] mixed_precision_param = "bfloat16"`` is
 emitted; ``mixed_precision_reduce`` accepts only ``"float32"`` at this commit
@@ -192,8 +195,14 @@ def _ep_candidates(problem: Problem, plan: Plan) -> list[int]:
 def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     issues, changes = [], {}
     modes = [s.recompute for s in plan.stages]
-    if len(set(modes)) > 1:
-        strongest = strongest_recompute(plan)
+    strongest = strongest_recompute(plan)
+    if strongest in (Recompute.MLP, Recompute.SELECTIVE_MLP):
+        issues.append(
+            f"recompute {strongest} (torchtitan recomputes whole blocks or by its op-level "
+            "policy, not the MLP alone; used full everywhere)"
+        )
+        changes["recompute"] = [Recompute.FULL] * len(modes)
+    elif len(set(modes)) > 1:
         issues.append(f"per-stage recompute (used {strongest} everywhere)")
         changes["recompute"] = [strongest] * len(modes)
     if placement_order(plan, (ORDER,)) is None:

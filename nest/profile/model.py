@@ -27,6 +27,8 @@ answers them from measurements. The semantics:
   cost). full: ``act_full_bytes``, by default the layer's input (the previous layer's
   ``boundary_bytes``, at most ``act_none_bytes``; Korthikanti et al. 2022 §4.2: full recomputation
   keeps only each layer's input), and one more forward pass (``fwd_s``, its FLOPs ``fwd_flops``).
+  mlp and selective_mlp: a profile does not measure the MLP's share, so ``mlp`` equals none and
+  ``selective_mlp`` equals selective (no saving, no cost).
 - **Microbatch size.** The measurement at the requested microbatch size when there is one; else
   (``microbatch_scaling: linear``) the nearest measured one (largest below, else smallest above)
   scaled linearly (times, activations, boundary, transient and FLOPs x ``b / b0``; parameters
@@ -251,11 +253,25 @@ class ProfileModel:
             fwd_flops=flops,
             fwd_s=fwd_s,
             bwd_s=layer.bwd_s * k,
-            recompute_s={Recompute.NONE: 0.0, Recompute.SELECTIVE: sel_s, Recompute.FULL: fwd_s},
-            recompute_flops={Recompute.NONE: 0.0, Recompute.SELECTIVE: 0.0, Recompute.FULL: flops},
+            recompute_s={
+                Recompute.NONE: 0.0,
+                Recompute.SELECTIVE: sel_s,
+                Recompute.MLP: 0.0,
+                Recompute.SELECTIVE_MLP: sel_s,
+                Recompute.FULL: fwd_s,
+            },
+            recompute_flops={
+                Recompute.NONE: 0.0,
+                Recompute.SELECTIVE: 0.0,
+                Recompute.MLP: 0.0,
+                Recompute.SELECTIVE_MLP: 0.0,
+                Recompute.FULL: flops,
+            },
             act_bytes={
                 Recompute.NONE: act_none,
                 Recompute.SELECTIVE: act_sel,
+                Recompute.MLP: act_none,
+                Recompute.SELECTIVE_MLP: act_sel,
                 Recompute.FULL: act_full,
             },
             transient_bytes=layer.transient_bytes * k,
@@ -265,6 +281,8 @@ class ProfileModel:
             recompute_collectives={
                 Recompute.NONE: (),
                 Recompute.SELECTIVE: (),
+                Recompute.MLP: (),
+                Recompute.SELECTIVE_MLP: (),
                 Recompute.FULL: fwd_coll,
             },
         )
