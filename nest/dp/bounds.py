@@ -384,27 +384,50 @@ class Floors:
 
     def config_bound_s(self, family: Family, zero: int, schedule: tuple[Schedule, int]) -> float:
         """No plan of these configurations (any rank order) is faster (module docstring)."""
+        return self.family_bounds_s(family, ((schedule, zero),))[0]
+
+    def family_bounds_s(self, family: Family, entries=None) -> list[float]:
+        """:meth:`config_bound_s` of each ``(schedule, zero)`` of ``entries`` (default: all of
+        the family's, schedules outer, zeros inner), with what they share computed once (the
+        shard's floors, and per ZeRO stage its coefficients): the search bounds every entry."""
+        if entries is None:
+            entries = [(sc, z) for sc in family.schedules for z in family.zeros]
         sf = self._shard_of(family)
         pp, m = family.pp, family.m
         f = family
-        zd, zx = self._z3_coefs(f.dp, f.cp, f.ep, zero)
         tied = sf.tied_copy if pp > 1 else 0.0
-        opt_d, opt_x = self.per_param(f.dp, f.cp, f.ep, zero).optimizer_s
-        optimizer = (opt_d * (sf.dense_sum + tied) + opt_x * sf.expert_sum) / pp
-        kind, v = schedule
-        if kind is Schedule.INTERLEAVED:
-            base, dense, expert = self._interleaved_ranks(sf, pp, v)
-            ranks = [b + zd * d + zx * x for b, d, x in zip(base, dense, expert, strict=True)]
-            sync = self._sync_floor_s(family, dense[0], expert[0], zero)
-            return sum(ranks) / v + (m - 1 / v) * max(ranks) + sync + optimizer
-        total = sf.base_sum_s + zd * sf.dense_sum + zx * sf.expert_sum + 2 * (pp - 1) * sf.p2p_s
-        largest = sf.base_max_s if zero < 3 else max(b + zd * d + zx * x for b, d, x in sf.kinds)
-        top = max(total / pp, largest)
         if pp == 1:
-            sync = self._sync_floor_s(family, sf.dense_sum, sf.expert_sum, zero)
+            sync_dense, sync_expert = sf.dense_sum, sf.expert_sum
         else:
-            sync = self._sync_floor_s(family, float(sf.dense[0]), float(sf.expert[0]), zero)
-        return total + (m - 1) * top + sync + optimizer
+            sync_dense, sync_expert = float(sf.dense[0]), float(sf.expert[0])
+        per_zero: dict = {}
+        out = []
+        for schedule, zero in entries:
+            got = per_zero.get(zero)
+            if got is None:
+                zd, zx = self._z3_coefs(f.dp, f.cp, f.ep, zero)
+                opt_d, opt_x = self.per_param(f.dp, f.cp, f.ep, zero).optimizer_s
+                optimizer = (opt_d * (sf.dense_sum + tied) + opt_x * sf.expert_sum) / pp
+                got = per_zero[zero] = (zd, zx, optimizer)
+            zd, zx, optimizer = got
+            kind, v = schedule
+            if kind is Schedule.INTERLEAVED:
+                base, dense, expert = self._interleaved_ranks(sf, pp, v)
+                ranks = [b + zd * d + zx * x for b, d, x in zip(base, dense, expert, strict=True)]
+                sync = self._sync_floor_s(family, dense[0], expert[0], zero)
+                out.append(sum(ranks) / v + (m - 1 / v) * max(ranks) + sync + optimizer)
+                continue
+            total = (
+                sf.base_sum_s + zd * sf.dense_sum + zx * sf.expert_sum + 2 * (pp - 1) * sf.p2p_s
+            )
+            if zero < 3:
+                largest = sf.base_max_s
+            else:
+                largest = max(b + zd * d + zx * x for b, d, x in sf.kinds)
+            top = max(total / pp, largest)
+            sync = self._sync_floor_s(family, sync_dense, sync_expert, zero)
+            out.append(total + (m - 1) * top + sync + optimizer)
+        return out
 
     def _interleaved_ranks(self, sf: ShardFloors, pp: int, v: int):
         """Per rank of the fixed interleaved partition: base floor (p2p included), dense and

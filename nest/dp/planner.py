@@ -241,29 +241,24 @@ class NestPlanner(SpacePlanner):
         """How many configurations :meth:`solve_ranked` returns (module docstring)."""
 
     @staticmethod
-    def _ranked(fams, floors: Floors, capacity_bytes: float):
-        """(bound, index, family, schedule, zero) of the entries that may fit, in increasing
-        bound (ties in space order), and (memory floor, ...) of those that cannot."""
-        entries, over = [], []
+    def _ranked(fams, floors: Floors):
+        """(bound, index, family, schedule, zero) of every entry, in increasing bound (ties in
+        space order). Memory floors are not computed here: the search checks them only for the
+        entries it visits (:class:`_Visited`), a few thousand of the hundreds of thousands."""
+        entries = []
         for family in fams:
-            for schedule in family.schedules:
-                for zero in family.zeros:
-                    need = floors.memory_floor_bytes(family, zero, schedule)
-                    if need > capacity_bytes:
-                        over.append((need, len(over), family, schedule, zero))
-                        continue
-                    bound = floors.config_bound_s(family, zero, schedule)
-                    entries.append((bound, len(entries), family, schedule, zero))
-        entries.sort(key=lambda e: (e[0], e[1]))
-        return entries, over
+            pairs = [(schedule, zero) for schedule in family.schedules for zero in family.zeros]
+            bounds = floors.family_bounds_s(family, pairs)
+            entries += [(b, family, sc, z) for b, (sc, z) in zip(bounds, pairs, strict=True)]
+        order = sorted(range(len(entries)), key=lambda k: entries[k][0])  # stable: space order
+        return [(entries[k][0], k, *entries[k][1:]) for k in order]
 
-    def _smallest_need_bytes(self, problem, entries, over, floors, shared) -> float:
+    def _smallest_need_bytes(self, problem, entries, floors, shared) -> float:
         """The least peak memory of any plan of the space, visiting configurations in
         increasing memory floor and stopping when the floor reaches the best found."""
         modes = self.options().recompute_modes
         ranked = sorted(
-            (floors.memory_floor_bytes(f, z, s), k, f, s, z)
-            for k, (_, _, f, s, z) in enumerate(entries + over)
+            (floors.memory_floor_bytes(f, z, s), k, f, s, z) for _, k, f, s, z in entries
         )
         best = float("inf")
         for need, _, family, schedule, zero in ranked:
@@ -342,7 +337,7 @@ class NestPlanner(SpacePlanner):
         by the shared evaluator; fewer when fewer configurations have a plan that fits."""
         if check_export_runnable(self.export_runnable) is not None:
             return self._solve_runnable(problem)
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         top = TopK(check_top_k(self.top_k, self.name))
         options = self.options()
         modes = options.recompute_modes
@@ -353,13 +348,24 @@ class NestPlanner(SpacePlanner):
             raise empty_space_error(problem, options)
         n_configs = sum(len(f) for f in fams)
         enumerated = time.perf_counter()
-        entries, over = self._ranked(fams, floors, problem.cluster.device.hbm_bytes)
+        entries = self._ranked(fams, floors)
         bounded = time.perf_counter()
         stats = DPStats()
+        capacity_bytes = problem.cluster.device.hbm_bytes
+        fits: dict[int, bool] = {}  # entry key -> its memory floor is within the capacity
+        over = []  # the visited entries whose memory floor exceeds it (no plan of theirs fits)
 
         def configs():
             # key: the entry, i.e. the configuration without its rank order (module docstring)
             for bound, key, family, schedule, zero in entries:
+                ok = fits.get(key)
+                if ok is None:  # memory floors only for the entries the search reaches
+                    need = floors.memory_floor_bytes(family, zero, schedule)
+                    ok = fits[key] = need <= capacity_bytes
+                    if not ok:
+                        over.append(key)
+                if not ok:
+                    continue
                 for order in family.orders:
                     yield bound * (1 - BOUND_SLACK), key, family.config(schedule, zero, order)
 
@@ -392,9 +398,11 @@ class NestPlanner(SpacePlanner):
         search = {
             "configurations": n_configs,
             "configuration_bounds": len(entries),
+            "configuration_bounds_visited": len(fits),
             "configuration_bounds_over_memory": len(over),
             "configurations_solved": solved,
-            "configurations_pruned_by_bound": n_configs - solved,
+            # pruned by bound, by the memory floor, or after the last bound visited
+            "configurations_not_solved": n_configs - solved,
             "stages_scored": stats.stages_scored,
             "labels_created": stats.labels_created,
             "labels_dominated": stats.labels_dominated,
@@ -404,17 +412,19 @@ class NestPlanner(SpacePlanner):
             "time_bounds_s": bounded - enumerated,
             "time_seed_s": seeded_at - bounded,
             "time_dp_s": searched - seeded_at,
+            # CPU seconds of the whole search (the wall times above include other processes')
+            "time_search_cpu_s": time.process_time() - started_cpu,
             "configurations_seeded": seeded,
             "seed_objective_s": seed_s,
             **({"top_k": top.k} if top.k > 1 else {}),
         }
         if not top.best:
-            raise self._nothing_fits(problem, options, entries, over, floors, shared)
+            raise self._nothing_fits(problem, options, entries, floors, shared)
         return self._finished(problem, top.best, search, started, stats.stages_scored)
 
-    def _nothing_fits(self, problem, options, entries, over, floors, shared):
+    def _nothing_fits(self, problem, options, entries, floors, shared):
         """The error of a search that found no plan: the least memory any plan would need."""
-        need = self._smallest_need_bytes(problem, entries, over, floors, shared)
+        need = self._smallest_need_bytes(problem, entries, floors, shared)
         return infeasible_memory(
             problem,
             self.name,

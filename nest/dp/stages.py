@@ -20,7 +20,7 @@ memory numbers :func:`nest.cost.evaluate` computes for that stage, with the same
 """
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -43,6 +43,20 @@ from nest.dp.bounds import Floors
 from nest.dp.space import interleaved_chunks
 
 MODES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+
+PLACED_FLOOR_IGNORES = frozenset({"zero_stage", "schedule", "virtual_stages"})
+"""The :class:`~nest.core.plan.ParallelConfig` fields :meth:`StageModel.placed_floor_s` does
+not read (its key keeps ``zero_stage >= 3``, which decides the ZeRO-3 floor)."""
+
+CHUNK_IGNORES = frozenset({"zero_stage"})
+"""The fields :meth:`StageModel.chunk_costs` does not read (its key keeps ``zero_stage >= 3``:
+ZeRO-3's traffic and gathered weights; stages 0-2 differ only in state bytes and sync)."""
+
+
+def config_key(config: ParallelConfig, ignored: frozenset) -> tuple:
+    """``(name, value)`` of every field of ``config`` but ``ignored``: a cache key that takes in
+    any field added to the configuration unless it is declared irrelevant."""
+    return tuple((f.name, getattr(config, f.name)) for f in fields(config) if f.name not in ignored)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +167,7 @@ class StageModel:
             groups = [self._rank_groups(grid[r], c.ep) for r in range(c.pp)]
             self._shared[placement] = (grid, groups, {})
         self.grid, self.groups, self._levels = self._shared[placement]
+        self._placement = placement
         self._rank_cache: dict = {}
         self.in_flight = [
             in_flight_microbatches(r, c.pp, self.m, c.schedule, c.virtual_stages)
@@ -336,6 +351,28 @@ class StageModel:
         fwd, bwd = self.chunk_times(k % pp, i, j, mode, prev, nxt)
         return fwd + bwd, bwd, self.stored_bytes(i, j, mode), self.chain.peak_bytes[mode][i, j]
 
+    def chunk_costs(self, k: int, modes) -> np.ndarray:
+        """:meth:`chunk_terms` of chunk ``k`` in each of ``modes``, one row per mode. Shared by
+        the configurations that differ only in a ZeRO stage below 3 (those stages change the
+        state's sharding, never a chunk's times, stored bytes or transients); the key is the
+        placement, the shard, the modes and every configuration field but those
+        (:data:`CHUNK_IGNORES`)."""
+        c = self.config
+        key = (
+            "chunk costs",
+            self._placement,
+            self.shard,
+            tuple(modes),
+            k,
+            config_key(c, CHUNK_IGNORES),
+            c.zero_stage >= 3,
+        )
+        got = self._shared.get(key)
+        if got is None:
+            got = self._shared[key] = np.array([self.chunk_terms(k, mode) for mode in modes])
+            got.flags.writeable = False
+        return got
+
     def interleaved_rank(self, r: int) -> tuple[float, float, float]:
         """Interleaved rank ``r`` holding its chunks ``r, r + pp, ...``: ``(DP sync seconds,
         optimizer-step seconds, model-state bytes)``, fixed by the partition."""
@@ -371,8 +408,20 @@ class StageModel:
         placement's, so the minimum over all of them per layer is a floor for every rank (with
         the cheapest allowed recompute mode per layer, as :meth:`min_compute_s`). Element-wise
         at least the placement-independent floors (the larger of two floors is a floor)."""
-        key = ("placed floor", tuple(allowed))
-        got = self._rank_cache.get(key)
+        c = self.config
+        # what determines it: the placement (its groups' splits), the shard (the layers' terms),
+        # the modes, and the configuration's fields but those it does not read (the schedule,
+        # and the ZeRO stage beyond whether it is 3: the ZeRO-3 floor); a field added to
+        # ParallelConfig enters the key unless it is listed in PLACED_FLOOR_IGNORES
+        key = (
+            "placed floor",
+            self._placement,
+            self.shard,
+            tuple(allowed),
+            config_key(c, PLACED_FLOOR_IGNORES),
+            c.zero_stage >= 3,
+        )
+        got = self._shared.get(key)
         if got is None:
             base = np.diff(self.min_compute_s(allowed))
             ch, n = self.chain, self.n_layers
@@ -385,9 +434,8 @@ class StageModel:
                 redo = np.minimum(redo, rec + self._placed_comm_s("b", mode))
             none_b = self._placed_comm_s("b", Recompute.NONE)
             layer = layer + np.where(has_block, redo, none_b)
-            c = self.config
             z3 = self._floors(allowed, True).zero3_floors_s(self.shard, c.dp, c.ep, c.zero_stage)
-            got = self._rank_cache[key] = prefix(np.maximum(base, layer + z3))
+            got = self._shared[key] = prefix(np.maximum(base, layer + z3))
         return got
 
     def _placed_comm_s(self, direction: str, mode: Recompute) -> np.ndarray:
