@@ -158,10 +158,7 @@ def cli_table(repeat: int) -> None:
         runs = [run_cli_case(name, overrides, target) for _ in range(repeat)]
         row = min(runs, key=lambda r: r["search_wall_s"] or 0.0)
         s = row["search"]
-        if target is None:
-            goal = f"p<={C_PROCESS_TARGET_S:g}"
-        else:
-            goal = f"<={target:g}"
+        goal = f"p<={C_PROCESS_TARGET_S:g}" if target is None else f"<={target:g}"
         print(
             f"{name:<6} {row['process_wall_s']:>7.2f} {row['process_cpu_s']:>5.2f} "
             f"{row['imports_s']:>6.2f} {row['compose_s']:>7.2f} "

@@ -297,17 +297,22 @@ class Floors:
         for ref in model.chain:
             x = model.layer_cost(ref, shard, cluster.device)
             is_block = ref.kind is LayerKind.BLOCK
-            key = (id(x), is_block)
-            if key not in per_cost:
-                per_cost[key] = self._layer_base_s(x, is_block, shard, splits)
-            base.append(per_cost[key])
+            key = (id(x), is_block)  # layers of one cost object share their floors
+            got_layer = per_cost.get(key)
+            if got_layer is None:
+                modes = self.modes if is_block else (Recompute.NONE,)
+                got_layer = per_cost[key] = (
+                    self._layer_base_s(x, is_block, shard, splits),
+                    min(stored_bytes(x, md, is_block) for md in modes),
+                    min(peak_bytes(x, md, is_block, self._unsharded) for md in modes),
+                )
+            base.append(got_layer[0])
             dense.append(x.dense_params)
             expert.append(x.expert_params)
             if ref.kind is not LayerKind.HEAD:
                 boundary.append(x.boundary_bytes)
-            modes = self.modes if is_block else (Recompute.NONE,)
-            act.append(min(stored_bytes(x, md, is_block) for md in modes))
-            transient.append(min(peak_bytes(x, md, is_block, self._unsharded) for md in modes))
+            act.append(got_layer[1])
+            transient.append(got_layer[2])
         small = min(boundary)
         p2p = min(p2p_floor_s(small, lv, cluster) for lv in range(cluster.num_levels))
         tied = model.layer_cost(model.chain[-1], shard, cluster.device).tied_copy_params
@@ -417,9 +422,7 @@ class Floors:
                 sync = self._sync_floor_s(family, dense[0], expert[0], zero)
                 out.append(sum(ranks) / v + (m - 1 / v) * max(ranks) + sync + optimizer)
                 continue
-            total = (
-                sf.base_sum_s + zd * sf.dense_sum + zx * sf.expert_sum + 2 * (pp - 1) * sf.p2p_s
-            )
+            total = sf.base_sum_s + zd * sf.dense_sum + zx * sf.expert_sum + 2 * (pp - 1) * sf.p2p_s
             if zero < 3:
                 largest = sf.base_max_s
             else:

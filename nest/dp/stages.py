@@ -24,8 +24,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from nest.core.axes import LayerKind, Recompute
-from nest.core.plan import ParallelConfig, place
+from nest.core.axes import Axis, GroupKind, LayerKind, Recompute
+from nest.core.plan import ParallelConfig, group_arrays, place
 from nest.core.problem import Problem
 from nest.cost.collectives import p2p_classes, pair_p2p_time_s
 from nest.cost.compute import bwd_collectives, fwd_collectives, recompute_s
@@ -144,7 +144,12 @@ class StageModel:
             self._shared[("costs", shard)] = costs
         self.costs = costs
         self.n_layers = n = len(costs)
-        self.is_block = [ref.kind is LayerKind.BLOCK for ref in model.chain]
+        is_block = self._shared.get("is_block")
+        if is_block is None:
+            is_block = self._shared["is_block"] = [
+                ref.kind is LayerKind.BLOCK for ref in model.chain
+            ]
+        self.is_block = is_block
         self.head_index = n - 1
         self.tied_copy_params = costs[-1].tied_copy_params
         self.state = ModelState.of(problem, zero_stage=c.zero_stage, dp=c.dp, cp=c.cp, ep=c.ep)
@@ -459,11 +464,56 @@ class StageModel:
         key = ("splits", axis)
         got = self._levels.get(key)
         if got is None:
-            # the ranks' own splits (cached on their groups): on a hierarchy the same set as
-            # pooling all ranks' groups (a split does not change under translation)
-            got = tuple(sorted({s for g in self.groups for s in g.splits(axis)}))
+            pooled = self._pooled_key(axis)
+            if pooled is None:
+                # the ranks' own splits (cached on their groups): on a hierarchy the same set as
+                # pooling all ranks' groups (a split does not change under translation)
+                got = tuple(sorted({s for g in self.groups for s in g.splits(axis)}))
+            else:
+                got = self._shared.get(pooled)
+                if got is None:
+                    rows = np.concatenate(
+                        [
+                            group_arrays(self.grid[r], self.config.ep)[axis]
+                            for r in range(len(self.grid))
+                        ]
+                    )
+                    fabric = self.problem.cluster.fabric
+                    got = tuple(
+                        sorted(set(fabric.group_classes(rows, all_to_all=axis == GroupKind.EP)))
+                    )
+                    self._shared[pooled] = got
             self._levels[key] = got
         return got
+
+    def _pooled_key(self, axis: str):
+        """What the pooled splits of ``axis`` over every rank depend on, on a hierarchy (its
+        splits are those of the union of the ranks' groups, and a group's split depends on its
+        devices only) with a structured placement (None otherwise: each rank's own splits). The
+        placement :func:`~nest.core.plan.place` lays out ``0 .. N - 1`` as mixed-radix digits,
+        so the union of the groups of an axis is fixed by ``N``, the degrees of the digits the
+        groups run along and their strides: tensor groups are the aligned blocks of ``tp``;
+        context groups ``x + s_cp [0, cp)`` over the ``x`` whose context digit is 0; expert
+        groups ``ep`` consecutive ``dp x cp`` ranks (context innermost) over the ``x`` whose
+        data and context digits are 0. Shared by placements that differ elsewhere (the other
+        axes' order, ``pp`` against ``dp`` at the same ``N``)."""
+        c = self.config
+        if self._placement[0] != "placement" or not self.problem.cluster.fabric.priced_by_levels:
+            return None
+        degrees = {Axis.TP: c.tp, Axis.CP: c.cp, Axis.DP: c.dp, Axis.PP: c.pp}
+        stride, strides = 1, {}
+        for a in c.rank_order:
+            strides[a] = stride
+            stride *= degrees[a]
+        if axis == GroupKind.TP:
+            shape = (c.tp, strides[Axis.TP])
+        elif axis == GroupKind.CP:
+            shape = (c.cp, strides[Axis.CP])
+        elif axis == GroupKind.EP:
+            shape = (c.ep, c.cp, strides[Axis.CP], c.dp, strides[Axis.DP])
+        else:
+            raise AssertionError(f"pooled splits of {axis}: only the layers' axes {AXES}")
+        return ("pooled splits", axis, stride, shape)
 
     def _floors(self, allowed, aligned_tp: bool) -> Floors:
         key = ("floors", tuple(allowed), aligned_tp)

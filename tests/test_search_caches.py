@@ -1,0 +1,89 @@
+"""The search's caches return what the uncached computation returns (property tests on random
+problems): placed floors and interleaved chunk costs shared through the search's ``shared`` dict
+(keyed by the placement, the shard and the configuration's fields that matter), the pooled group
+splits of a structured placement (keyed by the digits the groups run along), the bounds computed
+per family, and the memory floors checked only where the search visits."""
+
+import random
+
+import numpy as np
+import pytest
+
+from nest.cost.groups import AXES
+from nest.dp.bounds import Floors
+from nest.dp.planner import NestPlanner
+from nest.dp.space import SpaceOptions, families
+from nest.dp.stages import StageModel
+
+from .randomcase import random_problem
+
+SEEDS = range(12)
+
+
+def _configs(problem, rng: random.Random, count: int):
+    """Up to ``count`` configurations of the full space, drawn at random, in random order."""
+    configs = [c for f in families(problem, SpaceOptions()) for c in f.configs()]
+    rng.shuffle(configs)
+    return configs[:count]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_shared_stage_terms_equal_a_fresh_stage_model(seed):
+    """Placed floors, chunk costs and the placement's splits of a stage model built on a dict
+    that many other configurations filled equal those of one built on an empty dict: a cache
+    key that missed a dimension would hand one configuration another's value."""
+    rng = random.Random(seed)
+    problem = random_problem(rng, hbm_gib=4)
+    modes = SpaceOptions().recompute_modes
+    shared: dict = {}
+    configs = _configs(problem, rng, 60)
+    for config in configs:  # fill the caches in a random order
+        sm = StageModel(problem, config, shared)
+        sm.placed_floor_s(modes)
+        if config.interleaved:
+            for k in range(len(sm.chunks)):
+                sm.chunk_costs(k, modes)
+    for config in configs:
+        cached, fresh = StageModel(problem, config, shared), StageModel(problem, config, {})
+        np.testing.assert_array_equal(cached.placed_floor_s(modes), fresh.placed_floor_s(modes))
+        for axis in AXES:
+            assert cached._placement_splits(axis) == tuple(
+                sorted({s for g in fresh.groups for s in g.splits(axis)})
+            ), (config, axis)
+        if config.interleaved:
+            for k in range(len(fresh.chunks)):
+                want = np.array([fresh.chunk_terms(k, mode) for mode in modes])
+                np.testing.assert_array_equal(cached.chunk_costs(k, modes), want)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_family_bounds_equal_each_entry_alone(seed):
+    """The bounds of a family's entries computed together equal each computed alone on fresh
+    floors (nothing computed for one ZeRO stage or schedule leaks into another)."""
+    rng = random.Random(seed)
+    problem = random_problem(rng, hbm_gib=4)
+    modes = SpaceOptions().recompute_modes
+    floors = Floors(problem, modes)
+    for family in families(problem, SpaceOptions()):
+        pairs = [(s, z) for s in family.schedules for z in family.zeros]
+        together = floors.family_bounds_s(family)
+        alone = [Floors(problem, modes).config_bound_s(family, z, s) for s, z in pairs]
+        assert together == alone, family
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_ranking_is_every_entry_by_bound_then_space_order(seed):
+    """Every entry of the space is ranked (memory floors are checked later, where the search
+    visits), by increasing bound, ties in space order, each with its own bound."""
+    rng = random.Random(seed)
+    problem = random_problem(rng)
+    modes = SpaceOptions().recompute_modes
+    floors = Floors(problem, modes)
+    fams = list(families(problem, SpaceOptions()))
+    entries = NestPlanner._ranked(fams, floors)
+    space = [(f, s, z) for f in fams for s in f.schedules for z in f.zeros]
+    assert sorted(e[1] for e in entries) == list(range(len(space)))
+    assert [(e[0], e[1]) for e in entries] == sorted((e[0], e[1]) for e in entries)
+    for bound, k, family, schedule, zero in entries:
+        assert (family, schedule, zero) == space[k]
+        assert bound == Floors(problem, modes).config_bound_s(family, zero, schedule)
