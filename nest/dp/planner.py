@@ -413,12 +413,14 @@ class NestPlanner(SpacePlanner):
             if found is not None:
                 top.offer(key, found[0], config, found[1])
         seed_s, seeded_at = top.best[0][0] if top.best else float("inf"), time.perf_counter()
-        solved = 0
+        solved, worst_s = 0, 0.0
         for bound, key, config in configs():
             if bound > top.threshold:
                 break
             solved += 1
+            one_started = time.perf_counter()
             found = solve_one(config, top.incumbent(key), True)
+            worst_s = max(worst_s, time.perf_counter() - one_started)
             if found is not None:
                 top.offer(key, found[0], config, found[1])
         searched = time.perf_counter()
@@ -439,6 +441,8 @@ class NestPlanner(SpacePlanner):
             "time_bounds_s": bounded - enumerated,
             "time_seed_s": seeded_at - bounded,
             "time_dp_s": searched - seeded_at,
+            # the slowest exact solve of one configuration (a poor incumbent shows here first)
+            "time_worst_configuration_s": worst_s,
             # CPU seconds of the whole search (the wall times above include other processes')
             "time_search_cpu_s": time.process_time() - started_cpu,
             "configurations_seeded": seeded,
