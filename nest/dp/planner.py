@@ -199,6 +199,24 @@ class TopK:
             self.threshold = self.best[-1][0]
 
 
+def _visit(entries, floors: Floors, capacity_bytes: float, fits: dict, over: list):
+    """(bound less the slack, key, configuration) of the ranked entries' configurations, every
+    rank order of an entry, skipping the entries whose memory floor exceeds the capacity (no
+    plan of theirs fits): floors checked on the first visit only and kept in ``fits`` (key ->
+    fits), the keys over it in ``over``. The key is the entry, i.e. the configuration without
+    its rank order (module docstring)."""
+    for bound, key, family, schedule, zero in entries:
+        ok = fits.get(key)
+        if ok is None:
+            ok = fits[key] = floors.memory_floor_bytes(family, zero, schedule) <= capacity_bytes
+            if not ok:
+                over.append(key)
+        if not ok:
+            continue
+        for order in family.orders:
+            yield bound * (1 - BOUND_SLACK), key, family.config(schedule, zero, order)
+
+
 @contextmanager
 def _collector_paused():
     """Python's cyclic garbage collector paused for the search, as it was before afterwards:
@@ -380,21 +398,10 @@ class NestPlanner(SpacePlanner):
         stats = DPStats()
         capacity_bytes = problem.cluster.device.hbm_bytes
         fits: dict[int, bool] = {}  # entry key -> its memory floor is within the capacity
-        over = []  # the visited entries whose memory floor exceeds it (no plan of theirs fits)
+        over: list = []  # the visited entries whose memory floor exceeds it
 
         def configs():
-            # key: the entry, i.e. the configuration without its rank order (module docstring)
-            for bound, key, family, schedule, zero in entries:
-                ok = fits.get(key)
-                if ok is None:  # memory floors only for the entries the search reaches
-                    need = floors.memory_floor_bytes(family, zero, schedule)
-                    ok = fits[key] = need <= capacity_bytes
-                    if not ok:
-                        over.append(key)
-                if not ok:
-                    continue
-                for order in family.orders:
-                    yield bound * (1 - BOUND_SLACK), key, family.config(schedule, zero, order)
+            return _visit(entries, floors, capacity_bytes, fits, over)
 
         def solve_one(config, incumbent_s, exact):
             sm = StageModel(problem, config, shared)
