@@ -9,6 +9,7 @@ import random
 import numpy as np
 import pytest
 
+from nest.core.axes import Schedule
 from nest.cost.groups import AXES
 from nest.dp.bounds import Floors
 from nest.dp.planner import NestPlanner
@@ -87,3 +88,35 @@ def test_ranking_is_every_entry_by_bound_then_space_order(seed):
     for bound, k, family, schedule, zero in entries:
         assert (family, schedule, zero) == space[k]
         assert bound == Floors(problem, modes).config_bound_s(family, zero, schedule)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_interleaved_bound_never_exceeds_a_configurations_optimum(seed):
+    """The bound with rank 0's exposed sync (:meth:`Floors._overlap_sync_bound_s`) is at most
+    the optimum of every interleaved configuration it bounds, any rank order (the optimum of
+    one configuration: the exact interleaved DP with no incumbent), on random problems with
+    the gradient sync overlapped; and it is the larger of the two floors."""
+    from nest.dp.interleaved import solve_interleaved
+    from nest.dp.recurrence import DPStats
+
+    rng = random.Random(1000 + seed)
+    problem = random_problem(rng, hbm_gib=rng.choice([0.05, 4]))
+    modes = SpaceOptions().recompute_modes
+    floors = Floors(problem, modes)
+    shared: dict = {}
+    checked = 0
+    for family in families(problem, SpaceOptions()):
+        for schedule in family.schedules:
+            if schedule[0] is not Schedule.INTERLEAVED:
+                continue
+            for zero in family.zeros:
+                bound = floors.config_bound_s(family, zero, schedule)
+                for order in family.orders:
+                    config = family.config(schedule, zero, order)
+                    sm = StageModel(problem, config, shared)
+                    found = solve_interleaved(sm, modes, float("inf"), DPStats())
+                    if found is not None:
+                        assert bound <= found[0] * (1 + 1e-12), (config, bound, found[0])
+                        checked += 1
+    if problem.training.overlap_grad_sync and checked == 0:
+        pytest.skip("no interleaved configuration fits on this draw")

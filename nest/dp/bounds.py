@@ -68,6 +68,10 @@ floors.
   (``B_0 = 0``), and it holds at least the embedding (all of the model when ``pp = 1``; its exact
   chunks when interleaved); the sync is monotone in bytes, so :meth:`ModelState.sync_s` of
   those parameters on the floor groups bounds it. With overlap, ``E >= 0``;
+- interleaved, ZeRO below 3, sync overlapped: rank 0's exposed sync ``max(0, sync_0 - b_0)``
+  (``b_0`` the backward of chunk 0) traded against the time ``b_0`` adds to rank 0, the least
+  of a convex piecewise-linear function over ``b_0`` at or above its floor
+  (:meth:`Floors._overlap_sync_bound_s`, proved there); the bound is the larger of the two;
 - optimizer ``O = max_r opt_r >= sum_r opt_r / pp`` (:meth:`ModelState.optimizer_step_s` is
   linear in the parameters held);
 - ``T = S + (m-1) M + E + O`` (1F1B) or ``S / v + (m - 1/v) M + E + O`` (interleaved), every
@@ -168,6 +172,10 @@ class ShardFloors:
     """Transient bytes per layer under its smallest allowed mode (before ZeRO-3 gathers)."""
     mem_kinds: tuple[tuple[float, float, float, float], ...]
     """The distinct (dense, expert, act_min, transient_min) rows."""
+    bwd_s: np.ndarray
+    """The backward part of ``base_s`` per layer: backward compute plus the cheapest allowed
+    recompute with its backward collectives (``base_s`` less the forward compute and the
+    cheapest forward collectives)."""
 
 
 class Floors:
@@ -282,6 +290,15 @@ class Floors:
             )
         )
 
+    def _layer_bwd_s(self, x, is_block: bool, shard: Shard, splits) -> float:
+        """The backward part of :meth:`_layer_base_s`: a floor of the layer's backward."""
+        modes = self.modes if is_block else (Recompute.NONE,)
+        return x.bwd_s + min(
+            recompute_s(x, md, is_block)
+            + self._axis_s(bwd_collectives(x, md, is_block), shard, splits)
+            for md in modes
+        )
+
     def shard(self, shard: Shard) -> ShardFloors:
         got = self._shards.get(shard)
         if got is not None:
@@ -293,7 +310,7 @@ class Floors:
             )
         splits = self._tp_splits[shard.tp]
         per_cost: dict = {}
-        base, dense, expert, boundary, act, transient = [], [], [], [], [], []
+        base, dense, expert, boundary, act, transient, bwd = [], [], [], [], [], [], []
         for ref in model.chain:
             x = model.layer_cost(ref, shard, cluster.device)
             is_block = ref.kind is LayerKind.BLOCK
@@ -305,6 +322,7 @@ class Floors:
                     self._layer_base_s(x, is_block, shard, splits),
                     min(stored_bytes(x, md, is_block) for md in modes),
                     min(peak_bytes(x, md, is_block, self._unsharded) for md in modes),
+                    self._layer_bwd_s(x, is_block, shard, splits),
                 )
             base.append(got_layer[0])
             dense.append(x.dense_params)
@@ -313,6 +331,7 @@ class Floors:
                 boundary.append(x.boundary_bytes)
             act.append(got_layer[1])
             transient.append(got_layer[2])
+            bwd.append(got_layer[3])
         small = min(boundary)
         p2p = min(p2p_floor_s(small, lv, cluster) for lv in range(cluster.num_levels))
         tied = model.layer_cost(model.chain[-1], shard, cluster.device).tied_copy_params
@@ -330,6 +349,7 @@ class Floors:
             np.array(act),
             np.array(transient),
             tuple(sorted(set(zip(dense, expert, act, transient, strict=True)))),
+            np.array(bwd),
         )
         self._shards[shard] = got
         return got
@@ -420,7 +440,11 @@ class Floors:
                 base, dense, expert = self._interleaved_ranks(sf, pp, v)
                 ranks = [b + zd * d + zx * x for b, d, x in zip(base, dense, expert, strict=True)]
                 sync = self._sync_floor_s(family, dense[0], expert[0], zero)
-                out.append(sum(ranks) / v + (m - 1 / v) * max(ranks) + sync + optimizer)
+                bound = sum(ranks) / v + (m - 1 / v) * max(ranks) + sync + optimizer
+                if zero < 3 and self.problem.training.overlap_grad_sync:
+                    exposed = self._overlap_sync_bound_s(family, sf, ranks, zero, v)
+                    bound = max(bound, exposed + optimizer)
+                out.append(bound)
                 continue
             total = sf.base_sum_s + zd * sf.dense_sum + zx * sf.expert_sum + 2 * (pp - 1) * sf.p2p_s
             if zero < 3:
@@ -431,6 +455,54 @@ class Floors:
             sync = self._sync_floor_s(family, sync_dense, sync_expert, zero)
             out.append(total + (m - 1) * top + sync + optimizer)
         return out
+
+    def _overlap_sync_bound_s(self, f: Family, sf: ShardFloors, ranks, zero: int, v: int):
+        """Interleaved, ZeRO below 3, gradient sync overlapped: a floor of ``T - O`` that
+        counts rank 0's exposed sync (the optimizer floor is added by the caller).
+
+        Proof. Rank 0 holds fixed chunks, so its parameters are fixed and its sync takes at
+        least ``s0`` (:meth:`ModelState.sync_s` on the floor groups, monotone in bytes, as in
+        the module docstring). Its exposed sync is ``max(0, s0' - b_0)`` with ``s0' >= s0`` its
+        sync and ``b_0`` the backward of its first chunk (chunk 0: nothing before it hides it,
+        :func:`nest.cost.pipeline.rank_exposed_sync_s`), so ``E >= max(0, s0 - b_0)``. Its
+        time is ``t_0 = (t_0 - b_0) + b_0`` with ``t_0 - b_0 >= F0m = F_0 - b0f`` (``F_0`` its
+        rank floor, the sum of per-layer and p2p floors; ``b0f`` the sum of chunk 0's per-layer
+        backward floors ``ShardFloors.bwd_s``, which are the backward part of each layer's
+        floor, so ``F_0 - b0f`` is the floor of the rest of rank 0's work) and ``b_0 >= b0f``.
+        The other ranks take at least their floors (sum ``Fo``, largest ``Mo``). Every term of
+        ``T = S / v + (m - 1/v) M + E + O`` is non-decreasing in each rank's time, so for the
+        plan's ``b = b_0``: ``T - O >= g(b) = (Fo + F0m + b) / v + (m - 1/v) max(Mo, F0m + b)
+        + max(0, s0 - b)``. ``g`` is convex and piecewise linear in ``b``, so its least value
+        over ``b >= b0f`` is at ``b0f`` or at a breakpoint above it (``s0``, ``Mo - F0m``):
+        the minimum of ``g`` over those is a floor of ``T - O``. (ZeRO below 3: the floors
+        hold no ZeRO-3 traffic, which would not split by direction this way.)"""
+        pp, m = f.pp, f.m
+        key = ("chunk 0 backward", id(sf), pp, v)
+        b0f = self._min_cache.get(key)
+        if b0f is None:
+            i, j = interleaved_chunks(len(sf.base_s), pp, v)[0]
+            b0f = self._min_cache[key] = float(sf.bwd_s[i : j + 1].sum())
+        f0m = ranks[0] - b0f
+        others = ranks[1:]
+        fo, mo = sum(others), max(others, default=0.0)
+        s0 = self._sync_raw_s(f, *self._interleaved_ranks(sf, pp, v)[1:], zero)
+
+        def g(b: float) -> float:
+            return (fo + f0m + b) / v + (m - 1 / v) * max(mo, f0m + b) + max(0.0, s0 - b)
+
+        return min(g(b) for b in (b0f, s0, mo - f0m) if b >= b0f)
+
+    def _sync_raw_s(self, f: Family, dense, expert, zero: int) -> float:
+        """Least DP sync time of rank 0 (its parameters ``dense[0]``, ``expert[0]``), overlap
+        or not: :meth:`ModelState.sync_s` on the floor groups."""
+        nd = f.dp * f.cp
+        key = ("sync raw", dense[0], expert[0], nd, nd // f.ep, zero > 0)
+        got = self._min_cache.get(key)
+        if got is None:
+            groups = self.groups(f.dp, f.cp, f.ep, with_latency=True)
+            state = self.state(f.dp, f.cp, f.ep, zero)
+            got = self._min_cache[key] = float(state.sync_s(groups, dense[0], expert[0]))
+        return got
 
     def _interleaved_ranks(self, sf: ShardFloors, pp: int, v: int):
         """Per rank of the fixed interleaved partition: base floor (p2p included), dense and
