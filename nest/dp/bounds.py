@@ -437,12 +437,23 @@ class Floors:
             zd, zx, optimizer = got
             kind, v = schedule
             if kind is Schedule.INTERLEAVED:
-                base, dense, expert = self._interleaved_ranks(sf, pp, v)
-                ranks = [b + zd * d + zx * x for b, d, x in zip(base, dense, expert, strict=True)]
-                sync = self._sync_floor_s(family, dense[0], expert[0], zero)
-                bound = sum(ranks) / v + (m - 1 / v) * max(ranks) + sync + optimizer
+                # ZeRO 0-2 share the ranks' floors (no ZeRO-3 traffic): computed once
+                got = per_zero.get((schedule, zd, zx))
+                if got is None:
+                    base, dense, expert = self._interleaved_ranks(sf, pp, v)
+                    ranks = [
+                        b + zd * d + zx * x for b, d, x in zip(base, dense, expert, strict=True)
+                    ]
+                    pipeline = sum(ranks) / v + (m - 1 / v) * max(ranks)
+                    got = per_zero[schedule, zd, zx] = (ranks, pipeline, dense[0], expert[0])
+                ranks, pipeline, dense0, expert0 = got
+                sync = self._sync_floor_s(family, dense0, expert0, zero)
+                bound = pipeline + sync + optimizer
                 if zero < 3 and self.problem.training.overlap_grad_sync:
-                    exposed = self._overlap_sync_bound_s(family, sf, ranks, zero, v)
+                    exposed = per_zero.get((schedule, "exposed", zero > 0))
+                    if exposed is None:
+                        exposed = self._overlap_sync_bound_s(family, sf, ranks, zero, v)
+                        per_zero[schedule, "exposed", zero > 0] = exposed
                     bound = max(bound, exposed + optimizer)
                 out.append(bound)
                 continue
