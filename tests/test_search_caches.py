@@ -120,3 +120,26 @@ def test_interleaved_bound_never_exceeds_a_configurations_optimum(seed):
                         checked += 1
     if problem.training.overlap_grad_sync and checked == 0:
         pytest.skip("no interleaved configuration fits on this draw")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_one_stage_bound_never_exceeds_a_configurations_optimum(seed):
+    """The bound of 1F1B configurations on one pipeline rank, with the exposed sync when the
+    gradient sync is overlapped (:meth:`Floors._one_stage_exposed_s`), is at most each such
+    configuration's optimum (the exact DP with no incumbent), any rank order."""
+    from nest.dp.recurrence import DPStats, solve_config
+
+    rng = random.Random(2000 + seed)
+    problem = random_problem(rng, hbm_gib=rng.choice([0.05, 4]))
+    modes = SpaceOptions().recompute_modes
+    floors = Floors(problem, modes)
+    shared: dict = {}
+    for family in families(problem, SpaceOptions(pp=[1])):
+        for zero in family.zeros:
+            schedule = (Schedule.ONE_F_ONE_B, 1)
+            bound = floors.config_bound_s(family, zero, schedule)
+            for order in family.orders:
+                config = family.config(schedule, zero, order)
+                found = solve_config(StageModel(problem, config, shared), modes, np.inf, DPStats())
+                if found is not None:
+                    assert bound <= found[0] * (1 + 1e-12), (config, bound, found[0])

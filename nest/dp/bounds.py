@@ -72,6 +72,8 @@ floors.
   (``b_0`` the backward of chunk 0) traded against the time ``b_0`` adds to rank 0, the least
   of a convex piecewise-linear function over ``b_0`` at or above its floor
   (:meth:`Floors._overlap_sync_bound_s`, proved there); the bound is the larger of the two;
+  1F1B on one pipeline rank: ``max(0, sync - bf)``, ``bf`` the floor of its backward
+  (:meth:`Floors._one_stage_exposed_s`);
 - optimizer ``O = max_r opt_r >= sum_r opt_r / pp`` (:meth:`ModelState.optimizer_step_s` is
   linear in the parameters held);
 - ``T = S + (m-1) M + E + O`` (1F1B) or ``S / v + (m - 1/v) M + E + O`` (interleaved), every
@@ -464,8 +466,28 @@ class Floors:
                 largest = max(b + zd * d + zx * x for b, d, x in sf.kinds)
             top = max(total / pp, largest)
             sync = self._sync_floor_s(family, sync_dense, sync_expert, zero)
+            if pp == 1 and zero < 3 and self.problem.training.overlap_grad_sync:
+                sync = self._one_stage_exposed_s(family, sf, zero)
             out.append(total + (m - 1) * top + sync + optimizer)
         return out
+
+    def _one_stage_exposed_s(self, f: Family, sf: ShardFloors, zero: int) -> float:
+        """1F1B with one pipeline rank, ZeRO below 3, gradient sync overlapped: a floor of the
+        exposed sync that may be added to ``m F + O``.
+
+        Proof. With ``pp = 1``, ``T = m t + E + O`` (``S = M = t``) and ``E = max(0, s' - b)``
+        with ``s' >= s`` the rank's sync (all parameters, floor groups: the module docstring)
+        and ``b`` its own backward (:func:`nest.cost.pipeline.rank_exposed_sync_s`). Its
+        forward ``t - b`` takes at least ``F - bf`` (``F`` the sum of the layer floors, ``bf``
+        the sum of their backward parts ``ShardFloors.bwd_s``; the rest of each layer floor is
+        its forward's) and ``b >= bf``, so ``T - O >= m (F - bf) + h(b)`` with
+        ``h(b) = m b + max(0, s - b)``, non-decreasing (slope ``m - 1 >= 0`` below ``s``):
+        ``h(b) >= h(bf)``, i.e. ``T >= m F + max(0, s - bf) + O``."""
+        key = ("one stage backward", id(sf))
+        bf = self._min_cache.get(key)
+        if bf is None:
+            bf = self._min_cache[key] = float(sf.bwd_s.sum())
+        return max(0.0, self._sync_raw_s(f, [sf.dense_sum], [sf.expert_sum], zero) - bf)
 
     def _overlap_sync_bound_s(self, f: Family, sf: ShardFloors, ranks, zero: int, v: int):
         """Interleaved, ZeRO below 3, gradient sync overlapped: a floor of ``T - O`` that
@@ -504,8 +526,8 @@ class Floors:
         return min(g(b) for b in (b0f, s0, mo - f0m) if b >= b0f)
 
     def _sync_raw_s(self, f: Family, dense, expert, zero: int) -> float:
-        """Least DP sync time of rank 0 (its parameters ``dense[0]``, ``expert[0]``), overlap
-        or not: :meth:`ModelState.sync_s` on the floor groups."""
+        """Least DP sync time of a rank holding ``dense[0]`` dense and ``expert[0]`` expert
+        parameters, overlap or not: :meth:`ModelState.sync_s` on the floor groups."""
         nd = f.dp * f.cp
         key = ("sync raw", dense[0], expert[0], nd, nd // f.ep, zero > 0)
         got = self._min_cache.get(key)
