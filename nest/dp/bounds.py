@@ -510,20 +510,30 @@ class Floors:
         the minimum of ``g`` over those is a floor of ``T - O``. (ZeRO below 3: the floors
         hold no ZeRO-3 traffic, which would not split by direction this way.)"""
         pp, m = f.pp, f.m
-        key = ("chunk 0 backward", id(sf), pp, v)
-        b0f = self._min_cache.get(key)
-        if b0f is None:
+        # what depends on the shard and the partition only (ZeRO 0-2: no ZeRO-3 floor in ranks)
+        key = ("rank 0 exposure", id(sf), pp, v)
+        got = self._min_cache.get(key)
+        if got is None:
             i, j = interleaved_chunks(len(sf.base_s), pp, v)[0]
-            b0f = self._min_cache[key] = float(sf.bwd_s[i : j + 1].sum())
-        f0m = ranks[0] - b0f
-        others = ranks[1:]
-        fo, mo = sum(others), max(others, default=0.0)
-        s0 = self._sync_raw_s(f, *self._interleaved_ranks(sf, pp, v)[1:], zero)
-
-        def g(b: float) -> float:
-            return (fo + f0m + b) / v + (m - 1 / v) * max(mo, f0m + b) + max(0.0, s0 - b)
-
-        return min(g(b) for b in (b0f, s0, mo - f0m) if b >= b0f)
+            b0f = float(sf.bwd_s[i : j + 1].sum())
+            others = ranks[1:]
+            _, dense, expert = self._interleaved_ranks(sf, pp, v)
+            got = self._min_cache[key] = (
+                b0f,
+                ranks[0] - b0f,
+                sum(others),
+                max(others, default=0.0),
+                dense,
+                expert,
+            )
+        b0f, f0m, fo, mo, dense, expert = got
+        s0 = self._sync_raw_s(f, dense, expert, zero)
+        best = float("inf")
+        for b in (b0f, s0, mo - f0m):
+            if b >= b0f:
+                g = (fo + f0m + b) / v + (m - 1 / v) * max(mo, f0m + b) + max(0.0, s0 - b)
+                best = min(best, g)
+        return best
 
     def _sync_raw_s(self, f: Family, dense, expert, zero: int) -> float:
         """Least DP sync time of a rank holding ``dense[0]`` dense and ``expert[0]`` expert
