@@ -52,6 +52,24 @@ CHUNK_IGNORES = frozenset({"zero_stage"})
 """The fields :meth:`StageModel.chunk_costs` does not read (its key keeps ``zero_stage >= 3``:
 ZeRO-3's traffic and gathered weights; stages 0-2 differ only in state bytes and sync)."""
 
+POOLED_KNOWN = frozenset(
+    {
+        "tp",
+        "cp",
+        "ep",
+        "dp",
+        "pp",
+        "microbatch_size",
+        "zero_stage",
+        "schedule",
+        "virtual_stages",
+        "rank_order",
+    }
+)
+"""The :class:`~nest.core.plan.ParallelConfig` fields :meth:`StageModel._pooled_key` accounts
+for (through the degrees and strides, or as irrelevant to the groups); any other field enters
+its key as it is."""
+
 
 def config_key(config: ParallelConfig, ignored: frozenset) -> tuple:
     """``(name, value)`` of every field of ``config`` but ``ignored``: a cache key that takes in
@@ -513,7 +531,8 @@ class StageModel:
             shape = (c.ep, c.cp, strides[Axis.CP], c.dp, strides[Axis.DP])
         else:
             raise AssertionError(f"pooled splits of {axis}: only the layers' axes {AXES}")
-        return ("pooled splits", axis, stride, shape)
+        # any configuration field added later (e.g. an expert tensor degree) enters the key
+        return ("pooled splits", axis, stride, shape, config_key(c, POOLED_KNOWN))
 
     def _floors(self, allowed, aligned_tp: bool) -> Floors:
         key = ("floors", tuple(allowed), aligned_tp)
