@@ -10,13 +10,25 @@ own; CPU seconds are reported next to wall seconds because the machine may be sh
 ``--top-k K`` runs the search for the K best configurations (``solver.top_k``; the row's
 ``kth_iteration_time_s`` is the K-th's time), ``--targets`` only the issue's two target cases
 (the default run adds the 1024-chip target on the TPU v4 torus graph).
+
+**The CLI's own cases** (the default, :data:`CLI_CASES`; ``--series`` for the series above):
+each runs ``python run.py solver=nest ...`` exactly as a user would, in a fresh interpreter
+(:data:`CLI_PROBE`), and the table splits the process into imports, Hydra composing, the search's
+enumeration, bounds, seed and exact DP (its own record), and writing the output files, beside the
+search counts (``not solved`` counts every configuration without an exact solve: pruned by bound,
+over the memory floor, or after the last bound visited). CPU seconds stand beside wall seconds.
 """
 
 import argparse
 import json
 import multiprocessing
+import os
 import resource
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
@@ -51,6 +63,115 @@ QUICK = [
     ("llama2_7b", "dgx_8x8", 64, 1024, [1, 2, 4], None),
     ("gpt3_175b", "tpuv4_fattree", 128, 4096, [1, 2, 4, 8], None),
 ]
+
+
+CLI_CASES = [
+    ("A", "model=llama3_405b cluster=dgx_h100_superpod cluster.devices=16384", 2.5),
+    ("B", "model=gpt3_175b cluster=tpuv4_fattree cluster.devices=1024", 0.5),
+    ("C", "model=llama2_7b cluster=dgx_8x8", None),
+    ("torus", "model=gpt3_175b cluster=tpuv4_torus cluster.devices=1024", 2.0),
+]
+"""``(name, CLI overrides, target search seconds)``: issue 28's cases, as the CLI runs them (the
+quick-start C's target is its whole process: 0.6 s)."""
+C_PROCESS_TARGET_S = 0.6
+
+CLI_PROBE = """
+import json, sys, time
+wall0, cpu0 = time.perf_counter(), time.process_time()
+import nest.app.cli as cli
+from hydra._internal.hydra import Hydra
+spent = {"imports_s": time.perf_counter() - wall0, "compose_s": 0.0, "writing_s": 0.0}
+depth = [0]
+def timed(fn, name):
+    def wrapper(*args, **kwargs):
+        depth[0] += 1
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+            if depth[0] == 0:
+                spent[name] += time.perf_counter() - start
+    return wrapper
+Hydra.compose_config = timed(Hydra.compose_config, "compose_s")
+cli._write_json = timed(cli._write_json, "writing_s")
+cli.write_text = timed(cli.write_text, "writing_s")
+sys.argv = ["run.py", *json.loads(sys.argv[1])]
+try:
+    cli.main()
+except SystemExit:
+    pass
+spent["main_wall_s"] = time.perf_counter() - wall0
+spent["main_cpu_s"] = time.process_time() - cpu0
+print("PROBE " + json.dumps(spent), file=sys.stderr)
+"""
+"""Runs the CLI in a fresh interpreter and reports (on stderr) the time of the imports, of Hydra
+composing and of writing the output files (wrapped, outermost call only)."""
+
+
+def run_cli_case(name: str, overrides: str, target_s) -> dict:
+    """One CLI case in a fresh interpreter: its process time, the split and the search record."""
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="bench_search_") as out:
+        args = ["solver=nest", *overrides.split(), f"hydra.run.dir={out}"]
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-c", CLI_PROBE, json.dumps(args)],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        probe = [ln for ln in done.stderr.splitlines() if ln.startswith("PROBE ")]
+        if done.returncode != 0 or not probe:
+            raise RuntimeError(f"case {name} failed:\n{done.stdout}\n{done.stderr}")
+        report = json.loads((Path(out) / "report.json").read_text())
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    search = report.get("search") or {}
+    return {
+        "case": name,
+        "overrides": overrides,
+        "process_wall_s": wall,
+        "process_cpu_s": cpu,
+        **json.loads(probe[-1][len("PROBE ") :]),
+        "search_wall_s": report.get("solve_time_s"),
+        "target_s": target_s,
+        "iteration_time_s": report.get("iteration_time_s"),
+        "search": search,
+    }
+
+
+def cli_table(repeat: int) -> None:
+    """The CLI cases, each the best (least search wall time) of ``repeat`` runs."""
+    print(
+        f"{'case':<6} {'process':>7} {'cpu':>5} {'import':>6} {'compose':>7} {'enum':>5} "
+        f"{'bounds':>6} {'seed':>5} {'dp':>5} {'write':>5} {'search':>6} {'s.cpu':>5} "
+        f"{'target':>6}  {'configs':>9} {'bounds':>7} {'visited':>7} {'over mem':>8} "
+        f"{'solved':>6} {'not solved':>10}"
+    )
+    for name, overrides, target in CLI_CASES:
+        runs = [run_cli_case(name, overrides, target) for _ in range(repeat)]
+        row = min(runs, key=lambda r: r["search_wall_s"] or 0.0)
+        s = row["search"]
+        goal = f"p<={C_PROCESS_TARGET_S:g}" if target is None else f"<={target:g}"
+        print(
+            f"{name:<6} {row['process_wall_s']:>7.2f} {row['process_cpu_s']:>5.2f} "
+            f"{row['imports_s']:>6.2f} {row['compose_s']:>7.2f} "
+            f"{s.get('time_enumerate_s', 0):>5.2f} {s.get('time_bounds_s', 0):>6.2f} "
+            f"{s.get('time_seed_s', 0):>5.2f} {s.get('time_dp_s', 0):>5.2f} "
+            f"{row['writing_s']:>5.2f} {row['search_wall_s']:>6.2f} "
+            f"{s.get('time_search_cpu_s', 0):>5.2f} {goal:>6}  "
+            f"{s.get('configurations', 0):>9} {s.get('configuration_bounds', 0):>7} "
+            f"{s.get('configuration_bounds_visited', 0):>7} "
+            f"{s.get('configuration_bounds_over_memory', 0):>8} "
+            f"{s.get('configurations_solved', 0):>6} {s.get('configurations_not_solved', 0):>10}"
+        )
+        print("BENCH " + json.dumps(row, default=str), flush=True)
 
 
 def problem_for(model, cluster, devices, batch, mbs):
@@ -145,7 +266,18 @@ def main() -> None:
     parser.add_argument(
         "--top-k", type=int, default=1, help="search the K best configurations (solver.top_k)"
     )
+    parser.add_argument(
+        "--series",
+        action="store_true",
+        help="the device-count series and targets as planner calls (the default: the CLI cases)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="CLI cases: runs per case, the fastest reported"
+    )
     args = parser.parse_args()
+    if not (args.series or args.quick or args.targets or args.graphs):
+        cli_table(args.repeat)
+        return
     cases = (
         QUICK
         if args.quick

@@ -118,6 +118,7 @@ class Hierarchy:
         self.in_network_bw = in_bw if in_bw.any() else None
         self._bw_list = self.bw.tolist()
         self._split: dict[tuple, tuple[int, ...]] = {}
+        self._forms: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     @property
     def num_levels(self) -> int:
@@ -173,9 +174,18 @@ class Hierarchy:
         return tuple(sorted(map(tuple, rows.tolist())))
 
     def forms(self, op: str, classes) -> tuple[np.ndarray, np.ndarray]:
-        """``(a, c)`` of ``op`` per level split (rows of ``classes``)."""
+        """``(a, c)`` of ``op`` per level split (rows of ``classes``), read-only arrays kept
+        per ``(op, splits)``: they depend on nothing else (the levels are fixed), and the
+        search asks again for the splits of every new placement's ranks."""
         k = np.asarray(classes, dtype=float).reshape(-1, self.num_levels)
-        return level_forms(op, k, self.bw, self.alpha, self.in_network_bw)
+        key = (op, k.shape, k.tobytes())
+        got = self._forms.get(key)
+        if got is None:
+            got = level_forms(op, k, self.bw, self.alpha, self.in_network_bw)
+            for arr in got:
+                arr.flags.writeable = False
+            self._forms[key] = got
+        return got
 
     # ------------------------------------------------------------------ pipeline boundaries
     def p2p_classes(self, a_devices, b_devices) -> tuple[int, ...]:

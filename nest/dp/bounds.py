@@ -66,6 +66,12 @@ stage takes at least the sum of its layers' floors.
   (``B_0 = 0``), and it holds at least the embedding (all of the model when ``pp = 1``; its exact
   chunks when interleaved); the sync is monotone in bytes, so :meth:`ModelState.sync_s` of
   those parameters on the floor groups bounds it. With overlap, ``E >= 0``;
+- interleaved, ZeRO below 3, sync overlapped: rank 0's exposed sync ``max(0, sync_0 - b_0)``
+  (``b_0`` the backward of chunk 0) traded against the time ``b_0`` adds to rank 0, the least
+  of a convex piecewise-linear function over ``b_0`` at or above its floor
+  (:meth:`Floors._overlap_sync_bound_s`, proved there); the bound is the larger of the two;
+  1F1B on one pipeline rank: ``max(0, sync - bf)``, ``bf`` the floor of its backward
+  (:meth:`Floors._one_stage_exposed_s`);
 - optimizer ``O = max_r opt_r >= sum_r opt_r / pp`` (:meth:`ModelState.optimizer_step_s` is
   linear in the parameters held);
 - ``T = S + (m-1) M + E + O`` (1F1B) or ``S / v + (m - 1/v) M + E + O`` (interleaved), every
@@ -166,6 +172,10 @@ class ShardFloors:
     """Transient bytes per layer under its smallest allowed mode (before ZeRO-3 gathers)."""
     mem_kinds: tuple[tuple[float, float, float, float], ...]
     """The distinct (dense, expert, act_min, transient_min) rows."""
+    bwd_s: np.ndarray
+    """The backward part of ``base_s`` per layer: backward compute plus the cheapest allowed
+    recompute with its backward collectives (``base_s`` less the forward compute and the
+    cheapest forward collectives)."""
 
 
 class Floors:
@@ -283,6 +293,15 @@ class Floors:
             )
         )
 
+    def _layer_bwd_s(self, x, is_block: bool, shard: Shard, splits) -> float:
+        """The backward part of :meth:`_layer_base_s`: a floor of the layer's backward."""
+        modes = self.modes if is_block else (Recompute.NONE,)
+        return x.bwd_s + min(
+            recompute_s(x, md, is_block)
+            + self._axis_s(bwd_collectives(x, md, is_block), shard, splits)
+            for md in modes
+        )
+
     def shard(self, shard: Shard) -> ShardFloors:
         got = self._shards.get(shard)
         if got is not None:
@@ -294,21 +313,28 @@ class Floors:
             )
         splits = self._tp_splits[shard.tp]
         per_cost: dict = {}
-        base, dense, expert, boundary, act, transient = [], [], [], [], [], []
+        base, dense, expert, boundary, act, transient, bwd = [], [], [], [], [], [], []
         for ref in model.chain:
             x = model.layer_cost(ref, shard, cluster.device)
             is_block = ref.kind is LayerKind.BLOCK
-            key = (id(x), is_block)
-            if key not in per_cost:
-                per_cost[key] = self._layer_base_s(x, is_block, shard, splits)
-            base.append(per_cost[key])
+            key = (id(x), is_block)  # layers of one cost object share their floors
+            got_layer = per_cost.get(key)
+            if got_layer is None:
+                modes = self.modes if is_block else (Recompute.NONE,)
+                got_layer = per_cost[key] = (
+                    self._layer_base_s(x, is_block, shard, splits),
+                    min(stored_bytes(x, md, is_block) for md in modes),
+                    min(peak_bytes(x, md, is_block, self._unsharded) for md in modes),
+                    self._layer_bwd_s(x, is_block, shard, splits),
+                )
+            base.append(got_layer[0])
             dense.append(x.dense_params)
             expert.append(x.expert_params)
             if ref.kind is not LayerKind.HEAD:
                 boundary.append(x.boundary_bytes)
-            modes = self.modes if is_block else (Recompute.NONE,)
-            act.append(min(stored_bytes(x, md, is_block) for md in modes))
-            transient.append(min(peak_bytes(x, md, is_block, self._unsharded) for md in modes))
+            act.append(got_layer[1])
+            transient.append(got_layer[2])
+            bwd.append(got_layer[3])
         small = min(boundary)
         p2p = min(p2p_floor_s(small, lv, cluster) for lv in range(cluster.num_levels))
         tied = model.layer_cost(model.chain[-1], shard, cluster.device).tied_copy_params
@@ -326,6 +352,7 @@ class Floors:
             np.array(act),
             np.array(transient),
             tuple(sorted(set(zip(dense, expert, act, transient, strict=True)))),
+            np.array(bwd),
         )
         self._shards[shard] = got
         return got
@@ -383,27 +410,141 @@ class Floors:
 
     def config_bound_s(self, family: Family, zero: int, schedule: tuple[Schedule, int]) -> float:
         """No plan of these configurations (any rank order) is faster (module docstring)."""
+        return self.family_bounds_s(family, ((schedule, zero),))[0]
+
+    def family_bounds_s(self, family: Family, entries=None) -> list[float]:
+        """:meth:`config_bound_s` of each ``(schedule, zero)`` of ``entries`` (default: all of
+        the family's, schedules outer, zeros inner), with what they share computed once (the
+        shard's floors, and per ZeRO stage its coefficients): the search bounds every entry."""
+        if entries is None:
+            entries = [(sc, z) for sc in family.schedules for z in family.zeros]
         sf = self._shard_of(family)
         pp, m = family.pp, family.m
         f = family
-        zd, zx = self._z3_coefs(f.dp, f.cp, f.ep, zero, f.fold)
         tied = sf.tied_copy if pp > 1 else 0.0
-        opt_d, opt_x = self.per_param(f.dp, f.cp, f.ep, zero, f.fold).optimizer_s
-        optimizer = (opt_d * (sf.dense_sum + tied) + opt_x * sf.expert_sum) / pp
-        kind, v = schedule
-        if kind is Schedule.INTERLEAVED:
-            base, dense, expert = self._interleaved_ranks(sf, pp, v)
-            ranks = [b + zd * d + zx * x for b, d, x in zip(base, dense, expert, strict=True)]
-            sync = self._sync_floor_s(family, dense[0], expert[0], zero)
-            return sum(ranks) / v + (m - 1 / v) * max(ranks) + sync + optimizer
-        total = sf.base_sum_s + zd * sf.dense_sum + zx * sf.expert_sum + 2 * (pp - 1) * sf.p2p_s
-        largest = sf.base_max_s if zero < 3 else max(b + zd * d + zx * x for b, d, x in sf.kinds)
-        top = max(total / pp, largest)
         if pp == 1:
-            sync = self._sync_floor_s(family, sf.dense_sum, sf.expert_sum, zero)
+            sync_dense, sync_expert = sf.dense_sum, sf.expert_sum
         else:
-            sync = self._sync_floor_s(family, float(sf.dense[0]), float(sf.expert[0]), zero)
-        return total + (m - 1) * top + sync + optimizer
+            sync_dense, sync_expert = float(sf.dense[0]), float(sf.expert[0])
+        per_zero: dict = {}
+        out = []
+        for schedule, zero in entries:
+            got = per_zero.get(zero)
+            if got is None:
+                zd, zx = self._z3_coefs(f.dp, f.cp, f.ep, zero, f.fold)
+                opt_d, opt_x = self.per_param(f.dp, f.cp, f.ep, zero, f.fold).optimizer_s
+                optimizer = (opt_d * (sf.dense_sum + tied) + opt_x * sf.expert_sum) / pp
+                got = per_zero[zero] = (zd, zx, optimizer)
+            zd, zx, optimizer = got
+            kind, v = schedule
+            if kind is Schedule.INTERLEAVED:
+                # ZeRO 0-2 share the ranks' floors (no ZeRO-3 traffic): computed once
+                got = per_zero.get((schedule, zd, zx))
+                if got is None:
+                    base, dense, expert = self._interleaved_ranks(sf, pp, v)
+                    ranks = [
+                        b + zd * d + zx * x for b, d, x in zip(base, dense, expert, strict=True)
+                    ]
+                    pipeline = sum(ranks) / v + (m - 1 / v) * max(ranks)
+                    got = per_zero[schedule, zd, zx] = (ranks, pipeline, dense[0], expert[0])
+                ranks, pipeline, dense0, expert0 = got
+                sync = self._sync_floor_s(family, dense0, expert0, zero)
+                bound = pipeline + sync + optimizer
+                if zero < 3 and self.problem.training.overlap_grad_sync:
+                    exposed = per_zero.get((schedule, "exposed", zero > 0))
+                    if exposed is None:
+                        exposed = self._overlap_sync_bound_s(family, sf, ranks, zero, v)
+                        per_zero[schedule, "exposed", zero > 0] = exposed
+                    bound = max(bound, exposed + optimizer)
+                out.append(bound)
+                continue
+            total = sf.base_sum_s + zd * sf.dense_sum + zx * sf.expert_sum + 2 * (pp - 1) * sf.p2p_s
+            if zero < 3:
+                largest = sf.base_max_s
+            else:
+                largest = max(b + zd * d + zx * x for b, d, x in sf.kinds)
+            top = max(total / pp, largest)
+            sync = self._sync_floor_s(family, sync_dense, sync_expert, zero)
+            if pp == 1 and zero < 3 and self.problem.training.overlap_grad_sync:
+                sync = self._one_stage_exposed_s(family, sf, zero)
+            out.append(total + (m - 1) * top + sync + optimizer)
+        return out
+
+    def _one_stage_exposed_s(self, f: Family, sf: ShardFloors, zero: int) -> float:
+        """1F1B with one pipeline rank, ZeRO below 3, gradient sync overlapped: a floor of the
+        exposed sync that may be added to ``m F + O``.
+
+        Proof. With ``pp = 1``, ``T = m t + E + O`` (``S = M = t``) and ``E = max(0, s' - b)``
+        with ``s' >= s`` the rank's sync (all parameters, floor groups: the module docstring)
+        and ``b`` its own backward (:func:`nest.cost.pipeline.rank_exposed_sync_s`). Its
+        forward ``t - b`` takes at least ``F - bf`` (``F`` the sum of the layer floors, ``bf``
+        the sum of their backward parts ``ShardFloors.bwd_s``; the rest of each layer floor is
+        its forward's) and ``b >= bf``, so ``T - O >= m (F - bf) + h(b)`` with
+        ``h(b) = m b + max(0, s - b)``, non-decreasing (slope ``m - 1 >= 0`` below ``s``):
+        ``h(b) >= h(bf)``, i.e. ``T >= m F + max(0, s - bf) + O``."""
+        key = ("one stage backward", id(sf))
+        bf = self._min_cache.get(key)
+        if bf is None:
+            bf = self._min_cache[key] = float(sf.bwd_s.sum())
+        return max(0.0, self._sync_raw_s(f, [sf.dense_sum], [sf.expert_sum], zero) - bf)
+
+    def _overlap_sync_bound_s(self, f: Family, sf: ShardFloors, ranks, zero: int, v: int):
+        """Interleaved, ZeRO below 3, gradient sync overlapped: a floor of ``T - O`` that
+        counts rank 0's exposed sync (the optimizer floor is added by the caller).
+
+        Proof. Rank 0 holds fixed chunks, so its parameters are fixed and its sync takes at
+        least ``s0`` (:meth:`ModelState.sync_s` on the floor groups, monotone in bytes, as in
+        the module docstring). Its exposed sync is ``max(0, s0' - b_0)`` with ``s0' >= s0`` its
+        sync and ``b_0`` the backward of its first chunk (chunk 0: nothing before it hides it,
+        :func:`nest.cost.pipeline.rank_exposed_sync_s`), so ``E >= max(0, s0 - b_0)``. Its
+        time is ``t_0 = (t_0 - b_0) + b_0`` with ``t_0 - b_0 >= F0m = F_0 - b0f`` (``F_0`` its
+        rank floor, the sum of per-layer and p2p floors; ``b0f`` the sum of chunk 0's per-layer
+        backward floors ``ShardFloors.bwd_s``, which are the backward part of each layer's
+        floor, so ``F_0 - b0f`` is the floor of the rest of rank 0's work) and ``b_0 >= b0f``.
+        The other ranks take at least their floors (sum ``Fo``, largest ``Mo``). Every term of
+        ``T = S / v + (m - 1/v) M + E + O`` is non-decreasing in each rank's time, so for the
+        plan's ``b = b_0``: ``T - O >= g(b) = (Fo + F0m + b) / v + (m - 1/v) max(Mo, F0m + b)
+        + max(0, s0 - b)``. ``g`` is convex and piecewise linear in ``b``, so its least value
+        over ``b >= b0f`` is at ``b0f`` or at a breakpoint above it (``s0``, ``Mo - F0m``):
+        the minimum of ``g`` over those is a floor of ``T - O``. (ZeRO below 3: the floors
+        hold no ZeRO-3 traffic, which would not split by direction this way.)"""
+        pp, m = f.pp, f.m
+        # what depends on the shard and the partition only (ZeRO 0-2: no ZeRO-3 floor in ranks)
+        key = ("rank 0 exposure", id(sf), pp, v)
+        got = self._min_cache.get(key)
+        if got is None:
+            i, j = interleaved_chunks(len(sf.base_s), pp, v)[0]
+            b0f = float(sf.bwd_s[i : j + 1].sum())
+            others = ranks[1:]
+            _, dense, expert = self._interleaved_ranks(sf, pp, v)
+            got = self._min_cache[key] = (
+                b0f,
+                ranks[0] - b0f,
+                sum(others),
+                max(others, default=0.0),
+                dense,
+                expert,
+            )
+        b0f, f0m, fo, mo, dense, expert = got
+        s0 = self._sync_raw_s(f, dense, expert, zero)
+        best = float("inf")
+        for b in (b0f, s0, mo - f0m):
+            if b >= b0f:
+                g = (fo + f0m + b) / v + (m - 1 / v) * max(mo, f0m + b) + max(0.0, s0 - b)
+                best = min(best, g)
+        return best
+
+    def _sync_raw_s(self, f: Family, dense, expert, zero: int) -> float:
+        """Least DP sync time of a rank holding ``dense[0]`` dense and ``expert[0]`` expert
+        parameters, overlap or not: :meth:`ModelState.sync_s` on the floor groups."""
+        nd = f.dp * f.cp
+        key = ("sync raw", dense[0], expert[0], nd, nd * f.fold // f.ep, zero > 0)
+        got = self._min_cache.get(key)
+        if got is None:
+            groups = self.groups(f.dp, f.cp, f.ep, with_latency=True, fold=f.fold)
+            state = self.state(f.dp, f.cp, f.ep, zero, f.fold)
+            got = self._min_cache[key] = float(state.sync_s(groups, dense[0], expert[0]))
+        return got
 
     def _interleaved_ranks(self, sf: ShardFloors, pp: int, v: int):
         """Per rank of the fixed interleaved partition: base floor (p2p included), dense and

@@ -112,7 +112,7 @@ class RankChunks:
             self.groups.setdefault(key, []).append(k)
         self.cost = {}  # chunk -> (t, b, act, transient) per mode
         for k in [self.ks[0]] + [ks[0] for ks in self.groups.values()]:
-            self.cost[k] = np.array([sm.chunk_terms(k, mode) for mode in modes])
+            self.cost[k] = sm.chunk_costs(k, modes)
         self.sync_s, self.opt_s, self.state_bytes = sm.interleaved_rank(r)
         self.in_flight = sm.in_flight[r]
 

@@ -45,8 +45,10 @@ exactly when its bound is reached. With ``K = 1``, ``theta`` is the best value f
 incumbent is the one the single-best search used, so the search does the same work.
 """
 
+import gc
 import time
 from bisect import bisect_right
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import itemgetter
 
@@ -216,6 +218,40 @@ class TopK:
             self.threshold = self.best[-1][0]
 
 
+def _visit(entries, floors: Floors, capacity_bytes: float, fits: dict, over: list):
+    """(bound less the slack, key, configuration) of the ranked entries' configurations, every
+    rank order of an entry, skipping the entries whose memory floor exceeds the capacity (no
+    plan of theirs fits): floors checked on the first visit only and kept in ``fits`` (key ->
+    fits), the keys over it in ``over``. The key is the entry, i.e. the configuration without
+    its rank order (module docstring)."""
+    for bound, key, family, schedule, zero in entries:
+        ok = fits.get(key)
+        if ok is None:
+            ok = fits[key] = floors.memory_floor_bytes(family, zero, schedule) <= capacity_bytes
+            if not ok:
+                over.append(key)
+        if not ok:
+            continue
+        for order in family.orders:
+            yield bound * (1 - BOUND_SLACK), key, family.config(schedule, zero, order)
+
+
+@contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector paused for the search, as it was before afterwards:
+    the search builds hundreds of thousands of long-lived tuples (bounds, labels, cached
+    arrays) that hold no reference cycles, and each full collection rescans all of them (about
+    a third of the ranking's time for llama3_405b on 16,384 GPUs); reference counting still
+    frees everything that is dropped."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 RUNNABLE_ORDERS = {
     # Megatron-LM lays ranks out tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping
     # (megatron/core/parallel_state.py, as nest/export/megatron.py maps them)
@@ -260,29 +296,28 @@ class NestPlanner(SpacePlanner):
         """How many configurations :meth:`solve_ranked` returns (module docstring)."""
 
     @staticmethod
-    def _ranked(fams, floors: Floors, capacity_bytes: float):
-        """(bound, index, family, schedule, zero) of the entries that may fit, in increasing
-        bound (ties in space order), and (memory floor, ...) of those that cannot."""
-        entries, over = [], []
+    def _ranked(fams, floors: Floors):
+        """(bound, index, family, schedule, zero) of every entry, in increasing bound (ties in
+        space order). Memory floors are not computed here: the search checks them only for the
+        entries it visits (:meth:`_search`), a few thousand of the hundreds of thousands."""
+        entries = []
         for family in fams:
-            for schedule in family.schedules:
-                for zero in family.zeros:
-                    need = floors.memory_floor_bytes(family, zero, schedule)
-                    if need > capacity_bytes:
-                        over.append((need, len(over), family, schedule, zero))
-                        continue
-                    bound = floors.config_bound_s(family, zero, schedule)
-                    entries.append((bound, len(entries), family, schedule, zero))
-        entries.sort(key=lambda e: (e[0], e[1]))
-        return entries, over
+            pairs = [(schedule, zero) for schedule in family.schedules for zero in family.zeros]
+            bounds = floors.family_bounds_s(family, pairs)
+            k = len(entries)
+            entries += [
+                (b, k + i, family, sc, z)
+                for i, (b, (sc, z)) in enumerate(zip(bounds, pairs, strict=True))
+            ]
+        entries.sort(key=itemgetter(0))  # stable: ties stay in space order
+        return entries
 
-    def _smallest_need_bytes(self, problem, entries, over, floors, shared) -> float:
+    def _smallest_need_bytes(self, problem, entries, floors, shared) -> tuple[float, object]:
         """The least peak memory of any plan of the space, visiting configurations in
         increasing memory floor and stopping when the floor reaches the best found."""
         modes = self.options().recompute_modes
         ranked = sorted(
-            (floors.memory_floor_bytes(f, z, s), k, f, s, z)
-            for k, (_, _, f, s, z) in enumerate(entries + over)
+            (floors.memory_floor_bytes(f, z, s), k, f, s, z) for _, k, f, s, z in entries
         )
         best, least = float("inf"), None
         for need, _, family, schedule, zero in ranked:
@@ -364,7 +399,12 @@ class NestPlanner(SpacePlanner):
         by the shared evaluator; fewer when fewer configurations have a plan that fits."""
         if check_export_runnable(self.export_runnable) is not None:
             return self._solve_runnable(problem)
-        started = time.perf_counter()
+        with _collector_paused():
+            return self._search(problem)
+
+    def _search(self, problem: Problem) -> list[Plan]:
+        """:meth:`solve_ranked` of the whole space (module docstring)."""
+        started, started_cpu = time.perf_counter(), time.process_time()
         top = TopK(check_top_k(self.top_k, self.name))
         options = self.options()
         modes = options.recompute_modes
@@ -375,15 +415,15 @@ class NestPlanner(SpacePlanner):
             raise empty_space_error(problem, options)
         n_configs = sum(len(f) for f in fams)
         enumerated = time.perf_counter()
-        entries, over = self._ranked(fams, floors, problem.cluster.device.hbm_bytes)
+        entries = self._ranked(fams, floors)
         bounded = time.perf_counter()
         stats = DPStats()
+        capacity_bytes = problem.cluster.device.hbm_bytes
+        fits: dict[int, bool] = {}  # entry key -> its memory floor is within the capacity
+        over: list = []  # the visited entries whose memory floor exceeds it
 
         def configs():
-            # key: the entry, i.e. the configuration without its rank order (module docstring)
-            for bound, key, family, schedule, zero in entries:
-                for order in family.orders:
-                    yield bound * (1 - BOUND_SLACK), key, family.config(schedule, zero, order)
+            return _visit(entries, floors, capacity_bytes, fits, over)
 
         def solve_one(config, incumbent_s, exact):
             sm = StageModel(problem, config, shared)
@@ -402,21 +442,25 @@ class NestPlanner(SpacePlanner):
             if found is not None:
                 top.offer(key, found[0], config, found[1])
         seed_s, seeded_at = top.best[0][0] if top.best else float("inf"), time.perf_counter()
-        solved = 0
+        solved, worst_s = 0, 0.0
         for bound, key, config in configs():
             if bound > top.threshold:
                 break
             solved += 1
+            one_started = time.perf_counter()
             found = solve_one(config, top.incumbent(key), True)
+            worst_s = max(worst_s, time.perf_counter() - one_started)
             if found is not None:
                 top.offer(key, found[0], config, found[1])
         searched = time.perf_counter()
         search = {
             "configurations": n_configs,
             "configuration_bounds": len(entries),
+            "configuration_bounds_visited": len(fits),
             "configuration_bounds_over_memory": len(over),
             "configurations_solved": solved,
-            "configurations_pruned_by_bound": n_configs - solved,
+            # pruned by bound, by the memory floor, or after the last bound visited
+            "configurations_not_solved": n_configs - solved,
             "stages_scored": stats.stages_scored,
             "labels_created": stats.labels_created,
             "labels_dominated": stats.labels_dominated,
@@ -426,17 +470,21 @@ class NestPlanner(SpacePlanner):
             "time_bounds_s": bounded - enumerated,
             "time_seed_s": seeded_at - bounded,
             "time_dp_s": searched - seeded_at,
+            # the slowest exact solve of one configuration (a poor incumbent shows here first)
+            "time_worst_configuration_s": worst_s,
+            # CPU seconds of the whole search (the wall times above include other processes')
+            "time_search_cpu_s": time.process_time() - started_cpu,
             "configurations_seeded": seeded,
             "seed_objective_s": seed_s,
             **({"top_k": top.k} if top.k > 1 else {}),
         }
         if not top.best:
-            raise self._nothing_fits(problem, options, entries, over, floors, shared)
+            raise self._nothing_fits(problem, options, entries, floors, shared)
         return self._finished(problem, top.best, search, started, stats.stages_scored)
 
-    def _nothing_fits(self, problem, options, entries, over, floors, shared):
+    def _nothing_fits(self, problem, options, entries, floors, shared):
         """The error of a search that found no plan: the least memory any plan would need."""
-        need, least = self._smallest_need_bytes(problem, entries, over, floors, shared)
+        need, least = self._smallest_need_bytes(problem, entries, floors, shared)
         error = infeasible_memory(
             problem,
             self.name,

@@ -22,12 +22,12 @@ memory numbers :func:`nest.cost.evaluate` computes for that stage, with the same
 """
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
-from nest.core.axes import LayerKind, Recompute
-from nest.core.plan import ParallelConfig, place
+from nest.core.axes import Axis, GroupKind, LayerKind, Recompute
+from nest.core.plan import ParallelConfig, group_arrays, place
 from nest.core.problem import Problem
 from nest.cost.collectives import p2p_classes, pair_p2p_time_s
 from nest.cost.compute import bwd_collectives, fwd_collectives, recompute_s
@@ -45,6 +45,38 @@ from nest.dp.bounds import Floors
 from nest.dp.space import interleaved_chunks
 
 MODES = tuple(Recompute)
+
+PLACED_FLOOR_IGNORES = frozenset({"zero_stage", "schedule", "virtual_stages"})
+"""The :class:`~nest.core.plan.ParallelConfig` fields :meth:`StageModel.placed_floor_s` does
+not read (its key keeps ``zero_stage >= 3``, which decides the ZeRO-3 floor)."""
+
+CHUNK_IGNORES = frozenset({"zero_stage"})
+"""The fields :meth:`StageModel.chunk_costs` does not read (its key keeps ``zero_stage >= 3``:
+ZeRO-3's traffic and gathered weights; stages 0-2 differ only in state bytes and sync)."""
+
+POOLED_KNOWN = frozenset(
+    {
+        "tp",
+        "cp",
+        "ep",
+        "dp",
+        "pp",
+        "microbatch_size",
+        "zero_stage",
+        "schedule",
+        "virtual_stages",
+        "rank_order",
+    }
+)
+"""The :class:`~nest.core.plan.ParallelConfig` fields :meth:`StageModel._pooled_key` accounts
+for (through the degrees and strides, or as irrelevant to the groups); any other field enters
+its key as it is."""
+
+
+def config_key(config: ParallelConfig, ignored: frozenset) -> tuple:
+    """``(name, value)`` of every field of ``config`` but ``ignored``: a cache key that takes in
+    any field added to the configuration unless it is declared irrelevant."""
+    return tuple((f.name, getattr(config, f.name)) for f in fields(config) if f.name not in ignored)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +164,12 @@ class StageModel:
             self._shared[("costs", shard)] = costs
         self.costs = costs
         self.n_layers = n = len(costs)
-        self.is_block = [ref.kind is LayerKind.BLOCK for ref in model.chain]
+        is_block = self._shared.get("is_block")
+        if is_block is None:
+            is_block = self._shared["is_block"] = [
+                ref.kind is LayerKind.BLOCK for ref in model.chain
+            ]
+        self.is_block = is_block
         self.head_index = n - 1
         self.tied_copy_params = costs[-1].tied_copy_params
         self.state = ModelState.of(
@@ -157,6 +194,7 @@ class StageModel:
             groups = [self._rank_groups(grid[r], c.ep, c.etp) for r in range(c.pp)]
             self._shared[placement] = (grid, groups, {})
         self.grid, self.groups, self._levels = self._shared[placement]
+        self._placement = placement
         self._rank_cache: dict = {}
         self.in_flight = [
             in_flight_microbatches(r, c.pp, self.m, c.schedule, c.virtual_stages)
@@ -354,6 +392,28 @@ class StageModel:
         fwd, bwd = self.chunk_times(k % pp, i, j, mode, prev, nxt)
         return fwd + bwd, bwd, self.stored_bytes(i, j, mode), self.chain.peak_bytes[mode][i, j]
 
+    def chunk_costs(self, k: int, modes) -> np.ndarray:
+        """:meth:`chunk_terms` of chunk ``k`` in each of ``modes``, one row per mode. Shared by
+        the configurations that differ only in a ZeRO stage below 3 (those stages change the
+        state's sharding, never a chunk's times, stored bytes or transients); the key is the
+        placement, the shard, the modes and every configuration field but those
+        (:data:`CHUNK_IGNORES`)."""
+        c = self.config
+        key = (
+            "chunk costs",
+            self._placement,
+            self.shard,
+            tuple(modes),
+            k,
+            config_key(c, CHUNK_IGNORES),
+            c.zero_stage >= 3,
+        )
+        got = self._shared.get(key)
+        if got is None:
+            got = self._shared[key] = np.array([self.chunk_terms(k, mode) for mode in modes])
+            got.flags.writeable = False
+        return got
+
     def interleaved_rank(self, r: int) -> tuple[float, float, float]:
         """Interleaved rank ``r`` holding its chunks ``r, r + pp, ...``: ``(DP sync seconds,
         optimizer-step seconds, model-state bytes)``, fixed by the partition."""
@@ -389,8 +449,20 @@ class StageModel:
         placement's, so the minimum over all of them per layer is a floor for every rank (with
         the cheapest allowed recompute mode per layer, as :meth:`min_compute_s`). Element-wise
         at least the placement-independent floors (the larger of two floors is a floor)."""
-        key = ("placed floor", tuple(allowed))
-        got = self._rank_cache.get(key)
+        c = self.config
+        # what determines it: the placement (its groups' splits), the shard (the layers' terms),
+        # the modes, and the configuration's fields but those it does not read (the schedule,
+        # and the ZeRO stage beyond whether it is 3: the ZeRO-3 floor); a field added to
+        # ParallelConfig enters the key unless it is listed in PLACED_FLOOR_IGNORES
+        key = (
+            "placed floor",
+            self._placement,
+            self.shard,
+            tuple(allowed),
+            config_key(c, PLACED_FLOOR_IGNORES),
+            c.zero_stage >= 3,
+        )
+        got = self._shared.get(key)
         if got is None:
             base = np.diff(self.min_compute_s(allowed))
             ch, n = self.chain, self.n_layers
@@ -403,9 +475,8 @@ class StageModel:
                 redo = np.minimum(redo, rec + self._placed_comm_s("b", mode))
             none_b = self._placed_comm_s("b", Recompute.NONE)
             layer = layer + np.where(has_block, redo, none_b)
-            c = self.config
             z3 = self._floors(allowed, True).zero3_floors_s(self.shard, c.dp, c.ep, c.zero_stage)
-            got = self._rank_cache[key] = prefix(np.maximum(base, layer + z3))
+            got = self._shared[key] = prefix(np.maximum(base, layer + z3))
         return got
 
     def _placed_comm_s(self, direction: str, mode: Recompute) -> np.ndarray:
@@ -429,11 +500,57 @@ class StageModel:
         key = ("splits", axis)
         got = self._levels.get(key)
         if got is None:
-            # the ranks' own splits (cached on their groups): on a hierarchy the same set as
-            # pooling all ranks' groups (a split does not change under translation)
-            got = tuple(sorted({s for g in self.groups for s in g.splits(axis)}))
+            pooled = self._pooled_key(axis)
+            if pooled is None:
+                # the ranks' own splits (cached on their groups): on a hierarchy the same set as
+                # pooling all ranks' groups (a split does not change under translation)
+                got = tuple(sorted({s for g in self.groups for s in g.splits(axis)}))
+            else:
+                got = self._shared.get(pooled)
+                if got is None:
+                    rows = np.concatenate(
+                        [
+                            group_arrays(self.grid[r], self.config.ep)[axis]
+                            for r in range(len(self.grid))
+                        ]
+                    )
+                    fabric = self.problem.cluster.fabric
+                    got = tuple(
+                        sorted(set(fabric.group_classes(rows, all_to_all=axis == GroupKind.EP)))
+                    )
+                    self._shared[pooled] = got
             self._levels[key] = got
         return got
+
+    def _pooled_key(self, axis: str):
+        """What the pooled splits of ``axis`` over every rank depend on, on a hierarchy (its
+        splits are those of the union of the ranks' groups, and a group's split depends on its
+        devices only) with a structured placement (None otherwise: each rank's own splits). The
+        placement :func:`~nest.core.plan.place` lays out ``0 .. N - 1`` as mixed-radix digits,
+        so the union of the groups of an axis is fixed by ``N``, the degrees of the digits the
+        groups run along and their strides: tensor groups are the aligned blocks of ``tp``;
+        context groups ``x + s_cp [0, cp)`` over the ``x`` whose context digit is 0; expert
+        groups ``ep`` consecutive ``dp x cp`` ranks (context innermost) over the ``x`` whose
+        data and context digits are 0. Shared by placements that differ elsewhere (the other
+        axes' order, ``pp`` against ``dp`` at the same ``N``)."""
+        c = self.config
+        if self._placement[0] != "placement" or not self.problem.cluster.fabric.priced_by_levels:
+            return None
+        degrees = {Axis.TP: c.tp, Axis.CP: c.cp, Axis.DP: c.dp, Axis.PP: c.pp}
+        stride, strides = 1, {}
+        for a in c.rank_order:
+            strides[a] = stride
+            stride *= degrees[a]
+        if axis == GroupKind.TP:
+            shape = (c.tp, strides[Axis.TP])
+        elif axis == GroupKind.CP:
+            shape = (c.cp, strides[Axis.CP])
+        elif axis == GroupKind.EP:
+            shape = (c.ep, c.cp, strides[Axis.CP], c.dp, strides[Axis.DP])
+        else:
+            raise AssertionError(f"pooled splits of {axis}: only the layers' axes {AXES}")
+        # any configuration field added later (e.g. an expert tensor degree) enters the key
+        return ("pooled splits", axis, stride, shape, config_key(c, POOLED_KNOWN))
 
     def _floors(self, allowed, aligned_tp: bool) -> Floors:
         key = ("floors", tuple(allowed), aligned_tp)

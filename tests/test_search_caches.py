@@ -1,0 +1,145 @@
+"""The search's caches return what the uncached computation returns (property tests on random
+problems): placed floors and interleaved chunk costs shared through the search's ``shared`` dict
+(keyed by the placement, the shard and the configuration's fields that matter), the pooled group
+splits of a structured placement (keyed by the digits the groups run along), the bounds computed
+per family, and the memory floors checked only where the search visits."""
+
+import random
+
+import numpy as np
+import pytest
+
+from nest.core.axes import Schedule
+from nest.cost.groups import AXES
+from nest.dp.bounds import Floors
+from nest.dp.planner import NestPlanner
+from nest.dp.space import SpaceOptions, families
+from nest.dp.stages import StageModel
+
+from .randomcase import random_problem
+
+SEEDS = range(12)
+
+
+def _configs(problem, rng: random.Random, count: int):
+    """Up to ``count`` configurations of the full space, drawn at random, in random order."""
+    configs = [c for f in families(problem, SpaceOptions()) for c in f.configs()]
+    rng.shuffle(configs)
+    return configs[:count]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_shared_stage_terms_equal_a_fresh_stage_model(seed):
+    """Placed floors, chunk costs and the placement's splits of a stage model built on a dict
+    that many other configurations filled equal those of one built on an empty dict: a cache
+    key that missed a dimension would hand one configuration another's value."""
+    rng = random.Random(seed)
+    problem = random_problem(rng, hbm_gib=4)
+    modes = SpaceOptions().recompute_modes
+    shared: dict = {}
+    configs = _configs(problem, rng, 60)
+    for config in configs:  # fill the caches in a random order
+        sm = StageModel(problem, config, shared)
+        sm.placed_floor_s(modes)
+        if config.interleaved:
+            for k in range(len(sm.chunks)):
+                sm.chunk_costs(k, modes)
+    for config in configs:
+        cached, fresh = StageModel(problem, config, shared), StageModel(problem, config, {})
+        np.testing.assert_array_equal(cached.placed_floor_s(modes), fresh.placed_floor_s(modes))
+        for axis in AXES:
+            assert cached._placement_splits(axis) == tuple(
+                sorted({s for g in fresh.groups for s in g.splits(axis)})
+            ), (config, axis)
+        if config.interleaved:
+            for k in range(len(fresh.chunks)):
+                want = np.array([fresh.chunk_terms(k, mode) for mode in modes])
+                np.testing.assert_array_equal(cached.chunk_costs(k, modes), want)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_family_bounds_equal_each_entry_alone(seed):
+    """The bounds of a family's entries computed together equal each computed alone on fresh
+    floors (nothing computed for one ZeRO stage or schedule leaks into another)."""
+    rng = random.Random(seed)
+    problem = random_problem(rng, hbm_gib=4)
+    modes = SpaceOptions().recompute_modes
+    floors = Floors(problem, modes)
+    for family in families(problem, SpaceOptions()):
+        pairs = [(s, z) for s in family.schedules for z in family.zeros]
+        together = floors.family_bounds_s(family)
+        alone = [Floors(problem, modes).config_bound_s(family, z, s) for s, z in pairs]
+        assert together == alone, family
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_ranking_is_every_entry_by_bound_then_space_order(seed):
+    """Every entry of the space is ranked (memory floors are checked later, where the search
+    visits), by increasing bound, ties in space order, each with its own bound."""
+    rng = random.Random(seed)
+    problem = random_problem(rng)
+    modes = SpaceOptions().recompute_modes
+    floors = Floors(problem, modes)
+    fams = list(families(problem, SpaceOptions()))
+    entries = NestPlanner._ranked(fams, floors)
+    space = [(f, s, z) for f in fams for s in f.schedules for z in f.zeros]
+    assert sorted(e[1] for e in entries) == list(range(len(space)))
+    assert [(e[0], e[1]) for e in entries] == sorted((e[0], e[1]) for e in entries)
+    for bound, k, family, schedule, zero in entries:
+        assert (family, schedule, zero) == space[k]
+        assert bound == Floors(problem, modes).config_bound_s(family, zero, schedule)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_interleaved_bound_never_exceeds_a_configurations_optimum(seed):
+    """The bound with rank 0's exposed sync (:meth:`Floors._overlap_sync_bound_s`) is at most
+    the optimum of every interleaved configuration it bounds, any rank order (the optimum of
+    one configuration: the exact interleaved DP with no incumbent), on random problems with
+    the gradient sync overlapped; and it is the larger of the two floors."""
+    from nest.dp.interleaved import solve_interleaved
+    from nest.dp.recurrence import DPStats
+
+    rng = random.Random(1000 + seed)
+    problem = random_problem(rng, hbm_gib=rng.choice([0.05, 4]))
+    modes = SpaceOptions().recompute_modes
+    floors = Floors(problem, modes)
+    shared: dict = {}
+    checked = 0
+    for family in families(problem, SpaceOptions()):
+        for schedule in family.schedules:
+            if schedule[0] is not Schedule.INTERLEAVED:
+                continue
+            for zero in family.zeros:
+                bound = floors.config_bound_s(family, zero, schedule)
+                for order in family.orders:
+                    config = family.config(schedule, zero, order)
+                    sm = StageModel(problem, config, shared)
+                    found = solve_interleaved(sm, modes, float("inf"), DPStats())
+                    if found is not None:
+                        assert bound <= found[0] * (1 + 1e-12), (config, bound, found[0])
+                        checked += 1
+    if problem.training.overlap_grad_sync and checked == 0:
+        pytest.skip("no interleaved configuration fits on this draw")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_one_stage_bound_never_exceeds_a_configurations_optimum(seed):
+    """The bound of 1F1B configurations on one pipeline rank, with the exposed sync when the
+    gradient sync is overlapped (:meth:`Floors._one_stage_exposed_s`), is at most each such
+    configuration's optimum (the exact DP with no incumbent), any rank order."""
+    from nest.dp.recurrence import DPStats, solve_config
+
+    rng = random.Random(2000 + seed)
+    problem = random_problem(rng, hbm_gib=rng.choice([0.05, 4]))
+    modes = SpaceOptions().recompute_modes
+    floors = Floors(problem, modes)
+    shared: dict = {}
+    for family in families(problem, SpaceOptions(pp=[1])):
+        for zero in family.zeros:
+            schedule = (Schedule.ONE_F_ONE_B, 1)
+            bound = floors.config_bound_s(family, zero, schedule)
+            for order in family.orders:
+                config = family.config(schedule, zero, order)
+                found = solve_config(StageModel(problem, config, shared), modes, np.inf, DPStats())
+                if found is not None:
+                    assert bound <= found[0] * (1 + 1e-12), (config, bound, found[0])
