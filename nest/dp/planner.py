@@ -83,7 +83,13 @@ def plan_from_choices(problem: Problem, config: ParallelConfig, choices) -> Plan
     )
 
 
-LEAST_STORING_FIRST = (Recompute.FULL, Recompute.SELECTIVE, Recompute.NONE)
+LEAST_STORING_FIRST = (
+    Recompute.FULL,
+    Recompute.SELECTIVE_MLP,
+    Recompute.MLP,
+    Recompute.SELECTIVE,
+    Recompute.NONE,
+)
 """Recompute modes from the one that stores the least activations."""
 
 

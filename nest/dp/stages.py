@@ -510,7 +510,7 @@ class StageModel:
                 if got is None:
                     rows = np.concatenate(
                         [
-                            group_arrays(self.grid[r], self.config.ep)[axis]
+                            group_arrays(self.grid[r], self.config.ep, self.config.etp)[axis]
                             for r in range(len(self.grid))
                         ]
                     )
@@ -546,6 +546,9 @@ class StageModel:
         elif axis == GroupKind.CP:
             shape = (c.cp, strides[Axis.CP])
         elif axis == GroupKind.EP:
+            if c.etp is not None:
+                # folded experts (etp 1) run across the tensor digit too: each rank's own splits
+                return None
             shape = (c.ep, c.cp, strides[Axis.CP], c.dp, strides[Axis.DP])
         else:
             raise AssertionError(f"pooled splits of {axis}: only the layers' axes {AXES}")
