@@ -32,6 +32,16 @@ def recompute_s(cost: LayerCost, mode: Recompute, is_block: bool) -> float:
     return cost.recompute_s.get(mode, 0.0) if is_block else 0.0
 
 
+def hiding_bwd_s(cost: LayerCost, is_block: bool) -> float:
+    """Backward seconds of this layer under which ZeRO-3's re-gather of the next layer and
+    reduce-scatter of the previous one run (:class:`nest.cost.fsdp.OverlapChain`): its backward
+    plus the recomputation every mode performs (:data:`Recompute.NONE`'s share, FlashAttention's
+    ``S = QK^T`` inside the attention backward kernel, which each mode's recompute includes). A
+    mode's further recomputation is not counted as hiding: the chain is the same for every mode,
+    so the overlap is a floor of what a recomputing stage hides."""
+    return cost.bwd_s + recompute_s(cost, Recompute.NONE, is_block)
+
+
 def hardware_flops(cost: LayerCost, mode: Recompute, is_block: bool) -> float:
     """FLOPs one device executes for this layer and one microbatch: forward, backward (twice
     the forward) and the recomputation."""

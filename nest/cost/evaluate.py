@@ -36,7 +36,13 @@ from nest.core.plan import Plan
 from nest.core.problem import Problem
 from nest.core.report import RankReport, Report, StageReport
 from nest.cost.collectives import p2p_classes, pair_p2p_time_s
-from nest.cost.compute import bwd_collectives, fwd_collectives, hardware_flops, recompute_s
+from nest.cost.compute import (
+    bwd_collectives,
+    fwd_collectives,
+    hardware_flops,
+    hiding_bwd_s,
+    recompute_s,
+)
 from nest.cost.groups import AXES, RankGroups, rank_groups
 from nest.cost.memory import rank_memory
 from nest.cost.pipeline import exposed_sync_s, in_flight_microbatches, pipeline_time_s
@@ -176,7 +182,7 @@ def zero3_chunk_s(state: ModelState, groups: RankGroups, chunk: Chunk) -> tuple:
         [c.dense_params for c in layers],
         [c.expert_params for c in layers],
         [c.fwd_s for c in layers],
-        [c.bwd_s for c in layers],
+        [hiding_bwd_s(c, blk) for c, _, blk in chunk.layers],
     )
     last = len(layers) - 1
     return float(chain.fwd_s(0, last)), float(chain.bwd_s(0, last)), float(chain.total_s(0, last))

@@ -30,7 +30,7 @@ from nest.core.axes import Axis, GroupKind, LayerKind, Recompute
 from nest.core.plan import ParallelConfig, group_arrays, place
 from nest.core.problem import Problem
 from nest.cost.collectives import p2p_classes, pair_p2p_time_s
-from nest.cost.compute import bwd_collectives, fwd_collectives, recompute_s
+from nest.cost.compute import bwd_collectives, fwd_collectives, hiding_bwd_s, recompute_s
 from nest.cost.groups import (
     AXES,
     RankGroups,
@@ -363,7 +363,7 @@ class StageModel:
                 [x.dense_params for x in self.costs],
                 [x.expert_params for x in self.costs],
                 [x.fwd_s for x in self.costs],
-                [x.bwd_s for x in self.costs],
+                [hiding_bwd_s(x, b) for x, b in zip(self.costs, self.is_block, strict=True)],
             )
         return got
 
