@@ -246,8 +246,8 @@ def test_accuracy_median_within_5_percent(summary):
 
 
 HELD_OUT_WHY = (
-    f"the held-out sources above: GB200 pairs {GB200_WHY}; TPU {TPU_WHY}; Blackwell {BLACKWELL_WHY}; "
-    f"MoE-ModelZoo Qwen3-235B {MOEZOO_WHY}"
+    f"the held-out sources above: GB200 pairs {GB200_WHY}; TPU {TPU_WHY}; "
+    f"Blackwell {BLACKWELL_WHY}; MoE-ModelZoo Qwen3-235B {MOEZOO_WHY}"
 )
 
 
