@@ -26,26 +26,20 @@ def test_every_case_is_predicted_and_fits(summary):
     DeepSpeed's ZeRO-3 530B run on 640 GPUs with microbatch 4 (SC21 Table 2), whose memory use
     DeepSpeed cuts with means the row cannot state (e.g. activation offloading), and
     Megatron-Bridge 25.11's Qwen3-30B-A3B on 16 H100 (PP2 VP24, microbatch 2, FP8), which the
-    memory model puts 8 GiB over, and Megatron-Bridge 25.11's two Llama 3.1 405B runs on
+    memory model puts 8 GiB over, dgxc-benchmarking's DeepSeek-V3 on 512 H100 (TP2 PP8 EP64 with
+    etp 1, BF16), which it puts 4.9 GiB over, and Megatron-Bridge 25.11's two Llama 3.1 405B runs on
     Blackwell (256 GB200 TP4 PP16 VP4, 128 B200 TP4 PP8 CP2 VP8, FP8), which it puts 13 and
     4 GiB over, and MaxText's five single-slice TPU v5p runs with ``remat_policy=minimal``
     (scored as selective recompute at microbatches of 16-32), which it puts 31-59 GiB over: MaxText
     keeps only the weight GEMMs' outputs, fewer bytes than the Megatron activation terms count.
-    Every case is predicted but the 8 MoE runs whose experts ran with etp 1 under tp > 1
-    (Megatron-Core's MoE parallel folding) and the 28 multislice MaxText runs (ZeRO-3 within a
-    slice, data parallel across slices), which nest cannot shard so and refuses rather than score
-    as something else."""
+    Every case is predicted (the 8 MoE runs whose experts ran with etp 1 under tp > 1,
+    Megatron-Core's MoE parallel folding, included) but the 28 multislice MaxText runs (ZeRO-3
+    within a slice, data parallel across slices), which nest cannot shard so and refuses rather
+    than score as something else."""
     assert summary["cases"] == 199
-    refused = sum(ETP_REFUSED.values()) + sum(HYBRID_REFUSED.values())
-    assert summary["predicted"] == 199 - refused == 163
-    assert summary["out_of_memory"] == 9
-
-
-ETP_REFUSED = {  # source: rows refused because their experts ran with etp != tp
-    "NVIDIA_dgxc_benchmarking_H100_DeepSeekV3_BF16": 2,
-    "MoEZoo_Qwen3_235B_H100_BF16": 5,
-    "MegatronBridge_perf_H100_FP8": 1,
-}
+    refused = sum(HYBRID_REFUSED.values())
+    assert summary["predicted"] == 199 - refused == 171
+    assert summary["out_of_memory"] == 10
 
 
 HYBRID_REFUSED = {  # source: rows refused because ZeRO-3 sharded within slices only
@@ -134,33 +128,32 @@ SC21_T2_WHY = (
     "DeepSpeed's 5e7-element prefetch bucket leaving most of each gather exposed; DeepSpeed "
     "2021's ZeRO-3 ran slower than the bandwidth-bound collectives modelled"
 )
-AUTOMODEL_WHY = (
-    "FSDP2's gathers are now prefetched (nest.cost.fsdp) and the row is over-predicted by 12.0 %"
-)
 PAIRS_WHY = (
-    "Grok-1's FP8 rows predicted 19-21 % fast (its BF16 rows 10-11 %): the model's FP8 speed-up of "
-    "the MoE blocks is larger than measured"
+    "Grok-1's FP8 rows predicted 17-19 % fast (its BF16 rows 8-9 %): the model's FP8 speed-up of "
+    "the MoE blocks is larger than measured; Nemotron4 340B FP8 on 256 GPUs predicted 17.6 % "
+    "slow (its BF16 row 11.9 %)"
 )
 DSV3_WHY = (
-    "TP1 PP8 VP2 EP64 on 1024 H100 predicted 52 % slow (the EP-64 all-to-all charged as one "
+    "TP1 PP8 VP2 EP64 on 1024 H100 predicted 55 % slow (the EP-64 all-to-all charged as one "
     "exposed NCCL all-to-all; DeepEP's node-deduplicated dispatch is not modelled); the two "
-    "folded rows (TP2 EP64 etp 1) -12.5 and -7.9 %"
+    "folded rows (TP2 EP64 etp 1) -11.0 % (512 GPUs, 4.9 GiB over memory) and -6.4 % (1024)"
 )
 MOEZOO_WHY = (
-    "Megatron-Core FSDP row (TP2 EP8 DP128 ZeRO-3, full recompute) +76 % (ZeRO-3 gathers "
-    "charged as exposed), cross-node EP32 rows +27-29 % (DeepEP's node-deduplicated dispatch "
-    "not modelled), TP2 PP32 -36 % and TP4 PP8 -50 % (predicted fastest, measured slowest)"
+    "Megatron-Core FSDP row (TP2 EP8 DP128 ZeRO-3, full recompute) +25 %, cross-node EP32 rows "
+    "+29 and +31 % (DeepEP's node-deduplicated dispatch not modelled), TP2 PP32 -34 % and TP4 "
+    "PP8 -48 % (predicted fastest, measured slowest)"
 )
 GB200_WHY = (
-    "every row predicted fast (BF16 -11 to -22 %, FP8 -11 to -30 %): at the assumed in-step GEMM "
-    "rate 0.65 of the GB200 peak, 0.89 of its micro-benchmark ceiling (0.81 on H100), and an FP8 "
+    "every row predicted fast (BF16 -11 to -22 %, FP8 -12 to -30 %): at the assumed in-step GEMM "
+    "rate 0.65 of the GB200 peak, 0.89 of its micro-benchmark ceiling (0.79 on H100), and an FP8 "
     "GEMM level 1.98x the BF16 one (1.77x on H100); at H100's fraction of the ceiling the median "
-    "is 9.2 %"
+    "is 7.8 %"
 )
 BLACKWELL_WHY = (
-    "predicted faster than measured on 8 of 9 rows (median +22 %): Qwen3-30B-A3B on 8 B200 at "
-    "microbatch 1 +298 % (the same recipe printed 23,766 tokens/s at microbatch 4 on GB200), "
-    "Qwen3-235B-A22B on 64 B200 +117 %, DeepSeek-V3 +37 %; the 8B and 405B rows +6 to +18 %"
+    "predicted faster than measured on all 9 rows (median +18 %): Qwen3-30B-A3B on 8 B200 at "
+    "microbatch 1 +264 % (the same recipe printed 23,766 tokens/s at microbatch 4 on GB200, "
+    "predicted +53 %), Qwen3-235B-A22B on 64 B200 +104 %, DeepSeek-V3 +31 %; the 8B and 405B "
+    "rows +6 to +18 %"
 )
 TPU_WHY = (
     "every row predicted slow (v5e -23 to -35 %, v5p -17 to -44 %): the published MFU is 55-71 "
@@ -173,14 +166,14 @@ MI355X_WHY = (
     "model's FP8 rows on B200 and GB200 (+6 and +13.5 %)"
 )
 TORCHTITAN_WHY = (
-    "the two 'selective op' rows over-predicted (Llama 3 8B +14.8 %, Llama 2 13B +18.0 %): "
+    "the two 'selective op' rows over-predicted (Llama 3 8B +14.7 %, Llama 2 13B +17.9 %): "
     "torchtitan's op-level checkpointing recomputes every second matmul, scored as nest's "
-    "selective recompute, which recomputes none; the full and no-recompute rows are -3.8 to +5.2 %"
+    "selective recompute, which recomputes none; the full and no-recompute rows are -3.9 to +5.2 %"
 )
 MBRIDGE_WHY = (
-    "Qwen3-30B-A3B PP2 VP24 (25.11) predicted at 2.6x the measured throughput (and 8 GiB over "
-    "memory), the PP1 EP16 run (26.06) 9 % slow, the folded Qwen3-235B run (25.11, TP2 EP32 "
-    "etp 1) 10 % slow"
+    "Qwen3-30B-A3B PP2 VP24 (25.11) predicted at 2.46x the measured throughput (and 8 GiB over "
+    "memory), the PP1 EP16 run (26.06) 11.8 % slow, the folded Qwen3-235B run (25.11, TP2 EP32 "
+    "etp 1) 12.3 % slow"
 )
 
 
@@ -189,14 +182,15 @@ MBRIDGE_WHY = (
     [
         SC21_T1,
         MEGATRON,
-        pytest.param(LLAMA3, marks=_unmet("source median <= 10 %", "15.5 %", LLAMA3_WHY)),
-        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "14.7 %", SC21_T2_WHY)),
-        pytest.param(AUTOMODEL, marks=_unmet("source median <= 10 %", "12.0 %", AUTOMODEL_WHY)),
+        pytest.param(LLAMA3, marks=_unmet("source median <= 10 %", "17.1 %", LLAMA3_WHY)),
+        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "14.8 %", SC21_T2_WHY)),
+        AUTOMODEL,
         PAIRS,
-        pytest.param(DSV3, marks=_unmet("source median <= 10 %", "50.0 %", DSV3_WHY)),
-        pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "89.7 %", MBRIDGE_WHY)),
-        pytest.param(GB200_PAIRS, marks=_unmet("source median <= 10 %", "17.0 %", GB200_WHY)),
-        pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "26.2 %", BLACKWELL_WHY)),
+        pytest.param(DSV3, marks=_unmet("source median <= 10 %", "11.0 %", DSV3_WHY)),
+        pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "12.3 %", MBRIDGE_WHY)),
+        pytest.param(MOEZOO, marks=_unmet("source median <= 10 %", "31.4 %", MOEZOO_WHY)),
+        pytest.param(GB200_PAIRS, marks=_unmet("source median <= 10 %", "15.1 %", GB200_WHY)),
+        pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "18.2 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "28.6 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("source median <= 10 %", "21.6 %", TPU_WHY)),
         pytest.param(MI355X, marks=_unmet("source median <= 10 %", "13.5 %", MI355X_WHY)),
@@ -221,18 +215,19 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
                 "models' short kernels is not modelled",
             ),
         ),
-        pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "31.5 %", LLAMA3_WHY)),
+        pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "32.8 %", LLAMA3_WHY)),
         pytest.param(SC21_T2, marks=_unmet("max <= 15 %", "203 %", SC21_T2_WHY)),
         AUTOMODEL,
-        pytest.param(PAIRS, marks=_unmet("max <= 15 %", "21.7 %", PAIRS_WHY)),
-        pytest.param(DSV3, marks=_unmet("max <= 15 %", "48.2 %", DSV3_WHY)),
-        pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "184 %", MBRIDGE_WHY)),
-        pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "30.1 %", GB200_WHY)),
-        pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "318 %", BLACKWELL_WHY)),
+        pytest.param(PAIRS, marks=_unmet("max <= 15 %", "18.7 %", PAIRS_WHY)),
+        pytest.param(DSV3, marks=_unmet("max <= 15 %", "54.6 %", DSV3_WHY)),
+        pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "146 %", MBRIDGE_WHY)),
+        pytest.param(MOEZOO, marks=_unmet("max <= 15 %", "48.5 %", MOEZOO_WHY)),
+        pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "29.8 %", GB200_WHY)),
+        pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "264 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "35.0 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "44.1 %", TPU_WHY)),
         MI355X,
-        pytest.param(TORCHTITAN, marks=_unmet("max <= 15 %", "18.0 %", TORCHTITAN_WHY)),
+        pytest.param(TORCHTITAN, marks=_unmet("max <= 15 %", "17.9 %", TORCHTITAN_WHY)),
     ],
 )
 def test_accuracy_every_source_max_within_15_percent(summary, source):
@@ -241,7 +236,7 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
 
 @_unmet(
     "median <= 5 % over all cases",
-    "12.0 %",
+    "11.9 %",
     "SC21 Table 1's 30 A100 rows (2021 software, no FlashAttention) run 4-13 % faster than "
     "predicted at the in-step GEMM rate calibrated on H100 (0.638); the GB200 pairs: "
     f"{GB200_WHY}; the TPU rows: {TPU_WHY}",
@@ -251,13 +246,14 @@ def test_accuracy_median_within_5_percent(summary):
 
 
 HELD_OUT_WHY = (
-    f"the held-out sources above: GB200 pairs {GB200_WHY}; TPU {TPU_WHY}; Blackwell {BLACKWELL_WHY}"
+    f"the held-out sources above: GB200 pairs {GB200_WHY}; TPU {TPU_WHY}; "
+    f"Blackwell {BLACKWELL_WHY}; MoE-ModelZoo Qwen3-235B {MOEZOO_WHY}"
 )
 
 
 def test_every_row_is_calibration_or_held_out(summary):
     """The declared split (``validate.CALIBRATION_SPLIT``, the only rows ``python -m
-    nest.calibrate`` fits on) is the 15 BF16 rows of the dgxc H100 pairs; the 143 other
+    nest.calibrate`` fits on) is the 15 BF16 rows of the dgxc H100 pairs; the 156 other
     predicted rows are held out, their FP8 twins included."""
     splits = summary["by_split"]
     assert splits["calibration"]["n"] == 15
@@ -270,30 +266,34 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 def test_regression_split_errors_pin_the_current_model(summary):
     """Pins (not accuracy): calibration rows median 2.9 % / max 11.9 %; held-out rows median
-    13.9 % / max 318 %."""
+    12.6 % / max 264 %."""
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
     assert cal["median_abs_error"] == pytest.approx(0.029, abs=0.005)
     assert cal["max_abs_error"] == pytest.approx(0.119, abs=0.005)
-    assert held["median_abs_error"] == pytest.approx(0.139, abs=0.005)
-    assert held["max_abs_error"] == pytest.approx(3.181, abs=0.005)
+    assert held["median_abs_error"] == pytest.approx(0.126, abs=0.005)
+    assert held["max_abs_error"] == pytest.approx(2.643, abs=0.005)
 
 
-@_unmet("held-out median <= 5 % (issue 22)", "13.9 %", HELD_OUT_WHY)
+@_unmet("held-out median <= 5 % (issue 22)", "12.6 %", HELD_OUT_WHY)
 def test_accuracy_held_out_median_within_5_percent(summary):
     assert summary["held_out_targets_met"]["median_abs_error"]
 
 
-@_unmet("held-out max <= 25 % (issue 22)", "318 %", HELD_OUT_WHY)
+@_unmet("held-out max <= 25 % (issue 22)", "264 %", HELD_OUT_WHY)
 def test_accuracy_held_out_max_within_25_percent(summary):
     assert summary["held_out_targets_met"]["max_abs_error"]
 
 
-@_unmet("no held-out source median above 10 % (issue 22)", "50.0 % (DeepSeek-V3)", HELD_OUT_WHY)
+@_unmet(
+    "no held-out source median above 10 % (issue 22)",
+    "31.4 % (MoE-ModelZoo Qwen3-235B)",
+    HELD_OUT_WHY,
+)
 def test_accuracy_no_held_out_source_median_above_10_percent(summary):
     assert summary["held_out_targets_met"]["source_median_abs_error"]
 
 
-@_unmet("max <= 15 % over all cases", "318 %", f"{BLACKWELL_WHY}; {SC21_T2_WHY}; {MBRIDGE_WHY}")
+@_unmet("max <= 15 % over all cases", "264 %", f"{BLACKWELL_WHY}; {SC21_T2_WHY}; {MBRIDGE_WHY}")
 def test_accuracy_max_within_15_percent(summary):
     assert summary["max_abs_error"] <= TARGET_MAX
 
@@ -301,9 +301,9 @@ def test_accuracy_max_within_15_percent(summary):
 @_unmet(
     "3D parallelism predicted above ZeRO-3 at every scale, as measured "
     "(docs/trust/fidelity.md, Ranking)",
-    "ZeRO-3 predicted above at every 175B scale (384 GPUs: 173.3 vs 141.8 TFLOP/s, measured 144 "
-    "vs 153; 1536: 133.2 vs 129.6, measured 44 vs 141) and at 530B's smallest (176.7 on 640 vs "
-    "157.7 on 560, measured 138 vs 171)",
+    "ZeRO-3 predicted above at every 175B scale (384 GPUs: 173.3 vs 141.4 TFLOP/s, measured 144 "
+    "vs 153; 768: 142.9 vs 137.0, measured 88 vs 149; 1536: 133.1 vs 129.2, measured 44 vs 141) "
+    "and at 530B's smallest (176.7 on 640 vs 157.5 on 560, measured 138 vs 171)",
     SC21_T2_WHY,
 )
 def test_accuracy_3d_parallelism_ranked_above_zero3_at_every_scale():
@@ -327,20 +327,21 @@ def test_accuracy_3d_parallelism_ranked_above_zero3_at_every_scale():
 # to half a percentage point, so that any change of the model's numbers is noticed. A change
 # made on purpose updates this table together with docs/trust/fidelity.md.
 CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
-    SC21_T1: (30, 0.085, 0.127, -0.085),
-    MEGATRON: (27, 0.038, 0.462, -0.026),
-    LLAMA3: (3, 0.155, 0.315, -0.155),
-    SC21_T2: (12, 0.147, 2.027, 0.065),
-    AUTOMODEL: (1, 0.120, 0.120, 0.120),
-    PAIRS: (30, 0.070, 0.217, -0.053),
-    DSV3: (1, 0.482, 0.482, 0.482),
-    MBRIDGE: (2, 0.939, 1.841, 0.903),
-    GB200_PAIRS: (30, 0.170, 0.301, -0.170),
-    BLACKWELL: (9, 0.262, 3.182, 0.262),
+    SC21_T1: (30, 0.088, 0.138, -0.088),
+    MEGATRON: (27, 0.060, 0.399, -0.046),
+    LLAMA3: (3, 0.171, 0.328, -0.171),
+    SC21_T2: (12, 0.148, 2.026, 0.064),
+    AUTOMODEL: (1, 0.093, 0.093, 0.093),
+    PAIRS: (30, 0.060, 0.187, -0.024),
+    DSV3: (3, 0.110, 0.546, -0.064),
+    MBRIDGE: (3, 0.123, 1.464, -0.118),
+    MOEZOO: (5, 0.314, 0.485, 0.246),
+    GB200_PAIRS: (30, 0.151, 0.298, -0.151),
+    BLACKWELL: (9, 0.182, 2.643, 0.182),
     TPU_V5E: (4, 0.286, 0.350, -0.286),
     TPU_V5P: (8, 0.216, 0.441, -0.216),
     MI355X: (1, 0.135, 0.135, 0.135),
-    TORCHTITAN: (5, 0.052, 0.180, 0.052),
+    TORCHTITAN: (5, 0.052, 0.179, 0.052),
 }
 
 
@@ -358,15 +359,21 @@ def test_regression_errors_per_source_pin_the_current_model(summary, source):
 
 def test_regression_sweep_kendall_taus_pin_the_current_model(summary):
     """Pins the current model's ranking of every sweep (named or auto-detected; not an accuracy
-    target): SC21 Table 2's two six-configuration sweeps +0.73 (175B: 11 of 15 pairs ordered as
-    measured) and +0.60 (530B: 12 of 15), and the eight GB200 scaling sweeps, all +1 but
+    target): SC21 Table 2's two six-configuration sweeps +0.20 (175B: 9 of 15 pairs ordered as
+    measured) and +0.47 (530B: 11 of 15), the eight GB200 scaling sweeps, all +1 but
     Grok-1's BF16 (+0.33: measured 7.33 / 7.39 / 7.32 s on 128 / 256 / 512 GPUs, a 1 % spread,
-    predicted flat to 0.01 s)."""
+    predicted flat to 0.01 s), Megatron-MoE-ModelZoo's five Qwen3-235B layouts (-0.53, pinned
+    below) and dgxc-benchmarking's three DeepSeek-V3 runs on H100, auto-detected now that the
+    folded ones are scored (-0.33: measured 48.9 / 52.0 / 36.2 s for TP2 PP8 on 512, TP2 PP16 on
+    1024 and TP1 PP8 VP2 on 1024 GPUs, predicted 43.5 / 48.7 / 56.0 s: the fastest run predicted
+    slowest, see DSV3_WHY)."""
     taus = {k: (s["n"], s["kendall_tau"]) for k, s in summary["sweeps"].items()}
-    assert taus["SC21_Table2_174.6B"] == (6, pytest.approx(11 / 15))
-    assert taus["SC21_Table2_529.6B"] == (6, pytest.approx(9 / 15))
+    assert taus["SC21_Table2_174.6B"] == (6, pytest.approx(3 / 15))
+    assert taus["SC21_Table2_529.6B"] == (6, pytest.approx(7 / 15))
+    assert taus[f"{DSV3}:deepseek_v3:seq4096:bf16"] == (3, pytest.approx(-1 / 3))
+    assert taus[MOEZOO_SWEEP][0] == 5
     gb200 = {k: v for k, v in taus.items() if k.startswith(GB200_PAIRS)}
-    assert len(gb200) == 8 and len(taus) == 10
+    assert len(gb200) == 8 and len(taus) == 12
     assert taus[f"{GB200_PAIRS}:314B:seq8192:bf16"] == (3, pytest.approx(1 / 3))
     assert sorted(t for _, t in gb200.values()) == [pytest.approx(1 / 3)] + [1.0] * 7
 
@@ -391,15 +398,15 @@ def test_sweeps_are_auto_detected_per_source_model_metric_and_precision():
 
 
 def test_regression_moezoo_qwen3_layout_ranking_pins_the_current_model(summary):
-    """Pins (not a target) Kendall tau of Megatron-MoE-ModelZoo's five Qwen3-235B layouts on 256
-    H100 (step times 17.6, 17.6, 19.7, 24.2, 29.0 s; the tied pair left out): -0.78, 7 of the 9
-    untied pairs reversed."""
+    """Pins (not a target) Kendall tau-b of Megatron-MoE-ModelZoo's five Qwen3-235B layouts on 256
+    H100 (step times 17.6, 17.6, 19.7, 24.2, 29.0 s; one pair tied in the measured order): of the
+    9 untied pairs 2 are ordered as measured and 7 reversed, (2 - 7) / sqrt(9 x 10) = -0.53."""
     sweep = summary["sweeps"][MOEZOO_SWEEP]
     assert sweep["n"] == 5
-    assert sweep["kendall_tau"] == pytest.approx(-7 / 9)
+    assert sweep["kendall_tau"] == pytest.approx(-5 / 90**0.5)
 
 
-@_unmet("Kendall tau >= 0.8", "-0.78", MOEZOO_WHY)
+@_unmet("Kendall tau >= 0.8", "-0.53", MOEZOO_WHY)
 def test_accuracy_moezoo_qwen3_layouts_ranked_as_measured(summary):
     """The issue's target: the five Qwen3-235B layouts ranked in the measured order."""
     assert summary["sweeps"][MOEZOO_SWEEP]["kendall_tau"] >= 0.8
@@ -408,22 +415,23 @@ def test_accuracy_moezoo_qwen3_layouts_ranked_as_measured(summary):
 def test_at_the_micro_benchmark_ceiling_every_source_is_over_predicted():
     """Why the presets' GEMM level is an assumption below the cited ceiling: with every kernel at
     its isolated micro-benchmark rate (``--matmul-efficiency ceiling``) the model predicts more
-    throughput than measured for every Megatron or DeepSpeed source (median signed error > 0:
-    SC21 Table 1 +13.8 %, Megatron-Core H100 +16.7 %, Llama 3 +0.2 %, SC21 Table 2 +35.2 %, the
-    FSDP2 row +26.4 % now that its gathers are prefetched), so kernels inside a training step run
-    slower than in isolation; at the assumed 0.65 no source is over-predicted by more than 12 % at
-    the median. The claim is about the BF16 sources it was made on (``ORIGINAL``); the FP8 and
-    new-shape sources score step times, whose error has the other sign."""
+    throughput than measured for every Megatron or DeepSpeed source but Llama 3 (median signed
+    error: SC21 Table 1 +13.3 %, Megatron-Core H100 +16.1 %, SC21 Table 2 +35.1 %, the FSDP2 row
+    +27.2 % with its gathers prefetched), so kernels inside a training step run slower than in
+    isolation; Llama 3's three rows, run as 1F1B with a 16-stage bubble the real interleaved
+    schedule does not have (LLAMA3_WHY), come to -0.3 % at the ceiling (-17.1 % at the default):
+    within 1 % of the measurement, never above it by more. At the assumed level no source is
+    over-predicted by more than 12 % at the median. The claim is about the BF16 sources it was
+    made on (``ORIGINAL``); the FP8 and new-shape sources score step times, whose error has the
+    other sign."""
     at_ceiling = validate.run(CASES, None, echo=lambda _: None, matmul_efficiency="ceiling")
-    kernel_bound = {k: at_ceiling["by_source"][k] for k in ORIGINAL}
-    assert len(kernel_bound) == 5
+    kernel_bound = {k: at_ceiling["by_source"][k] for k in ORIGINAL if k != LLAMA3}
+    assert len(kernel_bound) == 4
     assert all(s["median_error"] > 0 for s in kernel_bound.values())
     default = validate.run(CASES, None, echo=lambda _: None)
-    kernel_bound = {k: at_ceiling["by_source"][k] for k in ORIGINAL if k not in (AUTOMODEL, LLAMA3)}
-    assert len(kernel_bound) == 3
-    assert all(s["median_error"] > 0 for s in kernel_bound.values())
     llama3 = at_ceiling["by_source"][LLAMA3]["median_error"]
     assert default["by_source"][LLAMA3]["median_error"] < llama3 < 0.01
+    assert abs(llama3) < 0.01
     assert all(default["by_source"][k]["median_error"] < 0.12 for k in ORIGINAL)
 
 
@@ -700,34 +708,34 @@ PAIR_RATIOS = {  # pair: (measured speed-up, predicted today): measured from cas
     "Nemotron4 15B NeMo 2048xH100": (1.362, 1.398),
     "Nemotron4 340B NeMo2 256xH100": (1.482, 1.411),
     "Nemotron4 340B NeMo 2048xH100": (1.387, 1.412),
-    "Grok-1 314B NeMo 512xH100": (1.243, 1.382),
-    "Grok-1 314B NeMo 2048xH100": (1.231, 1.382),
-    "Llama4 Maverick NeMo2 512xH100": (1.148, 1.247),
-    "Grok-1 314B NeMo2 128xGB200": (1.383, 1.581),
-    "Grok-1 314B NeMo2 256xGB200": (1.415, 1.582),
-    "Grok-1 314B NeMo2 512xGB200": (1.410, 1.582),
-    "Llama3.1 405B NeMo2 128xGB200": (1.525, 1.708),
-    "Llama3.1 405B NeMo2 256xGB200": (1.534, 1.708),
-    "Llama3.1 405B NeMo2 512xGB200": (1.523, 1.681),
-    "Nemotron4 340B NeMo2 weak 128xGB200": (1.476, 1.515),
-    "Nemotron4 340B NeMo2 weak 256xGB200": (1.444, 1.501),
-    "Nemotron4 340B NeMo2 weak 512xGB200": (1.439, 1.497),
-    "Nemotron4 340B NeMo2 strong 128xGB200": (1.496, 1.525),
-    "Nemotron4 340B NeMo2 strong 256xGB200": (1.479, 1.508),
-    "Nemotron4 340B NeMo2 strong 512xGB200": (1.494, 1.506),
-    "Llama4 Maverick NeMo2 128xGB200": (1.277, 1.357),
-    "Llama4 Maverick NeMo2 256xGB200": (1.263, 1.357),
-    "Llama4 Maverick NeMo2 512xGB200": (1.263, 1.357),
+    "Grok-1 314B NeMo 512xH100": (1.243, 1.378),
+    "Grok-1 314B NeMo 2048xH100": (1.231, 1.378),
+    "Llama4 Maverick NeMo2 512xH100": (1.148, 1.245),
+    "Grok-1 314B NeMo2 128xGB200": (1.383, 1.565),
+    "Grok-1 314B NeMo2 256xGB200": (1.415, 1.565),
+    "Grok-1 314B NeMo2 512xGB200": (1.410, 1.566),
+    "Llama3.1 405B NeMo2 128xGB200": (1.525, 1.706),
+    "Llama3.1 405B NeMo2 256xGB200": (1.534, 1.706),
+    "Llama3.1 405B NeMo2 512xGB200": (1.523, 1.679),
+    "Nemotron4 340B NeMo2 weak 128xGB200": (1.476, 1.493),
+    "Nemotron4 340B NeMo2 weak 256xGB200": (1.444, 1.481),
+    "Nemotron4 340B NeMo2 weak 512xGB200": (1.439, 1.478),
+    "Nemotron4 340B NeMo2 strong 128xGB200": (1.496, 1.503),
+    "Nemotron4 340B NeMo2 strong 256xGB200": (1.479, 1.487),
+    "Nemotron4 340B NeMo2 strong 512xGB200": (1.494, 1.486),
+    "Llama4 Maverick NeMo2 128xGB200": (1.277, 1.353),
+    "Llama4 Maverick NeMo2 256xGB200": (1.263, 1.353),
+    "Llama4 Maverick NeMo2 512xGB200": (1.263, 1.353),
 }
 RATIO_UNMET = {  # pair: why (the measured and predicted speed-ups are in PAIR_RATIOS)
     "GPT-3 175B NeMo 1024xH100": RATIO_WHY,
     "Llama3.1 70B NeMo 2048xH100": f"{RATIO_WHY}; the measured one falls with scale (1.397 on "
     "64 GPUs), the predicted one does not",
-    "Grok-1 314B NeMo 512xH100": f"{RATIO_WHY} for MoE blocks (its FP8 rows -20 %, BF16 -11 %)",
-    "Grok-1 314B NeMo 2048xH100": f"{RATIO_WHY} for MoE blocks (its FP8 rows -22 %, BF16 -12 %)",
+    "Grok-1 314B NeMo 512xH100": f"{RATIO_WHY} for MoE blocks (its FP8 rows -17 %, BF16 -8 %)",
+    "Grok-1 314B NeMo 2048xH100": f"{RATIO_WHY} for MoE blocks (its FP8 rows -19 %, BF16 -9 %)",
     **{
-        f"Grok-1 314B NeMo2 {n}xGB200": f"{RATIO_WHY} for MoE blocks (its FP8 rows -24 to -25 %, "
-        "BF16 -14 to -15 %); on GB200 the FP8 GEMM level is 1.98x the BF16 one (1.77x on H100)"
+        f"Grok-1 314B NeMo2 {n}xGB200": f"{RATIO_WHY} for MoE blocks (its FP8 rows -21 to -23 %, "
+        "BF16 -13 %); on GB200 the FP8 GEMM level is 1.98x the BF16 one (1.77x on H100)"
         for n in (128, 256, 512)
     },
     **{
@@ -772,9 +780,9 @@ def test_accuracy_fp8_speedup_within_a_tenth_on_every_pair(pairs, label):
 
 
 FP8_GROUPS = {  # machine: (its sources, FP8 rows, median |error| today)
-    "H100": ((PAIRS, MBRIDGE), 17, 0.066),
-    "GB200 dgxc": ((GB200_PAIRS,), 15, 0.219),
-    "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.288),
+    "H100": ((PAIRS, MBRIDGE), 18, 0.083),
+    "GB200 dgxc": ((GB200_PAIRS,), 15, 0.210),
+    "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.248),
     "MI355X MLPerf": ((MI355X,), 1, 0.135),
 }
 
@@ -790,17 +798,18 @@ def _fp8_median(summary, group: str) -> float:
     "group",
     [
         "H100",
-        pytest.param("GB200 dgxc", marks=_unmet("FP8 median <= 10 %", "21.6 %", GB200_WHY)),
+        pytest.param("GB200 dgxc", marks=_unmet("FP8 median <= 10 %", "21.0 %", GB200_WHY)),
         pytest.param(
             "B200/GB200 Megatron-Bridge",
-            marks=_unmet("FP8 median <= 10 %", "27.4 %", BLACKWELL_WHY),
+            marks=_unmet("FP8 median <= 10 %", "24.8 %", BLACKWELL_WHY),
         ),
         pytest.param("MI355X MLPerf", marks=_unmet("FP8 median <= 10 %", "13.5 %", MI355X_WHY)),
     ],
 )
 def test_accuracy_fp8_rows_median_within_10_percent(summary, group):
-    """The FP8 rows of each machine's sources (H100: the 15 pairs' and Megatron-Bridge's 2
-    Qwen3-30B-A3B, scored in step time or tokens per second): median |error| <= 10 %."""
+    """The FP8 rows of each machine's sources (H100: the 15 pairs' and Megatron-Bridge's 3 MoE
+    runs, two Qwen3-30B-A3B and one Qwen3-235B-A22B, scored in step time or tokens per second):
+    median |error| <= 10 %."""
     assert _fp8_median(summary, group) <= TARGET_FP8_MEDIAN
 
 
