@@ -9,7 +9,6 @@ fallback against it.
 
 import dataclasses
 import random
-from itertools import product
 
 import pytest
 
