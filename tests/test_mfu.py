@@ -125,9 +125,7 @@ def test_coarse_moe_above_the_published_mixtral_run_says_why():
     reason; the full (not causal) count is compared, as Megatron-LM counted then."""
     from nest.cost.mfu import plausibility_note
 
-    spec = make_spec(
-        hidden=1024, ffn_hidden=4096, heads=16, num_experts=8, top_k=2, seq_len=512
-    )
+    spec = make_spec(hidden=1024, ffn_hidden=4096, heads=16, num_experts=8, top_k=2, seq_len=512)
     fast = dict(name="h100_sxm", hbm_bw_bytes_per_s=100e12, hbm_bytes=80 * 2**30)
     problem = make_problem(spec, make_cluster(fanouts=(4,), **fast), global_batch=64)
     report = _fixed_report(problem)

@@ -61,7 +61,9 @@ SLOW_RUNS = {
     "training.global_batch=4096 training.microbatch_sizes=[1,2,4,8] solver.top_k=5 robust=true",
 }
 SLOW_MODULES = {
-    "experiments.bench_search": "a minute: the CLI's four cases (15 large cases with --series, 9 with --graphs)",
+    "experiments.bench_search": (
+        "a minute: the CLI's four cases (15 large cases with --series, 9 with --graphs)"
+    ),
     "experiments.fig5_baselines": "minutes: every planner on 50 cases",
     "experiments.optimality.scaling": "minutes: exact solvers up to their 60 s limit",
 }

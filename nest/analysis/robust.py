@@ -25,7 +25,8 @@ justifies each default from the validation errors):
 - ``hbm_bandwidth``: the device's HBM bandwidth (elementwise operators, optimizer step), one
   factor per world.
 - ``network_bandwidth`` and ``network_latency``: each level's bandwidth (its in-network
-  all-reduce's too) and latency, one factor per level and world. Hierarchies only: a graph cluster's fabric prices communication on its
+  all-reduce's too) and latency, one factor per level and world.
+  Hierarchies only: a graph cluster's fabric prices communication on its
   links and routes (:attr:`nest.core.fabric.Fabric.priced_by_levels` is false), which these
   factors do not reach, so there they are not applied and
   ``report.json["robustness"]["network_perturbed"]`` is false.

@@ -309,9 +309,8 @@ class AnalyticModel:
         sizes = {}
         if any(not m.block_is_moe(i) for i in range(m.layers)):
             sizes["ffn_hidden"] = m.ffn_hidden
-        if m.is_moe:
-            if m.shared_experts:
-                sizes["shared FFN (shared_experts x shared_ffn_hidden)"] = m.shared_ffn
+        if m.is_moe and m.shared_experts:
+            sizes["shared FFN (shared_experts x shared_ffn_hidden)"] = m.shared_ffn
         return sizes
 
     def shard_problem(self, shard: Shard) -> str | None:

@@ -367,9 +367,7 @@ class Floors:
         zd, zx = self._z3_coefs(dp, shard.cp, ep, zero, shard.tp // shard.expert_tp)
         return zd * sf.dense + zx * sf.expert
 
-    def _z3_coefs(
-        self, dp: int, cp: int, ep: int, zero: int, fold: int = 1
-    ) -> tuple[float, float]:
+    def _z3_coefs(self, dp: int, cp: int, ep: int, zero: int, fold: int = 1) -> tuple[float, float]:
         """Seconds per dense and per expert parameter of ZeRO-3's exposed per-microbatch
         traffic that every stage pays at least: 0. Prefetching hides a layer's gather and
         reduce-scatter under its neighbours' compute (:mod:`nest.cost.fsdp`), so the exposed

@@ -13,13 +13,13 @@ partition and the recompute modes:
 - ``dp`` divides the global batch; ``ep`` divides the experts (1 for dense models) and
   ``dp * cp * tp / etp``; ``etp`` (MoE models only) is ``tp`` (None) or 1 (whole experts:
   Megatron-Core's MoE parallel folding), among ``SpaceOptions.etp``;
-  the shard ``(tp, cp, ep, etp)`` passes the model's rules (``tp`` divides heads, KV heads and the FFN
-  size; ``seq_len`` divisible by ``2 cp``; ...);
+  the shard ``(tp, cp, ep, etp)`` passes the model's rules (``tp`` divides heads, KV heads and
+  the FFN size; ``seq_len`` divisible by ``2 cp``; ...);
 - the microbatch size ``mbs`` is one of ``training.microbatch_sizes`` with ``mbs * dp`` dividing
   the global batch; ``m = global_batch / (mbs * dp)`` microbatches per replica;
 - the ZeRO stage 0-3 (only 0 when ``dp * cp == 1`` and no expert is replicated, i.e. the
-  expert data parallelism ``dp * cp * tp / (etp * ep)`` is 1: nothing to shard, stages 1-3 cost exactly
-  what 0 costs);
+  expert data parallelism ``dp * cp * tp / (etp * ep)`` is 1: nothing to shard, stages 1-3
+  cost exactly what 0 costs);
 - the rank order: ``tp`` innermost, any order of ``cp, dp, pp`` above it; orders that place every
   device alike (same order of the axes of degree > 1) are kept once, the first in
   :func:`_orders`' order;
@@ -322,9 +322,7 @@ def _families(problem, options, orders, kinds, degrees) -> Iterator[Family]:
         m = training.global_batch // (mbs * dp)
         schedules = _schedules(kinds, problem.num_layers - 2, pp, m)
         if schedules and zeros and placed_orders:
-            yield Family(
-                tp, cp, ep, dp, pp, mbs, m, schedules, zeros, tuple(placed_orders), etp
-            )
+            yield Family(tp, cp, ep, dp, pp, mbs, m, schedules, zeros, tuple(placed_orders), etp)
 
 
 def configurations(problem: Problem, options: SpaceOptions) -> Iterator[ParallelConfig]:

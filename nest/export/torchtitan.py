@@ -67,7 +67,8 @@ with ``grad_bytes: 2`` is re-scored with 4. ``tp_comm_overlap``: torchtitan's
 ``enable_async_tensor_parallel`` works only under ``[training] compile``, which this export does
 not turn on, so a plan with ``tp > 1`` is re-scored without it; ``ep_comm_overlap``: no option
 overlaps the MoE all-to-all; ``moe_routing: balanced``: no option forces the router to balance,
-so a plan with ``ep > 1`` is re-scored dropless. The export states each difference and the re-scored time.
+so a plan with ``ep > 1`` is re-scored dropless. The export states each difference and the
+re-scored time.
 
 **FP8** (``precision: fp8``; ``components/quantization/{float8,mx,utils}.py`` and
 ``docs/float8.md`` at the same commit). ``[model] converters = ["float8"]`` swaps each
