@@ -72,6 +72,10 @@ stage takes at least the sum of its layers' floors.
   (:meth:`Floors._overlap_sync_bound_s`, proved there); the bound is the larger of the two;
   1F1B on one pipeline rank: ``max(0, sync - bf)``, ``bf`` the floor of its backward
   (:meth:`Floors._one_stage_exposed_s`);
+- ZeRO-3: each stage (each chunk, interleaved) pays per microbatch at least its first
+  layer's gather and its last layer's re-gather and first layer's reduce-scatter, which
+  prefetching cannot hide (:meth:`Floors._z3_chunk_floor_s`, proved there): a constant added to
+  every stage's floor (``v`` of them to an interleaved rank's);
 - optimizer ``O = max_r opt_r >= sum_r opt_r / pp`` (:meth:`ModelState.optimizer_step_s` is
   linear in the parameters held);
 - ``T = S + (m-1) M + E + O`` (1F1B) or ``S / v + (m - 1/v) M + E + O`` (interleaved), every
@@ -375,6 +379,32 @@ class Floors:
         that holds per layer."""
         return 0.0, 0.0
 
+    def _z3_chunk_floor_s(self, f: Family, sf: ShardFloors, zero: int) -> float:
+        """Least exposed ZeRO-3 seconds per microbatch of any stage (chunk) of this family: 0
+        below stage 3.
+
+        Proof. :class:`nest.cost.fsdp.OverlapChain` charges a chunk ``i..j`` at least
+        ``g_i`` in its forward (its first gather waits: ``fwd_s = g_i + sum of max(.) >= g_i``)
+        and ``gb_j + s_i`` in its backward (the last layer's re-gather and the first layer's
+        reduce-scatter; ``bwd_s = gb_j + s_i + non-negative terms``), whatever the prefetch
+        depth. Each is one collective over the rank's dense (and expert) data-parallel group,
+        non-decreasing in its bytes, so each is at least the same collective of the chain's
+        fewest dense (and fewest expert) parameters on the floor groups (latency included: one
+        collective per term, nothing summed). The chunk's compute floors do not count ZeRO-3
+        (:meth:`_z3_coefs` is 0), so this constant adds to each chunk's floor."""
+        if zero < 3:
+            return 0.0
+        key = ("zero3 chunk", id(sf), f.dp * f.cp, f.ep, f.fold)
+        got = self._min_cache.get(key)
+        if got is None:
+            groups = self.groups(f.dp, f.cp, f.ep, with_latency=True, fold=f.fold)
+            state = self.state(f.dp, f.cp, f.ep, zero, f.fold)
+            dense, expert = float(np.min(sf.dense)), float(np.min(sf.expert))
+            gather, scatter = state.zero3_layer_s(groups, dense, expert)
+            regather = gather if state.reshard_after_forward else 0.0
+            got = self._min_cache[key] = float(gather + regather + scatter)
+        return got
+
     def _sync_floor_s(self, family: Family, dense: float, expert: float, zero: int) -> float:
         """Least DP sync time of a rank holding at least these parameters (monotone in bytes):
         :meth:`ModelState.sync_s` on the floor groups."""
@@ -432,19 +462,21 @@ class Floors:
                 zd, zx = self._z3_coefs(f.dp, f.cp, f.ep, zero, f.fold)
                 opt_d, opt_x = self.per_param(f.dp, f.cp, f.ep, zero, f.fold).optimizer_s
                 optimizer = (opt_d * (sf.dense_sum + tied) + opt_x * sf.expert_sum) / pp
-                got = per_zero[zero] = (zd, zx, optimizer)
-            zd, zx, optimizer = got
+                z3 = self._z3_chunk_floor_s(f, sf, zero)
+                got = per_zero[zero] = (zd, zx, optimizer, z3)
+            zd, zx, optimizer, z3 = got
             kind, v = schedule
             if kind is Schedule.INTERLEAVED:
                 # ZeRO 0-2 share the ranks' floors (no ZeRO-3 traffic): computed once
-                got = per_zero.get((schedule, zd, zx))
+                got = per_zero.get((schedule, zd, zx, z3))
                 if got is None:
                     base, dense, expert = self._interleaved_ranks(sf, pp, v)
                     ranks = [
-                        b + zd * d + zx * x for b, d, x in zip(base, dense, expert, strict=True)
+                        b + zd * d + zx * x + v * z3
+                        for b, d, x in zip(base, dense, expert, strict=True)
                     ]
                     pipeline = sum(ranks) / v + (m - 1 / v) * max(ranks)
-                    got = per_zero[schedule, zd, zx] = (ranks, pipeline, dense[0], expert[0])
+                    got = per_zero[schedule, zd, zx, z3] = (ranks, pipeline, dense[0], expert[0])
                 ranks, pipeline, dense0, expert0 = got
                 sync = self._sync_floor_s(family, dense0, expert0, zero)
                 bound = pipeline + sync + optimizer
@@ -457,10 +489,11 @@ class Floors:
                 out.append(bound)
                 continue
             total = sf.base_sum_s + zd * sf.dense_sum + zx * sf.expert_sum + 2 * (pp - 1) * sf.p2p_s
+            total += pp * z3
             if zero < 3:
                 largest = sf.base_max_s
             else:
-                largest = max(b + zd * d + zx * x for b, d, x in sf.kinds)
+                largest = max(b + zd * d + zx * x for b, d, x in sf.kinds) + z3
             top = max(total / pp, largest)
             sync = self._sync_floor_s(family, sync_dense, sync_expert, zero)
             if pp == 1 and zero < 3 and self.problem.training.overlap_grad_sync:
