@@ -75,6 +75,7 @@ def make_problem(spec=None, cluster=None, *, flash=False, **train) -> Problem:
             overlap=training.overlap,
             precision=training.numerics,
             moe_routing=training.moe_routing,
+            moe_dispatcher=training.moe_dispatcher,
         ),
         cluster=cluster or make_cluster(),
         training=training,

@@ -58,6 +58,9 @@ MEGATRON_FLAGS = {
     "--tp-comm-overlap",
     "--overlap-moe-expert-parallel-comm",
     "--moe-router-force-load-balancing",
+    # TransformerConfig fields as flags (Megatron-LM @ d98e8a64: transformer_config.py)
+    "--moe-token-dispatcher-type",
+    "--moe-flex-dispatcher-backend",
     "--optimizer",
     "--sgd-momentum",
     # FP8 (_add_transformer_engine_args)
@@ -314,6 +317,7 @@ def torchtitan_runs(t: dict, world: int) -> dict:
         tp_comm_overlap=bool(par.get("enable_async_tensor_parallel") and tr.get("compile")),
         ep_comm_overlap=False,
         moe_routing="dropless",  # no forced balancing in torchtitan's router
+        moe_dispatcher="alltoall",  # the job config has no dispatcher option
     )
     settings.update(torchtitan_fp8(t, tp=tp, dp_shard=shard))
     if not fsdp:
@@ -400,6 +404,7 @@ def megatron_runs(flags: dict, world: int) -> dict:
         cp_comm_overlap=True,
         ep_comm_overlap="--overlap-moe-expert-parallel-comm" in flags,
         moe_routing="balanced" if "--moe-router-force-load-balancing" in flags else "dropless",
+        moe_dispatcher=_megatron_dispatcher(flags, ep),
     )
     # FP8 (_add_transformer_engine_args): --fp8-format {e4m3,hybrid} (dest fp8, default None:
     # no FP8), --fp8-recipe {tensorwise,delayed,mxfp8,blockwise,custom} (default delayed),
@@ -424,6 +429,22 @@ def megatron_runs(flags: dict, world: int) -> dict:
         tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, microbatch_size=micro, num_microbatches=n,
         global_batch=global_batch, zero_stage=zero, seq_len=seq, training=settings,
     )  # fmt: skip
+
+
+def _megatron_dispatcher(flags: dict, ep: int) -> str:
+    """The dispatcher Megatron-Core runs (``transformer_config.py`` @ d98e8a64):
+    ``moe_token_dispatcher_type`` in {allgather, alltoall, flex}, default ``allgather``, which
+    the cost model does not price, so an expert-parallel export must name another; the flex
+    dispatcher's backend in {deepep, hybridep, ncclep}, default ``deepep``."""
+    kind = flags.get("--moe-token-dispatcher-type", "allgather")
+    assert kind in ("allgather", "alltoall", "flex")
+    backend = flags.get("--moe-flex-dispatcher-backend", "deepep")
+    assert backend in ("deepep", "hybridep", "ncclep")
+    if ep == 1:
+        return "alltoall"  # no expert exchange: the dispatcher prices nothing
+    assert kind != "allgather", "an expert-parallel export must set its dispatcher"
+    assert kind == "alltoall" or backend == "deepep"
+    return "deepep" if kind == "flex" else "alltoall"
 
 
 def megatron_flags(text: str) -> dict:
@@ -579,6 +600,7 @@ def as_run(problem, settings: dict):
         overlap=training.overlap,
         precision=training.numerics,
         moe_routing=training.moe_routing,
+        moe_dispatcher=training.moe_dispatcher,
     )
     return Problem(model=model, cluster=problem.cluster, training=training)
 
@@ -1015,3 +1037,24 @@ def test_torchtitan_notes_the_shape_its_job_config_cannot_carry():
     for field in ("attention=mla", "kv_lora_rank=32", "first_dense_layers=3", "mtp_layers=1"):
         assert field in note
     assert "model" not in toml_of(exp)  # BF16: no converters, no [model] section
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "deepep"])
+def test_moe_dispatcher_is_exported_or_re_scored(dispatcher):
+    """Megatron carries the dispatcher (``alltoall``, or ``flex`` with the DeepEP backend);
+    torchtitan's job config has none, so a DeepEP plan is re-scored with the all-to-all and the
+    difference is named."""
+    moe = make_problem(
+        make_spec(layers=4, heads=8, num_experts=4, top_k=2, seq_len=128),
+        make_cluster(fanouts=(4, 4)),
+        global_batch=32,
+        grad_bytes=4,
+        moe_routing="dropless",
+        moe_dispatcher=dispatcher,
+    )
+    settings = dict(tp=1, pp=1, dp=16, ep=4, zero_stage=1)
+    megatron = check_scored(moe, "megatron", settings)
+    assert ("--moe-flex-dispatcher-backend deepep" in megatron.text) == (dispatcher == "deepep")
+    assert "moe_dispatcher" not in megatron.framework_differences
+    titan = check_scored(moe, "torchtitan", dict(settings, zero_stage=3))
+    assert ("moe_dispatcher" in titan.framework_differences) == (dispatcher == "deepep")

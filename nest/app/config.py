@@ -185,6 +185,7 @@ class TrainingConfig:
     reshard_after_forward: bool = TRAINING_DEFAULTS["reshard_after_forward"]
     zero3_prefetch_params: float | None = TRAINING_DEFAULTS["zero3_prefetch_params"]
     moe_routing: str = TRAINING_DEFAULTS["moe_routing"]
+    moe_dispatcher: str = TRAINING_DEFAULTS["moe_dispatcher"]
     precision: str = TRAINING_DEFAULTS["precision"]
     fp8_recipe: str = TRAINING_DEFAULTS["fp8_recipe"]
     fp8_param_gather: bool = TRAINING_DEFAULTS["fp8_param_gather"]
@@ -825,6 +826,7 @@ def build_model(cfg: Any, training: Training):
             overlap=training.overlap,
             precision=training.numerics,
             moe_routing=training.moe_routing,
+            moe_dispatcher=training.moe_dispatcher,
             seq_len_source=hf.seq_len_source,
             notes=tuple(hf.notes),
         )
@@ -852,6 +854,7 @@ def build_model(cfg: Any, training: Training):
         overlap=training.overlap,
         precision=training.numerics,
         moe_routing=training.moe_routing,
+        moe_dispatcher=training.moe_dispatcher,
     )
 
 
@@ -888,6 +891,7 @@ def build_training(cfg: Any) -> Training:
         fp8_recipe=str(c.get("fp8_recipe", TRAINING_DEFAULTS["fp8_recipe"])),
         zero3_prefetch_params=_prefetch_params(c.get("zero3_prefetch_params")),
         moe_routing=str(c.get("moe_routing", TRAINING_DEFAULTS["moe_routing"])),
+        moe_dispatcher=str(c.get("moe_dispatcher", TRAINING_DEFAULTS["moe_dispatcher"])),
         **{key: bool(c.get(key, TRAINING_DEFAULTS[key])) for key in flags},
     )
 

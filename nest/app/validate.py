@@ -77,6 +77,8 @@ Columns appended for precision and model shapes (blank: the default):
 - ``moe_routing``: ``balanced`` when blank (the published MoE benchmarks force the router to
   balance, ``--moe-router-force-load-balancing``, or pad every expert to one capacity), or
   ``dropless`` (:attr:`nest.core.problem.Training.moe_routing`);
+- ``moe_dispatcher``: ``alltoall`` when blank, or ``deepep`` where the run says it dispatched
+  with DeepEP (:attr:`nest.core.problem.Training.moe_dispatcher`);
 - ``head_dim``: the width of one attention head when ``heads x head_dim`` is not ``hidden``
   (MaxText's ``head_dim``; blank: ``hidden / heads``);
 - ``fused_loss`` true: the loss is Megatron-Core's fused vocabulary-parallel cross entropy;
@@ -437,6 +439,7 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         fp8_param_gather=_flag(row.get("fp8_param_gather"), False),
         zero3_prefetch_params=_prefetch(row),
         moe_routing=(row.get("moe_routing") or "balanced").strip(),
+        moe_dispatcher=(row.get("moe_dispatcher") or "alltoall").strip(),
     )
     problem = Problem(
         model=AnalyticModel(
@@ -446,6 +449,7 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
             overlap=training.overlap,
             precision=training.numerics,
             moe_routing=training.moe_routing,
+            moe_dispatcher=training.moe_dispatcher,
         ),
         cluster=cluster,
         training=training,

@@ -15,7 +15,30 @@ The arithmetic shared by both fabrics (:mod:`nest.core.fabric`): a hierarchy's l
 - :func:`all_to_all_forms`: the hierarchical all-to-all on the same splits (a hierarchy's
   :class:`nest.core.hierarchy.Hierarchy` prices with it; a graph's floor uses a weaker form);
   :func:`level_forms` picks one of the two by collective.
+- :func:`deepep_forms`: the same exchange as DeepEP runs a MoE dispatch or combine (below).
 - :func:`affine_time_s`: ``a S + c`` where ``S > 0`` bytes, else nothing.
+
+**DeepEP dispatch and combine** (:func:`deepep_forms`, the op :func:`deepep_op`). DeepEP's
+"normal" kernels (github:deepseek-ai/DeepEP, ``docs/legacy.md``; DeepSeek-V3 technical report
+§3.2.2) send a token that goes to several experts in another NVLink domain over the network
+*once*, to the device of the same local rank there, which forwards it over NVLink to the
+devices holding its experts (the combine mirrors it, reducing in the domain before the one
+network transfer back). The network carries one copy per *distinct remote domain* a token
+reaches, not one per expert: with its ``K`` experts uniformly over the ``n`` group members and
+``k_0`` members per innermost domain, a remote domain is reached with probability
+``1 - (1 - k_0/n)^K``, against ``K k_0 / n`` copies sent there by a plain all-to-all, so every
+level above the innermost carries ``f = (1 - (1 - k_0/n)^K) / (K k_0/n) <= 1`` (Bernoulli's
+inequality) of the all-to-all's share. The forwarded copies add ``(n - k_0)/n (k_0 - 1)/k_0``
+of ``S`` to the innermost level, and DeepEP runs its network and NVLink channels concurrently
+(dedicated SMs for the RDMA sender, the NVLink forwarder and receiver; its published figure is
+the *bottleneck* bandwidth of the two domains: 43-58 GB/s over a ~50 GB/s CX7 NIC and 153-158
+GB/s over H800's ~160 GB/s NVLink), so the bandwidth term is the larger of the two domains'
+and the latency terms add: ``a = max(a_0', f sum_{l>0} a_l)`` with ``a_l`` the all-to-all's
+per-level terms. Within one domain (``n = k_0``) it is the all-to-all itself. Uniform routing
+is the assumption (DeepSeek-V3's node-limited routing, at most 4 nodes per token, sends less;
+not modelled). The figure never exceeds the all-to-all's where the innermost level is at
+least as fast as every level above it (then ``(k_0 - 1)/k_0 / bw_0 <= 1 / bw_l``), as on every
+preset.
 
 **In-network reductions** (:func:`ring_forms` with ``in_network_bw``). An NVSwitch with NVLink
 SHARP (NVLS) or an InfiniBand fabric with SHARP reduces in the switch: each member sends its
@@ -40,7 +63,27 @@ import numpy as np
 from nest.core.axes import CollectiveOp
 
 OPS = tuple(CollectiveOp)
-"""The collectives the cost model prices."""
+"""The collectives the cost model prices (and :func:`deepep_op`'s dispatch and combine)."""
+
+DEEPEP_PREFIX = "deepep_top"
+
+
+def deepep_op(top_k: int) -> str:
+    """The op name of a DeepEP dispatch or combine of tokens routed to ``top_k`` experts
+    (module docstring): an all-to-all whose network share is deduplicated per domain."""
+    return f"{DEEPEP_PREFIX}{int(top_k)}"
+
+
+def deepep_top_k(op: str) -> int | None:
+    """``top_k`` of a :func:`deepep_op` name, None for any other op."""
+    if isinstance(op, str) and op.startswith(DEEPEP_PREFIX):
+        return int(op[len(DEEPEP_PREFIX) :])
+    return None
+
+
+def is_priced(op: str) -> bool:
+    """Whether ``op`` is a collective the cost model prices."""
+    return op in OPS or deepep_top_k(op) is not None
 
 
 def ring_forms(
@@ -94,6 +137,32 @@ def all_to_all_forms(k: np.ndarray, bw, alpha) -> tuple[np.ndarray, np.ndarray]:
     return (crossing / k.prod(axis=1)[:, None] / bw).sum(axis=1), (crossing * alpha).sum(axis=1)
 
 
+def dedup_factor(k: np.ndarray, top_k: int) -> np.ndarray:
+    """Per row of the level splits ``k``: the share ``f`` of the all-to-all's traffic above the
+    innermost level that DeepEP sends, one copy per distinct remote domain (module docstring):
+    ``(1 - (1 - k_0/n)^K) / (K k_0/n)``; 1 for a group inside one domain."""
+    n = k.prod(axis=1)
+    local = k[:, 0] / n
+    f = (1.0 - (1.0 - local) ** top_k) / (top_k * local)
+    return np.where(n > k[:, 0], f, 1.0)
+
+
+def deepep_forms(k: np.ndarray, bw, alpha, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(a, c)`` per row of the level splits ``k`` of a DeepEP dispatch or combine of ``S``
+    bytes per member (``K = top_k`` copies of each token, as the all-to-all counts them): the
+    innermost level carries the all-to-all's share plus the forwarded copies, the levels above
+    ``f`` (:func:`dedup_factor`) of theirs, the two domains run concurrently (the larger
+    bandwidth term) and the latencies add (module docstring)."""
+    below = np.cumprod(np.hstack([np.ones((len(k), 1)), k[:, :-1]]), axis=1)
+    crossing = below * (k - 1)
+    n = k.prod(axis=1)
+    share = crossing / n[:, None]  # the all-to-all's share of S crossing each level
+    remote = 1.0 - k[:, 0] / n  # of S, the copies bound for other domains
+    inner = (share[:, 0] + remote * (k[:, 0] - 1) / k[:, 0]) / bw[0]
+    outer = dedup_factor(k, top_k) * (share[:, 1:] / bw[1:]).sum(axis=1)
+    return np.maximum(inner, outer), (crossing * alpha).sum(axis=1)
+
+
 def level_forms(
     op: str, k: np.ndarray, bw, alpha, in_network_bw=None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -102,4 +171,7 @@ def level_forms(
     :func:`all_to_all_forms` or :func:`ring_forms`."""
     if op == CollectiveOp.ALL_TO_ALL:
         return all_to_all_forms(k, bw, alpha)
+    top_k = deepep_top_k(op)
+    if top_k is not None:
+        return deepep_forms(k, bw, alpha, top_k)
     return ring_forms(op, k, bw, alpha, in_network_bw)

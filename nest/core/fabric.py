@@ -113,6 +113,10 @@ class Fabric(Protocol):
     priced_by_levels: bool
     """The cluster's levels' figures are what prices its traffic (perturbing them perturbs the
     network: :mod:`nest.analysis.robust`); a graph's derived levels only number its devices."""
+    offers_deepep: bool
+    """The fabric prices DeepEP's dispatch and combine (:func:`nest.core.alphabeta.deepep_op`):
+    a hierarchy does, by the level split; a graph does not (its routed all-to-all has no
+    per-domain forwarding)."""
 
     def describe(self, levels=None) -> str:
         """The network part of the cluster's one-line description (``levels``: the cluster's,

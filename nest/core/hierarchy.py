@@ -107,6 +107,7 @@ class Hierarchy:
     symmetric = True
     level_symmetric = True
     priced_by_levels = True
+    offers_deepep = True
 
     def __init__(self, levels: Sequence) -> None:
         """``levels``: the cluster's :class:`~nest.core.topology.Level` s, innermost first."""

@@ -38,6 +38,7 @@ Sources:
 from dataclasses import dataclass, field, replace
 from math import ceil
 
+from nest.core.alphabeta import deepep_op
 from nest.core.axes import CollectiveOp, GroupKind, LayerKind, Recompute
 from nest.core.blocks import (
     COL,
@@ -252,6 +253,7 @@ class AnalyticModel:
         overlap: Overlap | None = None,
         precision: Precision | None = None,
         moe_routing: str = "dropless",
+        moe_dispatcher: str = "alltoall",
         seq_len_source: str = "model.seq_len",
         notes: tuple[str, ...] = (),
     ) -> None:
@@ -262,6 +264,8 @@ class AnalyticModel:
         self.precision = precision or Precision()
         self.moe_routing = moe_routing
         """``dropless`` or ``balanced`` (:attr:`nest.core.problem.Training.moe_routing`)."""
+        self.moe_dispatcher = moe_dispatcher
+        """``alltoall`` or ``deepep`` (:attr:`nest.core.problem.Training.moe_dispatcher`)."""
         self.chain: tuple[LayerRef, ...] = build_chain(spec)
         last = spec.layers - 1
         self.mtp_ref = LayerRef(
@@ -983,10 +987,10 @@ class AnalyticModel:
             attn_bwd = attn_in[1] + fwd_of["proj"][1] + 2.0 * attn_s
             hide_f = attn_fwd / 2 if ov.ep else 0.0
             hide_b = attn_bwd / 2 if ov.ep else 0.0
-            ep_fwd = [
-                coll(CollectiveOp.ALL_TO_ALL, GroupKind.EP, a2a_bytes, hide_f)
-            ] * 2  # dispatch, combine
-            ep_bwd = [coll(CollectiveOp.ALL_TO_ALL, GroupKind.EP, a2a_bytes, hide_b)] * 2
+            # DeepEP sends a token once per remote domain (nest.core.alphabeta)
+            op = deepep_op(m.top_k) if self.moe_dispatcher == "deepep" else CollectiveOp.ALL_TO_ALL
+            ep_fwd = [coll(op, GroupKind.EP, a2a_bytes, hide_f)] * 2  # dispatch, combine
+            ep_bwd = [coll(op, GroupKind.EP, a2a_bytes, hide_b)] * 2
         # _tp_collectives lists the attention's, then the MLP's (as many each)
         mlp_fwd = () if ref.moe else tuple(tp_fwd[len(tp_fwd) // 2 :])
         return tuple(tp_fwd + cp_fwd + ep_fwd), tuple(tp_bwd + cp_bwd + ep_bwd), mlp_fwd

@@ -78,6 +78,9 @@ OPTIMIZER_STATE_BYTES_PER_PARAM = {
 MOE_ROUTINGS = ("dropless", "balanced")
 """The values of :attr:`Training.moe_routing`."""
 
+MOE_DISPATCHERS = ("alltoall", "deepep")
+"""The values of :attr:`Training.moe_dispatcher`."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Training:
@@ -132,6 +135,12 @@ class Training:
     :data:`nest.core.layers.DROPLESS_LOAD_FACTOR`) or ``balanced`` (every expert rank gets the
     mean share: Megatron-Core's ``--moe-router-force-load-balancing`` of the published
     benchmarks, or a capacity factor that pads every expert to the same load)."""
+    moe_dispatcher: str = "alltoall"
+    """How a MoE block's tokens travel to their experts' ranks and back: ``alltoall`` (one copy
+    per chosen expert, Megatron-Core's ``--moe-token-dispatcher-type alltoall``) or ``deepep``
+    (DeepEP's dispatch and combine, ``--moe-token-dispatcher-type flex
+    --moe-flex-dispatcher-backend deepep``: one network copy per remote NVLink domain, forwarded
+    inside it over NVLink; :mod:`nest.core.alphabeta`). Needs a cluster given by levels."""
     precision: str = "bf16"
     """``bf16``, or ``fp8``: the transformer blocks' GEMMs in FP8 (:mod:`nest.core.precision`)."""
     fp8_recipe: str = "delayed"
@@ -179,6 +188,11 @@ class Training:
             raise UserError(
                 f"training.moe_routing={self.moe_routing!r}; use one of {list(MOE_ROUTINGS)}"
             )
+        if self.moe_dispatcher not in MOE_DISPATCHERS:
+            raise UserError(
+                f"training.moe_dispatcher={self.moe_dispatcher!r}; use one of "
+                f"{list(MOE_DISPATCHERS)}"
+            )
         self.numerics  # noqa: B018 (refuses an unknown precision or recipe, in one line)
 
     @property
@@ -205,6 +219,19 @@ class Problem:
             raise UserError(
                 f"training.fp8_recipe=mxfp8 needs Blackwell tensor cores; device {device.name} "
                 "has none: use fp8_recipe=delayed, tensorwise or blockwise"
+            )
+        if self.training.moe_dispatcher == "deepep" and not self.cluster.fabric.offers_deepep:
+            raise UserError(
+                "training.moe_dispatcher=deepep on a cluster given as a graph: DeepEP's per-domain "
+                "forwarding is priced on clusters given by levels; use training.moe_dispatcher="
+                "alltoall or a cluster with levels"
+            )
+        model_dispatcher = getattr(self.model, "moe_dispatcher", None)
+        if model_dispatcher is not None and model_dispatcher != self.training.moe_dispatcher:
+            raise UserError(
+                f"the model was built for moe_dispatcher={model_dispatcher} but training."
+                f"moe_dispatcher={self.training.moe_dispatcher}; build it with the training "
+                "options (nest.app.config.build_model)"
             )
         model_precision = getattr(self.model, "precision", None)
         if model_precision is not None and model_precision != numerics:

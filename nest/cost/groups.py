@@ -29,7 +29,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from nest.core.alphabeta import OPS
+from nest.core.alphabeta import is_priced
 from nest.core.axes import GroupKind
 from nest.core.layers import Collective
 from nest.core.plan import group_arrays
@@ -164,7 +164,7 @@ class _Forms(dict):
         self.splits, self.cluster = splits, cluster
 
     def __missing__(self, op: str):
-        if op not in OPS:
+        if not is_priced(op):
             raise KeyError(op)
         got = self[op] = linear_forms(op, self.splits, self.cluster) if self.splits else None
         return got
@@ -172,8 +172,8 @@ class _Forms(dict):
 
 def split_forms(split, cluster: Cluster) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per collective op, the ``(a, c)`` of one split (as length-1 arrays, the layout of
-    :meth:`RankGroups.forms`)."""
-    return {op: linear_forms(op, [split], cluster) for op in OPS}
+    :meth:`RankGroups.forms`), each computed when first looked up."""
+    return _Forms([split], cluster)
 
 
 def collectives_time_s(

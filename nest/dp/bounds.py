@@ -101,7 +101,7 @@ from itertools import product
 
 import numpy as np
 
-from nest.core.alphabeta import OPS
+from nest.core.alphabeta import is_priced
 from nest.core.axes import GroupKind, LayerKind, Recompute, Schedule
 from nest.core.layers import Collective, Shard
 from nest.core.problem import Problem
@@ -122,6 +122,20 @@ def tp_group_splits(cluster, tp: int) -> set:
     if tp <= 1:
         return set()
     return set(cluster.fabric.aligned_classes(tp))
+
+
+class _FloorForms(dict):
+    """``{op: floor_forms(op, tuples)}`` over every level tuple, filled on first lookup."""
+
+    def __init__(self, tuples: np.ndarray, cluster) -> None:
+        super().__init__()
+        self.tuples, self.cluster = tuples, cluster
+
+    def __missing__(self, op: str):
+        if not is_priced(op):
+            raise KeyError(op)
+        got = self[op] = floor_forms(op, self.tuples, self.cluster)
+        return got
 
 
 class FloorGroups:
@@ -198,7 +212,7 @@ class Floors:
         self.cluster = cluster
         tuples = np.array(list(product(*[range(1, lv.fanout + 1) for lv in cluster.levels])))
         self._prod = tuples.prod(axis=1)
-        self._coef = {op: floor_forms(op, tuples, cluster) for op in OPS}
+        self._coef = _FloorForms(tuples, cluster)
         self._min_cache: dict = {}
         self._shards: dict = {}
         self._tp_splits: dict = {}

@@ -186,6 +186,7 @@ def framework_problem(problem: Problem, runs: dict) -> tuple[Problem, dict]:
             overlap=ran.overlap,
             precision=ran.numerics,
             moe_routing=ran.moe_routing,
+            moe_dispatcher=ran.moe_dispatcher,
         )
     return replace(problem, training=ran, model=model), diffs
 

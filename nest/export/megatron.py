@@ -55,6 +55,9 @@ defaults are off for every one of them):
 - ``cp_comm_overlap``: Megatron's default ``--cp-comm-type p2p`` overlaps the ring (nothing to
   emit); a run scored without it is re-scored with it.
 - ``ep_comm_overlap`` with ``ep > 1``: ``--overlap-moe-expert-parallel-comm``.
+- ``ep > 1``: ``--moe-token-dispatcher-type alltoall``, or ``flex`` with
+  ``--moe-flex-dispatcher-backend deepep`` under ``moe_dispatcher: deepep``
+  (:func:`dispatcher_args`; Megatron-Core's default dispatcher is ``allgather``).
 - ``moe_routing: balanced`` with ``ep > 1``: ``--moe-router-force-load-balancing`` (the
   benchmarking switch of Megatron-Core's router); ``dropless`` is Megatron's default (no capacity
   factor: every token reaches its experts).
@@ -269,6 +272,15 @@ def _tp_overlap_runs(problem: Problem, plan: Plan) -> bool:
     return t.tp_comm_overlap and plan.tp > 1 and plan.sequence_parallel
 
 
+def dispatcher_args(dispatcher: str) -> list[str]:
+    """The token dispatcher the plan was scored with (``TransformerConfig``'s default,
+    ``allgather``, is neither): ``alltoall``, or DeepEP through the flex dispatcher
+    (``__post_init__`` accepts the DeepEP backend only with ``flex``)."""
+    if dispatcher == "deepep":
+        return ["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend deepep"]
+    return ["--moe-token-dispatcher-type alltoall"]
+
+
 def training_args(problem: Problem, plan: Plan) -> list[str]:
     """The flags that carry the training settings the plan was scored with (module docstring)."""
     t = problem.training
@@ -283,6 +295,8 @@ def training_args(problem: Problem, plan: Plan) -> list[str]:
         args.append("--overlap-moe-expert-parallel-comm")
     if t.moe_routing == "balanced" and plan.ep > 1:
         args.append("--moe-router-force-load-balancing")
+    if plan.ep > 1:
+        args += dispatcher_args(t.moe_dispatcher)
     if t.optimizer is Optimizer.SGD:
         args += ["--optimizer sgd", "--sgd-momentum 0"]
     return args + fp8_args(problem, plan)

@@ -67,8 +67,10 @@ with ``grad_bytes: 2`` is re-scored with 4. ``tp_comm_overlap``: torchtitan's
 ``enable_async_tensor_parallel`` works only under ``[training] compile``, which this export does
 not turn on, so a plan with ``tp > 1`` is re-scored without it; ``ep_comm_overlap``: no option
 overlaps the MoE all-to-all; ``moe_routing: balanced``: no option forces the router to balance,
-so a plan with ``ep > 1`` is re-scored dropless. The export states each difference and the
-re-scored time.
+so a plan with ``ep > 1`` is re-scored dropless; ``moe_dispatcher: deepep``: the job config has
+no dispatcher option (DeepEP is a model argument, ``moe_comm_backend``, of the experiments'
+config registries), so such a plan is re-scored with the all-to-all. The export states each
+difference and the re-scored time.
 
 **FP8** (``precision: fp8``; ``components/quantization/{float8,mx,utils}.py`` and
 ``docs/float8.md`` at the same commit). ``[model] converters = ["float8"]`` swaps each
@@ -463,6 +465,11 @@ def framework_runs(problem: Problem, plan: Plan) -> dict:
     if plan.ep > 1:
         runs["ep_comm_overlap"] = (False, "torchtitan has no MoE all-to-all overlap")
         runs["moe_routing"] = ("dropless", "torchtitan's MoE router has no forced balancing")
+        runs["moe_dispatcher"] = (
+            "alltoall",
+            "torchtitan's job config has no dispatcher option (its DeepEP backend is a model "
+            "argument, moe_comm_backend, of the experiments' config registries)",
+        )
     numerics = problem.training.numerics
     if numerics.fp8 and numerics.recipe is Fp8Recipe.DELAYED:
         runs["fp8_recipe"] = (

@@ -126,6 +126,7 @@ class Network:
     """The rings of the hierarchical collectives are ordered by device id, so a tree automorphism
     that reorders ids can change a cost on a graph (:mod:`nest.graph.placements`)."""
     priced_by_levels = False
+    offers_deepep = False
     """The derived levels number the devices; the links price the traffic."""
 
     def __post_init__(self) -> None:
