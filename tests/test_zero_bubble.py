@@ -271,3 +271,32 @@ def test_the_timeline_draws_the_w_passes(tmp_path):
     view = plot_timeline(sim, tmp_path / "zb.png")
     assert (tmp_path / "zb.png").stat().st_size > 0
     assert view.bars == 3 * 4 * 3  # F, B and W of every microbatch on every rank
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan"])
+def test_the_exports_run_zb_h1_as_1f1b_and_say_so(target):
+    """Neither upstream Megatron-LM nor torchtitan runs a single-stage-per-rank zero-bubble
+    schedule: the export runs the nearest plan (1F1B), names what changed in one line, and
+    re-scores it (as the same plan under 1F1B exports)."""
+    from nest.export import export_plan
+
+    problem = make_problem(make_spec(layers=6), global_batch=8)
+    plan = _plan(problem, "zb_h1")
+    result = export_plan(problem, plan, target)
+    said = " ".join(result.warnings)
+    assert "zb_h1" in said.lower() or "zb-h1" in said.lower()
+    assert "used 1F1B" in said
+    one = export_plan(problem, _plan(problem, "1f1b"), target)
+    assert result.exported_iteration_time_s == pytest.approx(
+        one.exported_iteration_time_s, rel=1e-12
+    )
+
+
+def test_export_runnable_megatron_leaves_zb_h1_out():
+    from nest.dp.planner import NestPlanner
+
+    problem = make_problem(make_spec(layers=6), global_batch=8)
+    plan = NestPlanner(schedules=["1f1b", "zb_h1"], export_runnable="megatron").solve(problem)
+    assert plan.schedule is Schedule.ONE_F_ONE_B
+    with pytest.raises(UserError, match="no schedule megatron runs"):
+        NestPlanner(schedules=["zb_h1"], export_runnable="megatron").solve(problem)
