@@ -888,11 +888,6 @@ class AnalyticModel:
             fwd_of[name] = (load * fwd_of[name][0], load * fwd_of[name][1])
         gemm_fwd = sum(f for f, _ in fwd_of.values())
         gemm_bwd = sum(b_ for _, b_ in fwd_of.values())
-        # the weight-gradient halves of the backward GEMMs (the most loaded rank's experts)
-        wgrad = sum(
-            (load if name in EXPERT_LINEARS else 1.0) * self._wgrad_s(device, [g], fp8)
-            for name, g in gemms.items()
-        )
         cast_fwd, cast_bwd = self._cast_s(gemms, device)
         attn_s, core_flops, core_ew_s = self._attention_s(ref, shard, device)
         # Memory-bound elementwise work (norms, residual adds, activation function, dropout,
@@ -926,7 +921,10 @@ class AnalyticModel:
             fwd_flops=flops,
             fwd_s=fwd_s,
             bwd_s=bwd_s,
-            wgrad_s=wgrad,
+            wgrad_s=sum(  # the most loaded rank's expert GEMMs, as fwd_of's
+                (load if name in EXPERT_LINEARS else 1.0) * self._wgrad_s(device, [g], fp8)
+                for name, g in gemms.items()
+            ),
             recompute_s={
                 Recompute.NONE: none_s,
                 Recompute.SELECTIVE: core_s,
