@@ -1,6 +1,6 @@
 """The recurrence: optimal partition and per-stage recompute for one configuration.
 
-Objective (the shared evaluator's, :mod:`nest.cost.pipeline`, 1F1B):
+Objective (the shared evaluator's, :mod:`nest.cost.pipeline`, 1F1B; ZB-H1 below):
 ``T = sum_r t_r + (m - 1) max_r t_r + max_r max(0, sync_r - B_r [- b_r]) + max_r opt_r`` with
 ``t_r = f_r + b_r`` and ``B_r = sum_{q<r} b_q``. It is not additive over stages, so the DP keeps,
 per state, a Pareto set of labels instead of one value.
@@ -42,6 +42,19 @@ log-sum-exp but recomputes the whole attention core) thus cost one row each and 
 Memory is checked first, for every ``j`` of a state at once (:meth:`StageModel.fits_from`), and
 a stage's terms come from one numpy row per (rank, first layer, mode)
 (:func:`nest.dp.rows.stage_row`).
+
+**ZB-H1** (:mod:`nest.cost.pipeline`) runs the same recurrence with three changes. The sum
+term adds the stage's ``u = t - w - c`` instead of ``t`` and a sixth label entry ``X`` keeps the
+largest tail term ``e = w + c`` (``w`` the stage's W pass, ``c = min(w, f, b')``), so
+``T = S + (m - 1) M + X + E + O``; ``X`` is a maximum like ``O``, and dominance adds
+``max(0, dX)``. ``B`` sums the B passes ``b' = b - w`` and rank ``r``'s sync is hidden by
+``max(0, B - r w)`` (own work with overlap: ``w``), still non-increasing and 1-Lipschitz in ``B``.
+The bounds use ``u >= t - 2 w`` (``c <= w``): the sum term's floor over layers ``i..j`` is their
+floors less twice their W passes (the same in every plan), and ``X >= 0``. Fastest mode only:
+a slower mode adds ``d`` to ``b'`` and ``t``; when the fastest mode's ``c`` is ``min(w, f)``
+(its ``b'`` at least that) every slower mode has the same ``c``, so ``u`` grows by ``d``, ``e`` and
+``X`` do not change, and the 1F1B argument holds; otherwise ``c`` may grow with ``b'`` (``u`` then
+grows by less than ``d``, ``e`` by the rest) and every fitting mode extends the stage.
 
 Complexity per configuration: ``O(pp * L^2 * modes)`` stage evaluations (each O(1) from prefix
 sums) times the kept-set sizes, which stay small because identical blocks give identical labels.
