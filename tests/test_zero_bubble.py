@@ -338,3 +338,25 @@ def test_random_evaluated_zb_h1_plans_match_the_simulator_within_the_bounds():
             assert lower * (1 - 1e-9) <= value <= upper * (1 + 1e-9), seed
         checked += 1
     assert checked >= 20, checked
+
+
+def test_only_the_fastest_mode_extends_a_stage_unless_its_b_pass_is_the_credit():
+    """nest/dp/recurrence.py: under ZB-H1 a slower recompute mode adds ``d`` to ``b'`` and ``t``;
+    when the fastest mode's ``b' >= min(w, f)`` the credit ``c = min(w, f, b')`` is the same for
+    every mode and the fastest one is enough (1F1B's argument); else every fitting mode
+    extends."""
+    from nest.dp.recurrence import extending_modes
+    from nest.dp.rows import StageRow
+
+    def row(f, b_pass, w):
+        t = f + b_pass + w
+        return StageRow([t], [b_pass + w], [0.0], [0.0], [t], [0.0], [b_pass], [w])
+
+    fast, slow = row(1.0, 1.0, 0.5), row(1.0, 1.4, 0.5)
+    fitting = [(3.4 - 0.0, "slow", slow), (2.5, "fast", fast)]
+    assert [m for _, m, _ in extending_modes(fitting, 0, True)] == ["fast"]
+    assert [m for _, m, _ in extending_modes(fitting, 0, False)] == ["fast"]
+    fast, slow = row(1.0, 0.2, 0.5), row(1.0, 0.6, 0.5)  # b' < min(w, f): c grows with b'
+    fitting = [(1.7, "fast", fast), (2.1, "slow", slow)]
+    assert [m for _, m, _ in extending_modes(fitting, 0, True)] == ["fast", "slow"]
+    assert [m for _, m, _ in extending_modes(fitting, 0, False)] == ["fast"]

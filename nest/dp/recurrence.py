@@ -203,7 +203,7 @@ def backtrack(best: Label) -> list:
     return choices[::-1]
 
 
-def _extending(fitting: list, k: int, zero_bubble: bool) -> list:
+def extending_modes(fitting: list, k: int, zero_bubble: bool) -> list:
     """The fitting modes ``(t, mode, row)`` that extend a stage (module docstring): the fastest
     (ties: the first), or under ZB-H1, when the fastest one's B pass is shorter than its
     forward and its W pass (so its credit ``c = min(w, f, b')`` is ``b'`` and a slower mode's
@@ -287,7 +287,7 @@ def solve_config(
                             common = stage_common(sm, r, i)
                         row = rows[mode] = stage_row(sm, r, i, mode, common)
                     fitting.append((row.time_s[j - i], mode, row))
-                for _, mode, row in _extending(fitting, j - i, zero_bubble):
+                for _, mode, row in extending_modes(fitting, j - i, zero_bubble):
                     k = j - i
                     t, b = row.time_s[k], row.bwd_s[k]
                     u, e, drain, w = row.sum_s[k], row.tail_s[k], row.drain_s[k], row.wgrad_s[k]
