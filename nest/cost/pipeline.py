@@ -30,7 +30,10 @@ of ``b_r`` (:attr:`nest.core.layers.LayerCost.wgrad_s`) and ``b'_r = b_r - w_r``
   rank's (the list schedule is monotone in each task's length), so the formula's error is at
   most ``max(padded, 1F1B formula) / (m max_r t_r) - 1`` (``tests/test_zero_bubble.py`` checks
   this on random stages; measured at most 13 % there, the 1F1B formula's on 1F1B 16 %).
-  ZB-H1 needs ``m >= p`` and ``p >= 2`` (with one stage it is 1F1B).
+  ZB-H1 needs ``m >= p`` and ``p >= 2`` (with one stage it is 1F1B). ZB-H2 (§2.2) is not
+  modelled: under a global synchronisation before the optimizer step (no post-validation, §4)
+  no schedule beats ``m (T_F + T_B + T_W) + (p - 1) T_F`` on equal stages (the last stage gets
+  its first microbatch after ``(p - 1) T_F``), which is ZB-H1's time less ``(p - 1)(T_B - T_W)``.
 - In-flight microbatches (activations held) on rank ``r``: 1F1B ``min(p - r, m)`` (PipeDream-flush;
   Megatron-Core runs ``p - r - 1`` warm-up forwards); GPipe ``m``; interleaved: Megatron-Core's
   ``(p - r - 1) * 2 + (v - 1) * p`` warm-up chunk-forwards plus the one in steady state, capped
