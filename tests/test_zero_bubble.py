@@ -360,3 +360,37 @@ def test_only_the_fastest_mode_extends_a_stage_unless_its_b_pass_is_the_credit()
     fitting = [(1.7, "fast", fast), (2.1, "slow", slow)]
     assert [m for _, m, _ in extending_modes(fitting, 0, True)] == ["fast", "slow"]
     assert [m for _, m, _ in extending_modes(fitting, 0, False)] == ["fast"]
+
+
+def test_a_measured_profile_may_give_the_w_pass():
+    """A profile's optional ``wgrad_s`` (nest/profile/schema.py) is the W pass: a profile of the
+    analytic model carries it, so a ZB-H1 plan evaluates on the profile as on the model; without
+    it W is 0 and ZB-H1 takes 1F1B's time; more W than backward is a one-line error."""
+    from dataclasses import replace
+
+    from nest.core.problem import Problem
+    from nest.profile.convert import profile_of
+    from nest.profile.model import ProfileModel
+    from nest.profile.schema import profile_from_dict, profile_to_dict
+
+    problem = make_problem(make_spec(layers=6), global_batch=8)
+    shards = [Shard(tp=1, cp=1, ep=1, sp=False, mbs=1)]
+    prof = profile_of(problem.model, problem.cluster.device, shards=shards)
+    prof = profile_from_dict(profile_to_dict(prof))  # through the file format
+    measured = Problem(model=ProfileModel(prof), cluster=problem.cluster, training=problem.training)
+    zb = _plan(problem, "zb_h1")
+    assert evaluate(measured, zb).iteration_time_s == pytest.approx(
+        evaluate(problem, zb).iteration_time_s, rel=1e-12
+    )
+    layers = tuple(replace(x, wgrad_s=None) for x in prof.measurements[0].layers)
+    bare = replace(prof, measurements=(replace(prof.measurements[0], layers=layers),))
+    unsplit = Problem(model=ProfileModel(bare), cluster=problem.cluster, training=problem.training)
+    assert evaluate(unsplit, zb).pipeline_time_s == pytest.approx(
+        evaluate(unsplit, _plan(problem, "1f1b")).pipeline_time_s, rel=1e-12
+    )
+    raw = profile_to_dict(prof)
+    raw["measurements"][0]["layers"][1]["wgrad_s"] = (
+        2 * raw["measurements"][0]["layers"][1]["bwd_s"]
+    )
+    with pytest.raises(UserError, match="wgrad_s=.* exceeds bwd_s"):
+        profile_from_dict(raw)
