@@ -76,6 +76,9 @@ class DeviceConfig:
     kernel_figures_peak_tflops: float | None = None
     """``shape``: the peak of the chip the four figures above were published for; a device whose
     ``peak_tflops`` differs (e.g. another chip given by overrides) does not use them."""
+    host_link_gbps: float | None = None
+    """Device-to-host-memory link, GB/s (decimal) per direction (datasheet: PCIe Gen5 x16 64,
+    NVLink-C2C 450); null: no host link, nothing offloaded."""
 
 
 @dataclass
@@ -522,6 +525,11 @@ def build_device(cfg: Any) -> Device:
             )
         ),
         attention_efficiency=_attention_table(where, c.get("attention_efficiency") or []),
+        host_link_bw_bytes_per_s=(
+            None
+            if c.get("host_link_gbps") is None
+            else units.gbps_to_bytes_per_s(_physical(where, c, "host_link_gbps"))
+        ),
         **_fp8_figures(where, c),
     )
 
@@ -608,6 +616,12 @@ PHYSICAL_RANGES = {
     "hbm_gb": (1, 1024, "GB", "device memories run from 16 GB to 288 GB"),
     "hbm_gib": (1, 1024, "GiB", "device memories run from 16 GB to 288 GB"),
     "hbm_bw_gbps": (10, 100_000, "GB/s", "HBM runs from ~900 GB/s (V100) to ~8,000 (B200)"),
+    "host_link_gbps": (
+        1,
+        10_000,
+        "GB/s per direction",
+        "host links run from PCIe Gen3 x16 (16 GB/s) to NVLink-C2C (450 GB/s)",
+    ),
     "bw_gbps": (
         0.01,
         100_000,
