@@ -31,7 +31,7 @@ from nest.core.problem import Problem
 from nest.core.report import MemoryReport, Report
 from nest.core.units import GiB
 from nest.cost import evaluate
-from nest.cost.state import ModelState
+from nest.cost.state import ModelState, can_offload_optimizer
 
 
 @runtime_checkable
@@ -188,20 +188,24 @@ def finish(
     return plan, report
 
 
-def model_state_lower_bound_bytes(problem: Problem) -> float:
+def model_state_lower_bound_bytes(problem: Problem, offload: bool = False) -> float:
     """Per-device memory no plan can go below: model states spread perfectly over every device.
 
     ``params * (weight + gradient + optimizer bytes) / devices + reserve``: the model state of
     ZeRO-3 sharded over every device (:class:`nest.cost.state.ModelState`); activations come on
-    top.
+    top. ``offload``: the space may offload the optimizer state to host memory
+    (:attr:`nest.core.plan.ParallelConfig.optimizer_offload`), so it counts no optimizer bytes.
     """
     cluster = problem.cluster
-    everywhere = ModelState.of(problem, zero_stage=3, dp=cluster.num_devices, cp=1, ep=1)
+    offload = offload and can_offload_optimizer(problem)
+    everywhere = ModelState.of(
+        problem, zero_stage=3, dp=cluster.num_devices, cp=1, ep=1, optimizer_offload=offload
+    )
     state = everywhere.state_bytes(problem.model.total_params(), 0.0)
     return state + cluster.device.memory_reserve_bytes
 
 
-def check_memory_floor(problem: Problem, planner_name: str) -> None:
+def check_memory_floor(problem: Problem, planner_name: str, offload: bool = False) -> None:
     """Raise :class:`Infeasible` at once when no plan of any planner can fit a device.
 
     The floor (:func:`model_state_lower_bound_bytes`) holds for every plan: each parameter's
@@ -212,7 +216,7 @@ def check_memory_floor(problem: Problem, planner_name: str) -> None:
     """
     cluster, training = problem.cluster, problem.training
     have = cluster.device.hbm_bytes
-    floor = model_state_lower_bound_bytes(problem)
+    floor = model_state_lower_bound_bytes(problem, offload)
     if floor <= have:
         return
     m = problem.model

@@ -191,6 +191,9 @@ class TrainingConfig:
     precision: str = TRAINING_DEFAULTS["precision"]
     fp8_recipe: str = TRAINING_DEFAULTS["fp8_recipe"]
     fp8_param_gather: bool = TRAINING_DEFAULTS["fp8_param_gather"]
+    cpu_adam_params_per_s: float = TRAINING_DEFAULTS["cpu_adam_params_per_s"]
+    """Parameters per second the host CPU updates for one device whose optimizer state is
+    offloaded (ZeRO-Offload's CPU-Adam rate over 8 devices per host)."""
 
 
 @dataclass
@@ -902,6 +905,9 @@ def build_training(cfg: Any) -> Training:
         fp8_recipe=str(c.get("fp8_recipe", TRAINING_DEFAULTS["fp8_recipe"])),
         zero3_prefetch_params=_prefetch_params(c.get("zero3_prefetch_params")),
         moe_routing=str(c.get("moe_routing", TRAINING_DEFAULTS["moe_routing"])),
+        cpu_adam_params_per_s=float(
+            c.get("cpu_adam_params_per_s", TRAINING_DEFAULTS["cpu_adam_params_per_s"])
+        ),
         **{key: bool(c.get(key, TRAINING_DEFAULTS[key])) for key in flags},
     )
 

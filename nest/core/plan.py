@@ -77,6 +77,10 @@ class ParallelConfig:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: int = 1
     """Model chunks per pipeline rank (interleaved schedule); 1 otherwise."""
+    optimizer_offload: bool = False
+    """The optimizer state (fp32 master weights, Adam's m and v) of each device's shard lives in
+    host memory and the host CPU runs its step (Megatron-Core ``--optimizer-cpu-offload``,
+    DeepSpeed ZeRO-Offload): :class:`nest.cost.state.ModelState`. False: on the device."""
     rank_order: tuple[Axis, ...] | None = None
     """Innermost-first axis order the placement is built from (:func:`place`); None for an
     explicit placement, or when the placement is not part of the comparison."""
@@ -94,6 +98,10 @@ class ParallelConfig:
             )
         if self.zero_stage not in (0, 1, 2, 3):
             raise UserError(f"plan zero_stage={self.zero_stage!r}; use 0, 1, 2 or 3")
+        if not isinstance(self.optimizer_offload, bool | np.bool_):
+            raise UserError(
+                f"plan optimizer_offload={self.optimizer_offload!r} must be true or false"
+            )
         if self.schedule is not Schedule.INTERLEAVED and self.virtual_stages != 1:
             raise UserError(
                 f"virtual_stages={self.virtual_stages} needs schedule=interleaved "
@@ -198,6 +206,7 @@ class Plan:
     microbatch_size = property(lambda self: self.config.microbatch_size)
     zero_stage = property(lambda self: self.config.zero_stage)
     schedule = property(lambda self: self.config.schedule)
+    optimizer_offload = property(lambda self: self.config.optimizer_offload)
     virtual_stages = property(lambda self: self.config.virtual_stages)
     rank_order = property(lambda self: self.config.rank_order)
 

@@ -105,6 +105,18 @@ def check_plan(problem: Problem, plan: Plan) -> None:
             f"x dp({plan.dp}) != global_batch({global_batch}); global_batch must be divisible by "
             "microbatch_size * dp"
         )
+    if plan.optimizer_offload:
+        device = cluster.device
+        if device.host_link_bw_bytes_per_s is None:
+            raise UserError(
+                f"plan optimizer_offload=true but device {device.name} has no host link "
+                "(host_link_gbps); set it in the device preset or plan without offload"
+            )
+        if problem.training.optimizer_state_bytes_per_param == 0:
+            raise UserError(
+                f"plan optimizer_offload=true but training.optimizer="
+                f"{problem.training.optimizer} keeps no state to offload; plan without offload"
+            )
     if plan.schedule is Schedule.INTERLEAVED:
         if plan.virtual_stages < 2 or plan.pp < 2:
             raise UserError("schedule=interleaved needs pp >= 2 and virtual_stages >= 2")
@@ -300,6 +312,7 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
         cp=plan.cp,
         ep=plan.ep,
         fold=plan.config.expert_fold,
+        optimizer_offload=plan.optimizer_offload,
     )
     groups = rank_groups(plan, cluster)
     chunks = _chunks(problem, plan)

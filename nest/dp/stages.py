@@ -46,13 +46,14 @@ from nest.dp.space import interleaved_chunks
 
 MODES = tuple(Recompute)
 
-PLACED_FLOOR_IGNORES = frozenset({"zero_stage", "schedule", "virtual_stages"})
+PLACED_FLOOR_IGNORES = frozenset({"zero_stage", "schedule", "virtual_stages", "optimizer_offload"})
 """The :class:`~nest.core.plan.ParallelConfig` fields :meth:`StageModel.placed_floor_s` does
 not read (its key keeps ``zero_stage >= 3``, which decides the ZeRO-3 floor)."""
 
-CHUNK_IGNORES = frozenset({"zero_stage"})
+CHUNK_IGNORES = frozenset({"zero_stage", "optimizer_offload"})
 """The fields :meth:`StageModel.chunk_costs` does not read (its key keeps ``zero_stage >= 3``:
-ZeRO-3's traffic and gathered weights; stages 0-2 differ only in state bytes and sync)."""
+ZeRO-3's traffic and gathered weights; stages 0-2 differ only in state bytes and sync; the
+optimizer offload changes only the state bytes and the optimizer step)."""
 
 POOLED_KNOWN = frozenset(
     {
@@ -66,6 +67,7 @@ POOLED_KNOWN = frozenset(
         "schedule",
         "virtual_stages",
         "rank_order",
+        "optimizer_offload",
     }
 )
 """The :class:`~nest.core.plan.ParallelConfig` fields :meth:`StageModel._pooled_key` accounts
@@ -173,7 +175,13 @@ class StageModel:
         self.head_index = n - 1
         self.tied_copy_params = costs[-1].tied_copy_params
         self.state = ModelState.of(
-            problem, zero_stage=c.zero_stage, dp=c.dp, cp=c.cp, ep=c.ep, fold=c.expert_fold
+            problem,
+            zero_stage=c.zero_stage,
+            dp=c.dp,
+            cp=c.cp,
+            ep=c.ep,
+            fold=c.expert_fold,
+            optimizer_offload=c.optimizer_offload,
         )
         # the state bytes are linear in the parameters (ModelState): their two coefficients
         self._state_per_param = self.state.state_bytes_per_param()
