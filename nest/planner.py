@@ -262,15 +262,17 @@ def infeasible_memory(
     exact: bool = False,
     zero_stages: Sequence[int] = ZERO_STAGES,
     recompute: Sequence[str] = RECOMPUTE_MODES,
+    offload: bool = False,
 ) -> Infeasible:
     """An :class:`Infeasible` that says what memory was missing and which knobs would help.
 
     ``exact``: ``best_peak_bytes`` is the smallest peak of every plan in the planner's space
     (the ``zero_stages`` and ``recompute`` modes it searched), not just of the plans it tried;
-    a restriction of either is then named as a knob to widen."""
+    a restriction of either is then named as a knob to widen, and so is the optimizer offload
+    (``offload``: searched) where the device has a host link."""
     cluster = problem.cluster
     have = cluster.device.hbm_bytes
-    bound = model_state_lower_bound_bytes(problem)
+    bound = model_state_lower_bound_bytes(problem, offload)
     widen = []
     if best_peak_bytes is None:
         need = f"{planner_name} found no valid configuration"
@@ -284,6 +286,8 @@ def infeasible_memory(
             widen.append(f"solver.zero_stages={list(ZERO_STAGES)}")
         if set(modes) < set(RECOMPUTE_MODES):
             widen.append(f"solver.recompute=[{','.join(RECOMPUTE_MODES)}]")
+        if not offload and can_offload_optimizer(problem):
+            widen.append("solver.offload=true")
     else:
         need = (
             f"the smallest plan {planner_name} tried needs {best_peak_bytes / GiB:.1f} GiB per "
@@ -315,7 +319,10 @@ def infeasible_memory(
 # - ``recompute=full`` on every stage (stores only each block's input);
 # - the next ZeRO stage (shards the optimizer state, then the gradients, then the weights);
 # - a microbatch half the size (half the stored activations per microbatch, twice as many
-#   microbatches: the global batch is unchanged).
+#   microbatches: the global batch is unchanged);
+# - the optimizer state offloaded to host memory, where the device has a host link and the
+#   optimizer keeps state (Megatron-Core ``--optimizer-cpu-offload``; ``solver.offload=true``
+#   searches it).
 #
 # "Cheapest" is the shortest iteration among the knobs that fit; when none fits alone, the line
 # gives the one that saves the most and what is still missing.
@@ -346,8 +353,9 @@ def largest_term(memory: MemoryReport) -> tuple[str, float]:
     return name, terms[name]
 
 
-def knobs(plan: Plan) -> Iterator[tuple[str, Plan]]:
-    """The plans one setting away from ``plan`` that may need less memory (module docstring)."""
+def knobs(plan: Plan, problem: Problem | None = None) -> Iterator[tuple[str, Plan]]:
+    """The plans one setting away from ``plan`` that may need less memory (module docstring);
+    the optimizer offload only with ``problem`` (it needs the device's host link)."""
     if any(s.recompute is not Recompute.FULL for s in plan.stages):
         stages = tuple(replace(s, recompute=Recompute.FULL) for s in plan.stages)
         yield "recompute=full on every stage", replace(plan, stages=stages)
@@ -364,6 +372,11 @@ def knobs(plan: Plan) -> Iterator[tuple[str, Plan]]:
                 num_microbatches=2 * plan.num_microbatches,
             ),
         )
+    if problem is not None and not plan.optimizer_offload and can_offload_optimizer(problem):
+        yield (
+            "optimizer state offloaded to host memory (solver.offload=true)",
+            replace(plan, config=replace(plan.config, optimizer_offload=True)),
+        )
 
 
 def memory_fix(problem: Problem, plan: Plan, report: Report) -> str | None:
@@ -378,7 +391,7 @@ def memory_fix(problem: Problem, plan: Plan, report: Report) -> str | None:
         f"{TERM_NAMES[term]} ({term_bytes / GiB:.2f} GiB)"
     )
     scored = []
-    for label, changed in knobs(plan):
+    for label, changed in knobs(plan, problem):
         try:
             after = evaluate(problem, changed)
         except UserError:

@@ -131,6 +131,12 @@ def memory_table(report: Report) -> list[str]:
             + f" {m.total_bytes / GiB:>7.2f} {m.capacity_bytes / GiB:>7.2f}  "
             f"{m.activations_per_microbatch_bytes / GiB:.3f} x {m.in_flight_microbatches:g}"
         )
+    host = [(r.pp_rank, r.memory.host_optimizer_bytes) for r in report.ranks]
+    if any(b > 0 for _, b in host):
+        out.append(
+            "optimizer state offloaded to host memory (GiB per device, not in the total): "
+            + ", ".join(f"rank {r} {b / GiB:.2f}" for r, b in host)
+        )
     return out
 
 

@@ -30,6 +30,10 @@ class MemoryReport:
     comm_buffers_bytes: float = 0.0
     """The part of ``transient_bytes`` that is communication buffers: under ZeRO-3 the weights
     gathered beyond the device's shard for the layer at the peak."""
+    host_optimizer_bytes: float = 0.0
+    """Optimizer state of the device's shard kept in host memory (optimizer offload:
+    :meth:`nest.cost.state.ModelState.host_optimizer_bytes`); not on the device, so not in
+    ``total_bytes`` (:meth:`host_terms`)."""
 
     @property
     def fits(self) -> bool:
@@ -48,6 +52,11 @@ class MemoryReport:
             "transient": self.transient_bytes - self.comm_buffers_bytes,
             "reserve": self.reserve_bytes,
         }
+
+    def host_terms(self) -> dict[str, float]:
+        """What the device keeps in its host's memory instead, bytes (outside ``total_bytes``
+        and the capacity check): the offloaded optimizer state."""
+        return {"optimizer_state": self.host_optimizer_bytes}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,6 +173,7 @@ class Report:
         for rank_dict, rank in zip(out["ranks"], self.ranks, strict=True):
             rank_dict["memory"]["fits"] = rank.memory.fits
             rank_dict["memory"]["terms"] = rank.memory.terms()
+            rank_dict["memory"]["host_terms"] = rank.memory.host_terms()
         return out
 
     def memory_summary(self) -> str:

@@ -111,6 +111,8 @@ def report_to_dict(plan: Plan, report: Report) -> dict:
                     "pp_rank": r.pp_rank,
                     **r.memory.terms(),
                     "total": r.memory.total_bytes,
+                    # in host memory, outside the total (optimizer offload)
+                    "host_optimizer_state": r.memory.host_optimizer_bytes,
                     "capacity": r.memory.capacity_bytes,
                     "activations_per_microbatch": r.memory.activations_per_microbatch_bytes,
                     "in_flight_microbatches": r.memory.in_flight_microbatches,

@@ -13,6 +13,10 @@
   recomputed block's full activations during its backward (``act_none - act_mode``), the bf16
   logits of the head, and, under ZeRO-3, the layer's weights gathered beyond the device's shard;
 - reserve: the framework's and allocator's overhead (the device preset's ``memory_reserve``).
+
+An offloaded optimizer (:attr:`nest.core.plan.ParallelConfig.optimizer_offload`) keeps its
+state in host memory: the device's optimizer term is 0 and the report carries the host's bytes
+apart (:meth:`nest.core.report.MemoryReport.host_terms`).
 """
 
 from nest.core.axes import Recompute
@@ -89,4 +93,5 @@ def rank_memory(
         activations_per_microbatch_bytes=stored,
         fp8_copies_bytes=resident,
         comm_buffers_bytes=comm,
+        host_optimizer_bytes=state.host_optimizer_bytes(dense_params, expert_params),
     )

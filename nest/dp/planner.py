@@ -500,6 +500,7 @@ class NestPlanner(SpacePlanner):
             exact=True,
             zero_stages=options.zero_stages,
             recompute=options.recompute,
+            offload=options.offload,
         )
         if least is None:
             return error
