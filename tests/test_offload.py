@@ -27,6 +27,7 @@ from nest.cost.state import ModelState
 from nest.dp.planner import NestPlanner
 from nest.dp.space import SpaceOptions, configurations
 from nest.exact.planner import ExactPlanner
+from nest.export import export_plan
 
 from .conftest import make_cluster, make_device, make_problem
 from .randomcase import assert_nest_equals_brute
@@ -295,3 +296,52 @@ def test_offload_is_off_by_default():
     assert NestPlanner().offload is False
     with pytest.raises(UserError, match="solver.offload"):
         NestPlanner(offload="yes").solve(problem)
+
+
+def _exported(problem, target, **kw):
+    return export_plan(problem, _fixed(problem, **kw), target)
+
+
+def test_megatron_exports_the_cpu_offload_flags_its_arguments_require():
+    """Megatron-LM ``validate_args`` asserts ``--use-precision-aware-optimizer`` with
+    ``--optimizer-cpu-offload``, and Megatron-Core's optimizer refuses the precision-aware
+    optimizer without ``--use-distributed-optimizer``: an offloaded ZeRO-1 plan carries all
+    three (and the full offload fraction), and is exported as planned."""
+    problem = _problem()
+    exp = _exported(problem, "megatron", optimizer_offload=True)
+    for flag in (
+        "--optimizer-cpu-offload",
+        "--optimizer-offload-fraction 1.0",
+        "--use-precision-aware-optimizer",
+        "--use-distributed-optimizer",
+    ):
+        assert flag in exp.text, flag
+    assert "--overlap-cpu-optimizer-d2h-h2d" not in exp.text  # scored without the overlap
+    assert exp.warnings == ()
+    assert exp.exported_plan["optimizer_offload"] is True
+    plain = _exported(problem, "megatron")
+    assert "--optimizer-cpu-offload" not in plain.text
+
+
+def test_megatron_moves_an_offloaded_zero0_plan_with_data_parallelism_to_zero1():
+    """ZeRO-0 has no distributed optimizer, which the precision-aware optimizer needs: with
+    data parallelism the nearest expressible plan is ZeRO-1, scored by the evaluator."""
+    problem = _problem()
+    plan = FixedPlanner(tp=2, pp=2, dp=2, zero_stage=0, optimizer_offload=True).solve(problem)
+    exp = export_plan(problem, plan, "megatron")
+    assert "optimizer offload with ZeRO-0" in exp.warnings[0]
+    assert exp.exported_plan["zero_stage"] == 1 and exp.exported_plan["optimizer_offload"]
+    nearest = FixedPlanner(tp=2, pp=2, dp=2, zero_stage=1, optimizer_offload=True).solve(problem)
+    assert exp.exported_iteration_time_s == pytest.approx(
+        evaluate(problem, nearest).iteration_time_s, rel=1e-12
+    )
+
+
+def test_torchtitan_refuses_the_optimizer_offload_as_not_expressible():
+    """torchtitan's ``training.enable_cpu_offload`` offloads FSDP's weights and gradients too:
+    the export warns and exports the plan with the optimizer on the device, scored."""
+    problem = _problem()
+    exp = _exported(problem, "torchtitan", optimizer_offload=True)
+    assert any("optimizer offload" in w for w in exp.warnings), exp.warnings
+    assert exp.exported_plan["optimizer_offload"] is False
+    assert "enable_cpu_offload = true" not in exp.text
