@@ -231,6 +231,8 @@ def check_memory_floor(problem: Problem, planner_name: str, offload: bool = Fals
         "use a larger-memory device",
     ]
     if training.optimizer_state_bytes_per_param:
+        if not offload and can_offload_optimizer(problem):
+            knobs.append("offload the optimizer state to host memory (solver.offload=true)")
         knobs.append(f"keep no optimizer state (training.optimizer=sgd; now {training.optimizer})")
     raise Infeasible(
         f"{m.name} does not fit on {cluster.name}: any plan needs {floor / GiB:.1f} GiB per "
