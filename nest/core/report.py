@@ -34,6 +34,9 @@ class MemoryReport:
     """Optimizer state of the device's shard kept in host memory (optimizer offload:
     :meth:`nest.cost.state.ModelState.host_optimizer_bytes`); not on the device, so not in
     ``total_bytes`` (:meth:`host_terms`)."""
+    host_activations_bytes: float = 0.0
+    """Stored activations of the in-flight microbatches kept in host memory (activation
+    offload: :func:`nest.cost.memory.host_bytes`); not in ``total_bytes``."""
 
     @property
     def fits(self) -> bool:
@@ -55,8 +58,11 @@ class MemoryReport:
 
     def host_terms(self) -> dict[str, float]:
         """What the device keeps in its host's memory instead, bytes (outside ``total_bytes``
-        and the capacity check): the offloaded optimizer state."""
-        return {"optimizer_state": self.host_optimizer_bytes}
+        and the capacity check): the offloaded optimizer state and activations."""
+        return {
+            "optimizer_state": self.host_optimizer_bytes,
+            "activations": self.host_activations_bytes,
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +95,9 @@ class StageReport:
     """Forward time of this chunk per microbatch, communication included."""
     bwd_s: float
     """Backward time (recompute included) per microbatch."""
+    offload_exposed_s: float = 0.0
+    """Activation offload: the part of the chunk's copies to and from host memory its compute
+    does not hide (:mod:`nest.cost.offload`), in ``bwd_s``."""
 
     @property
     def time_s(self) -> float:

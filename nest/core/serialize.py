@@ -18,6 +18,7 @@ def _choices(plan: Plan) -> dict:
         "num_microbatches": plan.num_microbatches,
         "zero_stage": plan.zero_stage,
         "optimizer_offload": plan.optimizer_offload,
+        "activation_offload": plan.activation_offload,
         "schedule": str(plan.schedule),
         "virtual_stages": plan.virtual_stages,
         "sequence_parallel": plan.sequence_parallel,
@@ -59,6 +60,7 @@ def plan_from_dict(d: dict) -> Plan:
             microbatch_size=d["microbatch_size"],
             zero_stage=d["zero_stage"],
             optimizer_offload=bool(d.get("optimizer_offload", False)),
+            activation_offload=bool(d.get("activation_offload", False)),
             schedule=Schedule(d["schedule"]),
             virtual_stages=d.get("virtual_stages", 1),
             rank_order=tuple(Axis(a) for a in d["rank_order"]) if d.get("rank_order") else None,
@@ -113,6 +115,7 @@ def report_to_dict(plan: Plan, report: Report) -> dict:
                     "total": r.memory.total_bytes,
                     # in host memory, outside the total (optimizer offload)
                     "host_optimizer_state": r.memory.host_optimizer_bytes,
+                    "host_activations": r.memory.host_activations_bytes,
                     "capacity": r.memory.capacity_bytes,
                     "activations_per_microbatch": r.memory.activations_per_microbatch_bytes,
                     "in_flight_microbatches": r.memory.in_flight_microbatches,

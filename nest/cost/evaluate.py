@@ -5,7 +5,8 @@ A short composition of the cost model's public terms, which the planners call to
 - per chunk (pipeline stage) and microbatch, seconds (:func:`_stage_report`):
   ``f = compute_fwd + TP/CP/EP collectives + exposed ZeRO-3 weight gathers + p2p send of the
   output``; ``b = compute_bwd + recompute (+ its collectives) + TP/CP/EP collectives + exposed
-  ZeRO-3 gathers and gradient reduce-scatters + p2p send of the input gradient``. Layer terms:
+  ZeRO-3 gathers and gradient reduce-scatters + p2p send of the input gradient + activation
+  offload's copies the compute does not hide`` (:mod:`nest.cost.offload`). Layer terms:
   :mod:`nest.cost.compute`; collectives on the rank's groups, each costing its slowest group:
   :mod:`nest.cost.groups` over :mod:`nest.cost.collectives`; ZeRO-3 traffic, layer by
   layer with FSDP's prefetch overlap: :mod:`nest.cost.fsdp`; p2p at the slowest device pair of
@@ -44,7 +45,8 @@ from nest.cost.compute import (
     recompute_s,
 )
 from nest.cost.groups import AXES, RankGroups, rank_groups
-from nest.cost.memory import rank_memory
+from nest.cost.memory import host_bytes, rank_memory
+from nest.cost.offload import offload_exposed_s
 from nest.cost.pipeline import exposed_sync_s, in_flight_microbatches, pipeline_time_s
 from nest.cost.state import ModelState
 
@@ -105,18 +107,18 @@ def check_plan(problem: Problem, plan: Plan) -> None:
             f"x dp({plan.dp}) != global_batch({global_batch}); global_batch must be divisible by "
             "microbatch_size * dp"
         )
-    if plan.optimizer_offload:
+    for name in ("optimizer_offload", "activation_offload"):
         device = cluster.device
-        if device.host_link_bw_bytes_per_s is None:
+        if getattr(plan, name) and device.host_link_bw_bytes_per_s is None:
             raise UserError(
-                f"plan optimizer_offload=true but device {device.name} has no host link "
+                f"plan {name}=true but device {device.name} has no host link "
                 "(host_link_gbps); set it in the device preset or plan without offload"
             )
-        if problem.training.optimizer_state_bytes_per_param == 0:
-            raise UserError(
-                f"plan optimizer_offload=true but training.optimizer="
-                f"{problem.training.optimizer} keeps no state to offload; plan without offload"
-            )
+    if plan.optimizer_offload and problem.training.optimizer_state_bytes_per_param == 0:
+        raise UserError(
+            f"plan optimizer_offload=true but training.optimizer="
+            f"{problem.training.optimizer} keeps no state to offload; plan without offload"
+        )
     if plan.schedule is Schedule.INTERLEAVED:
         if plan.virtual_stages < 2 or plan.pp < 2:
             raise UserError("schedule=interleaved needs pp >= 2 and virtual_stages >= 2")
@@ -232,8 +234,13 @@ def _stage_report(
     compute_fwd = sum(cost.fwd_s for cost, _, _ in chunk.layers)
     compute_bwd = sum(cost.bwd_s for cost, _, _ in chunk.layers)
     redo = sum(recompute_s(cost, mode, blk) for cost, mode, blk in chunk.layers)
+    offload = 0.0
+    if plan.activation_offload:
+        moved = sum(host_bytes(cost, mode, blk) for cost, mode, blk in chunk.layers)
+        bw = cluster.device.host_link_bw_bytes_per_s
+        offload = offload_exposed_s(moved, compute_fwd, compute_bwd + redo, bw)
     fwd = compute_fwd + sum(f for f, _ in comm.values()) + zero3_fwd + p2p_fwd
-    bwd = compute_bwd + redo + sum(b for _, b in comm.values()) + zero3_bwd + p2p_bwd
+    bwd = compute_bwd + redo + sum(b for _, b in comm.values()) + zero3_bwd + p2p_bwd + offload
     return StageReport(
         index=k,
         pp_rank=k % plan.pp,
@@ -255,6 +262,7 @@ def _stage_report(
         p2p_bwd_s=p2p_bwd,
         fwd_s=fwd,
         bwd_s=bwd,
+        offload_exposed_s=offload,
     )
 
 
@@ -289,6 +297,7 @@ def _rank_report(
         in_flight=in_flight,
         reserve_bytes=device.memory_reserve_bytes,
         capacity_bytes=device.hbm_bytes,
+        offload=plan.activation_offload,
     )
     return RankReport(
         pp_rank=r,

@@ -104,6 +104,7 @@ import numpy as np
 from nest.core.alphabeta import OPS
 from nest.core.axes import GroupKind, LayerKind, Recompute, Schedule
 from nest.core.layers import Collective, Shard
+from nest.core.plan import NO_OFFLOAD, Offload
 from nest.core.problem import Problem
 from nest.cost.collectives import floor_forms, p2p_floor_s
 from nest.cost.compute import bwd_collectives, exposed_s, fwd_collectives, recompute_s
@@ -450,7 +451,11 @@ class Floors:
         return got
 
     def config_bound_s(
-        self, family: Family, zero: int, schedule: tuple[Schedule, int], offload: bool = False
+        self,
+        family: Family,
+        zero: int,
+        schedule: tuple[Schedule, int],
+        offload: Offload = NO_OFFLOAD,
     ) -> float:
         """No plan of these configurations (any rank order) is faster (module docstring)."""
         return self.family_bounds_s(family, ((schedule, zero, offload),))[0]
@@ -476,7 +481,9 @@ class Floors:
             got = per_zero.get((zero, offload))
             if got is None:
                 zd, zx = self._z3_coefs(f.dp, f.cp, f.ep, zero, f.fold)
-                opt_d, opt_x = self.per_param(f.dp, f.cp, f.ep, zero, f.fold, offload).optimizer_s
+                opt_d, opt_x = self.per_param(
+                    f.dp, f.cp, f.ep, zero, f.fold, offload.optimizer
+                ).optimizer_s
                 optimizer = (opt_d * (sf.dense_sum + tied) + opt_x * sf.expert_sum) / pp
                 z3 = self._z3_chunk_floor_s(f, sf, zero)
                 got = per_zero[zero, offload] = (zd, zx, optimizer, z3)
@@ -619,14 +626,24 @@ class Floors:
         return got
 
     def memory_floor_bytes(
-        self, family: Family, zero: int, schedule: tuple[Schedule, int], offload: bool = False
+        self,
+        family: Family,
+        zero: int,
+        schedule: tuple[Schedule, int],
+        offload: Offload = NO_OFFLOAD,
     ) -> float:
         """No plan of these configurations needs less per-device memory at its peak rank
         (module docstring: the average over ranks, the rank holding the worst single layer, and
-        the fixed ranks of an interleaved partition)."""
+        the fixed ranks of an interleaved partition). With activation offload the stored
+        activations are counted as 0 (the blocks keep none on the device; the embedding's and
+        the head's are left out, which only lowers the floor) and the transients without the
+        offload buffer (which only adds to them)."""
         sf = self._shard_of(family)
         pp = family.pp
-        per_param = self.per_param(family.dp, family.cp, family.ep, zero, family.fold, offload)
+        per_param = self.per_param(
+            family.dp, family.cp, family.ep, zero, family.fold, offload.optimizer
+        )
+        kept = 0.0 if offload.activations else 1.0  # stored activations on the device
         per_d, per_x = per_param.state_bytes
         gathered_d, gathered_x = per_param.gathered_bytes
         reserve_bytes = self.cluster.device.memory_reserve_bytes
@@ -636,13 +653,14 @@ class Floors:
             worst = 0.0
             for r in range(pp):
                 flight = in_flight_microbatches(r, pp, family.m, kind, v)
-                need = per_d * dense[r] + per_x * expert[r] + flight * act[r] + transient[r]
+                need = per_d * dense[r] + per_x * expert[r] + kept * flight * act[r] + transient[r]
                 worst = max(worst, need)
             return worst + reserve_bytes
         tied = sf.tied_copy if pp > 1 else 0.0
-        total = per_d * (sf.dense_sum + tied) + per_x * sf.expert_sum + float(sf.act_min.sum())
+        total = per_d * (sf.dense_sum + tied) + per_x * sf.expert_sum
+        total += kept * float(sf.act_min.sum())
         single = max(
-            per_d * d + per_x * x + a + t + gathered_d * d + gathered_x * x
+            per_d * d + per_x * x + kept * a + t + gathered_d * d + gathered_x * x
             for d, x, a, t in sf.mem_kinds
         )
         return max(total / pp, single) + reserve_bytes

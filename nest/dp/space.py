@@ -20,10 +20,12 @@ partition and the recompute modes:
 - the ZeRO stage 0-3 (only 0 when ``dp * cp == 1`` and no expert is replicated, i.e. the
   expert data parallelism ``dp * cp * tp / (etp * ep)`` is 1: nothing to shard, stages 1-3
   cost exactly what 0 costs);
-- the optimizer offload (:attr:`~nest.core.plan.ParallelConfig.optimizer_offload`) off, and also
-  on when ``SpaceOptions.offload`` is set, the device has a host link and the optimizer keeps
-  state (:func:`nest.cost.state.can_offload_optimizer`); off by default, so the space is unchanged
-  unless asked;
+- what it keeps in host memory (:class:`~nest.core.plan.Offload`): nothing, and, when
+  ``SpaceOptions.offload`` is set and the device has a host link, also the optimizer state
+  (:attr:`~nest.core.plan.ParallelConfig.optimizer_offload`, where the optimizer keeps state:
+  :func:`nest.cost.state.can_offload_optimizer`), the blocks' stored activations
+  (:attr:`~nest.core.plan.ParallelConfig.activation_offload`), and both; off by default, so the
+  space is unchanged unless asked;
 - the rank order: ``tp`` innermost, any order of ``cp, dp, pp`` above it; orders that place every
   device alike (same order of the axes of degree > 1) are kept once, the first in
   :func:`_orders`' order;
@@ -74,7 +76,7 @@ from nest.core.axes import (
 )
 from nest.core.errors import UserError
 from nest.core.layers import Shard
-from nest.core.plan import ParallelConfig
+from nest.core.plan import NO_OFFLOAD, Offload, ParallelConfig
 from nest.core.problem import Problem
 from nest.cost.state import can_offload_optimizer
 
@@ -99,8 +101,9 @@ class Family:
     orders: tuple[tuple[Axis, ...], ...]
     etp: int | None = None
     """Expert tensor degree: None (= tp) or 1 (:attr:`ParallelConfig.etp`)."""
-    offloads: tuple[bool, ...] = (False,)
-    """Optimizer offload off, or off and on (:attr:`ParallelConfig.optimizer_offload`)."""
+    offloads: tuple[Offload, ...] = (NO_OFFLOAD,)
+    """What the configurations keep in host memory: nothing, or also the optimizer state, the
+    activations and both (:class:`~nest.core.plan.Offload`)."""
 
     @property
     def fold(self) -> int:
@@ -108,7 +111,7 @@ class Family:
         return 1 if self.etp is None else self.tp // self.etp
 
     def config(
-        self, schedule: tuple[Schedule, int], zero: int, order, offload: bool = False
+        self, schedule: tuple[Schedule, int], zero: int, order, offload: Offload = NO_OFFLOAD
     ) -> ParallelConfig:
         kind, v = schedule
         return ParallelConfig(
@@ -123,10 +126,11 @@ class Family:
             schedule=kind,
             virtual_stages=v,
             rank_order=order,
-            optimizer_offload=offload,
+            optimizer_offload=offload.optimizer,
+            activation_offload=offload.activations,
         )
 
-    def entries(self) -> list[tuple[tuple[Schedule, int], int, bool]]:
+    def entries(self) -> list[tuple[tuple[Schedule, int], int, Offload]]:
         """``(schedule, zero, offload)`` of every configuration but the rank order, in the
         nesting order of :meth:`configs`."""
         return [
@@ -165,8 +169,8 @@ class SpaceOptions:
     """Expert tensor degrees of MoE models: ``"tp"`` (experts split like the dense weights) and
     / or ``1`` (whole experts); None: both."""
     offload: bool = False
-    """Also search the optimizer state offloaded to host memory
-    (:attr:`~nest.core.plan.ParallelConfig.optimizer_offload`; ``solver.offload``)."""
+    """Also search the optimizer state and the activations offloaded to host memory
+    (:class:`~nest.core.plan.Offload`; ``solver.offload``)."""
 
     def etp_values(self, tp: int, is_moe: bool) -> tuple[int | None, ...]:
         """The ``etp`` of the configurations with tensor degree ``tp`` (None = ``tp``)."""
@@ -329,7 +333,7 @@ def _families(problem, options, orders, kinds, degrees) -> Iterator[Family]:
     fold = 1 if etp is None else tp  # whole experts replicate over the folded tensor ranks
     replicas = dp * cp * fold // ep if problem.model.spec.is_moe else 1
     zeros = (0,) if dp * cp == 1 and replicas == 1 else tuple(options.zero_stages)
-    offloads = (False, True) if options.offload and can_offload_optimizer(problem) else (False,)
+    offloads = _offloads(problem, options)
     # two orders place every device alike iff the axes of degree > 1 come in the same order
     degree = {Axis.TP: tp, Axis.CP: cp, Axis.DP: dp, Axis.PP: pp}
     seen: set[tuple] = set()
@@ -348,6 +352,14 @@ def _families(problem, options, orders, kinds, degrees) -> Iterator[Family]:
             yield Family(
                 tp, cp, ep, dp, pp, mbs, m, schedules, zeros, tuple(placed_orders), etp, offloads
             )
+
+
+def _offloads(problem: Problem, options: SpaceOptions) -> tuple[Offload, ...]:
+    """What the space's configurations may keep in host memory (module docstring)."""
+    if not options.offload or problem.cluster.device.host_link_bw_bytes_per_s is None:
+        return (NO_OFFLOAD,)
+    optimizer = (False, True) if can_offload_optimizer(problem) else (False,)
+    return tuple(Offload(o, a) for o in optimizer for a in (False, True))
 
 
 def configurations(problem: Problem, options: SpaceOptions) -> Iterator[ParallelConfig]:
@@ -378,8 +390,8 @@ class SpacePlanner:
     ) -> None:
         self.name = name
         self.offload = offload
-        """Also search the optimizer state offloaded to host memory (off by default: the space,
-        its plans and its search time are then as without offload)."""
+        """Also search the optimizer state and the activations offloaded to host memory (off by
+        default: the space, its plans and its search time are then as without offload)."""
         self.tp, self.cp, self.ep, self.pp = tp, cp, ep, pp
         self.etp = etp
         self.zero_stages = zero_stages
