@@ -324,7 +324,7 @@ def infeasible_memory(
 #   microbatches: the global batch is unchanged);
 # - the optimizer state offloaded to host memory, where the device has a host link and the
 #   optimizer keeps state (Megatron-Core ``--optimizer-cpu-offload``; ``solver.offload=true``
-#   searches it).
+#   searches it), and the activations offloaded, where it has a host link.
 #
 # "Cheapest" is the shortest iteration among the knobs that fit; when none fits alone, the line
 # gives the one that saves the most and what is still missing.
@@ -378,6 +378,12 @@ def knobs(plan: Plan, problem: Problem | None = None) -> Iterator[tuple[str, Pla
         yield (
             "optimizer state offloaded to host memory (solver.offload=true)",
             replace(plan, config=replace(plan.config, optimizer_offload=True)),
+        )
+    linked = problem is not None and problem.cluster.device.host_link_bw_bytes_per_s is not None
+    if linked and not plan.activation_offload:
+        yield (
+            "activations offloaded to host memory (solver.offload=true)",
+            replace(plan, config=replace(plan.config, activation_offload=True)),
         )
 
 

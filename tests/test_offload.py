@@ -122,7 +122,7 @@ def test_offloaded_step_is_copies_over_the_host_link_and_cpu_adam_worked_example
 
 
 def _fixed(problem, **kw):
-    return FixedPlanner(tp=2, pp=2, dp=2, zero_stage=1, **kw).solve(problem)
+    return FixedPlanner(**{"tp": 2, "pp": 2, "dp": 2, "zero_stage": 1, **kw}).solve(problem)
 
 
 def test_evaluate_charges_the_offload_and_reports_the_host_bytes():
@@ -348,3 +348,107 @@ def test_torchtitan_refuses_the_optimizer_offload_as_not_expressible():
     assert any("optimizer offload" in w for w in exp.warnings), exp.warnings
     assert exp.exported_plan["optimizer_offload"] is False
     assert "enable_cpu_offload = true" not in exp.text
+
+
+# ---------------------------------------------------------------- activation offload
+
+
+def test_activation_offload_worked_example():
+    """A 2-stage 1F1B plan with every block's stored activations offloaded over a slow host link
+    (1 GB/s per direction, so the copies stick out of the compute): per stage, ``A`` = its
+    blocks' stored bytes per microbatch go out during the forward and back for the backward;
+    the exposed part ``max(0, A / bw - f) + max(0, A / bw - b)`` (``f`` the forward compute,
+    ``b`` the backward compute with recomputation) lands in the backward. The device stores
+    only the embedding's / head's activations per in-flight microbatch, the host the blocks'
+    ones, and the transient holds two blocks' worth (the one running, the one in transit)."""
+    from nest.core.axes import LayerKind
+    from nest.cost.evaluate import _chunks
+
+    problem = _problem(link_gbps=1.0)
+    kw = dict(tp=1, pp=2, dp=4, zero_stage=1, recompute="none")
+    base, off = _fixed(problem, **kw), _fixed(problem, activation_offload=True, **kw)
+    a, b = evaluate(problem, base), evaluate(problem, off)
+    chunks = _chunks(problem, off)
+    for k, (sa, sb) in enumerate(zip(a.stages, b.stages, strict=True)):
+        blocks = [c for c, _, blk in chunks[k].layers if blk]
+        moved = sum(c.act_bytes[off.stages[k].recompute] for c in blocks)
+        copy_s = moved / 1e9
+        want = max(0.0, copy_s - sb.compute_fwd_s) + max(0.0, copy_s - sb.compute_bwd_s)
+        assert sb.offload_exposed_s == pytest.approx(want, rel=1e-12)
+        assert want > 0  # the slow link shows
+        assert sb.bwd_s == pytest.approx(sa.bwd_s + want, rel=1e-12)
+        assert sb.fwd_s == sa.fwd_s
+    for r, (ra, rb) in enumerate(zip(a.ranks, b.ranks, strict=True)):
+        layers = chunks[r].layers
+        block_bytes = sum(c.act_bytes[m] for c, m, blk in layers if blk)
+        kept = sum(c.act_bytes[m] for c, m, blk in layers if not blk)
+        flight = rb.memory.in_flight_microbatches
+        assert rb.memory.activations_bytes == pytest.approx(kept * flight, rel=1e-12)
+        assert rb.memory.host_activations_bytes == pytest.approx(block_bytes * flight, rel=1e-12)
+        biggest = max(c.act_bytes[m] for c, m, blk in layers if blk)
+        assert rb.memory.transient_bytes >= 2 * biggest
+        assert ra.memory.host_activations_bytes == 0.0
+    assert {c.kind for c in problem.model.chain} >= {LayerKind.BLOCK}
+
+
+def test_activation_offload_is_free_on_a_fast_link():
+    """Where the link moves a stage's activations faster than its compute runs, nothing is
+    charged: the offloaded plan takes exactly the time of the plan without offload."""
+    problem = _problem(link_gbps=10_000.0)
+    kw = dict(tp=1, pp=2, dp=4, zero_stage=1)
+    plain = evaluate(problem, _fixed(problem, **kw))
+    off = evaluate(problem, _fixed(problem, activation_offload=True, **kw))
+    assert all(s.offload_exposed_s == 0.0 for s in off.stages)
+    assert off.iteration_time_s == plain.iteration_time_s
+
+
+LONG = ModelSpec(
+    name="m", hidden=1024, layers=8, heads=8, ffn_hidden=4096, vocab=32000, seq_len=4096
+)
+
+
+def test_activation_offload_beats_recompute_on_a_fast_link():
+    """One device, memory between what offloading the activations (or recomputing them) needs
+    and what neither needs: with a fast link (450 GB/s per direction, NVLink-C2C-like) the
+    copies hide under the compute and nest offloads the activations without recomputing; with a
+    slow one (1 GB/s) it recomputes and keeps them on the device. A slow CPU-Adam keeps the
+    optimizer on the device in both."""
+    roomy = _one_device(LONG, 1e12, global_batch=4, microbatch_sizes=(1,))
+    plain = _peak_bytes(roomy)
+    offloaded = _peak_bytes(roomy, activation_offload=True)
+    recomputed = _peak_bytes(roomy, recompute="full")
+    assert max(offloaded, recomputed) < plain
+    capacity = (max(offloaded, recomputed) + plain) / 2
+    chosen = {}
+    for name, link in (("fast", 450.0), ("slow", 1.0)):
+        problem = _one_device(
+            LONG, capacity, link_gbps=link, cpu=1e6, global_batch=4, microbatch_sizes=(1,)
+        )
+        plan = NestPlanner(offload=True, schedules=["1f1b"]).solve(problem)
+        brute = BrutePlanner(offload=True, schedules=["1f1b"]).solve(problem)
+        assert plan.objective_s == pytest.approx(brute.objective_s, rel=1e-9)
+        chosen[name] = (plan.activation_offload, plan.optimizer_offload, plan.stages[0].recompute)
+    assert chosen["fast"][:2] == (True, False), chosen
+    assert str(chosen["fast"][2]) in ("none", "selective"), chosen
+    assert chosen["slow"][:2] == (False, False), chosen
+    assert str(chosen["slow"][2]) not in ("none", "selective"), chosen
+
+
+def test_exports_of_activation_offload_follow_each_frameworks_rules():
+    """Megatron-LM's ``--cpu-offloading-num-layers`` (at most ``L - 1`` layers; no pipeline
+    parallelism, no recomputation: ``TransformerConfig``) for a one-stage plan without
+    recompute; a pipelined plan is exported without it, warned; torchtitan has no activation
+    offload option, warned."""
+    problem = _problem()
+    one = FixedPlanner(tp=2, pp=1, dp=4, zero_stage=1, activation_offload=True).solve(problem)
+    exp = export_plan(problem, one, "megatron")
+    layers = problem.model.spec.layers
+    assert f"--cpu-offloading-num-layers {layers - 1}" in exp.text
+    assert exp.warnings == () and exp.exported_plan["activation_offload"] is True
+    piped = export_plan(problem, _fixed(problem, activation_offload=True), "megatron")
+    assert "--cpu-offloading" not in piped.text
+    assert "activation offload with pipeline parallelism" in piped.warnings[0]
+    assert piped.exported_plan["activation_offload"] is False
+    titan = export_plan(problem, one, "torchtitan")
+    assert any("activation offload" in w for w in titan.warnings)
+    assert titan.exported_plan["activation_offload"] is False

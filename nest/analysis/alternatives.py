@@ -71,6 +71,7 @@ def describe(plan: Plan) -> str:
     if plan.schedule is Schedule.INTERLEAVED:
         schedule += f" v{plan.virtual_stages}"
     zero = f"ZeRO-{plan.zero_stage}" + ("+offload" if plan.optimizer_offload else "")
+    zero += " act-offload" if plan.activation_offload else ""
     return " ".join([*parts, f"mbs{plan.microbatch_size}", zero, schedule])
 
 

@@ -106,6 +106,7 @@ def rebuild(
     ep=None,
     whole_experts=None,
     optimizer_offload=None,
+    activation_offload=None,
 ) -> Plan:
     """The plan with some choices changed (placement rebuilt from ``rank_order`` at offset 0)."""
     counts = layer_counts or [s.last_layer - s.first_layer + 1 for s in plan.stages]
@@ -123,6 +124,9 @@ def rebuild(
         rank_order=tuple(rank_order or plan.rank_order or (Axis.TP, Axis.CP, Axis.DP, Axis.PP)),
         optimizer_offload=(
             plan.optimizer_offload if optimizer_offload is None else optimizer_offload
+        ),
+        activation_offload=(
+            plan.activation_offload if activation_offload is None else activation_offload
         ),
     )
     return make_structured_plan(
@@ -160,6 +164,7 @@ def plan_summary(problem: Problem, plan: Plan) -> dict:
         "num_microbatches": plan.num_microbatches,
         "zero_stage": plan.zero_stage,
         "optimizer_offload": plan.optimizer_offload,
+        "activation_offload": plan.activation_offload,
         "schedule": str(plan.schedule),
         "rank_order": [str(a) for a in plan.rank_order] if plan.rank_order else None,
         "blocks_per_stage": blocks_per_chunk(problem, plan),

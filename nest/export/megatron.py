@@ -70,6 +70,14 @@ defaults are off for every one of them):
   expressible (nearest: ZeRO-1). FP8 parameter gather with another recipe: not expressible
   (nearest: the optimizer on the device). ``--overlap-cpu-optimizer-d2h-h2d`` is not emitted:
   the cost model charges the copies and the CPU step one after the other.
+- Activation offload (:attr:`~nest.core.plan.ParallelConfig.activation_offload`):
+  ``--cpu-offloading-num-layers L-1`` (``ModelParallelConfig.cpu_offloading_num_layers``, a CLI
+  argument generated from the config; it turns ``cpu_offloading`` on, activations only by
+  default). ``TransformerConfig.__post_init__`` refuses it with pipeline parallelism, with any
+  recomputation and for ``L`` or more layers, so it is expressible only with ``pp = 1``, no
+  recompute and at least two blocks (nearest otherwise: the activations on the device). Megatron
+  keeps the last block's activations on the device, which the cost model's two-block buffer
+  covers.
 - ZeRO-2/3 (Megatron FSDP): ``--use-distributed-optimizer`` and
   ``--no-gradient-accumulation-fusion`` beside ``--use-megatron-fsdp``, as Megatron-FSDP's guide
   at the same commit lists them (``megatron/core/distributed/fsdp/src/README.md``).
@@ -202,6 +210,20 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
             "used ZeRO-1)"
         )
         changes["zero_stage"] = 1
+    if plan.activation_offload:
+        why = []
+        if plan.pp > 1:
+            why.append("pipeline parallelism")
+        if changes.get("recompute", modes)[0] is not Recompute.NONE or len(held) > 1:
+            why.append("recomputation")
+        if problem.model.spec.layers < 2:
+            why.append("fewer than two blocks")
+        if why:
+            issues.append(
+                f"activation offload with {' and '.join(why)} (Megatron's CPU offloading refuses "
+                "them: TransformerConfig; used the activations on the device)"
+            )
+            changes["activation_offload"] = False
     if plan.schedule is Schedule.GPIPE:
         issues.append("the GPipe schedule (Megatron runs 1F1B; used 1F1B)")
         changes["schedule"] = Schedule.ONE_F_ONE_B
@@ -285,6 +307,8 @@ def megatron_args(problem: Problem, plan: Plan) -> list[str]:
         # optimizer over one rank shards nothing, and --fp8-param-gather and the precision-aware
         # optimizer of --optimizer-cpu-offload need it
         args.append("--use-distributed-optimizer")
+    if plan.activation_offload:
+        args.append(f"--cpu-offloading-num-layers {problem.model.spec.layers - 1}")
     if plan.optimizer_offload:
         args += [
             "--optimizer-cpu-offload",

@@ -59,7 +59,8 @@ head is moved one block back. An offloaded optimizer
 (:attr:`~nest.core.plan.ParallelConfig.optimizer_offload`) is not expressible: torchtitan's
 ``training.enable_cpu_offload`` ("CPU offloading of parameters, gradients, and optimizer states
 in FSDP", ``torchtitan/config/configs.py`` at 2026-08: FSDP2's ``CPUOffloadPolicy``) moves the
-weights and gradients too (nearest: the optimizer on the device). ``Interleaved1F1B`` needs
+weights and gradients too (nearest: the optimizer on the device); activation offload has no
+option in its job config (nearest: the activations on the device). ``Interleaved1F1B`` needs
 the microbatch count to be a multiple of ``max(1, m // pp)`` (PyTorch's
 ``ScheduleInterleaved1F1B``), which every plan meets: the evaluator requires ``m`` to be a
 multiple of ``pp`` under interleaving.
@@ -225,6 +226,12 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
             "the optimizer on the device)"
         )
         changes["optimizer_offload"] = False
+    if plan.activation_offload:
+        issues.append(
+            "activation offload (torchtitan's job config has no activation offload option; used "
+            "the activations on the device)"
+        )
+        changes["activation_offload"] = False
     if plan.etp is not None:
         issues.append(
             "whole experts under tensor parallelism (etp 1; this export lays out torchtitan's "
