@@ -32,7 +32,8 @@ least ``S``, ``M``, ``E`` and ``O`` of the state's labels skips a whole stage en
 past the ``j`` where the stage's own floor exceeds ``R / k`` it only grows, so the scan stops.
 Only the fastest recompute mode that fits extends a stage: for one rank ``r`` and layers
 ``i..j`` the modes change nothing but the recomputation in the backward (and whether the stage
-fits), so two fitting modes ``c, c'`` give ``t_c - t_c' = b_c - b_c' = d`` with the same sync
+fits; under activation offload also the exposed part of the copies, which the cost model charges
+to the backward too: :mod:`nest.cost.offload`), so two fitting modes ``c, c'`` give ``t_c - t_c' = b_c - b_c' = d`` with the same sync
 and optimizer step. Taking ``c'`` with ``d >= 0`` instead of ``c`` lowers ``S`` by ``d``, does
 not raise ``M``, and lowers ``B`` (and the rank's own ``b``) by ``d``, which raises every later
 exposed sync by at most ``d``; so ``F`` does not grow for any completion, and the slower mode's
