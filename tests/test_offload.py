@@ -452,3 +452,10 @@ def test_exports_of_activation_offload_follow_each_frameworks_rules():
     titan = export_plan(problem, one, "torchtitan")
     assert any("activation offload" in w for w in titan.warnings)
     assert titan.exported_plan["activation_offload"] is False
+
+
+def test_export_runnable_search_refuses_offload_in_one_line():
+    """``solver.export_runnable`` searches only what Megatron runs as planned, which this space's
+    offload choices do not all meet: the combination is a one-line error naming both options."""
+    with pytest.raises(UserError, match="solver.export_runnable=megatron with solver.offload"):
+        NestPlanner(offload=True, export_runnable="megatron").solve(_problem())

@@ -351,6 +351,12 @@ class NestPlanner(SpacePlanner):
         as each value there is at least that configuration's restricted optimum)."""
         target = check_export_runnable(self.export_runnable)
         options = self.options()
+        if options.offload:
+            raise UserError(
+                f"solver.export_runnable={target} with solver.offload=true: the runnable search "
+                "does not cover offload (Megatron's CPU offloading refuses pipelines, "
+                "recomputation and ZeRO-0 with data parallelism); drop one of the two"
+            )
         allowed = RUNNABLE_ORDERS[target]
         given = [parse_rank_order(o) for o in options.rank_orders or ()] or list(allowed)
         orders = ["-".join(str(a) for a in o) for o in given if o in allowed]
