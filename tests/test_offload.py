@@ -469,3 +469,19 @@ def test_export_runnable_search_refuses_offload_in_one_line():
     offload choices do not all meet: the combination is a one-line error naming both options."""
     with pytest.raises(UserError, match="solver.export_runnable=megatron with solver.offload"):
         NestPlanner(offload=True, export_runnable="megatron").solve(_problem())
+
+
+def test_nest_equals_brute_with_offload_where_interleaving_competes():
+    """The interleaved DP (each chunk's mode chosen per rank, its offload copies in the chunk's
+    backward) equals ``brute`` with the offload choices in the space."""
+    from .test_nest_interleaved import interleaved_case
+
+    agreed = 0
+    for seed in range(12):
+        problem, options = interleaved_case(2000 + seed, max_plans=4000)
+        problem = _with_offload_hardware(problem, random.Random(seed))
+        options = {**options, "offload": True}
+        if count_plans(problem, SpaceOptions(**options)) > 16000:
+            continue
+        agreed += assert_nest_equals_brute(problem, options, (seed, options)) is not None
+    assert agreed >= 5, agreed
