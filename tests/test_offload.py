@@ -1,7 +1,8 @@
-"""Optimizer-state offload to host memory (issue 23, item 4): the presets' host links, the cost
-model's terms on a worked example, and the search over the offload choice (nest == brute ==
-cpsat == milp with ``solver.offload=true``; a superset space is never worse; offload is taken
-where nothing else fits).
+"""Offload to host memory (issue 23, item 4): the presets' host links; the optimizer state's and
+the activations' cost terms on worked examples; the search over the offload choices (nest ==
+brute == cpsat == milp with ``solver.offload=true``, 1F1B and interleaved; a superset space is
+never worse; the optimizer offload is taken where nothing else fits, either offload where it
+beats recomputation); the exports against Megatron-LM's and torchtitan's argument rules.
 
 Sources: PCIe Gen5 x16 is 128 GB/s in both directions together (NVIDIA H100 datasheet), 64
 GB/s per direction; PCIe Gen4 x16 64 GB/s together (NVIDIA A100 datasheet); NVLink-C2C 900 GB/s
