@@ -67,7 +67,12 @@ class StageCosts:
         grid = place(tp=config.tp, cp=1, dp=config.dp, pp=self.n_stages, rank_order=MEGATRON_ORDER)
         self.groups = RankGroups(grid[0], config.ep, cluster)
         self.state = ModelState.of(
-            problem, zero_stage=config.zero_stage, dp=config.dp, cp=1, ep=config.ep
+            problem,
+            zero_stage=config.zero_stage,
+            dp=config.dp,
+            cp=1,
+            ep=config.ep,
+            optimizer_offload=config.optimizer_offload,
         )
         self.time, self.act, self.transient = {}, {}, {}
         for mode in self.modes:

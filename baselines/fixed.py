@@ -38,6 +38,8 @@ class FixedPlanner:
         layer_partition: Sequence[int] | None = None,
         rank_order: str | Sequence[str] = "tp,cp,dp,pp",
         sequence_parallel: bool | None = None,
+        optimizer_offload: bool = False,
+        activation_offload: bool = False,
     ) -> None:
         self.name = name
         self.tp, self.pp, self.dp, self.cp, self.ep = tp, pp, dp, cp, ep
@@ -50,6 +52,8 @@ class FixedPlanner:
         self.layer_partition = layer_partition
         self.rank_order = rank_order
         self.sequence_parallel = sequence_parallel
+        self.optimizer_offload = optimizer_offload
+        self.activation_offload = activation_offload
 
     def build(self, problem: Problem) -> Plan:
         """The plan these hyper-parameters describe (unscored):

@@ -31,7 +31,7 @@ from nest.core.problem import Problem
 from nest.core.report import MemoryReport, Report
 from nest.core.units import GiB
 from nest.cost import evaluate
-from nest.cost.state import ModelState
+from nest.cost.state import ModelState, can_offload_optimizer
 
 
 @runtime_checkable
@@ -188,20 +188,24 @@ def finish(
     return plan, report
 
 
-def model_state_lower_bound_bytes(problem: Problem) -> float:
+def model_state_lower_bound_bytes(problem: Problem, offload: bool = False) -> float:
     """Per-device memory no plan can go below: model states spread perfectly over every device.
 
     ``params * (weight + gradient + optimizer bytes) / devices + reserve``: the model state of
     ZeRO-3 sharded over every device (:class:`nest.cost.state.ModelState`); activations come on
-    top.
+    top. ``offload``: the space may offload the optimizer state to host memory
+    (:attr:`nest.core.plan.ParallelConfig.optimizer_offload`), so it counts no optimizer bytes.
     """
     cluster = problem.cluster
-    everywhere = ModelState.of(problem, zero_stage=3, dp=cluster.num_devices, cp=1, ep=1)
+    offload = offload and can_offload_optimizer(problem)
+    everywhere = ModelState.of(
+        problem, zero_stage=3, dp=cluster.num_devices, cp=1, ep=1, optimizer_offload=offload
+    )
     state = everywhere.state_bytes(problem.model.total_params(), 0.0)
     return state + cluster.device.memory_reserve_bytes
 
 
-def check_memory_floor(problem: Problem, planner_name: str) -> None:
+def check_memory_floor(problem: Problem, planner_name: str, offload: bool = False) -> None:
     """Raise :class:`Infeasible` at once when no plan of any planner can fit a device.
 
     The floor (:func:`model_state_lower_bound_bytes`) holds for every plan: each parameter's
@@ -212,7 +216,7 @@ def check_memory_floor(problem: Problem, planner_name: str) -> None:
     """
     cluster, training = problem.cluster, problem.training
     have = cluster.device.hbm_bytes
-    floor = model_state_lower_bound_bytes(problem)
+    floor = model_state_lower_bound_bytes(problem, offload)
     if floor <= have:
         return
     m = problem.model
@@ -227,6 +231,8 @@ def check_memory_floor(problem: Problem, planner_name: str) -> None:
         "use a larger-memory device",
     ]
     if training.optimizer_state_bytes_per_param:
+        if not offload and can_offload_optimizer(problem):
+            knobs.append("offload the optimizer state to host memory (solver.offload=true)")
         knobs.append(f"keep no optimizer state (training.optimizer=sgd; now {training.optimizer})")
     raise Infeasible(
         f"{m.name} does not fit on {cluster.name}: any plan needs {floor / GiB:.1f} GiB per "
@@ -258,15 +264,17 @@ def infeasible_memory(
     exact: bool = False,
     zero_stages: Sequence[int] = ZERO_STAGES,
     recompute: Sequence[str] = RECOMPUTE_MODES,
+    offload: bool = False,
 ) -> Infeasible:
     """An :class:`Infeasible` that says what memory was missing and which knobs would help.
 
     ``exact``: ``best_peak_bytes`` is the smallest peak of every plan in the planner's space
     (the ``zero_stages`` and ``recompute`` modes it searched), not just of the plans it tried;
-    a restriction of either is then named as a knob to widen."""
+    a restriction of either is then named as a knob to widen, and so is the optimizer offload
+    (``offload``: searched) where the device has a host link."""
     cluster = problem.cluster
     have = cluster.device.hbm_bytes
-    bound = model_state_lower_bound_bytes(problem)
+    bound = model_state_lower_bound_bytes(problem, offload)
     widen = []
     if best_peak_bytes is None:
         need = f"{planner_name} found no valid configuration"
@@ -280,6 +288,8 @@ def infeasible_memory(
             widen.append(f"solver.zero_stages={list(ZERO_STAGES)}")
         if set(modes) < set(RECOMPUTE_MODES):
             widen.append(f"solver.recompute=[{','.join(RECOMPUTE_MODES)}]")
+        if not offload and can_offload_optimizer(problem):
+            widen.append("solver.offload=true")
     else:
         need = (
             f"the smallest plan {planner_name} tried needs {best_peak_bytes / GiB:.1f} GiB per "
@@ -311,7 +321,10 @@ def infeasible_memory(
 # - ``recompute=full`` on every stage (stores only each block's input);
 # - the next ZeRO stage (shards the optimizer state, then the gradients, then the weights);
 # - a microbatch half the size (half the stored activations per microbatch, twice as many
-#   microbatches: the global batch is unchanged).
+#   microbatches: the global batch is unchanged);
+# - the optimizer state offloaded to host memory, where the device has a host link and the
+#   optimizer keeps state (Megatron-Core ``--optimizer-cpu-offload``; ``solver.offload=true``
+#   searches it), and the activations offloaded, where it has a host link.
 #
 # "Cheapest" is the shortest iteration among the knobs that fit; when none fits alone, the line
 # gives the one that saves the most and what is still missing.
@@ -342,8 +355,9 @@ def largest_term(memory: MemoryReport) -> tuple[str, float]:
     return name, terms[name]
 
 
-def knobs(plan: Plan) -> Iterator[tuple[str, Plan]]:
-    """The plans one setting away from ``plan`` that may need less memory (module docstring)."""
+def knobs(plan: Plan, problem: Problem | None = None) -> Iterator[tuple[str, Plan]]:
+    """The plans one setting away from ``plan`` that may need less memory (module docstring);
+    the optimizer offload only with ``problem`` (it needs the device's host link)."""
     if any(s.recompute is not Recompute.FULL for s in plan.stages):
         stages = tuple(replace(s, recompute=Recompute.FULL) for s in plan.stages)
         yield "recompute=full on every stage", replace(plan, stages=stages)
@@ -360,6 +374,17 @@ def knobs(plan: Plan) -> Iterator[tuple[str, Plan]]:
                 num_microbatches=2 * plan.num_microbatches,
             ),
         )
+    if problem is not None and not plan.optimizer_offload and can_offload_optimizer(problem):
+        yield (
+            "optimizer state offloaded to host memory (solver.offload=true)",
+            replace(plan, config=replace(plan.config, optimizer_offload=True)),
+        )
+    linked = problem is not None and problem.cluster.device.host_link_bw_bytes_per_s is not None
+    if linked and not plan.activation_offload:
+        yield (
+            "activations offloaded to host memory (solver.offload=true)",
+            replace(plan, config=replace(plan.config, activation_offload=True)),
+        )
 
 
 def memory_fix(problem: Problem, plan: Plan, report: Report) -> str | None:
@@ -374,7 +399,7 @@ def memory_fix(problem: Problem, plan: Plan, report: Report) -> str | None:
         f"{TERM_NAMES[term]} ({term_bytes / GiB:.2f} GiB)"
     )
     scored = []
-    for label, changed in knobs(plan):
+    for label, changed in knobs(plan, problem):
         try:
             after = evaluate(problem, changed)
         except UserError:

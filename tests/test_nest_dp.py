@@ -372,8 +372,9 @@ def _space_by_the_docstring(problem, *, zero_stages=(0, 1, 2, 3), kinds=("1f1b",
             # ZeRO 0 alone when nothing is replicated: no dense and no expert replica
             replicas = dp * cp * fold // ep if spec.is_moe else 1
             zeros = (0,) if dp * cp == 1 and replicas == 1 else zero_stages
+            # nothing is offloaded (optimizer, activations) unless solver.offload asks for it
             for (kind, v), zero, order in product(schedules, zeros, placed.values()):
-                out.add((tp, cp, ep, etp, dp, pp, mbs, zero, kind, v, order))
+                out.add((tp, cp, ep, etp, dp, pp, mbs, zero, kind, v, False, False, order))
     return out
 
 
@@ -488,7 +489,7 @@ def test_space_planner_keeps_its_hyper_parameters_as_given():
     )
     planner = SpacePlanner(name="x", **given)
     assert planner.name == "x"
-    assert planner.space_kwargs() == given
+    assert planner.space_kwargs() == {**given, "offload": False}  # off unless given
     assert planner.options() == SpaceOptions(
         tp=(2,),
         cp=(1,),

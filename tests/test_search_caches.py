@@ -82,12 +82,12 @@ def test_ranking_is_every_entry_by_bound_then_space_order(seed):
     floors = Floors(problem, modes)
     fams = list(families(problem, SpaceOptions()))
     entries = NestPlanner._ranked(fams, floors)
-    space = [(f, s, z) for f in fams for s in f.schedules for z in f.zeros]
+    space = [(f, s, z, o) for f in fams for s, z, o in f.entries()]
     assert sorted(e[1] for e in entries) == list(range(len(space)))
     assert [(e[0], e[1]) for e in entries] == sorted((e[0], e[1]) for e in entries)
-    for bound, k, family, schedule, zero in entries:
-        assert (family, schedule, zero) == space[k]
-        assert bound == Floors(problem, modes).config_bound_s(family, zero, schedule)
+    for bound, k, family, schedule, zero, offload in entries:
+        assert (family, schedule, zero, offload) == space[k]
+        assert bound == Floors(problem, modes).config_bound_s(family, zero, schedule, offload)
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -70,7 +70,9 @@ def describe(plan: Plan) -> str:
     schedule = str(plan.schedule)
     if plan.schedule is Schedule.INTERLEAVED:
         schedule += f" v{plan.virtual_stages}"
-    return " ".join([*parts, f"mbs{plan.microbatch_size}", f"ZeRO-{plan.zero_stage}", schedule])
+    zero = f"ZeRO-{plan.zero_stage}" + ("+offload" if plan.optimizer_offload else "")
+    zero += " act-offload" if plan.activation_offload else ""
+    return " ".join([*parts, f"mbs{plan.microbatch_size}", zero, schedule])
 
 
 def alternatives_to_dict(plans: list[Plan], reports: list[Report]) -> list[dict]:

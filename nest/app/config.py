@@ -76,6 +76,9 @@ class DeviceConfig:
     kernel_figures_peak_tflops: float | None = None
     """``shape``: the peak of the chip the four figures above were published for; a device whose
     ``peak_tflops`` differs (e.g. another chip given by overrides) does not use them."""
+    host_link_gbps: float | None = None
+    """Device-to-host-memory link, GB/s (decimal) per direction (datasheet: PCIe Gen5 x16 64,
+    NVLink-C2C 450); null: no host link, nothing offloaded."""
 
 
 @dataclass
@@ -189,6 +192,9 @@ class TrainingConfig:
     precision: str = TRAINING_DEFAULTS["precision"]
     fp8_recipe: str = TRAINING_DEFAULTS["fp8_recipe"]
     fp8_param_gather: bool = TRAINING_DEFAULTS["fp8_param_gather"]
+    cpu_adam_params_per_s: float = TRAINING_DEFAULTS["cpu_adam_params_per_s"]
+    """Parameters per second the host CPU updates for one device whose optimizer state is
+    offloaded (ZeRO-Offload's CPU-Adam rate over 8 devices per host)."""
 
 
 @dataclass
@@ -523,6 +529,11 @@ def build_device(cfg: Any) -> Device:
             )
         ),
         attention_efficiency=_attention_table(where, c.get("attention_efficiency") or []),
+        host_link_bw_bytes_per_s=(
+            None
+            if c.get("host_link_gbps") is None
+            else units.gbps_to_bytes_per_s(_physical(where, c, "host_link_gbps"))
+        ),
         **_fp8_figures(where, c),
     )
 
@@ -609,6 +620,12 @@ PHYSICAL_RANGES = {
     "hbm_gb": (1, 1024, "GB", "device memories run from 16 GB to 288 GB"),
     "hbm_gib": (1, 1024, "GiB", "device memories run from 16 GB to 288 GB"),
     "hbm_bw_gbps": (10, 100_000, "GB/s", "HBM runs from ~900 GB/s (V100) to ~8,000 (B200)"),
+    "host_link_gbps": (
+        1,
+        10_000,
+        "GB/s per direction",
+        "host links run from PCIe Gen3 x16 (16 GB/s) to NVLink-C2C (450 GB/s)",
+    ),
     "bw_gbps": (
         0.01,
         100_000,
@@ -892,6 +909,9 @@ def build_training(cfg: Any) -> Training:
         zero3_prefetch_params=_prefetch_params(c.get("zero3_prefetch_params")),
         moe_routing=str(c.get("moe_routing", TRAINING_DEFAULTS["moe_routing"])),
         moe_dispatcher=str(c.get("moe_dispatcher", TRAINING_DEFAULTS["moe_dispatcher"])),
+        cpu_adam_params_per_s=float(
+            c.get("cpu_adam_params_per_s", TRAINING_DEFAULTS["cpu_adam_params_per_s"])
+        ),
         **{key: bool(c.get(key, TRAINING_DEFAULTS[key])) for key in flags},
     )
 

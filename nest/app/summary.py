@@ -57,7 +57,9 @@ def format_summary(problem: Problem, plan: Plan, report: Report) -> str:
             f"degrees tp={plan.tp} cp={plan.cp} ep={plan.ep} dp={plan.dp} pp={plan.pp}"
             f" | microbatch {plan.microbatch_size} x {plan.num_microbatches}"
             f" | ZeRO-{plan.zero_stage}"
-            f" | {plan.schedule}"
+            + (" | optimizer on host" if plan.optimizer_offload else "")
+            + (" | activations on host" if plan.activation_offload else "")
+            + f" | {plan.schedule}"
             + (f" v={plan.virtual_stages}" if plan.virtual_stages > 1 else "")
             + (" | sequence parallel" if plan.sequence_parallel else "")
         ),
@@ -131,6 +133,13 @@ def memory_table(report: Report) -> list[str]:
             + f" {m.total_bytes / GiB:>7.2f} {m.capacity_bytes / GiB:>7.2f}  "
             f"{m.activations_per_microbatch_bytes / GiB:.3f} x {m.in_flight_microbatches:g}"
         )
+    for label, key in (("optimizer state", "optimizer_state"), ("activations", "activations")):
+        host = [(r.pp_rank, r.memory.host_terms()[key]) for r in report.ranks]
+        if any(b > 0 for _, b in host):
+            out.append(
+                f"{label} offloaded to host memory (GiB per device, not in the total): "
+                + ", ".join(f"rank {r} {b / GiB:.2f}" for r, b in host)
+            )
     return out
 
 

@@ -47,6 +47,10 @@ class PlanSettings:
     rank_order: str | Sequence[str] = "tp,cp,dp,pp"
     sequence_parallel: bool | None = None
     """None: ``training.sequence_parallel``."""
+    optimizer_offload: bool = False
+    """The optimizer state and step on the host (:attr:`ParallelConfig.optimizer_offload`)."""
+    activation_offload: bool = False
+    """The blocks' stored activations on the host (:attr:`ParallelConfig.activation_offload`)."""
 
 
 def _as_list(value) -> list | None:
@@ -171,6 +175,8 @@ def build_plan(problem: Problem, settings: "PlanSettings") -> Plan:
         pp=s.pp,
         microbatch_size=mbs,
         zero_stage=s.zero_stage,
+        optimizer_offload=s.optimizer_offload,
+        activation_offload=s.activation_offload,
         schedule=schedule,
         virtual_stages=s.virtual_stages,
         rank_order=parse_rank_order(s.rank_order),

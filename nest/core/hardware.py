@@ -57,6 +57,11 @@ class Device:
     micro-benchmark (the FP8 counterpart of ``gemm_ceiling``)."""
     mxfp8: bool = False
     """The tensor cores take MXFP8 (32-element blocks with shared scales): Blackwell."""
+    host_link_bw_bytes_per_s: float | None = None
+    """Bandwidth of the link between the device and its host's memory, bytes/s per direction
+    (PCIe Gen5 x16: 64e9; NVLink-C2C on GH200 / GB200: 450e9); the presets cite the datasheet.
+    None: no host link the cost model may use (TPU presets), so nothing is offloaded to host
+    memory (:mod:`nest.cost.state`, optimizer offload)."""
     notes: tuple[str, ...] = field(default=(), compare=False)
     """One-line notices about how the device was built (e.g. the compute model it fell back to),
     printed after the summary."""
@@ -106,6 +111,11 @@ class Device:
             raise UserError(
                 f"device {self.name}: fp8_peak_flops_per_s={self.fp8_peak_flops_per_s} needs "
                 f"fp8_gemm_ceiling in (0, 1] (got {self.fp8_gemm_ceiling})"
+            )
+        if self.host_link_bw_bytes_per_s is not None and not self.host_link_bw_bytes_per_s > 0:
+            raise UserError(
+                f"device {self.name}: host_link_bw_bytes_per_s={self.host_link_bw_bytes_per_s} "
+                "must be > 0, or None (no host link: no offload)"
             )
         if not 0 <= self.memory_reserve_bytes < self.hbm_bytes:
             raise UserError(

@@ -12,6 +12,7 @@ share its devices.
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -48,6 +49,18 @@ class StagePlan:
         return tuple(d for replica in self.devices for ranks in replica for d in ranks)
 
 
+class Offload(NamedTuple):
+    """What a configuration keeps in host memory (:attr:`ParallelConfig.optimizer_offload`,
+    :attr:`ParallelConfig.activation_offload`); nothing by default."""
+
+    optimizer: bool = False
+    activations: bool = False
+
+
+NO_OFFLOAD = Offload()
+"""Everything on the device."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParallelConfig:
     """What a plan fixes besides its partition, recompute modes and device ids: the one
@@ -77,6 +90,14 @@ class ParallelConfig:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: int = 1
     """Model chunks per pipeline rank (interleaved schedule); 1 otherwise."""
+    optimizer_offload: bool = False
+    """The optimizer state (fp32 master weights, Adam's m and v) of each device's shard lives in
+    host memory and the host CPU runs its step (Megatron-Core ``--optimizer-cpu-offload``,
+    DeepSpeed ZeRO-Offload): :class:`nest.cost.state.ModelState`. False: on the device."""
+    activation_offload: bool = False
+    """Every transformer block copies its stored activations to host memory after its forward
+    and back before its backward (Megatron-Core ``--cpu-offloading``, Transformer Engine's CPU
+    offload): :mod:`nest.cost.memory`, :mod:`nest.cost.offload`. False: kept on the device."""
     rank_order: tuple[Axis, ...] | None = None
     """Innermost-first axis order the placement is built from (:func:`place`); None for an
     explicit placement, or when the placement is not part of the comparison."""
@@ -94,11 +115,19 @@ class ParallelConfig:
             )
         if self.zero_stage not in (0, 1, 2, 3):
             raise UserError(f"plan zero_stage={self.zero_stage!r}; use 0, 1, 2 or 3")
+        for name in ("optimizer_offload", "activation_offload"):
+            if not isinstance(getattr(self, name), bool | np.bool_):
+                raise UserError(f"plan {name}={getattr(self, name)!r} must be true or false")
         if self.schedule is not Schedule.INTERLEAVED and self.virtual_stages != 1:
             raise UserError(
                 f"virtual_stages={self.virtual_stages} needs schedule=interleaved "
                 f"(got {self.schedule})"
             )
+
+    @property
+    def offload(self) -> Offload:
+        """What the configuration keeps in host memory."""
+        return Offload(self.optimizer_offload, self.activation_offload)
 
     @property
     def devices(self) -> int:
@@ -198,6 +227,8 @@ class Plan:
     microbatch_size = property(lambda self: self.config.microbatch_size)
     zero_stage = property(lambda self: self.config.zero_stage)
     schedule = property(lambda self: self.config.schedule)
+    optimizer_offload = property(lambda self: self.config.optimizer_offload)
+    activation_offload = property(lambda self: self.config.activation_offload)
     virtual_stages = property(lambda self: self.config.virtual_stages)
     rank_order = property(lambda self: self.config.rank_order)
 

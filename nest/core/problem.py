@@ -74,6 +74,17 @@ OPTIMIZER_STATE_BYTES_PER_PARAM = {
     Optimizer.SGD: 0,
 }
 
+CPU_ADAM_HOST_PARAMS_PER_S = 10e9 / 2.57
+"""Parameters per second one host's CPU-Adam updates: 10B parameters in 2.57 s (Ren et al.,
+"ZeRO-Offload: Democratizing Billion-Scale Model Training", USENIX ATC 2021, the CPU-Adam
+latency table: 0.22 s for 1B, 1.03 s for 4B, 2.57 s for 10B parameters on a DGX-2 host's CPUs;
+the largest size, where the step is at its steady rate)."""
+
+DEVICES_PER_HOST = 8
+"""Devices sharing one host's CPUs: an HGX / DGX node's 8 GPUs, each process binding its share
+of the cores (DeepSpeed ``--bind_cores_to_rank``). ASSUMED: the paper's latency used the whole
+host, so each device's offloaded step runs at 1/8 of it."""
+
 
 MOE_ROUTINGS = ("dropless", "balanced")
 """The values of :attr:`Training.moe_routing`."""
@@ -148,6 +159,11 @@ class Training:
     (Megatron-LM ``--fp8-recipe``)."""
     fp8_param_gather: bool = False
     """FP8 primary weights, all-gathered in FP8 (Megatron-LM ``--fp8-param-gather``)."""
+    cpu_adam_params_per_s: float = CPU_ADAM_HOST_PARAMS_PER_S / DEVICES_PER_HOST
+    """Parameters per second the host CPU updates for one device whose optimizer is offloaded
+    (:attr:`nest.core.plan.ParallelConfig.optimizer_offload`): ZeRO-Offload's CPU-Adam rate
+    (:data:`CPU_ADAM_HOST_PARAMS_PER_S`, 3.89e9) shared by :data:`DEVICES_PER_HOST` devices,
+    4.86e8. Used only by plans that offload."""
 
     @property
     def numerics(self) -> Precision:
@@ -184,6 +200,11 @@ class Training:
                 )
         if self.grad_bytes not in (2, 4):
             raise UserError(f"training.grad_bytes={self.grad_bytes}; use 2 (bf16) or 4 (fp32)")
+        if not self.cpu_adam_params_per_s > 0:
+            raise UserError(
+                f"training.cpu_adam_params_per_s={self.cpu_adam_params_per_s!r} must be > 0 "
+                "(parameters the host CPU updates per second for one device)"
+            )
         if self.moe_routing not in MOE_ROUTINGS:
             raise UserError(
                 f"training.moe_routing={self.moe_routing!r}; use one of {list(MOE_ROUTINGS)}"

@@ -30,6 +30,13 @@ class MemoryReport:
     comm_buffers_bytes: float = 0.0
     """The part of ``transient_bytes`` that is communication buffers: under ZeRO-3 the weights
     gathered beyond the device's shard for the layer at the peak."""
+    host_optimizer_bytes: float = 0.0
+    """Optimizer state of the device's shard kept in host memory (optimizer offload:
+    :meth:`nest.cost.state.ModelState.host_optimizer_bytes`); not on the device, so not in
+    ``total_bytes`` (:meth:`host_terms`)."""
+    host_activations_bytes: float = 0.0
+    """Stored activations of the in-flight microbatches kept in host memory (activation
+    offload: :func:`nest.cost.memory.host_bytes`); not in ``total_bytes``."""
 
     @property
     def fits(self) -> bool:
@@ -47,6 +54,14 @@ class MemoryReport:
             "comm_buffers": self.comm_buffers_bytes,
             "transient": self.transient_bytes - self.comm_buffers_bytes,
             "reserve": self.reserve_bytes,
+        }
+
+    def host_terms(self) -> dict[str, float]:
+        """What the device keeps in its host's memory instead, bytes (outside ``total_bytes``
+        and the capacity check): the offloaded optimizer state and activations."""
+        return {
+            "optimizer_state": self.host_optimizer_bytes,
+            "activations": self.host_activations_bytes,
         }
 
 
@@ -83,6 +98,9 @@ class StageReport:
     wgrad_s: float = 0.0
     """The weight-gradient GEMMs' part of ``bwd_s`` (the W pass of the zero-bubble schedules,
     :func:`nest.cost.compute.wgrad_s`); the rest of ``bwd_s`` is the B pass."""
+    offload_exposed_s: float = 0.0
+    """Activation offload: the part of the chunk's copies to and from host memory its compute
+    does not hide (:mod:`nest.cost.offload`), in ``bwd_s``."""
 
     @property
     def time_s(self) -> float:
@@ -169,6 +187,7 @@ class Report:
         for rank_dict, rank in zip(out["ranks"], self.ranks, strict=True):
             rank_dict["memory"]["fits"] = rank.memory.fits
             rank_dict["memory"]["terms"] = rank.memory.terms()
+            rank_dict["memory"]["host_terms"] = rank.memory.host_terms()
         return out
 
     def memory_summary(self) -> str:

@@ -5,7 +5,8 @@ A short composition of the cost model's public terms, which the planners call to
 - per chunk (pipeline stage) and microbatch, seconds (:func:`_stage_report`):
   ``f = compute_fwd + TP/CP/EP collectives + exposed ZeRO-3 weight gathers + p2p send of the
   output``; ``b = compute_bwd + recompute (+ its collectives) + TP/CP/EP collectives + exposed
-  ZeRO-3 gathers and gradient reduce-scatters + p2p send of the input gradient``. Layer terms:
+  ZeRO-3 gathers and gradient reduce-scatters + p2p send of the input gradient + activation
+  offload's copies the compute does not hide`` (:mod:`nest.cost.offload`). Layer terms:
   :mod:`nest.cost.compute`; collectives on the rank's groups, each costing its slowest group:
   :mod:`nest.cost.groups` over :mod:`nest.cost.collectives`; ZeRO-3 traffic, layer by
   layer with FSDP's prefetch overlap: :mod:`nest.cost.fsdp`; p2p at the slowest device pair of
@@ -48,7 +49,8 @@ from nest.cost.compute import (
     recompute_s,
 )
 from nest.cost.groups import AXES, RankGroups, rank_groups
-from nest.cost.memory import rank_memory
+from nest.cost.memory import host_bytes, rank_memory
+from nest.cost.offload import offload_exposed_s
 from nest.cost.pipeline import (
     exposed_sync_s,
     in_flight_microbatches,
@@ -113,6 +115,18 @@ def check_plan(problem: Problem, plan: Plan) -> None:
             f"num_microbatches({plan.num_microbatches}) x microbatch_size({plan.microbatch_size}) "
             f"x dp({plan.dp}) != global_batch({global_batch}); global_batch must be divisible by "
             "microbatch_size * dp"
+        )
+    for name in ("optimizer_offload", "activation_offload"):
+        device = cluster.device
+        if getattr(plan, name) and device.host_link_bw_bytes_per_s is None:
+            raise UserError(
+                f"plan {name}=true but device {device.name} has no host link "
+                "(host_link_gbps); set it in the device preset or plan without offload"
+            )
+    if plan.optimizer_offload and problem.training.optimizer_state_bytes_per_param == 0:
+        raise UserError(
+            f"plan optimizer_offload=true but training.optimizer="
+            f"{problem.training.optimizer} keeps no state to offload; plan without offload"
         )
     if plan.schedule is Schedule.INTERLEAVED:
         if plan.virtual_stages < 2 or plan.pp < 2:
@@ -235,8 +249,13 @@ def _stage_report(
     compute_bwd = sum(cost.bwd_s for cost, _, _ in chunk.layers)
     wgrad = sum(cost.wgrad_s for cost, _, _ in chunk.layers)
     redo = sum(recompute_s(cost, mode, blk) for cost, mode, blk in chunk.layers)
+    offload = 0.0
+    if plan.activation_offload:
+        moved = sum(host_bytes(cost, mode, blk) for cost, mode, blk in chunk.layers)
+        bw = cluster.device.host_link_bw_bytes_per_s
+        offload = offload_exposed_s(moved, compute_fwd, compute_bwd + redo, bw)
     fwd = compute_fwd + sum(f for f, _ in comm.values()) + zero3_fwd + p2p_fwd
-    bwd = compute_bwd + redo + sum(b for _, b in comm.values()) + zero3_bwd + p2p_bwd
+    bwd = compute_bwd + redo + sum(b for _, b in comm.values()) + zero3_bwd + p2p_bwd + offload
     return StageReport(
         index=k,
         pp_rank=k % plan.pp,
@@ -259,6 +278,7 @@ def _stage_report(
         fwd_s=fwd,
         bwd_s=bwd,
         wgrad_s=wgrad,
+        offload_exposed_s=offload,
     )
 
 
@@ -293,6 +313,7 @@ def _rank_report(
         in_flight=in_flight,
         reserve_bytes=device.memory_reserve_bytes,
         capacity_bytes=device.hbm_bytes,
+        offload=plan.activation_offload,
     )
     return RankReport(
         pp_rank=r,
@@ -317,6 +338,7 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
         cp=plan.cp,
         ep=plan.ep,
         fold=plan.config.expert_fold,
+        optimizer_offload=plan.optimizer_offload,
     )
     groups = rank_groups(plan, cluster)
     chunks = _chunks(problem, plan)

@@ -13,6 +13,20 @@
   recomputed block's full activations during its backward (``act_none - act_mode``), the bf16
   logits of the head, and, under ZeRO-3, the layer's weights gathered beyond the device's shard;
 - reserve: the framework's and allocator's overhead (the device preset's ``memory_reserve``).
+
+An offloaded optimizer (:attr:`nest.core.plan.ParallelConfig.optimizer_offload`) keeps its
+state in host memory: the device's optimizer term is 0 and the report carries the host's bytes
+apart (:meth:`nest.core.report.MemoryReport.host_terms`).
+
+**Activation offload** (:attr:`nest.core.plan.ParallelConfig.activation_offload`; the layer-level
+offload of Megatron-Core's ``--cpu-offloading`` / Transformer Engine's CPU offload context):
+every transformer block copies what its mode stores to host memory after its forward and back
+before its backward (:func:`host_bytes`), so the device stores nothing of its blocks between
+the two (:func:`stored_bytes` 0; the embedding and the head keep theirs). While a block runs it
+holds its own stored tensors and those of the neighbour in transit (the previous block's going
+out in the forward, the next one's coming in for the backward): :data:`OFFLOAD_BUFFER_BLOCKS`
+blocks' worth, counted as this block's, in its transient (:func:`peak_bytes`); exact for
+identical blocks. The copies' time: :mod:`nest.cost.offload`.
 """
 
 from nest.core.axes import Recompute
@@ -21,10 +35,24 @@ from nest.core.report import MemoryReport
 from nest.cost.compute import layer_mode
 from nest.cost.state import ModelState
 
+OFFLOAD_BUFFER_BLOCKS = 2
+"""Blocks' stored tensors on the device while an offloaded block runs: its own and the
+neighbour's in transit (module docstring)."""
 
-def stored_bytes(cost: LayerCost, mode: Recompute, is_block: bool) -> float:
-    """Activation bytes this layer keeps per microbatch until its backward."""
+
+def host_bytes(cost: LayerCost, mode: Recompute, is_block: bool, offload: bool = True) -> float:
+    """Activation bytes this layer copies to host memory and back per microbatch under
+    activation offload (a block's stored tensors; 0 for the embedding and the head, and 0 without
+    ``offload``)."""
+    if not (offload and is_block):
+        return 0.0
     return cost.act_bytes[layer_mode(mode, is_block)]
+
+
+def stored_bytes(cost: LayerCost, mode: Recompute, is_block: bool, offload: bool = False) -> float:
+    """Activation bytes this layer keeps on the device per microbatch until its backward (none
+    of an offloaded block's: they wait in host memory)."""
+    return cost.act_bytes[layer_mode(mode, is_block)] - host_bytes(cost, mode, is_block, offload)
 
 
 def resident_bytes(cost: LayerCost, state: ModelState) -> float:
@@ -34,13 +62,16 @@ def resident_bytes(cost: LayerCost, state: ModelState) -> float:
     return cost.resident_bytes if state.zero_stage < 3 else 0.0
 
 
-def peak_bytes(cost: LayerCost, mode: Recompute, is_block: bool, state: ModelState) -> float:
+def peak_bytes(
+    cost: LayerCost, mode: Recompute, is_block: bool, state: ModelState, offload: bool = False
+) -> float:
     """Bytes alive only while this layer runs, beyond the stored activations (module
-    docstring)."""
+    docstring): with activation offload, also the offloaded blocks' buffer."""
     lm = layer_mode(mode, is_block)
     peak = cost.transient_bytes
     if lm is not Recompute.NONE:
         peak += cost.act_bytes[Recompute.NONE] - cost.act_bytes[lm]
+    peak += OFFLOAD_BUFFER_BLOCKS * host_bytes(cost, mode, is_block, offload)
     return peak + state.gathered_bytes(cost.dense_params, cost.expert_params)
 
 
@@ -58,13 +89,16 @@ def rank_memory(
     in_flight: float,
     reserve_bytes: float,
     capacity_bytes: float,
+    offload: bool = False,
 ) -> MemoryReport:
     """Memory of one device of a pipeline rank holding ``layers`` ((cost, stage mode, is block)
-    per layer of all its chunks) and these parameters (dense with a tied-embedding copy)."""
-    stored = sum(stored_bytes(cost, mode, blk) for cost, mode, blk in layers)
+    per layer of all its chunks) and these parameters (dense with a tied-embedding copy);
+    ``offload``: activation offload (module docstring)."""
+    stored = sum(stored_bytes(cost, mode, blk, offload) for cost, mode, blk in layers)
+    host = sum(host_bytes(cost, mode, blk, offload) for cost, mode, blk in layers)
     transient, comm = max(
         (
-            peak_bytes(cost, mode, blk, state),
+            peak_bytes(cost, mode, blk, state, offload),
             state.gathered_bytes(cost.dense_params, cost.expert_params),
         )
         for cost, mode, blk in layers
@@ -89,4 +123,6 @@ def rank_memory(
         activations_per_microbatch_bytes=stored,
         fp8_copies_bytes=resident,
         comm_buffers_bytes=comm,
+        host_optimizer_bytes=state.host_optimizer_bytes(dense_params, expert_params),
+        host_activations_bytes=host * in_flight,
     )

@@ -31,6 +31,19 @@ the weights.
   shard once for the norm, a multi-tensor L2-norm kernel; its scale pass runs only when the norm
   exceeds the threshold and is not charged). Both are memory-bound kernels at the device's
   *achieved* HBM bandwidth (:attr:`nest.core.hardware.Device.achieved_hbm_bw_bytes_per_s`).
+- **Optimizer offload** (:attr:`nest.core.plan.ParallelConfig.optimizer_offload`; Megatron-Core
+  ``--optimizer-cpu-offload`` with its ``HybridDeviceOptimizer``, DeepSpeed ZeRO-Offload: Ren
+  et al., USENIX ATC 2021, §4): the optimizer state of the device's shard (its ZeRO-1+ shard,
+  or every parameter at ZeRO-0) lives in host memory, so the device holds none of it
+  (:meth:`ModelState.optimizer_bytes` 0, :meth:`ModelState.host_optimizer_bytes` the bytes
+  moved); its step copies the shard's gradients to the host (``g`` bytes per parameter), runs
+  Adam on the host CPU (:attr:`nest.core.problem.Training.cpu_adam_params_per_s`) and copies
+  the updated weights back (``p`` bytes per parameter), each copy over the device's host link
+  (:attr:`nest.core.hardware.Device.host_link_bw_bytes_per_s`, one direction each). The three
+  run one after the other, after the backward, in place of the HBM step
+  (:meth:`ModelState.offload_step_s`): Megatron's ``--overlap-cpu-optimizer-d2h-h2d`` and
+  ZeRO-Offload's overlap of the gradient copy with the backward are not modelled (the exports
+  leave the overlap off). Gradient clipping and the FP8 cast stay on the device's HBM.
 
 Every method is linear in the parameter counts and works on scalars and numpy arrays alike: the
 evaluator calls it on one stage, the DP on a row of candidate stages, the bounds on one
@@ -52,6 +65,15 @@ norm (Megatron-Core ``megatron/core/optimizer/clip_grads.py``, ``get_grad_norm_f
 ``multi_tensor_l2norm`` over the gradients; ``clip_grad_by_total_norm_fp32`` scales them only
 when ``max_norm / total_norm < 1``). Megatron-LM and NeMo clip by default (``--clip-grad 1.0``,
 ``gradient_clip_val: 1.0``)."""
+
+
+def can_offload_optimizer(problem) -> bool:
+    """Whether a plan may offload the optimizer state: the device has a host link and the
+    optimizer keeps state (Adam; SGD has none to move)."""
+    return (
+        problem.cluster.device.host_link_bw_bytes_per_s is not None
+        and problem.training.optimizer_state_bytes_per_param > 0
+    )
 
 
 def per_param(term: Callable, *args) -> tuple[float, float]:
@@ -87,15 +109,39 @@ class ModelState:
     prefetch_params: float | None = None
     """ZeRO-3: parameter elements fetched ahead of use (DeepSpeed ``stage3_prefetch_bucket_size``;
     None: a whole unit, FSDP2); :mod:`nest.cost.fsdp`."""
+    optimizer_offload: bool = False
+    """The optimizer state and step live on the host (module docstring)."""
+    host_link_bw_bytes_per_s: float | None = None
+    """The device's host link, bytes/s per direction (needed when ``optimizer_offload``)."""
+    cpu_adam_params_per_s: float = 0.0
+    """Parameters per second the host CPU updates for this device (``optimizer_offload``)."""
+
+    def __post_init__(self) -> None:
+        if self.optimizer_offload and not (
+            self.host_link_bw_bytes_per_s and self.cpu_adam_params_per_s > 0
+        ):
+            raise ValueError("optimizer offload needs a host link and a CPU-Adam rate")
 
     @classmethod
     def of(
-        cls, problem, *, zero_stage: int, dp: int, cp: int, ep: int, fold: int = 1
+        cls,
+        problem,
+        *,
+        zero_stage: int,
+        dp: int,
+        cp: int,
+        ep: int,
+        fold: int = 1,
+        optimizer_offload: bool = False,
     ) -> "ModelState":
-        """``fold``: :attr:`nest.core.plan.ParallelConfig.expert_fold` (``tp / etp``)."""
+        """``fold``: :attr:`nest.core.plan.ParallelConfig.expert_fold` (``tp / etp``);
+        ``optimizer_offload``: :attr:`nest.core.plan.ParallelConfig.optimizer_offload`."""
         training = problem.training
         numerics = training.numerics
         return cls(
+            optimizer_offload=optimizer_offload,
+            host_link_bw_bytes_per_s=problem.cluster.device.host_link_bw_bytes_per_s,
+            cpu_adam_params_per_s=training.cpu_adam_params_per_s,
             zero_stage=zero_stage,
             dense_replicas=dp * cp,
             expert_replicas=dp * cp * fold // ep,
@@ -140,6 +186,17 @@ class ModelState:
         return self.grad_bytes * self.local_params(dense, expert, self.zero_stage >= 2)
 
     def optimizer_bytes(self, dense, expert):
+        """The optimizer state on the device: its shard's, or none when offloaded."""
+        if self.optimizer_offload:
+            return 0.0 * (dense + expert)
+        return self.optimizer_bytes_per_param * self.local_params(
+            dense, expert, self.zero_stage >= 1
+        )
+
+    def host_optimizer_bytes(self, dense, expert):
+        """The optimizer state the device's shard keeps in host memory (0 unless offloaded)."""
+        if not self.optimizer_offload:
+            return 0.0 * (dense + expert)
         return self.optimizer_bytes_per_param * self.local_params(
             dense, expert, self.zero_stage >= 1
         )
@@ -183,9 +240,23 @@ class ModelState:
 
     def optimizer_step_s(self, dense, expert, hbm_bw_bytes_per_s: float):
         """Seconds of the optimizer step (with gradient clipping) of a device holding these
-        parameters, at ``hbm_bw_bytes_per_s`` (the device's achieved HBM bandwidth)."""
+        parameters, at ``hbm_bw_bytes_per_s`` (the device's achieved HBM bandwidth); offloaded:
+        the clipping and the FP8 cast on the device plus :meth:`offload_step_s`."""
         local = self.local_params(dense, expert, self.zero_stage >= 1)
-        return local * self.bytes_touched_per_param() / hbm_bw_bytes_per_s
+        if not self.optimizer_offload:
+            return local * self.bytes_touched_per_param() / hbm_bw_bytes_per_s
+        on_device = CLIP_GRAD_READS * self.grad_bytes + self.cast_bytes_per_param
+        return local * on_device / hbm_bw_bytes_per_s + self.offload_step_s(dense, expert)
+
+    def offload_step_s(self, dense, expert):
+        """Offloaded optimizer step of a device holding these parameters, seconds: its shard's
+        gradients to the host, Adam on the host CPU, the updated weights back (module
+        docstring); 0 when not offloaded."""
+        if not self.optimizer_offload:
+            return 0.0 * (dense + expert)
+        local = self.local_params(dense, expert, self.zero_stage >= 1)
+        copies = local * (self.grad_bytes + self.param_bytes) / self.host_link_bw_bytes_per_s
+        return copies + local / self.cpu_adam_params_per_s
 
     def sync_s(self, groups: RankGroups, dense, expert):
         """End-of-iteration data-parallel synchronisation of a rank holding these parameters

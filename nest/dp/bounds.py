@@ -110,6 +110,7 @@ import numpy as np
 from nest.core.alphabeta import is_priced
 from nest.core.axes import GroupKind, LayerKind, Recompute, Schedule
 from nest.core.layers import Collective, Shard
+from nest.core.plan import NO_OFFLOAD, Offload
 from nest.core.problem import Problem
 from nest.cost.collectives import floor_forms, p2p_floor_s
 from nest.cost.compute import bwd_collectives, exposed_s, fwd_collectives, recompute_s
@@ -227,17 +228,30 @@ class Floors:
         # no sharding and no gathers: the shard-independent parts of the memory floors
         self._unsharded = ModelState.of(problem, zero_stage=0, dp=1, cp=1, ep=1)
 
-    def state(self, dp: int, cp: int, ep: int, zero: int, fold: int = 1) -> ModelState:
-        """The configuration's :class:`ModelState` (it depends on ``dp x cp``, ``ep`` and the
-        expert fold ``tp / etp``)."""
-        return ModelState.of(self.problem, zero_stage=zero, dp=dp, cp=cp, ep=ep, fold=fold)
+    def state(
+        self, dp: int, cp: int, ep: int, zero: int, fold: int = 1, offload: bool = False
+    ) -> ModelState:
+        """The configuration's :class:`ModelState` (it depends on ``dp x cp``, ``ep``, the
+        expert fold ``tp / etp`` and the optimizer offload)."""
+        return ModelState.of(
+            self.problem,
+            zero_stage=zero,
+            dp=dp,
+            cp=cp,
+            ep=ep,
+            fold=fold,
+            optimizer_offload=offload,
+        )
 
-    def per_param(self, dp: int, cp: int, ep: int, zero: int, fold: int = 1) -> StatePerParam:
-        """The configuration's linear state terms per dense and per expert parameter."""
-        key = ("per param", zero, dp * cp, ep, fold)
+    def per_param(
+        self, dp: int, cp: int, ep: int, zero: int, fold: int = 1, offload: bool = False
+    ) -> StatePerParam:
+        """The configuration's linear state terms per dense and per expert parameter (the
+        offloaded optimizer's step and state are linear in the parameters too)."""
+        key = ("per param", zero, dp * cp, ep, fold, offload)
         got = self._min_cache.get(key)
         if got is None:
-            state = self.state(dp, cp, ep, zero, fold)
+            state = self.state(dp, cp, ep, zero, fold, offload)
             hbm = self.cluster.device.achieved_hbm_bw_bytes_per_s
             got = self._min_cache[key] = StatePerParam(
                 state_bytes=state.state_bytes_per_param(),
@@ -461,16 +475,23 @@ class Floors:
             got = self._shards[key] = self.shard(shard)
         return got
 
-    def config_bound_s(self, family: Family, zero: int, schedule: tuple[Schedule, int]) -> float:
+    def config_bound_s(
+        self,
+        family: Family,
+        zero: int,
+        schedule: tuple[Schedule, int],
+        offload: Offload = NO_OFFLOAD,
+    ) -> float:
         """No plan of these configurations (any rank order) is faster (module docstring)."""
-        return self.family_bounds_s(family, ((schedule, zero),))[0]
+        return self.family_bounds_s(family, ((schedule, zero, offload),))[0]
 
     def family_bounds_s(self, family: Family, entries=None) -> list[float]:
-        """:meth:`config_bound_s` of each ``(schedule, zero)`` of ``entries`` (default: all of
-        the family's, schedules outer, zeros inner), with what they share computed once (the
-        shard's floors, and per ZeRO stage its coefficients): the search bounds every entry."""
+        """:meth:`config_bound_s` of each ``(schedule, zero, offload)`` of ``entries``
+        (default: all of the family's, :meth:`Family.entries`), with what they share computed
+        once (the shard's floors, and per ZeRO stage and offload its coefficients): the search
+        bounds every entry."""
         if entries is None:
-            entries = [(sc, z) for sc in family.schedules for z in family.zeros]
+            entries = family.entries()
         sf = self._shard_of(family)
         pp, m = family.pp, family.m
         f = family
@@ -481,14 +502,16 @@ class Floors:
             sync_dense, sync_expert = float(sf.dense[0]), float(sf.expert[0])
         per_zero: dict = {}
         out = []
-        for schedule, zero in entries:
-            got = per_zero.get(zero)
+        for schedule, zero, offload in entries:
+            got = per_zero.get((zero, offload))
             if got is None:
                 zd, zx = self._z3_coefs(f.dp, f.cp, f.ep, zero, f.fold)
-                opt_d, opt_x = self.per_param(f.dp, f.cp, f.ep, zero, f.fold).optimizer_s
+                opt_d, opt_x = self.per_param(
+                    f.dp, f.cp, f.ep, zero, f.fold, offload.optimizer
+                ).optimizer_s
                 optimizer = (opt_d * (sf.dense_sum + tied) + opt_x * sf.expert_sum) / pp
                 z3 = self._z3_chunk_floor_s(f, sf, zero)
-                got = per_zero[zero] = (zd, zx, optimizer, z3)
+                got = per_zero[zero, offload] = (zd, zx, optimizer, z3)
             zd, zx, optimizer, z3 = got
             kind, v = schedule
             if kind is Schedule.INTERLEAVED:
@@ -633,14 +656,24 @@ class Floors:
         return got
 
     def memory_floor_bytes(
-        self, family: Family, zero: int, schedule: tuple[Schedule, int]
+        self,
+        family: Family,
+        zero: int,
+        schedule: tuple[Schedule, int],
+        offload: Offload = NO_OFFLOAD,
     ) -> float:
         """No plan of these configurations needs less per-device memory at its peak rank
         (module docstring: the average over ranks, the rank holding the worst single layer, and
-        the fixed ranks of an interleaved partition)."""
+        the fixed ranks of an interleaved partition). With activation offload the stored
+        activations are counted as 0 (the blocks keep none on the device; the embedding's and
+        the head's are left out, which only lowers the floor) and the transients without the
+        offload buffer (which only adds to them)."""
         sf = self._shard_of(family)
         pp = family.pp
-        per_param = self.per_param(family.dp, family.cp, family.ep, zero, family.fold)
+        per_param = self.per_param(
+            family.dp, family.cp, family.ep, zero, family.fold, offload.optimizer
+        )
+        kept = 0.0 if offload.activations else 1.0  # stored activations on the device
         per_d, per_x = per_param.state_bytes
         gathered_d, gathered_x = per_param.gathered_bytes
         reserve_bytes = self.cluster.device.memory_reserve_bytes
@@ -650,13 +683,14 @@ class Floors:
             worst = 0.0
             for r in range(pp):
                 flight = in_flight_microbatches(r, pp, family.m, kind, v)
-                need = per_d * dense[r] + per_x * expert[r] + flight * act[r] + transient[r]
+                need = per_d * dense[r] + per_x * expert[r] + kept * flight * act[r] + transient[r]
                 worst = max(worst, need)
             return worst + reserve_bytes
         tied = sf.tied_copy if pp > 1 else 0.0
-        total = per_d * (sf.dense_sum + tied) + per_x * sf.expert_sum + float(sf.act_min.sum())
+        total = per_d * (sf.dense_sum + tied) + per_x * sf.expert_sum
+        total += kept * float(sf.act_min.sum())
         single = max(
-            per_d * d + per_x * x + a + t + gathered_d * d + gathered_x * x
+            per_d * d + per_x * x + kept * a + t + gathered_d * d + gathered_x * x
             for d, x, a, t in sf.mem_kinds
         )
         return max(total / pp, single) + reserve_bytes

@@ -230,16 +230,17 @@ def _visit(entries, floors: Floors, capacity_bytes: float, fits: dict, over: lis
     plan of theirs fits): floors checked on the first visit only and kept in ``fits`` (key ->
     fits), the keys over it in ``over``. The key is the entry, i.e. the configuration without
     its rank order (module docstring)."""
-    for bound, key, family, schedule, zero in entries:
+    for bound, key, family, schedule, zero, offload in entries:
         ok = fits.get(key)
         if ok is None:
-            ok = fits[key] = floors.memory_floor_bytes(family, zero, schedule) <= capacity_bytes
+            need = floors.memory_floor_bytes(family, zero, schedule, offload)
+            ok = fits[key] = need <= capacity_bytes
             if not ok:
                 over.append(key)
         if not ok:
             continue
         for order in family.orders:
-            yield bound * (1 - BOUND_SLACK), key, family.config(schedule, zero, order)
+            yield bound * (1 - BOUND_SLACK), key, family.config(schedule, zero, order, offload)
 
 
 @contextmanager
@@ -304,17 +305,18 @@ class NestPlanner(SpacePlanner):
 
     @staticmethod
     def _ranked(fams, floors: Floors):
-        """(bound, index, family, schedule, zero) of every entry, in increasing bound (ties in
-        space order). Memory floors are not computed here: the search checks them only for the
-        entries it visits (:meth:`_search`), a few thousand of the hundreds of thousands."""
+        """(bound, index, family, schedule, zero, offload) of every entry, in increasing bound
+        (ties in space order). Memory floors are not computed here: the search checks them only
+        for the entries it visits (:meth:`_search`), a few thousand of the hundreds of
+        thousands."""
         entries = []
         for family in fams:
-            pairs = [(schedule, zero) for schedule in family.schedules for zero in family.zeros]
-            bounds = floors.family_bounds_s(family, pairs)
+            triples = family.entries()
+            bounds = floors.family_bounds_s(family, triples)
             k = len(entries)
             entries += [
-                (b, k + i, family, sc, z)
-                for i, (b, (sc, z)) in enumerate(zip(bounds, pairs, strict=True))
+                (b, k + i, family, sc, z, o)
+                for i, (b, (sc, z, o)) in enumerate(zip(bounds, triples, strict=True))
             ]
         entries.sort(key=itemgetter(0))  # stable: ties stay in space order
         return entries
@@ -324,14 +326,14 @@ class NestPlanner(SpacePlanner):
         increasing memory floor and stopping when the floor reaches the best found."""
         modes = self.options().recompute_modes
         ranked = sorted(
-            (floors.memory_floor_bytes(f, z, s), k, f, s, z) for _, k, f, s, z in entries
+            (floors.memory_floor_bytes(f, z, s, o), k, f, s, z, o) for _, k, f, s, z, o in entries
         )
         best, least = float("inf"), None
-        for need, _, family, schedule, zero in ranked:
+        for need, _, family, schedule, zero, offload in ranked:
             if need >= best:
                 break
             for order in family.orders:
-                config = family.config(schedule, zero, order)
+                config = family.config(schedule, zero, order, offload)
                 sm = StageModel(problem, config, shared)
                 peak = smallest_peak_bytes(sm, modes)
                 if peak < best:
@@ -350,6 +352,12 @@ class NestPlanner(SpacePlanner):
         as each value there is at least that configuration's restricted optimum)."""
         target = check_export_runnable(self.export_runnable)
         options = self.options()
+        if options.offload:
+            raise UserError(
+                f"solver.export_runnable={target} with solver.offload=true: the runnable search "
+                "does not cover offload (Megatron's CPU offloading refuses pipelines, "
+                "recomputation and ZeRO-0 with data parallelism); drop one of the two"
+            )
         allowed = RUNNABLE_ORDERS[target]
         given = [parse_rank_order(o) for o in options.rank_orders or ()] or list(allowed)
         orders = ["-".join(str(a) for a in o) for o in given if o in allowed]
@@ -507,6 +515,7 @@ class NestPlanner(SpacePlanner):
             exact=True,
             zero_stages=options.zero_stages,
             recompute=options.recompute,
+            offload=options.offload,
         )
         if least is None:
             return error

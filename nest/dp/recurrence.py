@@ -32,13 +32,15 @@ least ``S``, ``M``, ``E`` and ``O`` of the state's labels skips a whole stage en
 past the ``j`` where the stage's own floor exceeds ``R / k`` it only grows, so the scan stops.
 Only the fastest recompute mode that fits extends a stage: for one rank ``r`` and layers
 ``i..j`` the modes change nothing but the recomputation in the backward (and whether the stage
-fits), so two fitting modes ``c, c'`` give ``t_c - t_c' = b_c - b_c' = d`` with the same sync
-and optimizer step. Taking ``c'`` with ``d >= 0`` instead of ``c`` lowers ``S`` by ``d``, does
-not raise ``M``, and lowers ``B`` (and the rank's own ``b``) by ``d``, which raises every later
-exposed sync by at most ``d``; so ``F`` does not grow for any completion, and the slower mode's
-label is never needed (ties keep the first mode of ``SpaceOptions.recompute``). The modes other
-than the fastest fitting one (e.g. ``selective``, which with FlashAttention saves only the
-log-sum-exp but recomputes the whole attention core) thus cost one row each and no labels.
+fits; under activation offload also the exposed part of the copies, which the cost model charges
+to the backward too: :mod:`nest.cost.offload`), so two fitting modes ``c, c'`` give ``t_c - t_c'
+= b_c - b_c' = d`` with the same sync and optimizer step. Taking ``c'`` with ``d >= 0`` instead
+of ``c`` lowers ``S`` by ``d``, does not raise ``M``, and lowers ``B`` (and the rank's own
+``b``) by ``d``, which raises every later exposed sync by at most ``d``; so ``F`` does not grow
+for any completion, and the slower mode's label is never needed (ties keep the first mode of
+``SpaceOptions.recompute``). The modes other than the fastest fitting one (e.g. ``selective``,
+which with FlashAttention saves only the log-sum-exp but recomputes the whole attention core)
+thus cost one row each and no labels.
 Memory is checked first, for every ``j`` of a state at once (:meth:`StageModel.fits_from`), and
 a stage's terms come from one numpy row per (rank, first layer, mode)
 (:func:`nest.dp.rows.stage_row`).

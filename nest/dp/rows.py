@@ -82,6 +82,8 @@ def stage_row(sm: StageModel, r: int, i: int, mode: Recompute, common: tuple | N
     ch = sm.chain
     redo = ch.recompute_s[mode][i + 1 :] - ch.recompute_s[mode][i]
     bwd = bwd + redo + _comm(sm, r, i, "b", mode)
+    if sm.config.activation_offload:
+        bwd = bwd + sm.offload_exposed_s(i, np.arange(i, sm.n_layers), mode)
     schedule = sm.config.schedule
     time = (fwd + bwd).tolist()
     if not schedule.splits_backward:

@@ -20,6 +20,12 @@ partition and the recompute modes:
 - the ZeRO stage 0-3 (only 0 when ``dp * cp == 1`` and no expert is replicated, i.e. the
   expert data parallelism ``dp * cp * tp / (etp * ep)`` is 1: nothing to shard, stages 1-3
   cost exactly what 0 costs);
+- what it keeps in host memory (:class:`~nest.core.plan.Offload`): nothing, and, when
+  ``SpaceOptions.offload`` is set and the device has a host link, also the optimizer state
+  (:attr:`~nest.core.plan.ParallelConfig.optimizer_offload`, where the optimizer keeps state:
+  :func:`nest.cost.state.can_offload_optimizer`), the blocks' stored activations
+  (:attr:`~nest.core.plan.ParallelConfig.activation_offload`), and both; off by default, so the
+  space is unchanged unless asked;
 - the rank order: ``tp`` innermost, any order of ``cp, dp, pp`` above it; orders that place every
   device alike (same order of the axes of degree > 1) are kept once, the first in
   :func:`_orders`' order;
@@ -73,8 +79,9 @@ from nest.core.axes import (
 )
 from nest.core.errors import UserError
 from nest.core.layers import Shard
-from nest.core.plan import ParallelConfig
+from nest.core.plan import NO_OFFLOAD, Offload, ParallelConfig
 from nest.core.problem import Problem
+from nest.cost.state import can_offload_optimizer
 
 ONE_F_ONE_B = (Schedule.ONE_F_ONE_B, 1)
 
@@ -82,7 +89,7 @@ ONE_F_ONE_B = (Schedule.ONE_F_ONE_B, 1)
 @dataclass(frozen=True, slots=True)
 class Family:
     """The configurations sharing ``(tp, cp, ep, dp, pp, mbs, etp)``: every combination of its
-    schedules, ZeRO stages and rank orders (in that nesting order)."""
+    schedules, ZeRO stages, optimizer offloads and rank orders (in that nesting order)."""
 
     tp: int
     cp: int
@@ -97,13 +104,18 @@ class Family:
     orders: tuple[tuple[Axis, ...], ...]
     etp: int | None = None
     """Expert tensor degree: None (= tp) or 1 (:attr:`ParallelConfig.etp`)."""
+    offloads: tuple[Offload, ...] = (NO_OFFLOAD,)
+    """What the configurations keep in host memory: nothing, or also the optimizer state, the
+    activations and both (:class:`~nest.core.plan.Offload`)."""
 
     @property
     def fold(self) -> int:
         """``tp / etp`` (:attr:`ParallelConfig.expert_fold`)."""
         return 1 if self.etp is None else self.tp // self.etp
 
-    def config(self, schedule: tuple[Schedule, int], zero: int, order) -> ParallelConfig:
+    def config(
+        self, schedule: tuple[Schedule, int], zero: int, order, offload: Offload = NO_OFFLOAD
+    ) -> ParallelConfig:
         kind, v = schedule
         return ParallelConfig(
             tp=self.tp,
@@ -117,16 +129,27 @@ class Family:
             schedule=kind,
             virtual_stages=v,
             rank_order=order,
+            optimizer_offload=offload.optimizer,
+            activation_offload=offload.activations,
         )
 
+    def entries(self) -> list[tuple[tuple[Schedule, int], int, Offload]]:
+        """``(schedule, zero, offload)`` of every configuration but the rank order, in the
+        nesting order of :meth:`configs`."""
+        return [
+            (schedule, zero, offload)
+            for schedule in self.schedules
+            for zero in self.zeros
+            for offload in self.offloads
+        ]
+
     def configs(self) -> Iterator[ParallelConfig]:
-        for schedule in self.schedules:
-            for zero in self.zeros:
-                for order in self.orders:
-                    yield self.config(schedule, zero, order)
+        for schedule, zero, offload in self.entries():
+            for order in self.orders:
+                yield self.config(schedule, zero, order, offload)
 
     def __len__(self) -> int:
-        return len(self.schedules) * len(self.zeros) * len(self.orders)
+        return len(self.schedules) * len(self.zeros) * len(self.offloads) * len(self.orders)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,6 +171,9 @@ class SpaceOptions:
     etp: Sequence[int | str] | None = None
     """Expert tensor degrees of MoE models: ``"tp"`` (experts split like the dense weights) and
     / or ``1`` (whole experts); None: both."""
+    offload: bool = False
+    """Also search the optimizer state and the activations offloaded to host memory
+    (:class:`~nest.core.plan.Offload`; ``solver.offload``)."""
 
     def etp_values(self, tp: int, is_moe: bool) -> tuple[int | None, ...]:
         """The ``etp`` of the configurations with tensor degree ``tp`` (None = ``tp``)."""
@@ -312,6 +338,7 @@ def _families(problem, options, orders, kinds, degrees) -> Iterator[Family]:
     fold = 1 if etp is None else tp  # whole experts replicate over the folded tensor ranks
     replicas = dp * cp * fold // ep if problem.model.spec.is_moe else 1
     zeros = (0,) if dp * cp == 1 and replicas == 1 else tuple(options.zero_stages)
+    offloads = _offloads(problem, options)
     # two orders place every device alike iff the axes of degree > 1 come in the same order
     degree = {Axis.TP: tp, Axis.CP: cp, Axis.DP: dp, Axis.PP: pp}
     seen: set[tuple] = set()
@@ -327,7 +354,17 @@ def _families(problem, options, orders, kinds, degrees) -> Iterator[Family]:
         m = training.global_batch // (mbs * dp)
         schedules = _schedules(kinds, problem.num_layers - 2, pp, m)
         if schedules and zeros and placed_orders:
-            yield Family(tp, cp, ep, dp, pp, mbs, m, schedules, zeros, tuple(placed_orders), etp)
+            yield Family(
+                tp, cp, ep, dp, pp, mbs, m, schedules, zeros, tuple(placed_orders), etp, offloads
+            )
+
+
+def _offloads(problem: Problem, options: SpaceOptions) -> tuple[Offload, ...]:
+    """What the space's configurations may keep in host memory (module docstring)."""
+    if not options.offload or problem.cluster.device.host_link_bw_bytes_per_s is None:
+        return (NO_OFFLOAD,)
+    optimizer = (False, True) if can_offload_optimizer(problem) else (False,)
+    return tuple(Offload(o, a) for o in optimizer for a in (False, True))
 
 
 def configurations(problem: Problem, options: SpaceOptions) -> Iterator[ParallelConfig]:
@@ -354,8 +391,12 @@ class SpacePlanner:
         schedules: Sequence[str] = ("1f1b", "interleaved"),
         virtual_stages: Sequence[int] | None = None,
         etp: Sequence[int | str] | None = None,
+        offload: bool = False,
     ) -> None:
         self.name = name
+        self.offload = offload
+        """Also search the optimizer state and the activations offloaded to host memory (off by
+        default: the space, its plans and its search time are then as without offload)."""
         self.tp, self.cp, self.ep, self.pp = tp, cp, ep, pp
         self.etp = etp
         self.zero_stages = zero_stages
@@ -367,7 +408,7 @@ class SpacePlanner:
     def space_kwargs(self) -> dict:
         """The space hyper-parameters as given (to build another planner on the same space)."""
         keys = ("tp", "cp", "ep", "pp", "zero_stages", "recompute", "rank_orders", "schedules")
-        return {k: getattr(self, k) for k in (*keys, "virtual_stages", "etp")}
+        return {k: getattr(self, k) for k in (*keys, "virtual_stages", "etp", "offload")}
 
     def options(self) -> SpaceOptions:
         return SpaceOptions(
@@ -381,7 +422,15 @@ class SpacePlanner:
             schedules=_listed("schedules", self.schedules),
             virtual_stages=_listed("virtual_stages", self.virtual_stages),
             etp=_listed("etp", self.etp),
+            offload=_flag("offload", self.offload),
         )
+
+
+def _flag(name: str, value) -> bool:
+    """A true / false space option, refused with a one-line message otherwise."""
+    if not isinstance(value, bool):
+        raise UserError(f"solver.{name}={value!r} must be true or false")
+    return value
 
 
 def _listed(name: str, value) -> tuple | None:

@@ -38,7 +38,14 @@ from nest.cost.groups import (
     split_forms,
     translated,
 )
-from nest.cost.memory import peak_bytes, rank_memory_bytes, resident_bytes, stored_bytes
+from nest.cost.memory import (
+    host_bytes,
+    peak_bytes,
+    rank_memory_bytes,
+    resident_bytes,
+    stored_bytes,
+)
+from nest.cost.offload import offload_exposed_s
 from nest.cost.pipeline import in_flight_microbatches
 from nest.cost.state import ModelState
 from nest.dp.bounds import Floors
@@ -46,13 +53,16 @@ from nest.dp.space import interleaved_chunks
 
 MODES = tuple(Recompute)
 
-PLACED_FLOOR_IGNORES = frozenset({"zero_stage", "schedule", "virtual_stages"})
+PLACED_FLOOR_IGNORES = frozenset(
+    {"zero_stage", "schedule", "virtual_stages", "optimizer_offload", "activation_offload"}
+)
 """The :class:`~nest.core.plan.ParallelConfig` fields :meth:`StageModel.placed_floor_s` does
 not read (its key keeps ``zero_stage >= 3``, which decides the ZeRO-3 floor)."""
 
-CHUNK_IGNORES = frozenset({"zero_stage"})
+CHUNK_IGNORES = frozenset({"zero_stage", "optimizer_offload"})  # activation offload: read
 """The fields :meth:`StageModel.chunk_costs` does not read (its key keeps ``zero_stage >= 3``:
-ZeRO-3's traffic and gathered weights; stages 0-2 differ only in state bytes and sync)."""
+ZeRO-3's traffic and gathered weights; stages 0-2 differ only in state bytes and sync; the
+optimizer offload changes only the state bytes and the optimizer step)."""
 
 POOLED_KNOWN = frozenset(
     {
@@ -66,6 +76,8 @@ POOLED_KNOWN = frozenset(
         "schedule",
         "virtual_stages",
         "rank_order",
+        "optimizer_offload",
+        "activation_offload",
     }
 )
 """The :class:`~nest.core.plan.ParallelConfig` fields :meth:`StageModel._pooled_key` accounts
@@ -121,9 +133,13 @@ class ChainTerms:
     peak_bytes: dict
     boundary_bytes: np.ndarray
     resident_bytes: np.ndarray
+    host_bytes: dict
+    """Per mode, prefix sums of the bytes activation offload copies to host memory per
+    microbatch (zeros without it)."""
 
     @classmethod
-    def build(cls, costs, is_block, state: ModelState) -> "ChainTerms":
+    def build(cls, costs, is_block, state: ModelState, offload: bool = False) -> "ChainTerms":
+        """``offload``: activation offload (:mod:`nest.cost.memory`)."""
         pairs = list(zip(costs, is_block, strict=True))
         return cls(
             fwd_s=prefix([x.fwd_s for x in costs]),
@@ -132,12 +148,18 @@ class ChainTerms:
             dense_params=prefix([x.dense_params for x in costs]),
             expert_params=prefix([x.expert_params for x in costs]),
             recompute_s={md: prefix([recompute_s(x, md, b) for x, b in pairs]) for md in MODES},
-            stored_bytes={md: prefix([stored_bytes(x, md, b) for x, b in pairs]) for md in MODES},
+            stored_bytes={
+                md: prefix([stored_bytes(x, md, b, offload) for x, b in pairs]) for md in MODES
+            },
             peak_bytes={
-                md: range_max([peak_bytes(x, md, b, state) for x, b in pairs]) for md in MODES
+                md: range_max([peak_bytes(x, md, b, state, offload) for x, b in pairs])
+                for md in MODES
             },
             boundary_bytes=np.array([x.boundary_bytes for x in costs], dtype=float),
             resident_bytes=prefix([resident_bytes(x, state) for x in costs]),
+            host_bytes={
+                md: prefix([host_bytes(x, md, b, offload) for x, b in pairs]) for md in MODES
+            },
         )
 
 
@@ -176,13 +198,22 @@ class StageModel:
         self.head_index = n - 1
         self.tied_copy_params = costs[-1].tied_copy_params
         self.state = ModelState.of(
-            problem, zero_stage=c.zero_stage, dp=c.dp, cp=c.cp, ep=c.ep, fold=c.expert_fold
+            problem,
+            zero_stage=c.zero_stage,
+            dp=c.dp,
+            cp=c.cp,
+            ep=c.ep,
+            fold=c.expert_fold,
+            optimizer_offload=c.optimizer_offload,
         )
         # the state bytes are linear in the parameters (ModelState): their two coefficients
         self._state_per_param = self.state.state_bytes_per_param()
-        key = ("chain", shard, c.zero_stage >= 3, c.dp * c.cp, c.ep)  # the shard holds etp
+        # the shard holds etp
+        key = ("chain", shard, c.zero_stage >= 3, c.dp * c.cp, c.ep, c.activation_offload)
         if key not in self._shared:
-            self._shared[key] = ChainTerms.build(costs, self.is_block, self.state)
+            self._shared[key] = ChainTerms.build(
+                costs, self.is_block, self.state, c.activation_offload
+            )
         self.chain: ChainTerms = self._shared[key]
         # groups and p2p levels depend on the placement only: shared across microbatch sizes,
         # ZeRO stages and schedules
@@ -349,11 +380,28 @@ class StageModel:
             z3 = self.zero3_chain(r)
             fwd += float(z3.fwd_s(i, j))
             bwd += float(z3.bwd_s(i, j))
+        bwd += self.offload_exposed_s(i, j, mode)
         if nxt is not None:
             fwd += pair_p2p_time_s(ch.boundary_bytes[j], self.p2p_levels(r, nxt), cluster)
         if prev is not None:
             bwd += pair_p2p_time_s(ch.boundary_bytes[i - 1], self.p2p_levels(r, prev), cluster)
         return fwd, bwd
+
+    def offload_exposed_s(self, i: int, j, mode: Recompute):
+        """Activation offload: the copies of layers ``i..j`` (``j`` a scalar or an array of last
+        layers) their compute does not hide (:func:`nest.cost.offload.offload_exposed_s`); 0
+        without offload."""
+        if not self.config.activation_offload:
+            return 0.0 * np.asarray(j)
+        ch = self.chain
+        moved = ch.host_bytes[mode][np.asarray(j) + 1] - ch.host_bytes[mode][i]
+        fwd = ch.fwd_s[np.asarray(j) + 1] - ch.fwd_s[i]
+        bwd = (ch.bwd_s[np.asarray(j) + 1] - ch.bwd_s[i]) + (
+            ch.recompute_s[mode][np.asarray(j) + 1] - ch.recompute_s[mode][i]
+        )
+        return offload_exposed_s(
+            moved, fwd, bwd, self.problem.cluster.device.host_link_bw_bytes_per_s
+        )
 
     def zero3_chain(self, r: int):
         """Rank ``r``'s per-layer ZeRO-3 overlap terms over the whole chain

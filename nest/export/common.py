@@ -105,6 +105,8 @@ def rebuild(
     layer_counts=None,
     ep=None,
     whole_experts=None,
+    optimizer_offload=None,
+    activation_offload=None,
 ) -> Plan:
     """The plan with some choices changed (placement rebuilt from ``rank_order`` at offset 0)."""
     counts = layer_counts or [s.last_layer - s.first_layer + 1 for s in plan.stages]
@@ -120,6 +122,12 @@ def rebuild(
         schedule=Schedule(schedule or plan.schedule),
         virtual_stages=v,
         rank_order=tuple(rank_order or plan.rank_order or (Axis.TP, Axis.CP, Axis.DP, Axis.PP)),
+        optimizer_offload=(
+            plan.optimizer_offload if optimizer_offload is None else optimizer_offload
+        ),
+        activation_offload=(
+            plan.activation_offload if activation_offload is None else activation_offload
+        ),
     )
     return make_structured_plan(
         config,
@@ -155,6 +163,8 @@ def plan_summary(problem: Problem, plan: Plan) -> dict:
         "microbatch_size": plan.microbatch_size,
         "num_microbatches": plan.num_microbatches,
         "zero_stage": plan.zero_stage,
+        "optimizer_offload": plan.optimizer_offload,
+        "activation_offload": plan.activation_offload,
         "schedule": str(plan.schedule),
         "rank_order": [str(a) for a in plan.rank_order] if plan.rank_order else None,
         "blocks_per_stage": blocks_per_chunk(problem, plan),

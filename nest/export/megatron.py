@@ -67,6 +67,25 @@ defaults are off for every one of them):
   benchmarking switch of Megatron-Core's router); ``dropless`` is Megatron's default (no capacity
   factor: every token reaches its experts).
 - ``optimizer: sgd``: ``--optimizer sgd --sgd-momentum 0`` (no optimizer state, as scored).
+- Optimizer offload (:attr:`~nest.core.plan.ParallelConfig.optimizer_offload`):
+  ``--optimizer-cpu-offload --optimizer-offload-fraction 1.0 --use-precision-aware-optimizer``
+  (NVIDIA/Megatron-LM ``megatron/training/arguments.py``, checked at 2026-08: ``validate_args``
+  asserts ``--use-precision-aware-optimizer`` with ``--optimizer-cpu-offload``, and with
+  ``--fp8-param-gather`` the ``delayed`` FP8 recipe; ``megatron/core/optimizer/__init__.py``
+  refuses the precision-aware optimizer without the distributed optimizer, which every ZeRO
+  stage >= 1 emits). A ZeRO-0 plan without data parallelism gets
+  ``--use-distributed-optimizer`` (it shards nothing over one rank); with it, it is not
+  expressible (nearest: ZeRO-1). FP8 parameter gather with another recipe: not expressible
+  (nearest: the optimizer on the device). ``--overlap-cpu-optimizer-d2h-h2d`` is not emitted:
+  the cost model charges the copies and the CPU step one after the other.
+- Activation offload (:attr:`~nest.core.plan.ParallelConfig.activation_offload`):
+  ``--cpu-offloading-num-layers L-1`` (``ModelParallelConfig.cpu_offloading_num_layers``, a CLI
+  argument generated from the config; it turns ``cpu_offloading`` on, activations only by
+  default). ``TransformerConfig.__post_init__`` refuses it with pipeline parallelism, with any
+  recomputation and for ``L`` or more layers, so it is expressible only with ``pp = 1``, no
+  recompute and at least two blocks (nearest otherwise: the activations on the device). Megatron
+  keeps the last block's activations on the device, which the cost model's two-block buffer
+  covers.
 - ZeRO-2/3 (Megatron FSDP): ``--use-distributed-optimizer`` and
   ``--no-gradient-accumulation-fusion`` beside ``--use-megatron-fsdp``, as Megatron-FSDP's guide
   at the same commit lists them (``megatron/core/distributed/fsdp/src/README.md``).
@@ -183,6 +202,36 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
             "distributed optimizer or Megatron FSDP; used ZeRO-1)"
         )
         changes["zero_stage"] = 1
+    numerics = problem.training.numerics
+    delayed = numerics.recipe is Fp8Recipe.DELAYED
+    if plan.optimizer_offload and numerics.param_gather and not delayed:
+        issues.append(
+            f"optimizer offload with FP8 parameter gather and the {numerics.recipe.value} recipe "
+            "(Megatron's --optimizer-cpu-offload accepts --fp8-param-gather only with "
+            "--fp8-recipe delayed; used the optimizer on the device)"
+        )
+        changes["optimizer_offload"] = False
+    elif plan.optimizer_offload and plan.zero_stage == 0 and plan.dp * plan.cp > 1:
+        issues.append(
+            "optimizer offload with ZeRO-0 (Megatron's --optimizer-cpu-offload needs "
+            "--use-precision-aware-optimizer, which runs only with the distributed optimizer; "
+            "used ZeRO-1)"
+        )
+        changes["zero_stage"] = 1
+    if plan.activation_offload:
+        why = []
+        if plan.pp > 1:
+            why.append("pipeline parallelism")
+        if changes.get("recompute", modes)[0] is not Recompute.NONE or len(held) > 1:
+            why.append("recomputation")
+        if problem.model.spec.layers < 2:
+            why.append("fewer than two blocks")
+        if why:
+            issues.append(
+                f"activation offload with {' and '.join(why)} (Megatron's CPU offloading refuses "
+                "them: TransformerConfig; used the activations on the device)"
+            )
+            changes["activation_offload"] = False
     if plan.schedule is Schedule.GPIPE:
         issues.append("the GPipe schedule (Megatron runs 1F1B; used 1F1B)")
         changes["schedule"] = Schedule.ONE_F_ONE_B
@@ -268,10 +317,19 @@ def megatron_args(problem: Problem, plan: Plan) -> list[str]:
             "--recompute-num-layers 1",
         ]
     args += ZERO_FLAGS[plan.zero_stage]
-    if plan.zero_stage == 0 and problem.training.numerics.param_gather:
+    if plan.zero_stage == 0 and (problem.training.numerics.param_gather or plan.optimizer_offload):
         # no data parallelism (nearest_expressible moved any other ZeRO-0 plan): the distributed
-        # optimizer over one rank shards nothing, and --fp8-param-gather needs it
+        # optimizer over one rank shards nothing, and --fp8-param-gather and the precision-aware
+        # optimizer of --optimizer-cpu-offload need it
         args.append("--use-distributed-optimizer")
+    if plan.activation_offload:
+        args.append(f"--cpu-offloading-num-layers {problem.model.spec.layers - 1}")
+    if plan.optimizer_offload:
+        args += [
+            "--optimizer-cpu-offload",
+            "--optimizer-offload-fraction 1.0",
+            "--use-precision-aware-optimizer",
+        ]
     args += _partition_args(problem, plan)
     if placement_order(plan, (DEFAULT_ORDER,)) is None:
         args.append("--use-tp-pp-dp-mapping")

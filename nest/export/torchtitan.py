@@ -58,9 +58,15 @@ differs from the cost model's attention-core recompute. torchtitan has no MLP-on
 (``[activation_checkpoint]`` offers ``none``, ``selective`` by op or every n blocks, and
 ``full``): ``mlp`` and ``selective_mlp`` are exported as ``full``, which stores less. Stages
 after the first must start with a transformer block (a split point); a stage holding only the
-head is moved one block back. ``Interleaved1F1B`` needs the microbatch count to be a multiple
-of ``max(1, m // pp)`` (PyTorch's ``ScheduleInterleaved1F1B``), which every plan meets: the
-evaluator requires ``m`` to be a multiple of ``pp`` under interleaving.
+head is moved one block back. An offloaded optimizer
+(:attr:`~nest.core.plan.ParallelConfig.optimizer_offload`) is not expressible: torchtitan's
+``training.enable_cpu_offload`` ("CPU offloading of parameters, gradients, and optimizer states
+in FSDP", ``torchtitan/config/configs.py`` at 2026-08: FSDP2's ``CPUOffloadPolicy``) moves the
+weights and gradients too (nearest: the optimizer on the device); activation offload has no
+option in its job config (nearest: the activations on the device). ``Interleaved1F1B`` needs
+the microbatch count to be a multiple of ``max(1, m // pp)`` (PyTorch's
+``ScheduleInterleaved1F1B``), which every plan meets: the evaluator requires ``m`` to be a
+multiple of ``pp`` under interleaving.
 
 **Training settings the score assumes.** ``[training] mixed_precision_param = "bfloat16"`` is
 emitted; ``mixed_precision_reduce`` accepts only ``"float32"`` at this commit
@@ -225,6 +231,19 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     if moved is not None:
         issues.append("a stage that starts without a transformer block (moved one block into it)")
         changes["layer_counts"] = moved
+    if plan.optimizer_offload:
+        issues.append(
+            "optimizer offload (torchtitan's training.enable_cpu_offload moves FSDP's parameters "
+            "and gradients to the host as well as the optimizer state, a different plan; used "
+            "the optimizer on the device)"
+        )
+        changes["optimizer_offload"] = False
+    if plan.activation_offload:
+        issues.append(
+            "activation offload (torchtitan's job config has no activation offload option; used "
+            "the activations on the device)"
+        )
+        changes["activation_offload"] = False
     if plan.etp is not None:
         issues.append(
             "whole experts under tensor parallelism (etp 1; this export lays out torchtitan's "

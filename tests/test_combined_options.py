@@ -1,0 +1,51 @@
+"""The options that landed together stay exact together: ZB-H1 (tests/test_zero_bubble.py),
+offload (tests/test_offload.py) and DeepEP (tests/test_deepep.py) each have their own ``nest ==
+brute`` suite; here they are searched at once, since each changes a term the others' proofs use
+(the W pass, the offload excess in the backward, the expert exchange)."""
+
+import dataclasses
+import random
+
+from nest.core.errors import UserError
+from nest.core.layers import AnalyticModel
+from nest.core.problem import Problem
+
+from .randomcase import assert_nest_equals_brute
+from .test_nest_dp import tiny_case
+from .test_offload import _with_offload_hardware
+
+
+def _deepep(problem: Problem) -> Problem:
+    training = dataclasses.replace(problem.training, moe_dispatcher="deepep")
+    model = AnalyticModel(
+        problem.model.spec,
+        flash_attention=training.flash_attention,
+        overlap=training.overlap,
+        precision=training.numerics,
+        moe_routing=training.moe_routing,
+        moe_dispatcher="deepep",
+    )
+    return Problem(model=model, cluster=problem.cluster, training=training)
+
+
+def test_nest_equals_brute_with_zb_h1_offload_and_deepep_at_once():
+    """40 random small problems searched with 1F1B and ZB-H1, offload on, MoE models dispatched
+    with DeepEP: ``nest`` equals ``brute`` to 1e-9, and the optima use each option somewhere."""
+    agreed = zb = offloaded = 0
+    for seed in range(40):
+        problem, options = tiny_case(7000 + seed)
+        problem = _with_offload_hardware(problem, random.Random(seed))
+        if problem.model.spec.is_moe:
+            problem = _deepep(problem)
+        options = {**options, "offload": True, "schedules": ["1f1b", "zb_h1"]}
+        try:
+            oracle = assert_nest_equals_brute(problem, options, (seed, options))
+        except UserError:
+            continue  # nothing in the restricted space (e.g. no pipeline for ZB-H1)
+        if oracle is None:
+            continue
+        agreed += 1
+        zb += oracle.schedule == "zb_h1"
+        offloaded += oracle.optimizer_offload or oracle.activation_offload
+    assert agreed >= 20, agreed
+    assert zb >= 2 and offloaded >= 2, (zb, offloaded)
