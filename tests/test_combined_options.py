@@ -29,10 +29,10 @@ def _deepep(problem: Problem) -> Problem:
 
 
 def test_nest_equals_brute_with_zb_h1_offload_and_deepep_at_once():
-    """40 random small problems searched with 1F1B and ZB-H1, offload on, MoE models dispatched
+    """25 random small problems searched with 1F1B and ZB-H1, offload on, MoE models dispatched
     with DeepEP: ``nest`` equals ``brute`` to 1e-9, and the optima use each option somewhere."""
     agreed = zb = offloaded = 0
-    for seed in range(40):
+    for seed in range(25):
         problem, options = tiny_case(7000 + seed)
         problem = _with_offload_hardware(problem, random.Random(seed))
         if problem.model.spec.is_moe:
@@ -47,5 +47,5 @@ def test_nest_equals_brute_with_zb_h1_offload_and_deepep_at_once():
         agreed += 1
         zb += oracle.schedule == "zb_h1"
         offloaded += oracle.optimizer_offload or oracle.activation_offload
-    assert agreed >= 20, agreed
+    assert agreed >= 12, agreed
     assert zb >= 2 and offloaded >= 2, (zb, offloaded)
