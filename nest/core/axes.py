@@ -74,6 +74,8 @@ class GroupKind(StrEnum):
     EP = "ep"  # expert ranks, carved out of the cp x dp ranks
     DENSE_DP = "dense_dp"  # replicas of the dense weights: the dp x cp ranks of a tensor rank
     EXPERT_DP = "expert_dp"  # replicas of the experts: dp x cp / ep ranks
+    ZERO_SHARD = "zero_shard"  # HSDP: the zero_shard x cp ranks one ZeRO shard group spans
+    ZERO_REPLICATE = "zero_replicate"  # HSDP: the dp / zero_shard ranks holding the same shard
 
 
 class Optimizer(StrEnum):

@@ -300,6 +300,7 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
         cp=plan.cp,
         ep=plan.ep,
         fold=plan.config.expert_fold,
+        zero_shard=plan.zero_shard,
     )
     groups = rank_groups(plan, cluster)
     chunks = _chunks(problem, plan)

@@ -32,6 +32,23 @@ the weights.
   exceeds the threshold and is not charged). Both are memory-bound kernels at the device's
   *achieved* HBM bandwidth (:attr:`nest.core.hardware.Device.achieved_hbm_bw_bytes_per_s`).
 
+**Hybrid sharding** (HSDP, :attr:`nest.core.plan.ParallelConfig.zero_shard`; dense layers,
+``ep = 1``): the state is sharded over the ``zero_shard x cp`` ranks of a shard group
+(:attr:`ModelState.dense_replicas` is that group's size) and replicated over the
+``dp / zero_shard`` groups (:attr:`ModelState.zero_replicas`). Gradients are reduce-scattered in
+the shard group and the reduced shard, ``1 / (zero_shard x cp)`` of them, is all-reduced over
+the replicate group; the updated weights are all-gathered in the shard group. Sources: PyTorch
+FSDP2 ``fully_shard`` with a 2-D ``(replicate, shard)`` mesh (torchtitan
+``data_parallel_replicate_degree`` x ``data_parallel_shard_degree``, ``docs/fsdp.md``: "HSDP",
+the FSDP1 ``HYBRID_SHARD`` strategy: reduce-scatter within the shard group, all-reduce across
+replicas; FSDP2 ``set_requires_all_reduce`` defers the all-reduce to the last microbatch of a
+gradient-accumulation step, what is charged here: once per iteration); Megatron-Core
+``--num-distributed-optimizer-instances`` (``megatron/core/distributed/
+param_and_grad_buffer.py``: the gradient buffer is reduce-scattered inside an instance, then
+all-reduced across instances, ``intra_distributed_optimizer_instance_group`` and
+``inter_distributed_optimizer_instance_group``). ZeRO-3's per-microbatch gathers and
+reduce-scatters run in the shard group; its replicate all-reduce is the end-of-iteration sync.
+
 Every method is linear in the parameter counts and works on scalars and numpy arrays alike: the
 evaluator calls it on one stage, the DP on a row of candidate stages, the bounds on one
 parameter.
@@ -87,18 +104,33 @@ class ModelState:
     prefetch_params: float | None = None
     """ZeRO-3: parameter elements fetched ahead of use (DeepSpeed ``stage3_prefetch_bucket_size``;
     None: a whole unit, FSDP2); :mod:`nest.cost.fsdp`."""
+    zero_replicas: int = 1
+    """Hybrid sharding: the copies of each shard, ``dp / zero_shard`` (1: the state is sharded
+    over all ``dp x cp`` ranks). Above 1, :attr:`dense_replicas` and :attr:`expert_replicas`
+    are the shard group's ``zero_shard x cp`` ranks (module docstring)."""
 
     @classmethod
     def of(
-        cls, problem, *, zero_stage: int, dp: int, cp: int, ep: int, fold: int = 1
+        cls,
+        problem,
+        *,
+        zero_stage: int,
+        dp: int,
+        cp: int,
+        ep: int,
+        fold: int = 1,
+        zero_shard: int | None = None,
     ) -> "ModelState":
-        """``fold``: :attr:`nest.core.plan.ParallelConfig.expert_fold` (``tp / etp``)."""
+        """``fold``: :attr:`nest.core.plan.ParallelConfig.expert_fold` (``tp / etp``);
+        ``zero_shard``: :attr:`nest.core.plan.ParallelConfig.zero_shard` (None: all ``dp``)."""
         training = problem.training
         numerics = training.numerics
+        shard = dp if zero_shard is None else zero_shard
         return cls(
             zero_stage=zero_stage,
-            dense_replicas=dp * cp,
-            expert_replicas=dp * cp * fold // ep,
+            dense_replicas=shard * cp,
+            expert_replicas=shard * cp * fold // ep,
+            zero_replicas=dp // shard,
             param_bytes=problem.model.spec.dtype_bytes,
             grad_bytes=training.grad_bytes,
             optimizer_bytes_per_param=training.optimizer_state_bytes_per_param,
@@ -187,10 +219,17 @@ class ModelState:
         local = self.local_params(dense, expert, self.zero_stage >= 1)
         return local * self.bytes_touched_per_param() / hbm_bw_bytes_per_s
 
+    @property
+    def hybrid(self) -> bool:
+        """Hybrid sharding: the shard is replicated over ``zero_replicas > 1`` groups."""
+        return self.zero_replicas > 1
+
     def sync_s(self, groups: RankGroups, dense, expert):
         """End-of-iteration data-parallel synchronisation of a rank holding these parameters
         (dense including a tied-embedding copy), seconds."""
         g, p = self.grad_bytes, self.all_gather_bytes
+        if self.hybrid:
+            return self.hybrid_sync_s(groups, dense, expert)
         if self.zero_stage == 0:
             return groups.time_s(
                 CollectiveOp.ALL_REDUCE, g * dense, GroupKind.DENSE_DP
@@ -204,6 +243,25 @@ class ModelState:
             )
         return 0.0 * (dense + expert)  # ZeRO-3 reduce-scatters every microbatch
 
+    def hybrid_sync_s(self, groups: RankGroups, dense, expert):
+        """Hybrid sharding's end-of-iteration sync, seconds (module docstring): ZeRO-1/2
+        reduce-scatter the gradients in the shard group, all-reduce the reduced shard
+        (``1 / dense_replicas`` of them) over the replicate group and all-gather the updated
+        weights in the shard group; ZeRO-3 (its reduce-scatters run every microbatch) only
+        all-reduces the shard. Experts (``ep = 1``) shard and replicate like the dense weights."""
+        g, p = self.grad_bytes, self.all_gather_bytes
+        n = dense + expert
+        across = groups.time_s(
+            CollectiveOp.ALL_REDUCE, g * n / self.dense_replicas, GroupKind.ZERO_REPLICATE
+        )
+        if self.zero_stage >= 3:
+            return across
+        return (
+            groups.time_s(CollectiveOp.REDUCE_SCATTER, g * n, GroupKind.ZERO_SHARD)
+            + across
+            + groups.time_s(CollectiveOp.ALL_GATHER, p * n, GroupKind.ZERO_SHARD)
+        )
+
     def zero3_layer_s(self, groups: RankGroups, dense, expert):
         """``(all-gather, reduce-scatter)`` seconds of ZeRO-3's per-microbatch traffic of one
         unit of these parameters (a layer; FSDP gathers each wrapped unit as one collective);
@@ -212,6 +270,12 @@ class ModelState:
             zero = 0.0 * (dense + expert)
             return zero, zero
         p, g = self.all_gather_bytes, self.grad_bytes
+        if self.hybrid:  # within the shard group (module docstring)
+            n = dense + expert
+            return (
+                groups.time_s(CollectiveOp.ALL_GATHER, p * n, GroupKind.ZERO_SHARD),
+                groups.time_s(CollectiveOp.REDUCE_SCATTER, g * n, GroupKind.ZERO_SHARD),
+            )
         gather = groups.time_s(
             CollectiveOp.ALL_GATHER, p * dense, GroupKind.DENSE_DP
         ) + groups.time_s(CollectiveOp.ALL_GATHER, p * expert, GroupKind.EXPERT_DP)
