@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from baselines.fixed import FixedPlanner
-from nest.core.errors import UserError
+from nest.core.axes import Schedule
+from nest.core.errors import Infeasible, UserError
 from nest.core.plan import ParallelConfig, group_arrays
 from nest.cost import evaluate
 
@@ -108,3 +109,158 @@ def test_hsdp_zero3_gathers_run_in_the_shard_group():
     assert hsdp.stages[0].zero3_comm_s == pytest.approx(alone.stages[0].zero3_comm_s, rel=1e-12)
     assert hsdp.stages[0].zero3_comm_s < full.stages[0].zero3_comm_s
     assert hsdp.ranks[0].memory.weights_bytes > full.ranks[0].memory.weights_bytes
+
+
+# ------------------------------------------------------------------ the search (opt-in)
+
+
+def test_the_default_space_has_no_hybrid_sharding():
+    """Hybrid sharding is opt-in: the default space, its size and every existing pin stay as
+    they were; ``solver.zero_shards=[all]`` adds, for each configuration with ``dp >= 2``, one
+    family per proper divisor of ``dp`` with the ZeRO stages 1-3."""
+    from nest.dp.space import SpaceOptions, families
+
+    problem = make_problem(cluster=make_cluster(fanouts=(4, 2)), global_batch=16)
+    plain = list(families(problem, SpaceOptions()))
+    assert all(f.zero_shard is None for f in plain)
+    hybrid = list(families(problem, SpaceOptions(zero_shards=("all",))))
+    extra = [f for f in hybrid if f.zero_shard is not None]
+    assert [f for f in hybrid if f.zero_shard is None] == plain
+    assert extra and all(f.dp % f.zero_shard == 0 < f.dp - f.zero_shard for f in extra)
+    assert all(f.zeros == (1, 2, 3) and f.ep == 1 for f in extra)
+    want = sum(sum(1 for d in range(1, f.dp) if f.dp % d == 0) for f in plain if f.dp > 1)
+    assert len(extra) == want
+    with pytest.raises(UserError, match="solver.zero_shards"):
+        list(families(problem, SpaceOptions(zero_shards=(0,))))
+
+
+def _hsdp_case(seed: int):
+    """A tiny random problem (tests/test_nest_dp.py's ``tiny_case``) with every hybrid shard
+    degree in its space."""
+    from .test_nest_dp import tiny_case
+
+    problem, options = tiny_case(seed)
+    zeros = sorted({*options["zero_stages"], 1})  # hybrid families need a ZeRO stage >= 1
+    return problem, {**options, "zero_stages": zeros, "zero_shards": ["all"]}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_nest_equals_brute_with_hybrid_sharding_in_the_space(seed):
+    """``nest`` (its bounds on hybrid configurations included) and ``brute`` (every plan of the
+    same space through ``evaluate``) agree to 1e-9 on random small problems whose space holds
+    every hybrid shard degree."""
+    from .randomcase import assert_nest_equals_brute
+
+    problem, options = _hsdp_case(5000 + seed)
+    assert_nest_equals_brute(problem, options, (seed, options))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_stage_model_equals_the_evaluator_on_hybrid_plans(seed):
+    """The DP's interval model (:class:`nest.dp.stages.StageModel`) prices a hybrid plan's
+    stages as the evaluator does (1e-9): forward, backward, sync, optimizer step, memory."""
+    from nest.dp.planner import NestPlanner
+    from nest.dp.stages import StageModel
+
+    problem, options = _hsdp_case(6000 + seed)
+    try:
+        ranked = NestPlanner(**options, top_k=20).solve_ranked(problem)
+    except Infeasible as exc:
+        pytest.skip(exc.reason)
+    checked = 0
+    for plan in ranked:
+        if plan.zero_shard is None or plan.config.interleaved:
+            continue
+        report = evaluate(problem, plan)
+        sm = StageModel(problem, plan.config)
+        for r, stage in enumerate(plan.stages):
+            terms = sm.stage(r, stage.first_layer, stage.last_layer, stage.recompute)
+            rank = report.ranks[r]
+            assert terms.fwd_s == pytest.approx(report.stages[r].fwd_s, rel=1e-9, abs=1e-18)
+            assert terms.bwd_s == pytest.approx(report.stages[r].bwd_s, rel=1e-9, abs=1e-18)
+            assert terms.sync_s == pytest.approx(rank.dp_sync_s, rel=1e-9, abs=1e-18)
+            assert terms.optimizer_s == pytest.approx(rank.optimizer_s, rel=1e-9, abs=1e-18)
+            assert terms.memory_bytes == pytest.approx(rank.memory.total_bytes, rel=1e-9)
+        checked += 1
+    if not checked:
+        pytest.skip("no hybrid plan among the best of this draw")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_hybrid_bound_never_exceeds_a_configurations_optimum(seed):
+    """The bounds of hybrid configurations (:mod:`nest.dp.bounds`: the configuration's own
+    state and group sizes) never exceed their optimum (the exact DP with no incumbent), nor
+    does their memory floor exceed the least peak memory of any of their plans, at every ZeRO
+    stage, 1F1B or interleaved, any rank order, on random problems."""
+    import dataclasses
+    import random
+
+    from nest.dp.bounds import Floors
+    from nest.dp.interleaved import solve_interleaved
+    from nest.dp.planner import smallest_peak_bytes
+    from nest.dp.recurrence import DPStats, solve_config
+    from nest.dp.space import SpaceOptions, families
+    from nest.dp.stages import StageModel
+
+    from .randomcase import random_problem
+
+    rng = random.Random(7000 + seed)
+    problem = random_problem(rng, hbm_gib=rng.choice([0.05, 4]))
+    training = dataclasses.replace(
+        problem.training,
+        reshard_after_forward=rng.random() < 0.5,
+        overlap_grad_sync=rng.random() < 0.5,
+    )
+    problem = dataclasses.replace(problem, training=training)
+    options = SpaceOptions(zero_shards=("all",))
+    modes = options.recompute_modes
+    floors = Floors(problem, modes)
+    shared: dict = {}
+    checked = 0
+    for family in families(problem, options):
+        if family.zero_shard is None:
+            continue
+        for schedule in family.schedules:
+            for zero in family.zeros:
+                bound = floors.config_bound_s(family, zero, schedule)
+                need = floors.memory_floor_bytes(family, zero, schedule)
+                for order in family.orders:
+                    config = family.config(schedule, zero, order)
+                    sm = StageModel(problem, config, shared)
+                    peak = smallest_peak_bytes(sm, modes)
+                    assert need <= peak * (1 + 1e-12), (config, need, peak)
+                    if schedule[0] is Schedule.INTERLEAVED:
+                        found = solve_interleaved(sm, modes, float("inf"), DPStats())
+                    else:
+                        found = solve_config(sm, modes, np.inf, DPStats())
+                    if found is not None:
+                        assert bound <= found[0] * (1 + 1e-12), (config, bound, found[0])
+                        checked += 1
+    if checked == 0:
+        pytest.skip("no hybrid configuration fits on this draw")
+
+
+@pytest.mark.parametrize("backend", ["cpsat", "milp"])
+def test_exact_planners_refuse_hybrid_sharding_in_one_line(backend):
+    """The CP-SAT and MILP models do not cover hybrid sharding: asking them for it is a one-line
+    error naming the option and the planners that do."""
+    from nest.exact.planner import ExactPlanner
+
+    problem, _ = _case()
+    with pytest.raises(UserError, match="does not cover hybrid sharding") as err:
+        ExactPlanner(name=backend, backend=backend, zero_shards=["all"]).solve(problem)
+    assert "\n" not in str(err.value) and "solver=nest" in str(err.value)
+
+
+def test_fixed_planner_takes_zero_shard_from_its_config():
+    """``solver=fixed solver.zero_shard=4`` reaches the plan (conf/solver/fixed.yaml)."""
+    from hydra import compose, initialize_config_dir
+
+    from nest.app.cli import CONF_DIR
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["solver=fixed", "solver.zero_shard=4"])
+    assert cfg.solver.zero_shard == 4
+    problem, _ = _case()
+    plan = FixedPlanner(dp=8, zero_stage=3, zero_shard=cfg.solver.zero_shard).solve(problem)
+    assert plan.zero_shard == 4 and plan.config.zero_replicas == 2

@@ -485,6 +485,7 @@ def test_space_planner_keeps_its_hyper_parameters_as_given():
         schedules="interleaved",
         virtual_stages=[2, 4],
         etp=1,
+        zero_shards="all",
     )
     planner = SpacePlanner(name="x", **given)
     assert planner.name == "x"
@@ -500,6 +501,7 @@ def test_space_planner_keeps_its_hyper_parameters_as_given():
         schedules=("interleaved",),
         virtual_stages=(2, 4),
         etp=(1,),
+        zero_shards=("all",),
     )
     default = SpacePlanner(name="d")
     assert default.options() == SpaceOptions(zero_stages=(0, 1, 2, 3))

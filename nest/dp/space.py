@@ -20,6 +20,11 @@ partition and the recompute modes:
 - the ZeRO stage 0-3 (only 0 when ``dp * cp == 1`` and no expert is replicated, i.e. the
   expert data parallelism ``dp * cp * tp / (etp * ep)`` is 1: nothing to shard, stages 1-3
   cost exactly what 0 costs);
+- hybrid sharding, only when ``SpaceOptions.zero_shards`` asks for it (off by default): the
+  ZeRO state of stages 1-3 sharded within groups of ``zero_shard`` data-parallel replicas
+  (:attr:`~nest.core.plan.ParallelConfig.zero_shard`), every divisor of ``dp`` below ``dp``
+  (``"all"``) or the listed ones that are, for configurations with ``dp >= 2``, ``ep = 1`` and
+  ``etp = tp``; ``zero_shard = dp`` is the plain configuration, already in the space;
 - the rank order: ``tp`` innermost, any order of ``cp, dp, pp`` above it; orders that place every
   device alike (same order of the axes of degree > 1) are kept once, the first in
   :func:`_orders`' order;
@@ -78,8 +83,8 @@ ONE_F_ONE_B = (Schedule.ONE_F_ONE_B, 1)
 
 @dataclass(frozen=True, slots=True)
 class Family:
-    """The configurations sharing ``(tp, cp, ep, dp, pp, mbs, etp)``: every combination of its
-    schedules, ZeRO stages and rank orders (in that nesting order)."""
+    """The configurations sharing ``(tp, cp, ep, dp, pp, mbs, etp, zero_shard)``: every
+    combination of its schedules, ZeRO stages and rank orders (in that nesting order)."""
 
     tp: int
     cp: int
@@ -94,6 +99,8 @@ class Family:
     orders: tuple[tuple[Axis, ...], ...]
     etp: int | None = None
     """Expert tensor degree: None (= tp) or 1 (:attr:`ParallelConfig.etp`)."""
+    zero_shard: int | None = None
+    """Hybrid sharding's shard degree (:attr:`ParallelConfig.zero_shard`); None: all ``dp``."""
 
     @property
     def fold(self) -> int:
@@ -111,6 +118,7 @@ class Family:
             pp=self.pp,
             microbatch_size=self.microbatch_size,
             zero_stage=zero,
+            zero_shard=self.zero_shard,
             schedule=kind,
             virtual_stages=v,
             rank_order=order,
@@ -145,6 +153,25 @@ class SpaceOptions:
     etp: Sequence[int | str] | None = None
     """Expert tensor degrees of MoE models: ``"tp"`` (experts split like the dense weights) and
     / or ``1`` (whole experts); None: both."""
+    zero_shards: Sequence[int | str] | None = None
+    """Hybrid sharding (HSDP) degrees to search besides sharding over all ``dp``: None (off,
+    the default), ``["all"]`` (every divisor of ``dp`` below it) or shard degrees (those that
+    divide a configuration's ``dp`` are searched with it)."""
+
+    def shard_degrees(self, dp: int) -> tuple[int, ...]:
+        """The hybrid shard degrees searched with ``dp`` replicas (:attr:`zero_shards`)."""
+        if not self.zero_shards:
+            return ()
+        wanted = tuple(self.zero_shards)
+        if "all" in wanted:
+            return tuple(d for d in divisors(dp) if d < dp)
+        bad = [z for z in wanted if not isinstance(z, int) or isinstance(z, bool) or z < 1]
+        if bad:
+            raise UserError(
+                f"solver.zero_shards={list(wanted)}: {bad[0]!r} is not a shard degree; use "
+                "positive integers (data-parallel ranks per ZeRO shard group), [all] or null"
+            )
+        return tuple(sorted({z for z in wanted if z < dp and dp % z == 0}))
 
     def etp_values(self, tp: int, is_moe: bool) -> tuple[int | None, ...]:
         """The ``etp`` of the configurations with tensor degree ``tp`` (None = ``tp``)."""
@@ -316,13 +343,20 @@ def _families(problem, options, orders, kinds, degrees) -> Iterator[Family]:
         if key not in seen:
             seen.add(key)
             placed_orders.append(order)
+    # hybrid sharding (opt-in): dense layers and ep 1 only (ParallelConfig.zero_shard)
+    shards = options.shard_degrees(dp) if ep == 1 and etp is None else ()
+    sharded = tuple(z for z in zeros if z >= 1)
     for mbs in training.microbatch_sizes:
         if training.global_batch % (mbs * dp):
             continue
         m = training.global_batch // (mbs * dp)
         schedules = _schedules(kinds, problem.num_layers - 2, pp, m)
         if schedules and zeros and placed_orders:
-            yield Family(tp, cp, ep, dp, pp, mbs, m, schedules, zeros, tuple(placed_orders), etp)
+            orders = tuple(placed_orders)
+            yield Family(tp, cp, ep, dp, pp, mbs, m, schedules, zeros, orders, etp)
+            if sharded:
+                for zs in shards:
+                    yield Family(tp, cp, ep, dp, pp, mbs, m, schedules, sharded, orders, etp, zs)
 
 
 def configurations(problem: Problem, options: SpaceOptions) -> Iterator[ParallelConfig]:
@@ -349,10 +383,12 @@ class SpacePlanner:
         schedules: Sequence[str] = ("1f1b", "interleaved"),
         virtual_stages: Sequence[int] | None = None,
         etp: Sequence[int | str] | None = None,
+        zero_shards: Sequence[int | str] | None = None,
     ) -> None:
         self.name = name
         self.tp, self.cp, self.ep, self.pp = tp, cp, ep, pp
         self.etp = etp
+        self.zero_shards = zero_shards
         self.zero_stages = zero_stages
         self.recompute = recompute
         self.rank_orders = rank_orders
@@ -362,7 +398,7 @@ class SpacePlanner:
     def space_kwargs(self) -> dict:
         """The space hyper-parameters as given (to build another planner on the same space)."""
         keys = ("tp", "cp", "ep", "pp", "zero_stages", "recompute", "rank_orders", "schedules")
-        return {k: getattr(self, k) for k in (*keys, "virtual_stages", "etp")}
+        return {k: getattr(self, k) for k in (*keys, "virtual_stages", "etp", "zero_shards")}
 
     def options(self) -> SpaceOptions:
         return SpaceOptions(
@@ -376,6 +412,7 @@ class SpacePlanner:
             schedules=_listed("schedules", self.schedules),
             virtual_stages=_listed("virtual_stages", self.virtual_stages),
             etp=_listed("etp", self.etp),
+            zero_shards=_listed("zero_shards", self.zero_shards),
         )
 
 
