@@ -264,3 +264,85 @@ def test_fixed_planner_takes_zero_shard_from_its_config():
     problem, _ = _case()
     plan = FixedPlanner(dp=8, zero_stage=3, zero_shard=cfg.solver.zero_shard).solve(problem)
     assert plan.zero_shard == 4 and plan.config.zero_replicas == 2
+
+
+# ------------------------------------------------------------------ exports
+
+
+def _export_problem():
+    """Two nodes of four, dp 8, fp32 gradients (what the frameworks run as scored)."""
+    cluster = make_cluster(fanouts=(4, 2), bws_gbps=(400, 50), lat_us=(1, 5))
+    return make_problem(cluster=cluster, global_batch=16, grad_bytes=4, cp_comm_overlap=True)
+
+
+def test_torchtitan_exports_hsdp_as_replicate_times_shard():
+    """torchtitan's HSDP (``docs/fsdp.md``; mesh ``[pp, dp_replicate, dp_shard, cp, tp]``):
+    ``data_parallel_shard_degree = zero_shard``, ``data_parallel_replicate_degree = dp /
+    zero_shard``; ZeRO-3 reshards after forward, and the exported plan is the plan itself."""
+    import tomllib
+
+    from nest.export import export_plan
+
+    problem = _export_problem()
+    plan = FixedPlanner(dp=8, zero_stage=3, zero_shard=4, microbatch_size=1).solve(problem)
+    exp = export_plan(problem, plan, "torchtitan")
+    par = tomllib.loads(exp.text)["parallelism"]
+    assert (par["data_parallel_shard_degree"], par["data_parallel_replicate_degree"]) == (4, 2)
+    assert par["fsdp_reshard_after_forward"] == "always"
+    assert exp.exported_plan["zero_shard"] == 4 and exp.exported_plan["zero_stage"] == 3
+    assert exp.exported_iteration_time_s == pytest.approx(
+        evaluate(problem, plan).iteration_time_s, rel=1e-12
+    )
+
+
+def test_megatron_exports_hsdp_as_distributed_optimizer_instances():
+    """Megatron-LM: ``--num-distributed-optimizer-instances dp / zero_shard`` (instances of
+    consecutive data-parallel ranks, ``param_and_grad_buffer.py``: reduce-scatter inside,
+    all-reduce across); ZeRO-2/3 through Megatron-FSDP with ``--outer-dp-sharding-strategy
+    no_shard`` (replicated across instances)."""
+    from nest.export.megatron import megatron_args
+
+    problem = _export_problem()
+    one = FixedPlanner(dp=8, zero_stage=1, zero_shard=2, microbatch_size=1).solve(problem)
+    args = megatron_args(problem, one)
+    assert "--num-distributed-optimizer-instances 4" in args
+    assert "--use-distributed-optimizer" in args
+    assert not any(a.startswith("--outer-dp-sharding-strategy") for a in args)
+    three = FixedPlanner(dp=8, zero_stage=3, zero_shard=4, microbatch_size=1).solve(problem)
+    args = megatron_args(problem, three)
+    assert "--num-distributed-optimizer-instances 2" in args
+    assert "--outer-dp-sharding-strategy no_shard" in args
+    assert "--data-parallel-sharding-strategy optim_grads_params" in args
+    plain = FixedPlanner(dp=8, zero_stage=3, microbatch_size=1).solve(problem)
+    assert not any("instances" in a for a in megatron_args(problem, plain))
+
+
+def test_torchtitan_hsdp_zero1_without_pipelining_is_the_best_expressible_plan():
+    """torchtitan's FSDP without pipelining is ZeRO-2 or ZeRO-3: a hybrid ZeRO-1 plan is
+    exported as the fastest of those, on the same 2-D mesh or sharded over all ranks (ties keep
+    the plan's shard groups), and a warning names what changed. Here full sharding's ZeRO-2
+    wins: the hybrid all-reduce moves the 4-byte gradient shard across nodes where full
+    sharding's all-gather moves 2-byte weights, and the hybrid optimizer step updates twice the
+    shard."""
+    from nest.export import export_plan
+
+    problem = _export_problem()
+    plan = FixedPlanner(dp=8, zero_stage=1, zero_shard=4, microbatch_size=1).solve(problem)
+    exp = export_plan(problem, plan, "torchtitan")
+    options = {
+        (z, zs): evaluate(
+            problem,
+            FixedPlanner(dp=8, zero_stage=z, zero_shard=zs, microbatch_size=1).solve(problem),
+        )
+        for z in (2, 3)
+        for zs in (4, None)
+    }
+    best = min(
+        options,
+        key=lambda k: (not options[k].feasible, options[k].iteration_time_s, k[1] is None),
+    )
+    got = (exp.exported_plan["zero_stage"], exp.exported_plan["zero_shard"])
+    assert got == best == (2, None)
+    assert "ZeRO-1 within groups of 4" in exp.warnings[0]
+    assert "over all data-parallel ranks" in exp.warnings[0]
+    assert exp.exported_iteration_time_s == pytest.approx(options[best].iteration_time_s, rel=1e-12)

@@ -57,7 +57,8 @@ def format_summary(problem: Problem, plan: Plan, report: Report) -> str:
             f"degrees tp={plan.tp} cp={plan.cp} ep={plan.ep} dp={plan.dp} pp={plan.pp}"
             f" | microbatch {plan.microbatch_size} x {plan.num_microbatches}"
             f" | ZeRO-{plan.zero_stage}"
-            f" | {plan.schedule}"
+            + (f" within groups of {plan.zero_shard} of dp (HSDP)" if plan.zero_shard else "")
+            + f" | {plan.schedule}"
             + (f" v={plan.virtual_stages}" if plan.virtual_stages > 1 else "")
             + (" | sequence parallel" if plan.sequence_parallel else "")
         ),
