@@ -229,6 +229,7 @@ class PerturbedModel:
                     cost,
                     fwd_s=cost.fwd_s * f,
                     bwd_s=cost.bwd_s * f,
+                    wgrad_s=cost.wgrad_s * f,
                     recompute_s={mode: t * f for mode, t in cost.recompute_s.items()},
                 )
             self._cache[key] = cost

@@ -8,11 +8,17 @@ including the blocking send of its output):
 
 - ``F(k, j)``: forward of chunk ``k`` on microbatch ``j``; needs ``F(k-1, j)``.
 - ``B(k, j)``: backward of chunk ``k`` on microbatch ``j``; needs ``F(k, j)`` and ``B(k+1, j)``.
+  Under a zero-bubble schedule it is the input-gradient pass only (``bwd_s - wgrad_s``), and
+- ``W(k, j)``: the weight-gradient pass (``wgrad_s``) of chunk ``k`` on microbatch ``j``; needs
+  ``B(k, j)`` (earlier on the same rank).
 - Each pipeline rank executes its tasks in the order its schedule prescribes:
   GPipe (all forwards, then all backwards), 1F1B (``pp - r - 1`` warm-up forwards, then one
   forward / one backward, then the cool-down backwards; Narayanan et al. SC21 §2.2.1) or
   Megatron-Core's interleaved 1F1B (``(pp - r - 1) * 2 + (v - 1) * pp`` warm-up chunk-forwards,
-  chunks visited in groups of ``pp`` microbatches; SC21 §2.2.2 and Megatron-Core's schedules).
+  chunks visited in groups of ``pp`` microbatches; SC21 §2.2.2 and Megatron-Core's schedules)
+  or ZB-H1 (Qi et al. ICLR 2024 §2.1, Figure 3 top: 1F1B's warm-up, then one F, one B and,
+  once rank ``r`` has ``r`` W passes pending, one W; the ``r`` postponed W passes run after its
+  last B, filling the cool-down bubble).
   A task starts when its rank is free and its dependencies are done (list scheduling).
 - After its last backward a rank synchronises its gradients (``dp_sync_s`` of the report); with
   ``overlap_grad_sync`` the sync may start when that last backward starts. The optimizer step
@@ -41,7 +47,8 @@ class Task(NamedTuple):
 
     rank: int
     kind: str
-    """``F`` forward, ``B`` backward, ``sync`` DP gradient sync, ``opt`` optimizer step."""
+    """``F`` forward, ``B`` backward (zero-bubble: input gradient), ``W`` weight gradient
+    (zero-bubble), ``sync`` DP gradient sync, ``opt`` optimizer step."""
     chunk: int
     microbatch: int
     start_s: float
@@ -57,7 +64,7 @@ class SimResult:
     analytic_s: float
     """``evaluate(problem, plan).iteration_time_s`` for the same plan."""
     busy_s: tuple[float, ...]
-    """Per rank: time spent in forward and backward tasks."""
+    """Per rank: time spent in forward and backward (B and W) tasks."""
     idle_s: tuple[float, ...]
     """Per rank: ``pipeline_s`` minus busy time (bubbles and waits)."""
     peak_in_flight: tuple[float, ...]
@@ -75,6 +82,8 @@ def rank_order(plan: Plan, rank: int) -> list[tuple[str, int, int]]:
     pp, m, v = plan.pp, plan.num_microbatches, plan.virtual_stages
     if plan.schedule is Schedule.GPIPE:
         return [("F", rank, j) for j in range(m)] + [("B", rank, j) for j in range(m)]
+    if plan.schedule is Schedule.ZB_H1:
+        return zb_h1_order(pp, m, rank)
     if plan.schedule is Schedule.ONE_F_ONE_B:
         warm = min(pp - rank - 1, m)
         order = [("F", rank, j) for j in range(warm)]
@@ -95,6 +104,32 @@ def rank_order(plan: Plan, rank: int) -> list[tuple[str, int, int]]:
     return order + [("B", *virtual(k, False)) for k in range(total - warm, total)]
 
 
+def zb_h1_order(pp: int, m: int, rank: int) -> list[tuple[str, int, int]]:
+    """ZB-H1's order on rank ``rank`` (Qi et al. ICLR 2024 §2.1, Figure 3 top): 1F1B's
+    ``pp - rank - 1`` warm-up forwards, then F and B alternately, each B followed by the
+    oldest pending W once more than ``rank`` are pending; after the last B the pending W passes.
+    Every rank thus holds ``pp`` microbatches between F and W (``min(pp, m)``)."""
+    warm = min(pp - rank - 1, m)
+    order = [("F", rank, j) for j in range(warm)]
+    done_b = done_w = 0
+
+    def backward() -> None:
+        nonlocal done_b, done_w
+        order.append(("B", rank, done_b))
+        done_b += 1
+        if done_b - done_w > rank:
+            order.append(("W", rank, done_w))
+            done_w += 1
+
+    for j in range(warm, m):
+        order.append(("F", rank, j))
+        backward()
+    while done_b < m:
+        backward()
+    order += [("W", rank, j) for j in range(done_w, m)]
+    return order
+
+
 def simulate(problem: Problem, plan: Plan, report: Report | None = None) -> SimResult:
     """Run one iteration of ``plan`` event by event (see the module docstring)."""
     report = report or evaluate(problem, plan)
@@ -102,6 +137,7 @@ def simulate(problem: Problem, plan: Plan, report: Report | None = None) -> SimR
         plan,
         fwd_s=[s.fwd_s for s in report.stages],
         bwd_s=[s.bwd_s for s in report.stages],
+        wgrad_s=[s.wgrad_s for s in report.stages],
         sync_s=[rk.dp_sync_s for rk in report.ranks],
         optimizer_s=[rk.optimizer_s for rk in report.ranks],
         overlap_grad_sync=problem.training.overlap_grad_sync,
@@ -109,8 +145,9 @@ def simulate(problem: Problem, plan: Plan, report: Report | None = None) -> SimR
     )
 
 
-def _list_schedule(plan: Plan, orders, fwd: list[float], bwd: list[float]):
-    """Run every rank's forwards and backwards in its order (:func:`simulate_schedule`):
+def _list_schedule(plan: Plan, orders, fwd: list[float], bwd: list[float], wgrad: list[float]):
+    """Run every rank's forwards and backwards (B and W) in its order
+    (:func:`simulate_schedule`; ``bwd`` the B passes, ``wgrad`` the W passes):
     ``(rank, kind, chunk, microbatch, start, end)`` of each task, and each rank's free time."""
     n_chunks, m, pp = len(plan.stages), plan.num_microbatches, plan.pp
     total = sum(len(o) for o in orders)
@@ -136,6 +173,8 @@ def _list_schedule(plan: Plan, orders, fwd: list[float], bwd: list[float]):
                         start = free if free >= dep else dep
                         end = start + fwd[k]
                         f_end[k][j] = end
+                    elif kind == "W":  # its B ran earlier on this rank
+                        start, end = free, free + wgrad[k]
                     else:
                         dep, later = f_end[k][j], b_end[k + 1][j]
                         if dep is None or later is None:
@@ -153,14 +192,18 @@ def _list_schedule(plan: Plan, orders, fwd: list[float], bwd: list[float]):
     return raw, free_at
 
 
-def _busy_and_peak(raw, pp: int) -> tuple[list[float], list[int]]:
+def _busy_and_peak(raw, pp: int, zero_bubble: bool) -> tuple[list[float], list[int]]:
     """Per rank: seconds busy computing, and the most microbatches' activations held at once."""
     busy = [0.0] * pp
     events: list[list[tuple[float, int]]] = [[] for _ in range(pp)]
     for r, kind, _, _, start, end in raw:
         busy[r] += end - start
-        # a forward holds its activations from its start until its backward ends
-        events[r].append((start, 1) if kind == "F" else (end, -1))
+        # a forward holds its activations from its start until its backward (zero-bubble: its
+        # W pass) ends
+        if kind == "F":
+            events[r].append((start, 1))
+        elif kind == ("W" if zero_bubble else "B"):
+            events[r].append((end, -1))
     peak = []
     for rank_events in events:
         held = best = 0
@@ -178,10 +221,13 @@ def simulate_schedule(
     bwd_s,
     sync_s,
     optimizer_s,
+    wgrad_s=None,
     overlap_grad_sync: bool = False,
     analytic_s: float = float("nan"),
 ) -> SimResult:
-    """The simulation on given per-chunk forward/backward and per-rank sync/step seconds.
+    """The simulation on given per-chunk forward/backward and per-rank sync/step seconds
+    (``wgrad_s``: the weight-gradient part of each chunk's backward, run as its own W task
+    under a zero-bubble schedule; ignored otherwise).
 
     List scheduling, round by round: each rank runs its next tasks in order until one waits for
     a task of another rank. A task's start is the latest of its rank's free time and its
@@ -189,8 +235,12 @@ def simulate_schedule(
     """
     pp = plan.pp
     fwd, bwd = [float(x) for x in fwd_s], [float(x) for x in bwd_s]
+    zero_bubble = plan.schedule.splits_backward
+    wgrad = [float(x) for x in wgrad_s] if wgrad_s is not None else [0.0] * len(fwd)
+    if zero_bubble:
+        bwd = [b - w for b, w in zip(bwd, wgrad, strict=True)]  # the B passes
     orders = [rank_order(plan, r) for r in range(pp)]
-    raw, free_at = _list_schedule(plan, orders, fwd, bwd)
+    raw, free_at = _list_schedule(plan, orders, fwd, bwd, wgrad)
     tasks = list(map(Task._make, raw))
     pipeline_s = max(free_at)
     last = {}
@@ -206,7 +256,7 @@ def simulate_schedule(
     for r in range(pp):
         tasks.append(Task(r, "opt", -1, -1, step_start, step_start + optimizer_s[r]))
     makespan = step_start + max(optimizer_s)
-    busy, peak = _busy_and_peak(raw, pp)
+    busy, peak = _busy_and_peak(raw, pp, zero_bubble)
     return SimResult(
         makespan_s=makespan,
         pipeline_s=pipeline_s,
@@ -266,7 +316,7 @@ def timeline_windows(sim: SimResult) -> tuple[tuple[float, float], ...]:
     twice its width, to hold every rank's first (last) task. When the two windows would cover
     most of rank 0's tasks, or meet, the whole iteration is shown.
     """
-    rank0 = [t for t in sim.tasks if t.rank == 0 and t.kind in ("F", "B")]
+    rank0 = [t for t in sim.tasks if t.rank == 0 and t.kind in COMPUTE_KINDS]
     whole = ((0.0, sim.makespan_s),)
     warm = next((i for i, t in enumerate(rank0) if t.kind == "B"), len(rank0))
     steady = warm + 2 * max(2, (BARS_PER_ROW - warm) // 2)
@@ -275,7 +325,7 @@ def timeline_windows(sim: SimResult) -> tuple[tuple[float, float], ...]:
         return whole
     by_rank: dict[int, list[Task]] = {}
     for t in sim.tasks:
-        if t.kind in ("F", "B"):
+        if t.kind in COMPUTE_KINDS:
             by_rank.setdefault(t.rank, []).append(t)
     # every rank's first and last task (unequal stages end at different times), up to twice
     # rank 0's width (GPipe's fast ranks end long before the slow ones)
@@ -292,11 +342,22 @@ def timeline_windows(sim: SimResult) -> tuple[tuple[float, float], ...]:
     return ((0.0, first_end), (last_start, sim.makespan_s))
 
 
-TIMELINE_COLORS = {"F": "#4c72b0", "B": "#dd8452", "sync": "#8c8c8c", "opt": "#55a868"}
-"""Bar colour of each task kind: forward blue, backward orange, DP sync grey, step green."""
+COMPUTE_KINDS = ("F", "B", "W")
+"""Task kinds that are a chunk's compute on one microbatch (drawn with its number)."""
+
+TIMELINE_COLORS = {
+    "F": "#4c72b0",
+    "B": "#dd8452",
+    "W": "#8172b3",
+    "sync": "#8c8c8c",
+    "opt": "#55a868",
+}
+"""Bar colour of each task kind: forward blue, backward orange, weight gradient (zero-bubble
+W pass) purple, DP sync grey, step green."""
 TIMELINE_LABELS = {
     "F": "forward",
     "B": "backward",
+    "W": "weight gradient (W)",
     "sync": "DP gradient sync",
     "opt": "optimizer step",
 }
@@ -363,7 +424,7 @@ def _draw_window(ax, window, cols, ranks: int, scale, inch_s, bar_in) -> int:
                 edgecolors="white",
                 linewidth=0.3,
             )
-            if kind not in ("F", "B"):
+            if kind not in COMPUTE_KINDS:
                 continue
             bars += len(sel)
             if ranks <= 32:  # else rows too thin for numbers
@@ -386,8 +447,9 @@ def _timeline_title(sim: SimResult, n_windows: int, microbatches: int) -> str:
 
 
 def plot_timeline(sim: SimResult, path, *, title: str = "") -> TimelineView:
-    """Draw the iteration as one row per pipeline rank (forward blue, backward orange, DP sync
-    grey, optimizer step green), microbatch numbers on the bars wide enough to hold them.
+    """Draw the iteration as one row per pipeline rank (forward blue, backward orange, W pass
+    purple, DP sync grey, optimizer step green), microbatch numbers on the bars wide enough to
+    hold them.
 
     A long iteration (more bars than a row can show) is drawn as two panels, its first and its
     last seconds (:func:`timeline_windows`): the pipeline's fill, a few steady-state
@@ -430,7 +492,7 @@ def plot_timeline(sim: SimResult, path, *, title: str = "") -> TimelineView:
     step = max(1, ranks // 32)
     first.set_yticks(range(0, ranks, step), [f"rank {r}" for r in range(0, ranks, step)])
     first.set_ylim(ranks - 0.5, -0.5)
-    compute = np.isin(kinds, ("F", "B"))
+    compute = np.isin(kinds, COMPUTE_KINDS)
     m = 1 + int(microbatch[compute].max())
     shown = m
     if len(windows) == 2:
@@ -444,8 +506,13 @@ def plot_timeline(sim: SimResult, path, *, title: str = "") -> TimelineView:
         first.set_xlabel(f"time within the iteration ({unit})")
     title = title or _timeline_title(sim, len(windows), m)
     fig.suptitle(title, fontsize=11)
-    legend = [Patch(color=TIMELINE_COLORS[k], label=label) for k, label in TIMELINE_LABELS.items()]
-    fig.legend(handles=legend, loc="lower center", ncol=4, frameon=False, fontsize=9)
+    present = set(kinds.tolist())
+    legend = [
+        Patch(color=TIMELINE_COLORS[k], label=label)
+        for k, label in TIMELINE_LABELS.items()
+        if k != "W" or k in present  # the W pass only where a zero-bubble schedule ran it
+    ]
+    fig.legend(handles=legend, loc="lower center", ncol=len(legend), frameon=False, fontsize=9)
     fig.subplots_adjust(left=0.08, right=0.98, top=1 - 0.6 / height, bottom=0.95 / height)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=130)

@@ -50,6 +50,13 @@ class Schedule(StrEnum):
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"  # interleaved 1F1B with v virtual stages per device (SC21 §2.2.2)
     GPIPE = "gpipe"
+    ZB_H1 = "zb_h1"  # zero bubble, handcrafted 1 (Qi et al. ICLR 2024 §2.1): 1F1B memory
+
+    @property
+    def splits_backward(self) -> bool:
+        """Whether the schedule runs the backward as B (input gradient) and W (weight
+        gradient) passes (Qi et al. 2024 §2)."""
+        return self is Schedule.ZB_H1
 
 
 ZeroStage = Literal[0, 1, 2, 3]

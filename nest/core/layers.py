@@ -150,6 +150,11 @@ class LayerCost:
     fwd_flops: float = 0.0
     fwd_s: float = 0.0
     bwd_s: float = 0.0
+    wgrad_s: float = 0.0
+    """The part of ``bwd_s`` that computes the weight gradients (the weight-gradient GEMMs):
+    the W pass of the zero-bubble schedules (Qi et al. ICLR 2024 §2), which may run after the
+    rest of the backward, the B pass (input gradients, attention core, norms, activations,
+    casts, collectives). 0 where the model does not split its backward (measured profiles)."""
     recompute_s: dict = field(default_factory=dict)
     """Extra backward-pass seconds per recompute mode."""
     recompute_flops: dict = field(default_factory=dict)
@@ -182,6 +187,7 @@ def combine(a: LayerCost, b: LayerCost) -> LayerCost:
         fwd_flops=a.fwd_flops + b.fwd_flops,
         fwd_s=a.fwd_s + b.fwd_s,
         bwd_s=a.bwd_s + b.bwd_s,
+        wgrad_s=a.wgrad_s + b.wgrad_s,
         recompute_s=both(a.recompute_s, b.recompute_s, 0.0),
         recompute_flops=both(a.recompute_flops, b.recompute_flops, 0.0),
         act_bytes=both(a.act_bytes, b.act_bytes, 0.0),
@@ -578,6 +584,14 @@ class AnalyticModel:
         )
         return fwd, bwd
 
+    def _wgrad_s(self, device: Device, gemms, fp8: bool = False) -> float:
+        """Seconds of the weight-gradient GEMMs ``[k x m] @ [m x n]`` of ``(m, n, k, groups)``
+        GEMMs: the part of :meth:`_gemms_s`'s backward a zero-bubble schedule runs as its W
+        pass (Qi et al. ICLR 2024 §2: for a linear layer it has the FLOPs of the
+        input-gradient GEMM)."""
+        p = self.spec.dtype_bytes
+        return sum(gemm_time_s(device, k, n, m, g, p, fp8) for m, n, k, g in gemms)
+
     def _embedding_cost(self, shard: Shard, device: Device) -> LayerCost:
         m = self.spec
         t, _, sp, sp_div, p, _, _, _, _, hsb, x_bytes = self._dims(shard)
@@ -642,6 +656,7 @@ class AnalyticModel:
             fwd_flops=logits_flops / (t * c),
             fwd_s=fwd_s,
             bwd_s=bwd_s,
+            wgrad_s=self._wgrad_s(device, gemms),
             act_bytes={mode: act for mode in Recompute},
             transient_bytes=self._loss_transient_bytes_per_logit() * s_loc * b * vocab / t,
             fwd_collectives=tuple(tp_fwd),
@@ -668,7 +683,8 @@ class AnalyticModel:
         block's kind, and the output head and loss again (the head's terms without its
         parameters, which are shared)."""
         t, c, _, sp_div, p, b, s, h, s_loc, hsb, _ = self._dims(shard)
-        fwd_s, bwd_s = self._gemms_s(device, [(b * s_loc, h / t, 2 * h, 1)])
+        proj_gemms = [(b * s_loc, h / t, 2 * h, 1)]
+        fwd_s, bwd_s = self._gemms_s(device, proj_gemms)
         # two norms and the concat
         ew_s = 3 * 2 * p * hsb / sp_div / device.achieved_hbm_bw_bytes_per_s
         proj = LayerCost(
@@ -676,6 +692,7 @@ class AnalyticModel:
             fwd_flops=2.0 * b * s * 2 * h * h / (t * c),
             fwd_s=fwd_s + ew_s,
             bwd_s=bwd_s + 2 * ew_s,
+            wgrad_s=self._wgrad_s(device, proj_gemms),
             act_bytes={mode: 3 * p * hsb / sp_div for mode in Recompute},
         )
         head = self._head_cost(
@@ -908,6 +925,10 @@ class AnalyticModel:
             fwd_flops=flops,
             fwd_s=fwd_s,
             bwd_s=bwd_s,
+            wgrad_s=sum(  # the most loaded rank's expert GEMMs, as fwd_of's
+                (load if name in EXPERT_LINEARS else 1.0) * self._wgrad_s(device, [g], fp8)
+                for name, g in gemms.items()
+            ),
             recompute_s={
                 Recompute.NONE: none_s,
                 Recompute.SELECTIVE: core_s,

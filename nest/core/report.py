@@ -80,6 +80,9 @@ class StageReport:
     """Forward time of this chunk per microbatch, communication included."""
     bwd_s: float
     """Backward time (recompute included) per microbatch."""
+    wgrad_s: float = 0.0
+    """The weight-gradient GEMMs' part of ``bwd_s`` (the W pass of the zero-bubble schedules,
+    :func:`nest.cost.compute.wgrad_s`); the rest of ``bwd_s`` is the B pass."""
 
     @property
     def time_s(self) -> float:
@@ -117,6 +120,8 @@ class RankReport:
     pp_rank: int
     fwd_s: float
     bwd_s: float
+    wgrad_s: float = 0.0
+    """The weight-gradient part of ``bwd_s`` (its chunks' ``wgrad_s``)."""
     dp_sync_s: float
     """Gradient synchronisation of this rank's parameters over its data-parallel group."""
     dp_sync_exposed_s: float

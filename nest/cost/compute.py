@@ -12,6 +12,10 @@ recomputed: the embedding and the head always run in mode ``none`` and add no re
 - backward: ``bwd_s``, the mode's recompute seconds (full: the forward again; selective: the
   attention core, Korthikanti et al. 2022 §5; ``none`` may still recompute FlashAttention's
   scores) and the backward collectives plus those the recomputation repeats;
+- the W pass of the zero-bubble schedules: the layers' ``wgrad_s``, the weight-gradient GEMMs'
+  part of ``bwd_s`` (:attr:`~nest.core.layers.LayerCost.wgrad_s`), summed per chunk by the
+  evaluator (``StageReport.wgrad_s``) and by the DP's prefix sums alike; the recompute and every
+  collective belong to the B pass (:mod:`nest.cost.pipeline`);
 - hardware FLOPs (what the devices execute, for MFU-with-recompute metrics): three forwards'
   matmuls plus the recomputed ones.
 """

@@ -14,7 +14,11 @@ A short composition of the cost model's public terms, which the planners call to
 - per pipeline rank (:func:`_rank_report`): ``t_r`` sums its chunks; its DP sync and optimizer
   step (:class:`nest.cost.state.ModelState`); its memory (:mod:`nest.cost.memory`).
 - the iteration: ``T_iter = T_pipe + exposed DP sync + optimizer step`` with the pipeline,
-  exposed-sync and in-flight formulas of :mod:`nest.cost.pipeline`.
+  exposed-sync and in-flight formulas of :mod:`nest.cost.pipeline`. A zero-bubble schedule
+  splits each chunk's backward into its weight-gradient GEMMs (``wgrad_s``, the W pass) and
+  the rest (the B pass: recompute, collectives, ZeRO-3 traffic and p2p stay there; TP
+  collectives that ``--tp-comm-overlap`` hides under weight-gradient GEMMs keep that overlap,
+  a simplification).
 
 Not modelled (documented simplifications): the all-reduce of tied-embedding gradients between the
 first and last stage; contention between concurrent groups (one NIC per device) on a hierarchy
@@ -45,7 +49,12 @@ from nest.cost.compute import (
 )
 from nest.cost.groups import AXES, RankGroups, rank_groups
 from nest.cost.memory import rank_memory
-from nest.cost.pipeline import exposed_sync_s, in_flight_microbatches, pipeline_time_s
+from nest.cost.pipeline import (
+    exposed_sync_s,
+    in_flight_microbatches,
+    pipeline_time_s,
+    rank_pipeline_terms,
+)
 from nest.cost.state import ModelState
 
 
@@ -113,6 +122,11 @@ def check_plan(problem: Problem, plan: Plan) -> None:
                 f"interleaved schedule needs num_microbatches({plan.num_microbatches}) divisible "
                 f"by pp({plan.pp}) (Megatron-LM's requirement)"
             )
+    if plan.schedule is Schedule.ZB_H1 and plan.num_microbatches < plan.pp:
+        raise UserError(
+            f"schedule=zb_h1 needs num_microbatches({plan.num_microbatches}) >= pp({plan.pp}) "
+            "(Qi et al. 2024 §2.1); lower the microbatch size or use schedule=1f1b"
+        )
 
 
 @dataclass(slots=True)
@@ -219,6 +233,7 @@ def _stage_report(
         p2p_bwd = pair_p2p_time_s(chunks[k - 1].boundary_bytes, classes, cluster)
     compute_fwd = sum(cost.fwd_s for cost, _, _ in chunk.layers)
     compute_bwd = sum(cost.bwd_s for cost, _, _ in chunk.layers)
+    wgrad = sum(cost.wgrad_s for cost, _, _ in chunk.layers)
     redo = sum(recompute_s(cost, mode, blk) for cost, mode, blk in chunk.layers)
     fwd = compute_fwd + sum(f for f, _ in comm.values()) + zero3_fwd + p2p_fwd
     bwd = compute_bwd + redo + sum(b for _, b in comm.values()) + zero3_bwd + p2p_bwd
@@ -243,6 +258,7 @@ def _stage_report(
         p2p_bwd_s=p2p_bwd,
         fwd_s=fwd,
         bwd_s=bwd,
+        wgrad_s=wgrad,
     )
 
 
@@ -282,6 +298,7 @@ def _rank_report(
         pp_rank=r,
         fwd_s=sum(stages[k].fwd_s for k in ks),
         bwd_s=sum(stages[k].bwd_s for k in ks),
+        wgrad_s=sum(stages[k].wgrad_s for k in ks),
         dp_sync_s=state.sync_s(groups, dense, expert),
         dp_sync_exposed_s=0.0,
         optimizer_s=state.optimizer_step_s(dense, expert, device.achieved_hbm_bw_bytes_per_s),
@@ -318,11 +335,21 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
         [rk.dp_sync_s for rk in ranks],
         [stages[r].bwd_s for r in range(plan.pp)],
         training.overlap_grad_sync,
+        wgrad_s=[stages[r].wgrad_s for r in range(plan.pp)],
+        schedule=plan.schedule,
     )
     ranks = [replace(rk, dp_sync_exposed_s=e) for rk, e in zip(ranks, exposed, strict=True)]
     m = plan.num_microbatches
-    rank_times = [rk.time_s for rk in ranks]
-    t_pipe = pipeline_time_s(rank_times, m, plan.schedule, plan.virtual_stages)
+    terms = [rank_pipeline_terms(rk.fwd_s, rk.bwd_s, rk.wgrad_s, plan.schedule) for rk in ranks]
+    rank_times = [float(t) for _, t, _ in terms]
+    t_pipe = pipeline_time_s(
+        rank_times,
+        m,
+        plan.schedule,
+        plan.virtual_stages,
+        sum_terms_s=[float(u) for u, _, _ in terms],
+        tail_terms_s=[float(e) for _, _, e in terms],
+    )
     t_exposed, t_opt = max(exposed), max(rk.optimizer_s for rk in ranks)
     t_iter = t_pipe + t_exposed + t_opt
     flops = model.model_flops_per_sample() * training.global_batch

@@ -1,24 +1,62 @@
 """Pipeline-schedule formulas on per-rank times, shared by the evaluator and the planners.
 
 ``t_r = f_r + b_r`` is pipeline rank ``r``'s forward plus backward time for one microbatch, ``m``
-the microbatches per replica, ``v`` the model chunks per device.
+the microbatches per replica, ``v`` the model chunks per device, ``w_r`` the weight-gradient part
+of ``b_r`` (:attr:`nest.core.layers.LayerCost.wgrad_s`) and ``b'_r = b_r - w_r`` the rest.
 
 - 1F1B and GPipe (fill and drain with unequal stages): ``T = sum_r t_r + (m - 1) max_r t_r``.
   With equal stages this is the ``(m + p - 1) t`` of Narayanan et al. SC21 §2.2.1.
 - Interleaved 1F1B: the bubble shrinks by ``v`` (SC21 §2.2.2, bubble ``(p-1)/v * t``):
   ``T = m max_r t_r + (sum_r t_r - max_r t_r) / v``, which is the 1F1B formula at ``v = 1``.
+- ZB-H1 (Qi, Wan, Huang, Lin, "Zero Bubble Pipeline Parallelism", ICLR 2024, §2.1, Figure 3
+  top, Table 2): the backward runs as B (input gradient, ``b'``) and W (weight gradient,
+  ``w``); B of a stage waits only for the next stage's B, and each rank postpones the W passes
+  of its first ``r`` microbatches into the cool-down. With equal stages and
+  ``T_W <= min(T_F, T_B)`` its bubble is ``(p - 1)(T_F + T_B - T_W)`` against 1F1B's
+  ``(p - 1)(T_F + T_B + T_W)`` (Table 2; the authors' README: a third of 1F1B's bubble when
+  ``T_F = T_B = T_W``). The schedule run event by event (:mod:`nest.analysis.simulate`) takes,
+  with equal stages and any ``T_F, T_B, T_W``, ``m (T_F + T_B + T_W) + (p - 1)(T_F + T_B - c)``
+  with ``c = min(T_W, T_F, T_B)`` (the W passes fill the bubble only as far as a forward or a
+  B pass leaves room), which is the paper's formula when ``T_W <= min(T_F, T_B)``. For unequal
+  stages the cost model charges, per rank, ``c_r = min(w_r, f_r, b'_r)``,
+  ``u_r = t_r - w_r - c_r`` and ``e_r = w_r + c_r``:
+
+      ``T = sum_r u_r + (m - 1) max_r t_r + max_r e_r``,
+
+  which is the equal-stage time above, lies between the slowest rank's work ``m max_r t_r``
+  (``u_r + e_r = t_r``) and the 1F1B formula (``max_r e_r <= sum_r e_r``), and is, as the 1F1B
+  formula is for 1F1B, an approximation of the schedule on unequal stages: the simulated time
+  lies between ``m max_r t_r`` and the equal-stage time with every pass padded to its slowest
+  rank's (the list schedule is monotone in each task's length), so the formula's error is at
+  most ``max(padded, 1F1B formula) / (m max_r t_r) - 1`` (``tests/test_zero_bubble.py`` checks
+  this on random stages; measured at most 13 % there, the 1F1B formula's on 1F1B 16 %).
+  ZB-H1 needs ``m >= p`` and ``p >= 2`` (with one stage it is 1F1B). ZB-H2 (§2.2) is not
+  modelled: under a global synchronisation before the optimizer step (no post-validation, §4)
+  no schedule beats ``m (T_F + T_B + T_W) + (p - 1) T_F`` on equal stages (the last stage gets
+  its first microbatch after ``(p - 1) T_F``), which is ZB-H1's time less ``(p - 1)(T_B - T_W)``.
 - In-flight microbatches (activations held) on rank ``r``: 1F1B ``min(p - r, m)`` (PipeDream-flush;
   Megatron-Core runs ``p - r - 1`` warm-up forwards); GPipe ``m``; interleaved: Megatron-Core's
   ``(p - r - 1) * 2 + (v - 1) * p`` warm-up chunk-forwards plus the one in steady state, capped
-  at ``m v``, measured in whole-rank microbatches (divided by ``v``).
+  at ``m v``, measured in whole-rank microbatches (divided by ``v``); ZB-H1 ``min(p, m)`` on
+  every rank: ``p - r`` microbatches between their F and their B, and the ``r`` postponed ones
+  between B and W (§2.1: "all pipeline stages have the same number of in-flight
+  microbatches"). A microbatch waiting for its W keeps what W reads (each linear layer's input
+  and its output gradient), less than its B needs (Table 1); the model charges it a whole
+  microbatch's activations, an upper bound, so every ZB-H1 rank holds the ``p M_B`` of the
+  paper's Table 2, 1F1B's rank 0.
 - Exposed DP synchronisation: under 1F1B rank ``r`` finishes its last backward ``sum_{j<r} b_j``
   before rank 0 does, and that much of its sync is hidden; with overlap enabled its own last
   backward ``b_r`` also hides it: ``exposed = max_r max(0, sync_r - sum_{j<r} b_j [- b_r])``.
   Under interleaving ``b_j`` is the backward of chunk ``j`` (rank ``j``'s first chunk), the last
-  work left after rank ``r`` is done.
+  work left after rank ``r`` is done. Under ZB-H1 every rank ends with its postponed W passes:
+  its last B ends ``sum_{j<r} b'_j`` before rank 0's, then it runs ``r`` more W passes than
+  rank 0 does, so it finishes ``max(0, sum_{j<r} b'_j - r w_r)`` before rank 0 (exact for
+  equal stages with ``T_W <= T_B``), and with overlap its own last W (``w_r``) hides the sync.
 """
 
 from collections.abc import Sequence
+
+import numpy as np
 
 from nest.core.axes import Schedule
 
@@ -26,18 +64,41 @@ from nest.core.axes import Schedule
 def pipeline_coefficients(
     num_microbatches: int, schedule: Schedule, virtual_stages: int
 ) -> tuple[float, float]:
-    """``(a, b)`` with ``T_pipe = a sum_r t_r + b max_r t_r``: 1F1B and GPipe ``(1, m - 1)``,
-    interleaved ``(1/v, m - 1/v)`` (the module docstring's formulas, regrouped)."""
+    """``(a, b)`` with ``T_pipe = a sum_r u_r + b max_r t_r + max_r e_r``: 1F1B, GPipe and
+    ZB-H1 ``(1, m - 1)``, interleaved ``(1/v, m - 1/v)`` (the module docstring's formulas,
+    regrouped; ``u = t`` and ``e = 0`` but under ZB-H1, :func:`rank_pipeline_terms`)."""
     if schedule is Schedule.INTERLEAVED:
         return 1.0 / virtual_stages, num_microbatches - 1.0 / virtual_stages
     return 1.0, float(num_microbatches - 1)
 
 
+def rank_pipeline_terms(fwd_s, bwd_s, wgrad_s, schedule: Schedule):
+    """``(u_r, t_r, e_r)`` of one rank (scalars or numpy rows): its share of the pipeline's sum
+    term, of its max term and of its tail term (module docstring). ``t = f + b``; ZB-H1
+    ``u = t - w - c``, ``e = w + c`` with ``c = min(w, f, b - w)``; otherwise ``u = t``,
+    ``e = 0``."""
+    t = fwd_s + bwd_s
+    if not schedule.splits_backward:
+        return t, t, 0.0 * t
+    credit = np.minimum(np.minimum(wgrad_s, fwd_s), bwd_s - wgrad_s)
+    return t - wgrad_s - credit, t, wgrad_s + credit
+
+
 def pipeline_time_s(
-    rank_times_s: Sequence[float], num_microbatches: int, schedule: Schedule, virtual_stages: int
+    rank_times_s: Sequence[float],
+    num_microbatches: int,
+    schedule: Schedule,
+    virtual_stages: int,
+    *,
+    sum_terms_s: Sequence[float] | None = None,
+    tail_terms_s: Sequence[float] | None = None,
 ) -> float:
+    """``a sum_r u_r + b max_r t_r + max_r e_r`` (:func:`pipeline_coefficients`); ``u`` and ``e``
+    default to ``t`` and 0 (every schedule but ZB-H1, :func:`rank_pipeline_terms`)."""
     sum_coef, max_coef = pipeline_coefficients(num_microbatches, schedule, virtual_stages)
-    return sum_coef * sum(rank_times_s) + max_coef * max(rank_times_s)
+    sums = rank_times_s if sum_terms_s is None else sum_terms_s
+    tail = 0.0 if tail_terms_s is None else max(tail_terms_s)
+    return sum_coef * sum(sums) + max_coef * max(rank_times_s) + tail
 
 
 def in_flight_microbatches(
@@ -48,6 +109,8 @@ def in_flight_microbatches(
     if schedule is Schedule.INTERLEAVED:
         chunks = (pp - rank - 1) * 2 + (virtual_stages - 1) * pp + 1
         return min(chunks, num_microbatches * virtual_stages) / virtual_stages
+    if schedule is Schedule.ZB_H1:
+        return float(min(pp, num_microbatches))
     return float(min(pp - rank, num_microbatches))
 
 
@@ -58,10 +121,31 @@ def rank_exposed_sync_s(sync_s: float, hidden_s: float, own_bwd_s: float, overla
     return max(0.0, sync_s - hidden_s - (own_bwd_s if overlap else 0.0))
 
 
-def exposed_sync_s(sync_s: Sequence[float], bwd_s: Sequence[float], overlap: bool) -> list[float]:
-    """Per-rank exposed part of the DP synchronisation (see the module docstring)."""
-    out, hidden = [], 0.0
-    for sync, bwd in zip(sync_s, bwd_s, strict=True):
-        out.append(rank_exposed_sync_s(sync, hidden, bwd, overlap))
-        hidden += bwd
+def sync_hidden_s(rank: int, drain_s: float, wgrad_s: float, schedule: Schedule) -> float:
+    """How long before rank 0 rank ``rank`` finishes its work: ``drain_s`` (the backward left on
+    the ranks before it: ``sum_{j<r} b_j``, ZB-H1 ``sum_{j<r} b'_j``) less, under ZB-H1, the
+    ``r`` W passes it postpones more than rank 0, never below 0 (module docstring)."""
+    if schedule.splits_backward:
+        return max(0.0, drain_s - rank * wgrad_s)
+    return drain_s
+
+
+def exposed_sync_s(
+    sync_s: Sequence[float],
+    bwd_s: Sequence[float],
+    overlap: bool,
+    *,
+    wgrad_s: Sequence[float] | None = None,
+    schedule: Schedule = Schedule.ONE_F_ONE_B,
+) -> list[float]:
+    """Per-rank exposed part of the DP synchronisation (see the module docstring). ``bwd_s``:
+    each rank's last backward (its first chunk's); ``wgrad_s``: its W part (ZB-H1), which is
+    then the own work that overlaps the sync, the rest what drains past later ranks."""
+    w = [0.0] * len(sync_s) if wgrad_s is None or not schedule.splits_backward else wgrad_s
+    out, drain = [], 0.0
+    for r, (sync, bwd, wr) in enumerate(zip(sync_s, bwd_s, w, strict=True)):
+        hidden = sync_hidden_s(r, drain, wr, schedule)
+        own = wr if schedule.splits_backward else bwd
+        out.append(rank_exposed_sync_s(sync, hidden, own, overlap))
+        drain += bwd - wr
     return out

@@ -89,6 +89,12 @@ stage takes at least the sum of its layers' floors.
   linear in the parameters held);
 - ``T = S + (m-1) M + E + O`` (1F1B) or ``S / v + (m - 1/v) M + E + O`` (interleaved), every
   coefficient positive, so the bound is the same expression on the floors.
+- ZB-H1: ``T = sum_r u_r + (m-1) M + max_r e_r + E + O`` (:mod:`nest.cost.pipeline`) with
+  ``u_r = t_r - w_r - c_r >= t_r - 2 w_r`` (``c_r <= w_r``) and ``u_r + e_r = t_r``, so
+  ``sum_r u_r + max_r e_r >= max(S - 2 W, M)`` where ``W`` is the chain's weight-gradient time
+  (the same in every plan of the shard): the bound is ``max(S_floor - 2 W, M_floor) + (m-1)
+  M_floor + E + O``. Rank 0's exposed sync is at least 1F1B's: nothing hides it but, with
+  overlap, its own W pass, shorter than its backward.
 
 **Memory floor** (:meth:`Floors.memory_floor_bytes`; configurations above the device's memory are
 skipped, as no plan of theirs fits). A rank needs ``state(D_r, X_r) + f_r A_r + T_r + reserve``
@@ -203,6 +209,8 @@ class ShardFloors:
     """The backward part of ``base_s`` per layer: backward compute plus the cheapest allowed
     recompute with its backward collectives (``base_s`` less the forward compute and the
     cheapest forward collectives)."""
+    wgrad_sum_s: float = 0.0
+    """The chain's weight-gradient seconds (W passes), the same in every plan of the shard."""
 
 
 class Floors:
@@ -369,8 +377,10 @@ class Floors:
         splits = self._tp_splits[shard.tp]
         per_cost: dict = {}
         base, dense, expert, boundary, act, transient, bwd = [], [], [], [], [], [], []
+        wgrad = 0.0
         for ref in model.chain:
             x = model.layer_cost(ref, shard, cluster.device)
+            wgrad += x.wgrad_s
             is_block = ref.kind is LayerKind.BLOCK
             key = (id(x), is_block)  # layers of one cost object share their floors
             got_layer = per_cost.get(key)
@@ -408,6 +418,7 @@ class Floors:
             np.array(transient),
             tuple(sorted(set(zip(dense, expert, act, transient, strict=True)))),
             np.array(bwd),
+            wgrad,
         )
         self._shards[shard] = got
         return got
@@ -549,7 +560,12 @@ class Floors:
             sync = self._sync_floor_s(family, sync_dense, sync_expert, zero)
             if pp == 1 and zero < 3 and self.problem.training.overlap_grad_sync:
                 sync = self._one_stage_exposed_s(family, sf, zero)
-            out.append(total + (m - 1) * top + sync + optimizer)
+            pipeline = total + (m - 1) * top
+            if kind.splits_backward:
+                # ZB-H1: sum_r u_r >= sum_r (t_r - 2 w_r) and sum_r u_r + max_r e_r >= max_r t_r
+                # (nest.cost.pipeline); rank 0's exposed sync is 1F1B's or more (own W <= b)
+                pipeline = max(total - 2.0 * sf.wgrad_sum_s, top) + (m - 1) * top
+            out.append(pipeline + sync + optimizer)
         return out
 
     def _one_stage_exposed_s(self, f: Family, sf: ShardFloors, zero: int) -> float:

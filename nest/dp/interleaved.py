@@ -26,7 +26,10 @@ labels ``(S, M, B, E, O)``; the dominance test carries the coefficients ``1/v`` 
 (:func:`~nest.dp.recurrence.worse_by_at_most`), and a label is dropped when
 ``(S + R) / v + (m - 1/v) max(M, R_max) + E + O`` exceeds the incumbent, ``R`` and ``R_max`` the
 sum and maximum of the later ranks' floors (each rank takes at least the floors of its chunks'
-layers, :mod:`nest.dp.bounds`). Complexity: ``pp`` ranks x at most 3 options x the labels kept.
+layers, :mod:`nest.dp.bounds`). Before a rank's options are built, its own floor is raised to
+the recomputation its memory forces (:func:`least_fitting_time_s`, a linear relaxation with its
+proof), which drops a configuration whose first, most loaded rank must recompute too much
+before any assignment is enumerated. Complexity: ``pp`` ranks x at most 3 options x the labels kept.
 """
 
 from dataclasses import dataclass
@@ -195,6 +198,58 @@ def rank_options(
     return kept, least
 
 
+def least_fitting_time_s(rc: RankChunks, capacity_bytes: float, reserve_bytes: float) -> float:
+    """A lower bound on the rank's time ``t_r`` over every assignment of modes to its chunks that
+    fits in ``capacity_bytes`` (``inf`` when none can fit): the linear relaxation of "choose a
+    mode per chunk, least total time, stored activations within budget".
+
+    **Proof.** An assignment fits when ``state + in_flight x sum act + max transient + reserve
+    <= capacity`` (:func:`rank_options`). Its largest transient is at least ``T0``, the largest
+    over chunks of each chunk's least transient, so every fitting assignment has ``sum act <= A =
+    (capacity - state - reserve - T0) / in_flight``. Relaxing "one mode per chunk" to a convex
+    combination of each chunk's modes can only lower the least time subject to that budget, and
+    the relaxed problem is a fractional knapsack: start every chunk at its fastest mode (least
+    activations among the fastest) and buy the missing ``sum act - A`` along each chunk's lower
+    convex hull of ``(act, t)``, cheapest seconds per byte first (greedy is optimal for a
+    fractional knapsack whose items are the hulls' segments, taken in increasing slope). Its
+    value is therefore at most the time of any fitting assignment, and when even every chunk at
+    its least-storing mode exceeds ``A`` nothing fits."""
+    chunks = [(rc.cost[rc.ks[0]], 1)] + [(rc.cost[ks[0]], len(ks)) for ks in rc.groups.values()]
+    floor_tr = max(float(rep[:, 3].min()) for rep, _ in chunks)
+    if rc.in_flight <= 0:
+        return sum(n * float(rep[:, 0].min()) for rep, n in chunks)
+    budget = (capacity_bytes - rc.state_bytes - reserve_bytes - floor_tr) / rc.in_flight
+    total_t, total_act, segments = 0.0, 0.0, []
+    for rep, n in chunks:
+        t, act = rep[:, 0], rep[:, 2]
+        start = int(np.lexsort((act, t))[0])  # fastest, then least storing
+        total_t += n * float(t[start])
+        total_act += n * float(act[start])
+        # lower convex hull from the fastest point towards less storage
+        here_t, here_a = float(t[start]), float(act[start])
+        while True:
+            cands = [
+                ((float(t[i]) - here_t) / (here_a - float(act[i])), i)
+                for i in range(len(t))
+                if act[i] < here_a
+            ]
+            if not cands:
+                break
+            slope, i = min(cands)
+            segments.append((slope, n * (here_a - float(act[i]))))
+            here_t, here_a = float(t[i]), float(act[i])
+    need = total_act - budget
+    if need <= 0:
+        return total_t
+    for slope, width in sorted(segments):
+        take = min(width, need)
+        total_t += max(slope, 0.0) * take
+        need -= take
+        if need <= 0:
+            return total_t
+    return float("inf")
+
+
 def _rank_floors(sm: StageModel, modes) -> list[float]:
     prefix = sm.placed_floor_s(modes)
     out = [0.0] * sm.config.pp
@@ -220,13 +275,15 @@ def solve_interleaved(
     floors = _rank_floors(sm, modes)
     labels = [Label(0.0, 0.0, 0.0, 0.0, 0.0)]
     for r in range(pp):
+        rc = RankChunks(sm, r, modes)
+        # the rank's own floor also pays the recomputation its memory forces
+        floors[r] = max(floors[r], least_fitting_time_s(rc, sm.capacity_bytes, sm.reserve_bytes))
         rest_sum, rest_max = sum(floors[r + 1 :]), max(floors[r + 1 :], default=0.0)
         low = min(lab.total_s for lab in labels) + floors[r] + rest_sum
         top = max(min(lab.max_s for lab in labels), floors[r], rest_max)
         if s_coef * low + m_coef * top > incumbent_s:
             stats.labels_bounded += len(labels)
             return None
-        rc = RankChunks(sm, r, modes)
         options, _ = rank_options(sm, rc)
         stats.stages_scored += len(modes) * len(rc.cost)
         front = Front(m_coef, s_coef) if exact else GreedyFront(m_coef, s_coef)

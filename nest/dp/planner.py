@@ -265,7 +265,8 @@ RUNNABLE_ORDERS = {
 }
 """``solver.export_runnable``: the rank orders each export target runs. Every target also applies
 one recompute mode to every stage that holds blocks (Megatron's ``--recompute-granularity`` and
-``--recompute-method uniform``); GPipe is outside the NEST space already. With FP8 parameter
+``--recompute-method uniform``) and leaves out ZB-H1 (no upstream Megatron-LM schedule); GPipe
+is outside the NEST space already. With FP8 parameter
 gather Megatron also needs the distributed optimizer: ZeRO >= 1 wherever there is data
 parallelism."""
 
@@ -358,6 +359,13 @@ class NestPlanner(SpacePlanner):
                 f"(solver.export_runnable={target}); use "
                 f"{['-'.join(str(a) for a in o) for o in allowed]} or drop one of the two"
             )
+        # upstream Megatron-LM has no zero-bubble schedule (nest/export/megatron.py)
+        schedules = [k.value for k in options.schedule_kinds if not k.splits_backward]
+        if not schedules:
+            raise UserError(
+                f"solver.schedules={list(options.schedules)} has no schedule {target} runs "
+                f"(solver.export_runnable={target}); add 1f1b or interleaved"
+            )
         zeros = list(options.zero_stages)
         if target == "megatron" and problem.training.numerics.param_gather:
             # --fp8-param-gather needs the distributed optimizer (megatron/training/arguments.py);
@@ -380,6 +388,7 @@ class NestPlanner(SpacePlanner):
                     "recompute": [mode],
                     "rank_orders": orders,
                     "zero_stages": zeros,
+                    "schedules": schedules,
                 },
             )
             try:

@@ -1,6 +1,6 @@
 """The recurrence: optimal partition and per-stage recompute for one configuration.
 
-Objective (the shared evaluator's, :mod:`nest.cost.pipeline`, 1F1B):
+Objective (the shared evaluator's, :mod:`nest.cost.pipeline`, 1F1B; ZB-H1 below):
 ``T = sum_r t_r + (m - 1) max_r t_r + max_r max(0, sync_r - B_r [- b_r]) + max_r opt_r`` with
 ``t_r = f_r + b_r`` and ``B_r = sum_{q<r} b_q``. It is not additive over stages, so the DP keeps,
 per state, a Pareto set of labels instead of one value.
@@ -43,13 +43,28 @@ Memory is checked first, for every ``j`` of a state at once (:meth:`StageModel.f
 a stage's terms come from one numpy row per (rank, first layer, mode)
 (:func:`nest.dp.rows.stage_row`).
 
+**ZB-H1** (:mod:`nest.cost.pipeline`) runs the same recurrence with three changes. The sum
+term adds the stage's ``u = t - w - c`` instead of ``t`` and a sixth label entry ``X`` keeps the
+largest tail term ``e = w + c`` (``w`` the stage's W pass, ``c = min(w, f, b')``), so
+``T = S + (m - 1) M + X + E + O``; ``X`` is a maximum like ``O``, and dominance adds
+``max(0, dX)``. ``B`` sums the B passes ``b' = b - w`` and rank ``r``'s sync is hidden by
+``max(0, B - r w)`` (own work with overlap: ``w``), still non-increasing and 1-Lipschitz in ``B``.
+The bounds use ``u >= t - 2 w`` (``c <= w``): the sum term's floor over layers ``i..j`` is their
+floors less twice their W passes (the same in every plan), and ``X >= 0``. Fastest mode only:
+a slower mode adds ``d`` to ``b'`` and ``t``; when the fastest mode's ``c`` is ``min(w, f)``
+(its ``b'`` at least that) every slower mode has the same ``c``, so ``u`` grows by ``d``, ``e`` and
+``X`` do not change, and the 1F1B argument holds; otherwise ``c`` may grow with ``b'`` (``u`` then
+grows by less than ``d``, ``e`` by the rest) and every fitting mode extends the stage.
+
 Complexity per configuration: ``O(pp * L^2 * modes)`` stage evaluations (each O(1) from prefix
 sums) times the kept-set sizes, which stay small because identical blocks give identical labels.
 """
 
 from dataclasses import dataclass, field
 
-from nest.core.axes import Recompute, Schedule
+import numpy as np
+
+from nest.core.axes import Recompute
 from nest.cost.pipeline import pipeline_coefficients
 from nest.dp.rows import stage_common, stage_row
 from nest.dp.stages import StageModel
@@ -65,6 +80,8 @@ class Label:
     parent: "Label | None" = None
     choice: object = None
     """What the last rank chose: ``(first, last, mode)`` (1F1B) or a rank option."""
+    tail_s: float = 0.0
+    """Largest tail term ``e_r`` of the ranks placed (ZB-H1; 0 for the other schedules)."""
 
     def dominates(self, other: "Label") -> bool:
         return (
@@ -73,6 +90,7 @@ class Label:
             and self.bwd_sum_s >= other.bwd_sum_s
             and self.exposed_s <= other.exposed_s
             and self.opt_s <= other.opt_s
+            and self.tail_s <= other.tail_s
         )
 
 
@@ -88,8 +106,9 @@ class DPStats:
 
 def worse_by_at_most(a: Label, b: Label, m_coef: float, s_coef: float = 1.0) -> float:
     """An upper bound on ``F(a + c) - F(b + c)`` over every completion ``c`` of the same state,
-    for ``F = s_coef S + m_coef M + E + O`` (1F1B: ``1, m - 1``; interleaved: ``1/v, m - 1/v``):
-    ``s_coef dS + m_coef max(0, dM) + max(dE, max(0, -dB)) + max(0, dO)`` with ``d = a - b``.
+    for ``F = s_coef S + m_coef M + X + E + O`` (1F1B and ZB-H1: ``1, m - 1``; interleaved:
+    ``1/v, m - 1/v``): ``s_coef dS + m_coef max(0, dM) + max(dE, max(0, -dB)) + max(0, dO)
+    + max(0, dX)`` with ``d = a - b``.
 
     Each term bounds its part of the objective: the sum adds ``dS``; ``max(x, .)`` grows by at
     most ``max(0, d)``; later ranks' exposed sync is non-increasing and 1-Lipschitz in the
@@ -100,11 +119,12 @@ def worse_by_at_most(a: Label, b: Label, m_coef: float, s_coef: float = 1.0) -> 
         + m_coef * max(0.0, a.max_s - b.max_s)
         + max(a.exposed_s - b.exposed_s, max(0.0, b.bwd_sum_s - a.bwd_sum_s))
         + max(0.0, a.opt_s - b.opt_s)
+        + max(0.0, a.tail_s - b.tail_s)
     )
 
 
 def objective_s(lab: Label, m_coef: float, s_coef: float = 1.0) -> float:
-    return s_coef * lab.total_s + m_coef * lab.max_s + lab.exposed_s + lab.opt_s
+    return s_coef * lab.total_s + m_coef * lab.max_s + lab.tail_s + lab.exposed_s + lab.opt_s
 
 
 class Front:
@@ -121,16 +141,19 @@ class Front:
         # worse_by_at_most inlined (the search's hottest loop); same arithmetic
         k, w = self.k, self.s
         s, mx, b, e, o = label.total_s, label.max_s, label.bwd_sum_s, label.exposed_s, label.opt_s
+        x = label.tail_s
         for other in self.labels:
             d_m = other.max_s - mx
             d_b = b - other.bwd_sum_s
             d_e = other.exposed_s - e
             d_o = other.opt_s - o
+            d_x = other.tail_s - x
             if (
                 w * (other.total_s - s)
                 + (k * d_m if d_m > 0.0 else 0.0)
                 + (d_e if d_e > (d_b if d_b > 0.0 else 0.0) else (d_b if d_b > 0.0 else 0.0))
                 + (d_o if d_o > 0.0 else 0.0)
+                + (d_x if d_x > 0.0 else 0.0)
             ) <= 0.0:
                 stats.labels_dominated += 1
                 return
@@ -140,11 +163,13 @@ class Front:
             d_b = other.bwd_sum_s - b
             d_e = e - other.exposed_s
             d_o = o - other.opt_s
+            d_x = x - other.tail_s
             if (
                 w * (s - other.total_s)
                 + (k * d_m if d_m > 0.0 else 0.0)
                 + (d_e if d_e > (d_b if d_b > 0.0 else 0.0) else (d_b if d_b > 0.0 else 0.0))
                 + (d_o if d_o > 0.0 else 0.0)
+                + (d_x if d_x > 0.0 else 0.0)
             ) > 0.0:
                 kept.append(other)
         stats.labels_dominated += len(self.labels) - len(kept)
@@ -178,6 +203,22 @@ def backtrack(best: Label) -> list:
     return choices[::-1]
 
 
+def extending_modes(fitting: list, k: int, zero_bubble: bool) -> list:
+    """The fitting modes ``(t, mode, row)`` that extend a stage (module docstring): the fastest
+    (ties: the first), or under ZB-H1, when the fastest one's B pass is shorter than its
+    forward and its W pass (so its credit ``c = min(w, f, b')`` is ``b'`` and a slower mode's
+    larger ``b'`` may raise it), every one."""
+    if not fitting:
+        return []
+    fastest = min(fitting, key=lambda x: x[0])  # min keeps the first of equal times
+    if zero_bubble:
+        row = fastest[2]
+        f = row.time_s[k] - row.bwd_s[k]
+        if row.drain_s[k] < min(row.wgrad_s[k], f):
+            return fitting
+    return [fastest]
+
+
 def solve_config(
     sm: StageModel,
     modes: tuple[Recompute, ...],
@@ -193,8 +234,14 @@ def solve_config(
     bounds and lazily built rows stay locals; split, each level would pass them on per call.
     """
     pp, n, m = sm.config.pp, sm.n_layers, sm.m
-    _, m_coef = pipeline_coefficients(m, Schedule.ONE_F_ONE_B, 1)  # T = S + (m - 1) M + E + O
+    schedule = sm.config.schedule
+    zero_bubble = schedule.splits_backward
+    # T = S + (m - 1) M + X + E + O (X = 0 but under ZB-H1)
+    _, m_coef = pipeline_coefficients(m, schedule, 1)
     min_compute = sm.placed_floor_s(modes)
+    # a stage's share of S is u >= t - 2 w (ZB-H1; u = t otherwise): the floor of the sum term
+    # is the layers' floors less twice their W passes (w is the same for every rank and mode)
+    credit = (2.0 * sm.chain.wgrad_s if zero_bubble else np.zeros(n + 1)).tolist()
     start = Front(m_coef)
     start.insert(Label(0.0, 0.0, 0.0, 0.0, 0.0), stats)
     fronts: dict[int, Front] = {0: start}
@@ -205,8 +252,8 @@ def solve_config(
             labels = front.labels
             last = n - 1 - rest
             # the cheap test below bounds every label of the state at once: each has
-            # S >= low_s, M >= low_m, E >= low_e and O >= low_o
-            low_s = min(lab.total_s for lab in labels)
+            # S >= low_s, M >= low_m, E >= low_e and O >= low_o (and X >= 0)
+            low_s = min(lab.total_s for lab in labels) - (credit[n] - credit[i])
             low_m = min(lab.max_s for lab in labels)
             low_eo = min(lab.exposed_s for lab in labels) + min(lab.opt_s for lab in labels)
             fits: dict = {}  # mode -> whether layers i..j fit, for every j (on first use)
@@ -224,7 +271,8 @@ def solve_config(
                         break  # later j: t_low grows, spread shrinks, so low never falls
                     continue
                 per_rank = remaining / rest if rest else 0.0
-                fastest = None  # (t, mode, row): the fastest mode that fits (module docstring)
+                rest_sum = remaining - (credit[n] - credit[j + 1])
+                fitting = []  # (t, mode, row) of the modes that fit
                 for mode in sm.modes_for(i, j, modes):
                     stats.stages_scored += 1
                     fit = fits.get(mode)
@@ -238,27 +286,31 @@ def solve_config(
                         if common is None:
                             common = stage_common(sm, r, i)
                         row = rows[mode] = stage_row(sm, r, i, mode, common)
-                    if fastest is None or row.time_s[j - i] < fastest[0]:
-                        fastest = (row.time_s[j - i], mode, row)
-                if fastest is not None:
-                    _, mode, row = fastest
-                    t, b = row.time_s[j - i], row.bwd_s[j - i]
-                    sync, opt = row.sync_s[j - i], row.optimizer_s[j - i]
-                    own = b if sm.overlap else 0.0
+                    fitting.append((row.time_s[j - i], mode, row))
+                for _, mode, row in extending_modes(fitting, j - i, zero_bubble):
+                    k = j - i
+                    t, b = row.time_s[k], row.bwd_s[k]
+                    u, e, drain, w = row.sum_s[k], row.tail_s[k], row.drain_s[k], row.wgrad_s[k]
+                    sync, opt = row.sync_s[k], row.optimizer_s[k]
+                    own = (w if zero_bubble else b) if sm.overlap else 0.0
+                    claw = r * w  # ZB-H1: the W passes it runs after rank 0 (0 otherwise)
                     front = None
                     for lab in labels:
-                        total = lab.total_s + t
+                        total = lab.total_s + u
                         top = lab.max_s if lab.max_s > t else t
-                        # rank_exposed_sync_s (nest.cost.pipeline) inlined: the hottest loop
-                        exposed = sync - lab.bwd_sum_s - own
+                        tail = lab.tail_s if lab.tail_s > e else e
+                        # rank_exposed_sync_s and sync_hidden_s (nest.cost.pipeline) inlined
+                        hidden = lab.bwd_sum_s - claw
+                        exposed = sync - (hidden if hidden > 0.0 else 0.0) - own
                         exposed = lab.exposed_s if lab.exposed_s > exposed else exposed
                         exposed = exposed if exposed > 0.0 else 0.0
                         step = lab.opt_s if lab.opt_s > opt else opt
                         stats.labels_created += 1
                         bound = (
                             total
-                            + remaining
+                            + rest_sum
                             + m_coef * (top if top > per_rank else per_rank)
+                            + tail
                             + exposed
                             + step
                         )
@@ -271,7 +323,16 @@ def solve_config(
                                 front = Front(m_coef) if exact else GreedyFront(m_coef)
                                 new_fronts[j + 1] = front
                         front.insert(
-                            Label(total, top, lab.bwd_sum_s + b, exposed, step, lab, (i, j, mode)),
+                            Label(
+                                total,
+                                top,
+                                lab.bwd_sum_s + drain,
+                                exposed,
+                                step,
+                                lab,
+                                (i, j, mode),
+                                tail,
+                            ),
                             stats,
                         )
         fronts = new_fronts

@@ -2,7 +2,8 @@
 
 For rank ``r``, first layer ``i`` and recompute mode ``c``, :func:`stage_row` returns the
 forward + backward time, backward time, DP sync and optimizer step of the stage ``i..j`` for every
-``j >= i``: :meth:`nest.dp.stages.StageModel.stage` on arrays. The cost model's terms take numpy
+``j >= i`` (and, for ZB-H1, its pipeline terms ``u, e`` and its B and W passes):
+:meth:`nest.dp.stages.StageModel.stage` on arrays. The cost model's terms take numpy
 rows as they take scalars (collectives are affine in the bytes for a fixed group split, so "the
 slowest group" of a row is a maximum of a few affine functions,
 :meth:`nest.cost.groups.RankGroups.time_s`); nothing here re-derives a formula.
@@ -14,6 +15,7 @@ import numpy as np
 
 from nest.core.axes import Recompute
 from nest.cost.collectives import pair_p2p_time_s
+from nest.cost.pipeline import rank_pipeline_terms
 from nest.dp.stages import StageModel
 
 
@@ -25,6 +27,16 @@ class StageRow:
     bwd_s: list
     sync_s: list
     optimizer_s: list
+    sum_s: list
+    """The stage's share of the pipeline's sum term (``u``; ``time_s`` but under ZB-H1,
+    :func:`nest.cost.pipeline.rank_pipeline_terms`)."""
+    tail_s: list
+    """Its tail term ``e`` (0 but under ZB-H1)."""
+    drain_s: list
+    """The backward that runs before the previous rank's (``bwd_s``; ZB-H1: its B pass)."""
+    wgrad_s: list
+    """Its W pass (ZB-H1; 0 otherwise): what overlaps its own sync, and ``r`` of which it runs
+    after rank 0 (:func:`nest.cost.pipeline.sync_hidden_s`)."""
 
 
 def _comm(sm: StageModel, r: int, i: int, direction: str, mode: Recompute) -> np.ndarray:
@@ -70,4 +82,12 @@ def stage_row(sm: StageModel, r: int, i: int, mode: Recompute, common: tuple | N
     ch = sm.chain
     redo = ch.recompute_s[mode][i + 1 :] - ch.recompute_s[mode][i]
     bwd = bwd + redo + _comm(sm, r, i, "b", mode)
-    return StageRow((fwd + bwd).tolist(), bwd.tolist(), sync, opt)
+    schedule = sm.config.schedule
+    time = (fwd + bwd).tolist()
+    if not schedule.splits_backward:
+        zeros = [0.0] * len(time)
+        return StageRow(time, bwd.tolist(), sync, opt, time, zeros, bwd.tolist(), zeros)
+    wgrad = ch.wgrad_s[i + 1 :] - ch.wgrad_s[i]
+    u, _, e = rank_pipeline_terms(fwd, bwd, wgrad, schedule)
+    drain = (bwd - wgrad).tolist()
+    return StageRow(time, bwd.tolist(), sync, opt, u.tolist(), e.tolist(), drain, wgrad.tolist())

@@ -34,12 +34,15 @@ partition and the recompute modes:
   evenly (:func:`chunk_split`: ``pp * v`` divides the blocks, or divides the blocks + 2 while
   not exceeding the blocks, which leaves every chunk at least two chain layers). GPipe is left
   out: under the shared cost model it takes the same time as 1F1B and holds at least as many
-  activations (``m >= min(p - r, m)``), so it is never better.
+  activations (``m >= min(p - r, m)``), so it is never better. ``(zb_h1, 1)`` (zero bubble,
+  Qi et al. ICLR 2024 §2.1) when listed in ``SpaceOptions.schedules`` (not by default), with
+  ``pp >= 2`` (with one stage it is 1F1B) and ``m >= pp``; its plans are 1F1B's (any partition,
+  a recompute mode per stage).
 
 **Its plans**:
 
-- 1F1B: any partition of the chain (embedding, blocks, head) into ``pp`` non-empty contiguous
-  stages, stage ``r`` on pipeline rank ``r``, and one recompute mode per stage;
+- 1F1B and ZB-H1: any partition of the chain (embedding, blocks, head) into ``pp`` non-empty
+  contiguous stages, stage ``r`` on pipeline rank ``r``, and one recompute mode per stage;
 - interleaved with ``v``: the partition Megatron-Core runs (:func:`interleaved_chunks`): ``pp * v``
   chunks of ``blocks / (pp v)`` consecutive blocks each, the embedding joined to chunk 0 and the
   head to the last chunk; where ``pp * v`` does not divide the blocks but divides the blocks + 2,
@@ -197,7 +200,7 @@ class SpaceOptions:
 
     @property
     def schedule_kinds(self) -> tuple[Schedule, ...]:
-        allowed = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED)
+        allowed = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.ZB_H1)
         out = []
         for s in self.schedules:
             if s not in {a.value for a in allowed}:
@@ -290,6 +293,8 @@ def _schedules(kinds, blocks: int, pp: int, m: int):
     if Schedule.INTERLEAVED in kinds and pp >= 2 and m % pp == 0:
         vs = range(2, (blocks + 2) // pp + 1) if vs is None else vs
         out += [(Schedule.INTERLEAVED, v) for v in vs if chunk_split(blocks, pp * v)]
+    if Schedule.ZB_H1 in kinds and pp >= 2 and m >= pp:
+        out.append((Schedule.ZB_H1, 1))
     return tuple(out)
 
 

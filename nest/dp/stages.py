@@ -113,6 +113,8 @@ class ChainTerms:
 
     fwd_s: np.ndarray
     bwd_s: np.ndarray
+    wgrad_s: np.ndarray
+    """The weight-gradient part of ``bwd_s`` (:attr:`~nest.core.layers.LayerCost.wgrad_s`)."""
     dense_params: np.ndarray
     expert_params: np.ndarray
     recompute_s: dict
@@ -127,6 +129,7 @@ class ChainTerms:
         return cls(
             fwd_s=prefix([x.fwd_s for x in costs]),
             bwd_s=prefix([x.bwd_s for x in costs]),
+            wgrad_s=prefix([x.wgrad_s for x in costs]),
             dense_params=prefix([x.dense_params for x in costs]),
             expert_params=prefix([x.expert_params for x in costs]),
             recompute_s={md: prefix([recompute_s(x, md, b) for x, b in pairs]) for md in MODES},

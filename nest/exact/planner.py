@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from nest.core.axes import Schedule
 from nest.core.errors import Infeasible, SolverTimeout, UserError
 from nest.core.plan import Plan
 from nest.core.problem import Problem
@@ -71,6 +72,10 @@ def _find_hint(problem: Problem, groups: list[Group], plan: Plan) -> tuple[int, 
     return None
 
 
+ZERO_BUBBLE = frozenset(s.value for s in Schedule if s.splits_backward)
+"""Schedules the exact models do not express (their pipeline term has no W-pass tail)."""
+
+
 class ExactPlanner(SpacePlanner):
     """An exact planner (module docstring); ``backend`` is ``cpsat`` or ``milp``."""
 
@@ -90,6 +95,13 @@ class ExactPlanner(SpacePlanner):
         **space,
     ) -> None:
         super().__init__(name=name, **space)
+        schedules = [self.schedules] if isinstance(self.schedules, str) else self.schedules
+        for schedule in schedules or ():
+            if str(schedule) in ZERO_BUBBLE:
+                raise UserError(
+                    f"solver.schedules lists {schedule}, which solver={name} does not model "
+                    "(no W-pass term); drop it or use solver=nest or solver=brute"
+                )
         if backend not in BACKENDS:
             raise UserError(f"solver.backend={backend!r}; use one of {sorted(BACKENDS)}")
         if mode not in MODES:

@@ -51,6 +51,11 @@ Mapping of our plan:
   (or an explicit placement) is not expressible: nearest = the same plan in Megatron's order.
   Device ids are ranks: launch on ranks ``0..N-1`` in the cluster's device order.
 - Schedule: 1F1B and interleaved 1F1B; GPipe is not a Megatron schedule (nearest: 1F1B).
+  Neither is ZB-H1 (nearest: 1F1B): upstream Megatron-LM's ``--delay-wgrad-compute`` defers
+  weight gradients only inside the EP-overlap schedule of ``--overlap-moe-expert-parallel-comm``
+  (Megatron-Core's MoE docs); ZB-H1 runs in the authors' fork
+  (github.com/sail-sg/zero-bubble-pipeline-parallelism, README: ``--enable-zero-bubble`` with
+  ``--zero-bubble-max-pending-backward`` = pp gives ZB1P), which the note names.
 
 Training settings the score assumes (``conf/training``), each emitted or re-scored (Megatron's
 defaults are off for every one of them):
@@ -189,6 +194,13 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
         changes["zero_stage"] = 1
     if plan.schedule is Schedule.GPIPE:
         issues.append("the GPipe schedule (Megatron runs 1F1B; used 1F1B)")
+        changes["schedule"] = Schedule.ONE_F_ONE_B
+    if plan.schedule is Schedule.ZB_H1:
+        issues.append(
+            "the ZB-H1 schedule (upstream Megatron-LM has no zero-bubble schedule; the authors' "
+            "fork sail-sg/zero-bubble-pipeline-parallelism runs it with --enable-zero-bubble "
+            f"--zero-bubble-max-pending-backward {plan.pp}; used 1F1B)"
+        )
         changes["schedule"] = Schedule.ONE_F_ONE_B
     order = placement_order(plan, (DEFAULT_ORDER, TP_PP_DP_ORDER))
     if order is None:

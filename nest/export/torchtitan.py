@@ -10,7 +10,10 @@ at commit 000204a4a8bf (2025):
   ``tensor_parallel_degree``, ``context_parallel_degree``, ``expert_parallel_degree``,
   ``pipeline_parallel_degree``, ``pipeline_parallel_split_points`` (module names starting each
   stage after the first, e.g. ``layers.4``), ``pipeline_parallel_schedule`` (``1F1B``,
-  ``Interleaved1F1B``, ``GPipe``), ``pipeline_parallel_microbatch_size``; ``[training]``
+  ``Interleaved1F1B``, ``GPipe``; its multi-stage ``InterleavedZeroBubble`` and ``ZBVZeroBubble``
+  hold several stages per rank, and ``torch.distributed.pipelining`` has no single-stage
+  zero-bubble schedule, so a ZB-H1 plan is exported as 1F1B with a warning),
+  ``pipeline_parallel_microbatch_size``; ``[training]``
   ``local_batch_size``, ``global_batch_size``, ``seq_len``; ``[activation_checkpoint]`` ``mode``
   (``none|selective|full``) and ``selective_ac_option``.
 - Batch (``torchtitan/train.py``): the data-parallel degree is ``dp_replicate x dp_shard`` (context
@@ -213,6 +216,13 @@ def _ep_candidates(problem: Problem, plan: Plan) -> list[int]:
 
 def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     issues, changes = [], {}
+    if plan.schedule not in SCHEDULES:
+        issues.append(
+            f"the {plan.schedule} schedule (torchtitan's zero-bubble schedules, "
+            "InterleavedZeroBubble and ZBVZeroBubble, run several stages per rank; a single "
+            "stage per rank runs 1F1B or GPipe; used 1F1B)"
+        )
+        changes["schedule"] = Schedule.ONE_F_ONE_B
     modes = [s.recompute for s in plan.stages]
     strongest = strongest_recompute(plan)
     if strongest in (Recompute.MLP, Recompute.SELECTIVE_MLP):

@@ -27,6 +27,7 @@ def _layer(ref, cost, p: int) -> LayerProfile:
         act_selective_bytes=cost.act_bytes[Recompute.SELECTIVE],
         act_full_bytes=cost.act_bytes[Recompute.FULL],
         recompute_selective_s=None if sel_s is None else sel_s - none_s,
+        wgrad_s=cost.wgrad_s or None,
         boundary_bytes=cost.boundary_bytes,
         transient_bytes=cost.transient_bytes,
         fwd_flops=cost.fwd_flops,

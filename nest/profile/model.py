@@ -253,6 +253,7 @@ class ProfileModel:
             fwd_flops=flops,
             fwd_s=fwd_s,
             bwd_s=layer.bwd_s * k,
+            wgrad_s=(layer.wgrad_s or 0.0) * k,
             recompute_s={
                 Recompute.NONE: 0.0,
                 Recompute.SELECTIVE: sel_s,

@@ -18,6 +18,8 @@ Layer fields (``*`` required):
 ``act_selective_bytes``  ... with selective recomputation (attention core); absent: unknown
 ``act_full_bytes``    ... with full recomputation; absent: the layer's input (previous boundary)
 ``recompute_selective_s``  extra backward seconds of selective recomputation (or ``_ms``)
+``wgrad_s``           the weight-gradient part of ``bwd_s`` (or ``_ms``; at most ``bwd_s``): the
+                      W pass of the zero-bubble schedules; absent: 0 (ZB-H1 then takes 1F1B's time)
 ``boundary_bytes`` *  bytes of the layer's output each device sends to the next layer's devices
 ``transient_bytes``   short-lived buffer at the layer's peak beyond stored activations (logits)
 ``tied_copy_param_bytes``  head only: bytes of the tied word-embedding copy the last stage holds
@@ -45,7 +47,7 @@ from nest.core.files import atomic_path, write_text
 
 FORMAT = "nest-profile-v1"
 TIME_UNITS = {"s": 1.0, "ms": 1e-3}
-TIME_STEMS = ("fwd", "bwd", "recompute_selective")
+TIME_STEMS = ("fwd", "bwd", "recompute_selective", "wgrad")
 BYTE_STEMS = (
     "param",
     "expert_param",
@@ -77,6 +79,8 @@ class LayerProfile:
     act_selective_bytes: float | None = None
     act_full_bytes: float | None = None
     recompute_selective_s: float | None = None
+    wgrad_s: float | None = None
+    """The weight-gradient part of ``bwd_s`` (None: not measured, taken as 0)."""
     transient_bytes: float = 0.0
     tied_copy_param_bytes: float = 0.0
     fwd_flops: float | None = None
@@ -162,6 +166,12 @@ def parse_layer(raw: dict, where: str, index: int) -> LayerProfile:
     missing = [k for k in REQUIRED if k not in out]
     if missing:
         raise _bad(where, f"missing {', '.join(missing)} (required: {', '.join(REQUIRED)})")
+    if out.get("wgrad_s", 0.0) > out["bwd_s"]:
+        raise _bad(
+            where,
+            f"wgrad_s={out['wgrad_s']!r} exceeds bwd_s={out['bwd_s']!r}; the weight gradient is "
+            "part of the backward",
+        )
     return LayerProfile(**out)
 
 
