@@ -34,7 +34,10 @@ at commit 000204a4a8bf (2025):
   FSDP is FSDP2 on the 2-D mesh ``(dp_replicate, dp_shard x cp)``, shard groups the inner
   ``dp_shard`` ranks as our ``zero_shard`` innermost replicas: ``data_parallel_shard_degree =
   zero_shard``, ``data_parallel_replicate_degree = dp / zero_shard``, the ZeRO stages as for FSDP
-  below (a shard group of one device, ``zero_shard x cp = 1``, is DDP: nearest plan).
+  below (a shard group of one device, ``zero_shard x cp = 1``, is DDP: nearest plan). Without
+  pipelining torchtitan all-reduces across the replicas in every accumulation step, which a
+  warning says (the evaluated plan counts one all-reduce per iteration, as FSDP2's
+  ``set_requires_all_reduce`` runs it).
 
 **ZeRO stages.** What each torchtitan data-parallel setting keeps per device, in our terms:
 
@@ -546,6 +549,13 @@ def export_torchtitan(problem: Problem, plan: Plan, report=None, replan=None):
             f"torchtitan synchronises gradients (and FSDP gathers weights) in each of the {m} "
             f"accumulation steps (its loop has no no_sync); the evaluated "
             f"ZeRO-{exported.zero_stage} plan counts one synchronisation per iteration"
+        )
+    elif exported.pp == 1 and m > 1 and exported.zero_shard is not None:
+        warnings.append(
+            f"torchtitan all-reduces the gradient shards across the "
+            f"{exported.config.zero_replicas} HSDP replicas in each of the {m} accumulation "
+            "steps (its loop does not call FSDP2's set_requires_all_reduce(False)); the "
+            "evaluated plan counts one all-reduce per iteration"
         )
     return finish_export(
         problem,
