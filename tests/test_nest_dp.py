@@ -374,10 +374,11 @@ def _space_by_the_docstring(
             # ZeRO 0 alone when nothing is replicated: no dense and no expert replica
             replicas = dp * cp * fold // ep if spec.is_moe else 1
             zeros = (0,) if dp * cp == 1 and replicas == 1 else zero_stages
-            # hybrid sharding: every divisor of dp below it, ZeRO 1-3, ep 1 and etp = tp
+            # hybrid sharding: every divisor of dp below it whose shard group holds whole
+            # expert groups, ZeRO 1-3
             shards = [None]
-            if hybrid and ep == 1 and etp is None:
-                shards += [d for d in range(1, dp) if dp % d == 0]
+            if hybrid:
+                shards += [d for d in range(1, dp) if dp % d == 0 and (d * cp * fold) % ep == 0]
             for (kind, v), zero, order, zs in product(schedules, zeros, placed.values(), shards):
                 if zs is None or zero >= 1:
                     out.add((tp, cp, ep, etp, dp, pp, mbs, zero, zs, kind, v, order))
@@ -399,8 +400,8 @@ def _as_tuple(c):
 )
 def test_configurations_with_hybrid_sharding_are_the_docstrings_space(spec_kw, zeros):
     """With ``zero_shards=[all]`` :func:`configurations` adds exactly the hybrid configurations
-    the module docstring defines (every divisor of ``dp`` below it, ZeRO 1-3, ``ep`` 1 and
-    ``etp = tp``), each once; the plain space is unchanged beside them."""
+    the module docstring defines (every divisor of ``dp`` below it whose shard group holds whole
+    expert groups, ZeRO 1-3), each once; the plain space is unchanged beside them."""
     from nest.dp.space import configurations
     from tests.conftest import make_spec
 

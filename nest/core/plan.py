@@ -81,7 +81,8 @@ class ParallelConfig:
     ``data_parallel_shard_degree``; Megatron-Core's ``--num-distributed-optimizer-instances``
     ``= dp / zero_shard``; MaxText's ``ici_fsdp_parallelism`` with ``dcn_data_parallelism``
     across slices). None: all ``dp`` ranks (stored as None when it equals ``dp``, so equal
-    configurations compare equal). Needs ``zero_stage >= 1``, ``ep = 1`` and ``etp = tp``."""
+    configurations compare equal). Needs ``zero_stage >= 1``, and ``ep`` dividing
+    ``zero_shard x cp x tp / etp`` (each shard group holds whole expert groups)."""
     schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: int = 1
     """Model chunks per pipeline rank (interleaved schedule); 1 otherwise."""
@@ -127,10 +128,12 @@ class ParallelConfig:
                 f"plan zero_shard={zs} with zero_stage=0: nothing is sharded; set zero_stage "
                 "1, 2 or 3, or leave zero_shard null"
             )
-        if self.ep != 1 or self.etp is not None:
+        width = zs * self.cp * self.expert_fold
+        if width % self.ep:
             raise UserError(
-                f"plan zero_shard={zs} with ep={self.ep}, etp={self.etp}: hybrid sharding is "
-                "modelled for ep=1 and etp=tp only; use those or leave zero_shard null"
+                f"plan zero_shard={zs} with ep={self.ep}: a shard group's zero_shard*cp*tp/etp "
+                f"= {width} ranks must hold whole expert groups; use a zero_shard that ep "
+                "divides into, or leave zero_shard null"
             )
 
     @property
@@ -290,7 +293,12 @@ def place(
     return offset + p + d + c + t
 
 
-HSDP_KINDS = (GroupKind.ZERO_SHARD, GroupKind.ZERO_REPLICATE)
+HSDP_KINDS = (
+    GroupKind.ZERO_SHARD,
+    GroupKind.ZERO_REPLICATE,
+    GroupKind.EXPERT_ZERO_SHARD,
+    GroupKind.EXPERT_ZERO_REPLICATE,
+)
 """The group kinds of hybrid sharding (:attr:`ParallelConfig.zero_shard`), built only for
 plans that set it."""
 GROUP_KINDS = tuple(k for k in GroupKind if k not in HSDP_KINDS)
@@ -298,20 +306,32 @@ GROUP_KINDS = tuple(k for k in GroupKind if k not in HSDP_KINDS)
 carries and how its collectives are priced: :mod:`nest.cost.groups`)."""
 
 
-def hsdp_arrays(devices, zero_shard: int) -> dict[str, np.ndarray]:
+def hsdp_arrays(
+    devices, zero_shard: int, ep: int = 1, etp: int | None = None
+) -> dict[str, np.ndarray]:
     """Hybrid sharding's groups of one rank's ``[dp][cp][tp]`` devices, one group per row:
     replica ``d = a x zero_shard + s`` (``s`` innermost) lies in shard group ``a``; a shard group
     holds the ``zero_shard x cp`` ranks of one tensor rank with the same ``a`` (FSDP2 HSDP's
     ``dp_shard`` mesh dimension, flattened with ``cp`` as torchtitan's ``dp_shard_cp``); a
     replicate group the ``dp / zero_shard`` ranks with the same ``(s, context rank, tensor
-    rank)``, which hold the same shard."""
+    rank)``, which hold the same shard. Experts: shard group ``a``'s devices (consecutive in the
+    ``dp x cp x tp`` order) fold into ``edp_a x ep x etp`` as :func:`group_arrays`' expert mesh
+    does (``ep`` divides ``zero_shard x cp x tp / etp``, so its expert groups are whole); an
+    expert shard group holds the ``edp_a`` ranks of one shard group with the same experts, an
+    expert replicate group their ``dp / zero_shard`` copies (torchtitan's expert FSDP mesh
+    ``dp_shard x cp / ep`` inside ``dp_replicate``)."""
     devices = np.asarray(devices, dtype=np.int64)
     dp, cp, tp = devices.shape
+    etp = tp if etp is None else etp
     outer = dp // zero_shard
     blocks = devices.reshape(outer, zero_shard, cp, tp)
+    edp = zero_shard * cp * tp // (ep * etp)
+    experts = devices.reshape(outer, edp, ep, etp)
     return {
         GroupKind.ZERO_SHARD: blocks.transpose(0, 3, 1, 2).reshape(outer * tp, zero_shard * cp),
         GroupKind.ZERO_REPLICATE: blocks.transpose(1, 2, 3, 0).reshape(-1, outer),
+        GroupKind.EXPERT_ZERO_SHARD: experts.transpose(0, 2, 3, 1).reshape(-1, edp),
+        GroupKind.EXPERT_ZERO_REPLICATE: experts.transpose(1, 2, 3, 0).reshape(-1, outer),
     }
 
 
@@ -340,7 +360,7 @@ def group_arrays(
         GroupKind.EXPERT_DP: blocks.transpose(1, 2, 0).reshape(-1, edp),
     }
     if zero_shard is not None:
-        out.update(hsdp_arrays(devices, zero_shard))
+        out.update(hsdp_arrays(devices, zero_shard, ep, etp))
     return out
 
 

@@ -32,9 +32,10 @@ the weights.
   exceeds the threshold and is not charged). Both are memory-bound kernels at the device's
   *achieved* HBM bandwidth (:attr:`nest.core.hardware.Device.achieved_hbm_bw_bytes_per_s`).
 
-**Hybrid sharding** (HSDP, :attr:`nest.core.plan.ParallelConfig.zero_shard`; dense layers,
-``ep = 1``): the state is sharded over the ``zero_shard x cp`` ranks of a shard group
-(:attr:`ModelState.dense_replicas` is that group's size) and replicated over the
+**Hybrid sharding** (HSDP, :attr:`nest.core.plan.ParallelConfig.zero_shard`): the state is
+sharded over the ``zero_shard x cp`` ranks of a shard group (:attr:`ModelState.dense_replicas`
+is that group's size; experts over the ``zero_shard x cp x (tp / etp) / ep`` ranks of the group
+holding the same experts, :attr:`ModelState.expert_replicas`) and replicated over the
 ``dp / zero_shard`` groups (:attr:`ModelState.zero_replicas`). Gradients are reduce-scattered in
 the shard group and the reduced shard, ``1 / (zero_shard x cp)`` of them, is all-reduced over
 the replicate group; the updated weights are all-gathered in the shard group. Sources: PyTorch
@@ -248,18 +249,29 @@ class ModelState:
         reduce-scatter the gradients in the shard group, all-reduce the reduced shard
         (``1 / dense_replicas`` of them) over the replicate group and all-gather the updated
         weights in the shard group; ZeRO-3 (its reduce-scatters run every microbatch) only
-        all-reduces the shard. Experts (``ep = 1``) shard and replicate like the dense weights."""
-        g, p = self.grad_bytes, self.all_gather_bytes
-        n = dense + expert
-        across = groups.time_s(
-            CollectiveOp.ALL_REDUCE, g * n / self.dense_replicas, GroupKind.ZERO_REPLICATE
+        all-reduces the shard. Experts the same over their own shard and replicate groups, after
+        the dense weights (as :meth:`sync_s`)."""
+        return self._hybrid_sync_s(
+            groups, dense, self.dense_replicas, GroupKind.ZERO_SHARD, GroupKind.ZERO_REPLICATE
+        ) + self._hybrid_sync_s(
+            groups,
+            expert,
+            self.expert_replicas,
+            GroupKind.EXPERT_ZERO_SHARD,
+            GroupKind.EXPERT_ZERO_REPLICATE,
         )
+
+    def _hybrid_sync_s(self, groups: RankGroups, params, shards: int, shard, replicate):
+        """:meth:`hybrid_sync_s` of one kind of parameters (dense or expert), their shard count
+        and their two group kinds."""
+        g, p = self.grad_bytes, self.all_gather_bytes
+        across = groups.time_s(CollectiveOp.ALL_REDUCE, g * params / shards, replicate)
         if self.zero_stage >= 3:
             return across
         return (
-            groups.time_s(CollectiveOp.REDUCE_SCATTER, g * n, GroupKind.ZERO_SHARD)
+            groups.time_s(CollectiveOp.REDUCE_SCATTER, g * params, shard)
             + across
-            + groups.time_s(CollectiveOp.ALL_GATHER, p * n, GroupKind.ZERO_SHARD)
+            + groups.time_s(CollectiveOp.ALL_GATHER, p * params, shard)
         )
 
     def zero3_layer_s(self, groups: RankGroups, dense, expert):
@@ -270,18 +282,15 @@ class ModelState:
             zero = 0.0 * (dense + expert)
             return zero, zero
         p, g = self.all_gather_bytes, self.grad_bytes
-        if self.hybrid:  # within the shard group (module docstring)
-            n = dense + expert
-            return (
-                groups.time_s(CollectiveOp.ALL_GATHER, p * n, GroupKind.ZERO_SHARD),
-                groups.time_s(CollectiveOp.REDUCE_SCATTER, g * n, GroupKind.ZERO_SHARD),
-            )
-        gather = groups.time_s(
-            CollectiveOp.ALL_GATHER, p * dense, GroupKind.DENSE_DP
-        ) + groups.time_s(CollectiveOp.ALL_GATHER, p * expert, GroupKind.EXPERT_DP)
-        scatter = groups.time_s(
-            CollectiveOp.REDUCE_SCATTER, g * dense, GroupKind.DENSE_DP
-        ) + groups.time_s(CollectiveOp.REDUCE_SCATTER, g * expert, GroupKind.EXPERT_DP)
+        dense_kind, expert_kind = GroupKind.DENSE_DP, GroupKind.EXPERT_DP
+        if self.hybrid:  # within the shard groups (module docstring)
+            dense_kind, expert_kind = GroupKind.ZERO_SHARD, GroupKind.EXPERT_ZERO_SHARD
+        gather = groups.time_s(CollectiveOp.ALL_GATHER, p * dense, dense_kind) + groups.time_s(
+            CollectiveOp.ALL_GATHER, p * expert, expert_kind
+        )
+        scatter = groups.time_s(CollectiveOp.REDUCE_SCATTER, g * dense, dense_kind) + groups.time_s(
+            CollectiveOp.REDUCE_SCATTER, g * expert, expert_kind
+        )
         return gather, scatter
 
     def zero3_traffic_s(self, groups: RankGroups, dense, expert):

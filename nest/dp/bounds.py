@@ -40,9 +40,10 @@ prices each collective on a kind of group at its least over ``T(n)``. Every term
 group times with non-negative coefficients and each real group time is at least that minimum, so
 the term on the floor groups is a floor of the term on any placement. Hybrid sharding
 (:attr:`~nest.core.plan.ParallelConfig.zero_shard`, a :class:`~nest.dp.space.Family` field) changes
-nothing in this argument: its terms are :class:`ModelState`'s too, over two more kinds of group
-whose sizes the configuration fixes (``zero_shard x cp`` ranks per shard group, ``dp /
-zero_shard`` per replicate group; :meth:`Floors.groups`), so every floor below is computed with
+nothing in this argument: its terms are :class:`ModelState`'s too, over four more kinds of group
+whose sizes the configuration fixes (``zero_shard x cp`` ranks per shard group, ``zero_shard x cp
+x (tp / etp) / ep`` per expert shard group, ``dp / zero_shard`` per replicate group of either;
+:meth:`Floors.groups`), so every floor below is computed with
 the configuration's own state and group sizes, never with sharding over all ``dp`` ranks (whose
 ZeRO-3 gathers span more devices than a shard group's, a time that may exceed the hybrid
 configuration's, and whose state is smaller than a shard group's, a memory the hybrid
@@ -309,6 +310,8 @@ class Floors:
         if zero_shard is not None:
             sizes[GroupKind.ZERO_SHARD] = zero_shard * cp
             sizes[GroupKind.ZERO_REPLICATE] = dp // zero_shard
+            sizes[GroupKind.EXPERT_ZERO_SHARD] = zero_shard * cp * fold // ep
+            sizes[GroupKind.EXPERT_ZERO_REPLICATE] = dp // zero_shard
         return FloorGroups(self, sizes, with_latency=with_latency)
 
     def family_groups(self, f: Family, *, with_latency: bool) -> FloorGroups:

@@ -23,8 +23,9 @@ partition and the recompute modes:
 - hybrid sharding, only when ``SpaceOptions.zero_shards`` asks for it (off by default): the
   ZeRO state of stages 1-3 sharded within groups of ``zero_shard`` data-parallel replicas
   (:attr:`~nest.core.plan.ParallelConfig.zero_shard`), every divisor of ``dp`` below ``dp``
-  (``"all"``) or the listed ones that are, for configurations with ``dp >= 2``, ``ep = 1`` and
-  ``etp = tp``; ``zero_shard = dp`` is the plain configuration, already in the space;
+  (``"all"``) or the listed ones that are, for configurations with ``dp >= 2``, each shard
+  degree whose shard group holds whole expert groups (``ep`` divides ``zero_shard x cp x tp /
+  etp``); ``zero_shard = dp`` is the plain configuration, already in the space;
 - the rank order: ``tp`` innermost, any order of ``cp, dp, pp`` above it; orders that place every
   device alike (same order of the axes of degree > 1) are kept once, the first in
   :func:`_orders`' order;
@@ -348,8 +349,8 @@ def _families(problem, options, orders, kinds, degrees) -> Iterator[Family]:
         if key not in seen:
             seen.add(key)
             placed_orders.append(order)
-    # hybrid sharding (opt-in): dense layers and ep 1 only (ParallelConfig.zero_shard)
-    shards = options.shard_degrees(dp) if ep == 1 and etp is None else ()
+    # hybrid sharding (opt-in): shard groups of whole expert groups (ParallelConfig.zero_shard)
+    shards = tuple(z for z in options.shard_degrees(dp) if (z * cp * fold) % ep == 0)
     sharded = tuple(z for z in zeros if z >= 1)
     for mbs in training.microbatch_sizes:
         if training.global_batch % (mbs * dp):
