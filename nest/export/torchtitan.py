@@ -217,6 +217,26 @@ def _ep_candidates(problem: Problem, plan: Plan) -> list[int]:
     ]
 
 
+def _best_data_parallel(problem: Problem, plan: Plan, changes: dict) -> tuple[int, int, bool]:
+    """``(zero stage, ep, hybrid)`` of the fastest data parallelism torchtitan runs for the plan
+    with ``changes``, scored as torchtitan runs it (a plan that fits first): a hybrid plan keeps
+    its shard groups where torchtitan runs them, else shards over all ranks; ties keep the
+    plan's own sharding."""
+    scored = []
+    for hybrid in dict.fromkeys((plan.zero_shard is not None, False)):
+        for ep in _ep_candidates(problem, plan):
+            for z in data_parallel_modes(plan, ep, hybrid):
+                option = rebuild(plan, zero_stage=z, ep=ep, hybrid=hybrid, **changes)
+                ran, _ = framework_problem(problem, framework_runs(problem, option))
+                report = evaluate(ran, option)
+                differs = hybrid != (plan.zero_shard is not None)
+                scored.append(
+                    (not report.feasible, report.iteration_time_s, differs, z, ep, hybrid)
+                )
+    *_, zero, ep, hybrid = min(scored)
+    return zero, ep, hybrid
+
+
 def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     issues, changes = [], {}
     if plan.schedule not in SCHEDULES:
@@ -251,20 +271,7 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
         )
         changes["whole_experts"] = False
     if plan.zero_stage not in data_parallel_modes(plan):
-        scored = []
-        # a hybrid plan keeps its shard groups where torchtitan runs them, else shards over all
-        for hybrid in dict.fromkeys((plan.zero_shard is not None, False)):
-            for ep in _ep_candidates(problem, plan):
-                for z in data_parallel_modes(plan, ep, hybrid):
-                    option = rebuild(plan, zero_stage=z, ep=ep, hybrid=hybrid, **changes)
-                    ran, _ = framework_problem(problem, framework_runs(problem, option))
-                    report = evaluate(ran, option)  # as torchtitan runs it
-                    # ties keep the plan's own sharding
-                    differs = hybrid != (plan.zero_shard is not None)
-                    scored.append(
-                        (not report.feasible, report.iteration_time_s, differs, z, ep, hybrid)
-                    )
-        *_, zero, ep, hybrid = min(scored)
+        zero, ep, hybrid = _best_data_parallel(problem, plan, changes)
         if plan.zero_shard is not None and not hybrid:
             changes["hybrid"] = False
         shown = f" within groups of {plan.zero_shard}" if plan.zero_shard else ""
