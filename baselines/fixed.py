@@ -33,6 +33,7 @@ class FixedPlanner:
         microbatch_size: int | None = None,
         recompute: str | Sequence[str] = "none",
         zero_stage: int = 0,
+        zero_shard: int | None = None,
         schedule: str = "1f1b",
         virtual_stages: int = 1,
         layer_partition: Sequence[int] | None = None,
@@ -47,6 +48,7 @@ class FixedPlanner:
         self.microbatch_size = microbatch_size
         self.recompute = recompute
         self.zero_stage = zero_stage
+        self.zero_shard = zero_shard
         self.schedule = schedule
         self.virtual_stages = virtual_stages
         self.layer_partition = layer_partition

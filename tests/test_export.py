@@ -69,6 +69,10 @@ MEGATRON_FLAGS = {
     "--fp8-amax-history-len",
     "--fp8-amax-compute-algo",
     "--fp8-param-gather",
+    # hybrid sharding (arguments.py @ 000c4ac24f61, _add_distributed_args; Megatron-FSDP's
+    # guide megatron/core/distributed/fsdp/src/README.md, "DP-Outer Sharding Strategy")
+    "--num-distributed-optimizer-instances",
+    "--outer-dp-sharding-strategy",
 }
 
 

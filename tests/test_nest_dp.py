@@ -329,9 +329,11 @@ def test_interleaved_chunks_cover_the_chain_contiguously():
         interleaved_chunks(9, 2, 2)
 
 
-def _space_by_the_docstring(problem, *, zero_stages=(0, 1, 2, 3), kinds=("1f1b", "interleaved")):
+def _space_by_the_docstring(
+    problem, *, zero_stages=(0, 1, 2, 3), kinds=("1f1b", "interleaved"), hybrid=False
+):
     """The configurations of ``nest.dp.space``'s module docstring, enumerated naively: every
-    tuple of degrees, then the rules as written there."""
+    tuple of degrees, then the rules as written there (``hybrid``: ``zero_shards=[all]``)."""
     from itertools import permutations, product
 
     from nest.core.axes import Axis, Schedule
@@ -372,15 +374,46 @@ def _space_by_the_docstring(problem, *, zero_stages=(0, 1, 2, 3), kinds=("1f1b",
             # ZeRO 0 alone when nothing is replicated: no dense and no expert replica
             replicas = dp * cp * fold // ep if spec.is_moe else 1
             zeros = (0,) if dp * cp == 1 and replicas == 1 else zero_stages
-            # nothing is offloaded (optimizer, activations) unless solver.offload asks for it
-            for (kind, v), zero, order in product(schedules, zeros, placed.values()):
-                out.add((tp, cp, ep, etp, dp, pp, mbs, zero, kind, v, False, False, order))
+            # hybrid sharding: every divisor of dp below it whose shard group holds whole
+            # expert groups, ZeRO 1-3; nothing is offloaded (optimizer, activations) unless
+            # solver.offload asks for it
+            shards = [None]
+            if hybrid:
+                shards += [d for d in range(1, dp) if dp % d == 0 and (d * cp * fold) % ep == 0]
+            for (kind, v), zero, order, zs in product(schedules, zeros, placed.values(), shards):
+                if zs is None or zero >= 1:
+                    out.add((tp, cp, ep, etp, dp, pp, mbs, zero, zs, kind, v, False, False, order))
     return out
 
 
 def _as_tuple(c):
     """Every field of the configuration, rank order included, in declaration order."""
     return dataclasses.astuple(c)
+
+
+@pytest.mark.parametrize(
+    ("spec_kw", "zeros"),
+    [
+        (dict(layers=4, heads=4), None),
+        (dict(layers=4, heads=4), (0, 3)),
+        (dict(layers=4, heads=4, num_experts=4, top_k=2, activation="swiglu"), None),
+    ],
+)
+def test_configurations_with_hybrid_sharding_are_the_docstrings_space(spec_kw, zeros):
+    """With ``zero_shards=[all]`` :func:`configurations` adds exactly the hybrid configurations
+    the module docstring defines (every divisor of ``dp`` below it whose shard group holds whole
+    expert groups, ZeRO 1-3), each once; the plain space is unchanged beside them."""
+    from nest.dp.space import configurations
+    from tests.conftest import make_spec
+
+    problem = make_problem(make_spec(**spec_kw), make_cluster(fanouts=(4, 2)), global_batch=8)
+    restrict = {} if zeros is None else {"zero_stages": zeros}
+    options = SpaceOptions(zero_shards=("all",), **restrict)
+    got = [_as_tuple(c) for c in configurations(problem, options)]
+    want = _space_by_the_docstring(problem, hybrid=True, **restrict)
+    assert len(got) == len(set(got)) and set(got) == want
+    plain = {_as_tuple(c) for c in configurations(problem, SpaceOptions(**restrict))}
+    assert plain == {c for c in want if c[8] is None} and len(want) > len(plain)
 
 
 @pytest.mark.parametrize(
@@ -486,6 +519,7 @@ def test_space_planner_keeps_its_hyper_parameters_as_given():
         schedules="interleaved",
         virtual_stages=[2, 4],
         etp=1,
+        zero_shards="all",
     )
     planner = SpacePlanner(name="x", **given)
     assert planner.name == "x"
@@ -501,6 +535,7 @@ def test_space_planner_keeps_its_hyper_parameters_as_given():
         schedules=("interleaved",),
         virtual_stages=(2, 4),
         etp=(1,),
+        zero_shards=("all",),
     )
     default = SpacePlanner(name="d")
     assert default.options() == SpaceOptions(zero_stages=(0, 1, 2, 3))

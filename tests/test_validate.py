@@ -29,40 +29,39 @@ def test_every_case_is_predicted_and_fits(summary):
     memory model puts 8 GiB over, dgxc-benchmarking's DeepSeek-V3 on 512 H100 (TP2 PP8 EP64 with
     etp 1, BF16), which it puts 4.9 GiB over, and Megatron-Bridge 25.11's two Llama 3.1 405B runs on
     Blackwell (256 GB200 TP4 PP16 VP4, 128 B200 TP4 PP8 CP2 VP8, FP8), which it puts 13 and
-    4 GiB over, and MaxText's five single-slice TPU v5p runs with ``remat_policy=minimal``
-    (scored as selective recompute at microbatches of 16-32), which it puts 31-59 GiB over: MaxText
-    keeps only the weight GEMMs' outputs, fewer bytes than the Megatron activation terms count.
-    Every case is predicted (the 8 MoE runs whose experts ran with etp 1 under tp > 1,
-    Megatron-Core's MoE parallel folding, included) but the 28 multislice MaxText runs (ZeRO-3
-    within a slice, data parallel across slices), which nest cannot shard so and refuses rather
-    than score as something else."""
+    4 GiB over, and MaxText's five TPU v5p configurations with ``remat_policy=minimal`` (scored
+    as selective recompute at microbatches of 16-32), each on one slice and on two, which it puts
+    31-59 GiB over (the two-slice run holds what the one-slice run does: the state is sharded
+    within a slice either way): MaxText keeps only the weight GEMMs' outputs, fewer bytes than
+    the Megatron activation terms count. Every case is predicted: the 8 MoE runs whose experts
+    ran with etp 1 under tp > 1 (Megatron-Core's MoE parallel folding) and the 28 multislice
+    MaxText runs (ZeRO-3 within a slice, data parallel across slices: hybrid sharding)
+    included."""
     assert summary["cases"] == 199
-    refused = sum(HYBRID_REFUSED.values())
-    assert summary["predicted"] == 199 - refused == 171
-    assert summary["out_of_memory"] == 10
+    assert summary["predicted"] == 199
+    assert summary["out_of_memory"] == 15
 
 
-HYBRID_REFUSED = {  # source: rows refused because ZeRO-3 sharded within slices only
+HYBRID = {  # source: multislice rows, ZeRO-3 sharded within a slice, replicated across slices
     "MaxText_TPU_v5e_README": 20,
     "MaxText_TPU_v5p_README": 8,
 }
 
 
-def test_rows_that_shard_within_groups_and_replicate_across_are_refused_in_one_line():
-    """nest shards the ZeRO state over all data-parallel ranks: a MaxText multislice run
-    (``ici_fsdp`` within a slice, ``dcn_data`` across slices) names its shard group in
-    ``zero_group`` and is refused with a one-line error naming it and dp, never scored as
-    ZeRO-3 over every chip (whose gathers would cross the data-centre network)."""
+def test_rows_that_shard_within_groups_and_replicate_across_are_scored_as_hsdp():
+    """A MaxText multislice run (``ici_fsdp`` within a slice, ``dcn_data`` across slices) names
+    its shard group in ``zero_group``; it is scored with ``zero_shard = zero_group`` (hybrid
+    sharding: ZeRO-3 gathers within the slice, the gradient shard all-reduced across slices),
+    never as ZeRO-3 over every chip (whose gathers would cross the data-centre network)."""
     counts: dict[str, int] = {}
     for row in _rows():
-        if (row.get("zero_group") or "").strip():
-            assert row["zero_group"] != row["dp"]
-            outcome = validate.predict(row)
-            assert outcome.predicted is None
-            assert f"zero_group={row['zero_group']} with dp={row['dp']}" in outcome.note
-            assert "\n" not in outcome.note
+        if (row.get("zero_group") or "").strip() and row["zero_group"] != row["dp"]:
+            _, plan = validate.problem_and_plan(row)
+            assert plan.zero_shard == int(row["zero_group"])
+            assert plan.config.zero_replicas == int(row["dp"]) // int(row["zero_group"]) > 1
+            assert validate.predict(row).predicted is not None
             counts[row["source"]] = counts.get(row["source"], 0) + 1
-    assert counts == HYBRID_REFUSED
+    assert counts == HYBRID
 
 
 def test_a_zero_group_equal_to_dp_is_the_plan_without_it():
@@ -157,9 +156,9 @@ BLACKWELL_WHY = (
     "rows +6 to +18 %"
 )
 TPU_WHY = (
-    "every row predicted slow (v5e -23 to -35 %, v5p -17 to -44 %): the published MFU is 55-71 "
+    "every row predicted slow (v5e -8 to -35 %, v5p -8 to -44 %): the published MFU is 46-71 "
     "%, above the assumed in-step GEMM rate of 0.65 of the peak (the TPU presets cite no GEMM "
-    "micro-benchmark, so their ceiling is the peak: at it the medians are 10.9 and 14.2 %), and "
+    "micro-benchmark, so their ceiling is the peak: at it the medians are 13.2 and 15.0 %), and "
     "the ici_tensor rows' TP collectives are charged as exposed"
 )
 MI355X_WHY = (
@@ -192,8 +191,8 @@ MBRIDGE_WHY = (
         pytest.param(MOEZOO, marks=_unmet("source median <= 10 %", "24.6 %", MOEZOO_WHY)),
         pytest.param(GB200_PAIRS, marks=_unmet("source median <= 10 %", "15.1 %", GB200_WHY)),
         pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "18.2 %", BLACKWELL_WHY)),
-        pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "28.6 %", TPU_WHY)),
-        pytest.param(TPU_V5P, marks=_unmet("source median <= 10 %", "21.6 %", TPU_WHY)),
+        pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "24.2 %", TPU_WHY)),
+        pytest.param(TPU_V5P, marks=_unmet("source median <= 10 %", "20.4 %", TPU_WHY)),
         pytest.param(MI355X, marks=_unmet("source median <= 10 %", "13.5 %", MI355X_WHY)),
         TORCHTITAN,
     ],
@@ -254,7 +253,7 @@ HELD_OUT_WHY = (
 
 def test_every_row_is_calibration_or_held_out(summary):
     """The declared split (``validate.CALIBRATION_SPLIT``, the only rows ``python -m
-    nest.calibrate`` fits on) is the 15 BF16 rows of the dgxc H100 pairs; the 156 other
+    nest.calibrate`` fits on) is the 15 BF16 rows of the dgxc H100 pairs; the 184 other
     predicted rows are held out, their FP8 twins included."""
     splits = summary["by_split"]
     assert splits["calibration"]["n"] == 15
@@ -267,15 +266,15 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 def test_regression_split_errors_pin_the_current_model(summary):
     """Pins (not accuracy): calibration rows median 2.9 % / max 11.9 %; held-out rows median
-    12.5 % / max 264 %."""
+    13.5 % / max 264 %."""
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
     assert cal["median_abs_error"] == pytest.approx(0.029, abs=0.005)
     assert cal["max_abs_error"] == pytest.approx(0.119, abs=0.005)
-    assert held["median_abs_error"] == pytest.approx(0.125, abs=0.005)
+    assert held["median_abs_error"] == pytest.approx(0.135, abs=0.005)
     assert held["max_abs_error"] == pytest.approx(2.643, abs=0.005)
 
 
-@_unmet("held-out median <= 5 % (issue 22)", "12.5 %", HELD_OUT_WHY)
+@_unmet("held-out median <= 5 % (issue 22)", "13.5 %", HELD_OUT_WHY)
 def test_accuracy_held_out_median_within_5_percent(summary):
     assert summary["held_out_targets_met"]["median_abs_error"]
 
@@ -339,8 +338,8 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     MOEZOO: (5, 0.246, 0.485, -0.133),
     GB200_PAIRS: (30, 0.151, 0.298, -0.151),
     BLACKWELL: (9, 0.182, 2.643, 0.182),
-    TPU_V5E: (4, 0.286, 0.350, -0.286),
-    TPU_V5P: (8, 0.216, 0.441, -0.216),
+    TPU_V5E: (24, 0.242, 0.350, -0.242),
+    TPU_V5P: (16, 0.204, 0.441, -0.204),
     MI355X: (1, 0.135, 0.135, 0.135),
     TORCHTITAN: (5, 0.052, 0.179, 0.052),
 }
@@ -367,14 +366,27 @@ def test_regression_sweep_kendall_taus_pin_the_current_model(summary):
     below) and dgxc-benchmarking's three DeepSeek-V3 runs on H100, auto-detected now that the
     folded ones are scored (-0.33: measured 48.9 / 52.0 / 36.2 s for TP2 PP8 on 512, TP2 PP16 on
     1024 and TP1 PP8 VP2 on 1024 GPUs, predicted 43.5 / 48.7 / 56.0 s: the fastest run predicted
-    slowest, see DSV3_WHY)."""
+    slowest, see DSV3_WHY), and MaxText's per-model slice-count sweeps, auto-detected now that
+    the multislice rows are scored: the four v5e models on 1-32 slices have no tau (every slice
+    count predicted the same to 0.01 %: the cross-slice all-reduce is hidden under the backward,
+    so tau-b's predicted ties leave it undefined), v5p 1T over 1,024 and 2,048 chips on one and
+    two slices +1 and v5p 128B (128 and 256 chips, one and two slices) +0.33."""
     taus = {k: (s["n"], s["kendall_tau"]) for k, s in summary["sweeps"].items()}
+    maxtext = {
+        k: v for k, v in taus.items() if k.startswith(("MaxText_TPU_v5e", "MaxText_TPU_v5p"))
+    }
+    assert sorted(k for k, (_, t) in maxtext.items() if t is None) == [
+        f"{TPU_V5E}:{size}B:seq2048:bf16" for size in ("129.19", "16.27", "32.55", "64.76")
+    ]
+    assert maxtext[f"{TPU_V5P}:1031.47B:seq2048:bf16"] == (4, pytest.approx(1.0))
+    assert maxtext[f"{TPU_V5P}:129.19B:seq2048:bf16"] == (4, pytest.approx(1 / 3))
+    assert len(maxtext) == 6
     assert taus["SC21_Table2_174.6B"] == (6, pytest.approx(3 / 15))
     assert taus["SC21_Table2_529.6B"] == (6, pytest.approx(7 / 15))
     assert taus[f"{DSV3}:deepseek_v3:seq4096:bf16"] == (3, pytest.approx(-1 / 3))
     assert taus[MOEZOO_SWEEP][0] == 5
     gb200 = {k: v for k, v in taus.items() if k.startswith(GB200_PAIRS)}
-    assert len(gb200) == 8 and len(taus) == 12
+    assert len(gb200) == 8 and len(taus) == 12 + 6
     assert taus[f"{GB200_PAIRS}:314B:seq8192:bf16"] == (3, pytest.approx(1 / 3))
     assert sorted(t for _, t in gb200.values()) == [pytest.approx(1 / 3)] + [1.0] * 7
 

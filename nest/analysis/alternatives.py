@@ -3,9 +3,10 @@ summary's table.
 
 Two plans are alternatives of *different configurations* when their
 :meth:`~nest.core.plan.ParallelConfig.unordered` configurations differ: ``tp, cp, ep, dp, pp``,
-microbatch size, ZeRO stage, schedule or virtual stages. The rank order (the placement), the
-layer partition and the recompute modes are chosen per configuration: each alternative is the best
-plan of its configuration. Every entry is scored by the shared evaluator, like the chosen plan.
+microbatch size, ZeRO stage, hybrid shard degree, schedule or virtual stages. The rank order
+(the placement), the layer partition and the recompute modes are chosen per configuration: each
+alternative is the best plan of its configuration. Every entry is scored by the shared
+evaluator, like the chosen plan.
 """
 
 from nest.core.axes import Schedule
@@ -23,6 +24,7 @@ CONFIG_FIELDS = (
     "pp",
     "microbatch_size",
     "zero_stage",
+    "zero_shard",
     "schedule",
     "virtual_stages",
 )
@@ -31,6 +33,7 @@ CONFIG_FIELDS = (
 _SHORT = {
     "microbatch_size": "mbs",
     "zero_stage": "ZeRO",
+    "zero_shard": "shard",
     "virtual_stages": "v",
     "rank_order": "order",
 }
@@ -61,7 +64,7 @@ def differs(best: Plan, plan: Plan) -> dict:
 
 def describe(plan: Plan) -> str:
     """A configuration in a few words: ``tp8 dp4 pp2 mbs1 ZeRO-1 1f1b`` (degrees of 1 left out,
-    but tp and dp always shown)."""
+    but tp and dp always shown; hybrid sharding as ``ZeRO-3/8``, sharded within groups of 8)."""
     parts = [
         f"{name}{getattr(plan, name)}"
         for name in ("tp", "cp", "ep", "dp", "pp")
@@ -70,7 +73,8 @@ def describe(plan: Plan) -> str:
     schedule = str(plan.schedule)
     if plan.schedule is Schedule.INTERLEAVED:
         schedule += f" v{plan.virtual_stages}"
-    zero = f"ZeRO-{plan.zero_stage}" + ("+offload" if plan.optimizer_offload else "")
+    zero = f"ZeRO-{plan.zero_stage}" + (f"/{plan.zero_shard}" if plan.zero_shard else "")
+    zero += "+offload" if plan.optimizer_offload else ""
     zero += " act-offload" if plan.activation_offload else ""
     return " ".join([*parts, f"mbs{plan.microbatch_size}", zero, schedule])
 

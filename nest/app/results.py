@@ -21,7 +21,9 @@ Row columns (:data:`ROW_COLUMNS`), units in the names:
   died, from the ``error.txt`` the ``parallel`` launcher wrote); ``feasible`` (a plan that fits
   memory), ``error`` (one line);
 - the plan: ``tp, cp, ep, dp, pp, devices_used, microbatch_size, num_microbatches, zero_stage,
-  schedule, virtual_stages, rank_order, recompute`` (run-length per stage, e.g. ``full*3,none``);
+  zero_shard, schedule, virtual_stages, rank_order, recompute`` (``zero_shard``: hybrid
+  sharding's shard degree, empty when the state is sharded over all ``dp``; ``recompute``:
+  run-length per stage, e.g. ``full*3,none``);
 - the shared evaluator's numbers: ``iteration_time_s, throughput_samples_per_s, tokens_per_s,
   mfu, peak_memory_bytes``; ``min_memory_bytes`` when nothing fits;
 - cost: ``solve_wall_s`` (the planner's own wall time), ``job_wall_s`` (the whole job);
@@ -76,6 +78,7 @@ PLAN_COLUMNS = (
     "microbatch_size",
     "num_microbatches",
     "zero_stage",
+    "zero_shard",
     "schedule",
     "virtual_stages",
     "rank_order",
@@ -216,6 +219,7 @@ def make_row(
         row[key] = plan.get(key)
     row.update(
         zero_stage=plan.get("zero_stage"),
+        zero_shard=plan.get("zero_shard"),
         schedule=plan.get("schedule"),
         virtual_stages=plan.get("virtual_stages"),
         rank_order=",".join(plan["rank_order"]) if plan.get("rank_order") else None,

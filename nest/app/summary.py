@@ -57,6 +57,7 @@ def format_summary(problem: Problem, plan: Plan, report: Report) -> str:
             f"degrees tp={plan.tp} cp={plan.cp} ep={plan.ep} dp={plan.dp} pp={plan.pp}"
             f" | microbatch {plan.microbatch_size} x {plan.num_microbatches}"
             f" | ZeRO-{plan.zero_stage}"
+            + (f" within groups of {plan.zero_shard} of dp (HSDP)" if plan.zero_shard else "")
             + (" | optimizer on host" if plan.optimizer_offload else "")
             + (" | activations on host" if plan.activation_offload else "")
             + f" | {plan.schedule}"

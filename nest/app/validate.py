@@ -84,10 +84,10 @@ Columns appended for precision and model shapes (blank: the default):
 - ``fused_loss`` true: the loss is Megatron-Core's fused vocabulary-parallel cross entropy;
   false for PyTorch's ``F.cross_entropy`` on fp32 logits (torchtitan), which holds twice the
   bytes per logit (:attr:`nest.core.problem.Training.fused_loss`);
-- ``zero_group``: the data-parallel ranks one ZeRO shard group spans. nest shards the ZeRO
-  state over all ``dp`` ranks, so it must be blank or equal to ``dp``; a run that shards within
-  groups and replicates across them (hybrid sharding: MaxText's ``ici_fsdp`` inside a slice with
-  ``dcn_data`` across slices, PyTorch HSDP) is refused, not approximated.
+- ``zero_group``: the data-parallel ranks one ZeRO shard group spans (blank: all ``dp``); a
+  divisor of ``dp`` shards within groups of that many innermost replicas and replicates across
+  them (hybrid sharding: MaxText's ``ici_fsdp`` inside a slice with ``dcn_data`` across slices,
+  PyTorch HSDP), scored as :attr:`nest.core.plan.ParallelConfig.zero_shard`.
 - ``zero3_prefetch_params``: ZeRO-3's prefetch depth in parameter elements
   (:attr:`nest.core.problem.Training.zero3_prefetch_params`): DeepSpeed runs set its
   ``stage3_prefetch_bucket_size`` (default ``5e7``); blank: a whole layer, as FSDP2.
@@ -414,11 +414,7 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         )
     dp = _int(row, "dp")
     group = (row.get("zero_group") or "").strip()
-    if group and _count(row, "zero_group", dp) != dp:
-        raise UserError(
-            f"zero_group={group} with dp={dp}: nest shards the ZeRO state over all data-parallel "
-            "ranks (no hybrid sharding); leave zero_group blank or equal to dp"
-        )
+    zero_shard = _count(row, "zero_group", dp) if group else None
     sp = _flag(row.get("sequence_parallel"), tp > 1)
     mbs = _int(row, "microbatch", 1)
     flash = _flag(row.get("flash_attention"), True)
@@ -465,6 +461,7 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         microbatch_size=mbs,
         recompute=recompute,
         zero_stage=_int(row, "zero_stage", 0),
+        zero_shard=zero_shard,
         schedule=row.get("schedule") or "1f1b",
         virtual_stages=_int(row, "virtual_stages", 1),
         layer_partition=_partition(row.get("layer_partition")),

@@ -81,6 +81,10 @@ class GroupKind(StrEnum):
     EP = "ep"  # expert ranks, carved out of the cp x dp ranks
     DENSE_DP = "dense_dp"  # replicas of the dense weights: the dp x cp ranks of a tensor rank
     EXPERT_DP = "expert_dp"  # replicas of the experts: dp x cp / ep ranks
+    ZERO_SHARD = "zero_shard"  # HSDP: the zero_shard x cp ranks one ZeRO shard group spans
+    ZERO_REPLICATE = "zero_replicate"  # HSDP: the dp / zero_shard ranks holding the same shard
+    EXPERT_ZERO_SHARD = "expert_zero_shard"  # HSDP: a shard group's ranks holding the same experts
+    EXPERT_ZERO_REPLICATE = "expert_zero_replicate"  # HSDP: their copies in the other groups
 
 
 class Optimizer(StrEnum):

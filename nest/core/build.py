@@ -39,6 +39,9 @@ class PlanSettings:
     recompute: str | Sequence[str] = "none"
     """One mode for every chunk, or one per chunk (``none``, ``selective``, ``full``)."""
     zero_stage: int = 0
+    zero_shard: int | None = None
+    """Hybrid sharding: data-parallel ranks per ZeRO shard group (a divisor of ``dp``); None:
+    all of them (:attr:`nest.core.plan.ParallelConfig.zero_shard`)."""
     schedule: str = "1f1b"
     virtual_stages: int = 1
     """Chunks per pipeline rank (interleaved schedule)."""
@@ -177,6 +180,7 @@ def build_plan(problem: Problem, settings: "PlanSettings") -> Plan:
         zero_stage=s.zero_stage,
         optimizer_offload=s.optimizer_offload,
         activation_offload=s.activation_offload,
+        zero_shard=s.zero_shard,
         schedule=schedule,
         virtual_stages=s.virtual_stages,
         rank_order=parse_rank_order(s.rank_order),

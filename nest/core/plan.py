@@ -87,6 +87,15 @@ class ParallelConfig:
     zero_stage: ZeroStage = 0
     """0: plain DP; 1: optimizer state sharded (distributed optimizer); 2: + gradients;
     3: + weights."""
+    zero_shard: int | None = None
+    """Hybrid sharding (HSDP): the data-parallel ranks one ZeRO shard group spans, the
+    innermost ``zero_shard`` of the ``dp`` replicas (times ``cp``); the state is sharded within
+    each group and replicated over the ``dp / zero_shard`` groups (FSDP2 HSDP, torchtitan's
+    ``data_parallel_shard_degree``; Megatron-Core's ``--num-distributed-optimizer-instances``
+    ``= dp / zero_shard``; MaxText's ``ici_fsdp_parallelism`` with ``dcn_data_parallelism``
+    across slices). None: all ``dp`` ranks (stored as None when it equals ``dp``, so equal
+    configurations compare equal). Needs ``zero_stage >= 1``, and ``ep`` dividing
+    ``zero_shard x cp x tp / etp`` (each shard group holds whole expert groups)."""
     schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: int = 1
     """Model chunks per pipeline rank (interleaved schedule); 1 otherwise."""
@@ -118,11 +127,43 @@ class ParallelConfig:
         for name in ("optimizer_offload", "activation_offload"):
             if not isinstance(getattr(self, name), bool | np.bool_):
                 raise UserError(f"plan {name}={getattr(self, name)!r} must be true or false")
+        self._check_zero_shard()
         if self.schedule is not Schedule.INTERLEAVED and self.virtual_stages != 1:
             raise UserError(
                 f"virtual_stages={self.virtual_stages} needs schedule=interleaved "
                 f"(got {self.schedule})"
             )
+
+    def _check_zero_shard(self) -> None:
+        """Normalise and validate :attr:`zero_shard` (one-line errors naming the fix)."""
+        zs = self.zero_shard
+        if zs is None:
+            return
+        if not isinstance(zs, int | np.integer) or zs < 1 or self.dp % zs:
+            raise UserError(
+                f"plan zero_shard={zs!r} must be a positive divisor of dp={self.dp} (the "
+                "data-parallel ranks of one ZeRO shard group); use a divisor or null for all"
+            )
+        if zs == self.dp:
+            object.__setattr__(self, "zero_shard", None)
+            return
+        if self.zero_stage == 0:
+            raise UserError(
+                f"plan zero_shard={zs} with zero_stage=0: nothing is sharded; set zero_stage "
+                "1, 2 or 3, or leave zero_shard null"
+            )
+        width = zs * self.cp * self.expert_fold
+        if width % self.ep:
+            raise UserError(
+                f"plan zero_shard={zs} with ep={self.ep}: a shard group's zero_shard*cp*tp/etp "
+                f"= {width} ranks must hold whole expert groups; use a zero_shard that ep "
+                "divides into, or leave zero_shard null"
+            )
+
+    @property
+    def zero_replicas(self) -> int:
+        """Copies of each ZeRO shard: ``dp / zero_shard`` (1 without hybrid sharding)."""
+        return 1 if self.zero_shard is None else self.dp // self.zero_shard
 
     @property
     def offload(self) -> Offload:
@@ -226,6 +267,7 @@ class Plan:
     pp = property(lambda self: self.config.pp)
     microbatch_size = property(lambda self: self.config.microbatch_size)
     zero_stage = property(lambda self: self.config.zero_stage)
+    zero_shard = property(lambda self: self.config.zero_shard)
     schedule = property(lambda self: self.config.schedule)
     optimizer_offload = property(lambda self: self.config.optimizer_offload)
     activation_offload = property(lambda self: self.config.activation_offload)
@@ -282,32 +324,75 @@ def place(
     return offset + p + d + c + t
 
 
-GROUP_KINDS = tuple(GroupKind)
-"""The kinds of communication group of a pipeline rank (:func:`group_arrays`; what each carries
-and how its collectives are priced: :mod:`nest.cost.groups`)."""
+HSDP_KINDS = (
+    GroupKind.ZERO_SHARD,
+    GroupKind.ZERO_REPLICATE,
+    GroupKind.EXPERT_ZERO_SHARD,
+    GroupKind.EXPERT_ZERO_REPLICATE,
+)
+"""The group kinds of hybrid sharding (:attr:`ParallelConfig.zero_shard`), built only for
+plans that set it."""
+GROUP_KINDS = tuple(k for k in GroupKind if k not in HSDP_KINDS)
+"""The kinds of communication group of every pipeline rank (:func:`group_arrays`; what each
+carries and how its collectives are priced: :mod:`nest.cost.groups`)."""
 
 
-def group_arrays(devices, ep: int, etp: int | None = None) -> dict[str, np.ndarray]:
+def hsdp_arrays(
+    devices, zero_shard: int, ep: int = 1, etp: int | None = None
+) -> dict[str, np.ndarray]:
+    """Hybrid sharding's groups of one rank's ``[dp][cp][tp]`` devices, one group per row:
+    replica ``d = a x zero_shard + s`` (``s`` innermost) lies in shard group ``a``; a shard group
+    holds the ``zero_shard x cp`` ranks of one tensor rank with the same ``a`` (FSDP2 HSDP's
+    ``dp_shard`` mesh dimension, flattened with ``cp`` as torchtitan's ``dp_shard_cp``); a
+    replicate group the ``dp / zero_shard`` ranks with the same ``(s, context rank, tensor
+    rank)``, which hold the same shard. Experts: shard group ``a``'s devices (consecutive in the
+    ``dp x cp x tp`` order) fold into ``edp_a x ep x etp`` as :func:`group_arrays`' expert mesh
+    does (``ep`` divides ``zero_shard x cp x tp / etp``, so its expert groups are whole); an
+    expert shard group holds the ``edp_a`` ranks of one shard group with the same experts, an
+    expert replicate group their ``dp / zero_shard`` copies (torchtitan's expert FSDP mesh
+    ``dp_shard x cp / ep`` inside ``dp_replicate``)."""
+    devices = np.asarray(devices, dtype=np.int64)
+    dp, cp, tp = devices.shape
+    etp = tp if etp is None else etp
+    outer = dp // zero_shard
+    blocks = devices.reshape(outer, zero_shard, cp, tp)
+    edp = zero_shard * cp * tp // (ep * etp)
+    experts = devices.reshape(outer, edp, ep, etp)
+    return {
+        GroupKind.ZERO_SHARD: blocks.transpose(0, 3, 1, 2).reshape(outer * tp, zero_shard * cp),
+        GroupKind.ZERO_REPLICATE: blocks.transpose(1, 2, 3, 0).reshape(-1, outer),
+        GroupKind.EXPERT_ZERO_SHARD: experts.transpose(0, 2, 3, 1).reshape(-1, edp),
+        GroupKind.EXPERT_ZERO_REPLICATE: experts.transpose(1, 2, 3, 0).reshape(-1, outer),
+    }
+
+
+def group_arrays(
+    devices, ep: int, etp: int | None = None, zero_shard: int | None = None
+) -> dict[str, np.ndarray]:
     """The groups of each kind (:data:`GROUP_KINDS`) of one rank's ``[dp][cp][tp]`` devices, one
     group per row; dense gradients sync over all ``dp x cp`` ranks of a tensor rank. The expert
     mesh folds the rank's ``dp x cp x tp`` devices, in that order with the tensor rank innermost,
     into ``edp x ep x etp`` with ``etp`` innermost (Megatron-Core's MoE parallel folding,
     ``RankGenerator`` order ``tp-ep-dp`` for experts): with ``etp = tp`` (None) expert ranks are
     carved out of the ``dp x cp`` ranks of one tensor rank, with ``etp = 1`` an expert group takes
-    ``ep`` consecutive devices across tensor ranks."""
+    ``ep`` consecutive devices across tensor ranks. With ``zero_shard`` (hybrid sharding) also
+    :func:`hsdp_arrays`' kinds."""
     devices = np.asarray(devices, dtype=np.int64)
     dp, cp, tp = devices.shape
     etp = tp if etp is None else etp
     flat = devices.reshape(dp * cp, tp)  # row j = replica * cp + context rank
     edp = dp * cp * tp // (ep * etp)
     blocks = devices.reshape(edp, ep, etp)
-    return {
+    out = {
         GroupKind.TP: flat,
         GroupKind.CP: devices.transpose(0, 2, 1).reshape(-1, cp),
         GroupKind.EP: blocks.transpose(0, 2, 1).reshape(-1, ep),
         GroupKind.DENSE_DP: flat.T,
         GroupKind.EXPERT_DP: blocks.transpose(1, 2, 0).reshape(-1, edp),
     }
+    if zero_shard is not None:
+        out.update(hsdp_arrays(devices, zero_shard, ep, etp))
+    return out
 
 
 def uniform_partition(num_layers: int, parts: int) -> list[int]:

@@ -339,6 +339,7 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
         ep=plan.ep,
         fold=plan.config.expert_fold,
         optimizer_offload=plan.optimizer_offload,
+        zero_shard=plan.zero_shard,
     )
     groups = rank_groups(plan, cluster)
     chunks = _chunks(problem, plan)

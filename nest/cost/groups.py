@@ -12,7 +12,11 @@ kind (the collectives each kind carries):
 - ``dense_dp``: all ``dp x cp`` ranks of one tensor rank: gradient sync of dense weights
   (Megatron-Core reduces over data x context ranks);
 - ``expert_dp``: the ``dp x cp x (tp / etp) / ep`` ranks holding the same experts: expert
-  gradient sync.
+  gradient sync;
+- hybrid sharding only (``zero_shard``, :func:`nest.core.plan.hsdp_arrays`): ``zero_shard``, the
+  ``zero_shard x cp`` ranks of one ZeRO shard group (reduce-scatters and all-gathers), and
+  ``zero_replicate``, the ``dp / zero_shard`` ranks holding the same shard (the all-reduce of the
+  reduced gradient shard; :class:`nest.cost.state.ModelState`).
 
 All groups of a kind run the same collective at once, so a collective costs its *slowest* group
 (synchronous parallelism: every rank waits for it). The cost model sees a group only through its
@@ -68,9 +72,16 @@ class RankGroups:
     """The groups of one pipeline rank, their level splits and collective costs (module
     docstring). Splits and forms are computed on first use and kept."""
 
-    def __init__(self, devices, ep: int, cluster: Cluster, etp: int | None = None) -> None:
+    def __init__(
+        self,
+        devices,
+        ep: int,
+        cluster: Cluster,
+        etp: int | None = None,
+        zero_shard: int | None = None,
+    ) -> None:
         self.cluster = cluster
-        self.arrays = group_arrays(devices, ep, etp)
+        self.arrays = group_arrays(devices, ep, etp, zero_shard)
         self._splits: dict[str, tuple] = {}
         self._forms: dict[str, dict] = {}
 
@@ -151,7 +162,7 @@ def rank_groups(plan, cluster: Cluster) -> list[RankGroups]:
         moved = translated(stage.devices, cluster)
         key = (moved.shape, moved.tobytes())
         if key not in shared:
-            shared[key] = RankGroups(moved, plan.ep, cluster, plan.etp)
+            shared[key] = RankGroups(moved, plan.ep, cluster, plan.etp, plan.zero_shard)
         out.append(shared[key])
     return out
 

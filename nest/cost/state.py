@@ -45,6 +45,24 @@ the weights.
   ZeRO-Offload's overlap of the gradient copy with the backward are not modelled (the exports
   leave the overlap off). Gradient clipping and the FP8 cast stay on the device's HBM.
 
+**Hybrid sharding** (HSDP, :attr:`nest.core.plan.ParallelConfig.zero_shard`): the state is
+sharded over the ``zero_shard x cp`` ranks of a shard group (:attr:`ModelState.dense_replicas`
+is that group's size; experts over the ``zero_shard x cp x (tp / etp) / ep`` ranks of the group
+holding the same experts, :attr:`ModelState.expert_replicas`) and replicated over the
+``dp / zero_shard`` groups (:attr:`ModelState.zero_replicas`). Gradients are reduce-scattered in
+the shard group and the reduced shard, ``1 / (zero_shard x cp)`` of them, is all-reduced over
+the replicate group; the updated weights are all-gathered in the shard group. Sources: PyTorch
+FSDP2 ``fully_shard`` with a 2-D ``(replicate, shard)`` mesh (torchtitan
+``data_parallel_replicate_degree`` x ``data_parallel_shard_degree``, ``docs/fsdp.md``: "HSDP",
+the FSDP1 ``HYBRID_SHARD`` strategy: reduce-scatter within the shard group, all-reduce across
+replicas; FSDP2 ``set_requires_all_reduce`` defers the all-reduce to the last microbatch of a
+gradient-accumulation step, what is charged here: once per iteration); Megatron-Core
+``--num-distributed-optimizer-instances`` (``megatron/core/distributed/
+param_and_grad_buffer.py``: the gradient buffer is reduce-scattered inside an instance, then
+all-reduced across instances, ``intra_distributed_optimizer_instance_group`` and
+``inter_distributed_optimizer_instance_group``). ZeRO-3's per-microbatch gathers and
+reduce-scatters run in the shard group; its replicate all-reduce is the end-of-iteration sync.
+
 Every method is linear in the parameter counts and works on scalars and numpy arrays alike: the
 evaluator calls it on one stage, the DP on a row of candidate stages, the bounds on one
 parameter.
@@ -109,6 +127,10 @@ class ModelState:
     prefetch_params: float | None = None
     """ZeRO-3: parameter elements fetched ahead of use (DeepSpeed ``stage3_prefetch_bucket_size``;
     None: a whole unit, FSDP2); :mod:`nest.cost.fsdp`."""
+    zero_replicas: int = 1
+    """Hybrid sharding: the copies of each shard, ``dp / zero_shard`` (1: the state is sharded
+    over all ``dp x cp`` ranks). Above 1, :attr:`dense_replicas` and :attr:`expert_replicas`
+    are the shard group's ``zero_shard x cp`` ranks (module docstring)."""
     optimizer_offload: bool = False
     """The optimizer state and step live on the host (module docstring)."""
     host_link_bw_bytes_per_s: float | None = None
@@ -133,18 +155,22 @@ class ModelState:
         ep: int,
         fold: int = 1,
         optimizer_offload: bool = False,
+        zero_shard: int | None = None,
     ) -> "ModelState":
         """``fold``: :attr:`nest.core.plan.ParallelConfig.expert_fold` (``tp / etp``);
-        ``optimizer_offload``: :attr:`nest.core.plan.ParallelConfig.optimizer_offload`."""
+        ``optimizer_offload``: :attr:`nest.core.plan.ParallelConfig.optimizer_offload`;
+        ``zero_shard``: :attr:`nest.core.plan.ParallelConfig.zero_shard` (None: all ``dp``)."""
         training = problem.training
         numerics = training.numerics
+        shard = dp if zero_shard is None else zero_shard
         return cls(
             optimizer_offload=optimizer_offload,
             host_link_bw_bytes_per_s=problem.cluster.device.host_link_bw_bytes_per_s,
             cpu_adam_params_per_s=training.cpu_adam_params_per_s,
             zero_stage=zero_stage,
-            dense_replicas=dp * cp,
-            expert_replicas=dp * cp * fold // ep,
+            dense_replicas=shard * cp,
+            expert_replicas=shard * cp * fold // ep,
+            zero_replicas=dp // shard,
             param_bytes=problem.model.spec.dtype_bytes,
             grad_bytes=training.grad_bytes,
             optimizer_bytes_per_param=training.optimizer_state_bytes_per_param,
@@ -258,10 +284,17 @@ class ModelState:
         copies = local * (self.grad_bytes + self.param_bytes) / self.host_link_bw_bytes_per_s
         return copies + local / self.cpu_adam_params_per_s
 
+    @property
+    def hybrid(self) -> bool:
+        """Hybrid sharding: the shard is replicated over ``zero_replicas > 1`` groups."""
+        return self.zero_replicas > 1
+
     def sync_s(self, groups: RankGroups, dense, expert):
         """End-of-iteration data-parallel synchronisation of a rank holding these parameters
         (dense including a tied-embedding copy), seconds."""
         g, p = self.grad_bytes, self.all_gather_bytes
+        if self.hybrid:
+            return self.hybrid_sync_s(groups, dense, expert)
         if self.zero_stage == 0:
             return groups.time_s(
                 CollectiveOp.ALL_REDUCE, g * dense, GroupKind.DENSE_DP
@@ -275,6 +308,36 @@ class ModelState:
             )
         return 0.0 * (dense + expert)  # ZeRO-3 reduce-scatters every microbatch
 
+    def hybrid_sync_s(self, groups: RankGroups, dense, expert):
+        """Hybrid sharding's end-of-iteration sync, seconds (module docstring): ZeRO-1/2
+        reduce-scatter the gradients in the shard group, all-reduce the reduced shard
+        (``1 / dense_replicas`` of them) over the replicate group and all-gather the updated
+        weights in the shard group; ZeRO-3 (its reduce-scatters run every microbatch) only
+        all-reduces the shard. Experts the same over their own shard and replicate groups, after
+        the dense weights (as :meth:`sync_s`)."""
+        return self._hybrid_sync_s(
+            groups, dense, self.dense_replicas, GroupKind.ZERO_SHARD, GroupKind.ZERO_REPLICATE
+        ) + self._hybrid_sync_s(
+            groups,
+            expert,
+            self.expert_replicas,
+            GroupKind.EXPERT_ZERO_SHARD,
+            GroupKind.EXPERT_ZERO_REPLICATE,
+        )
+
+    def _hybrid_sync_s(self, groups: RankGroups, params, shards: int, shard, replicate):
+        """:meth:`hybrid_sync_s` of one kind of parameters (dense or expert), their shard count
+        and their two group kinds."""
+        g, p = self.grad_bytes, self.all_gather_bytes
+        across = groups.time_s(CollectiveOp.ALL_REDUCE, g * params / shards, replicate)
+        if self.zero_stage >= 3:
+            return across
+        return (
+            groups.time_s(CollectiveOp.REDUCE_SCATTER, g * params, shard)
+            + across
+            + groups.time_s(CollectiveOp.ALL_GATHER, p * params, shard)
+        )
+
     def zero3_layer_s(self, groups: RankGroups, dense, expert):
         """``(all-gather, reduce-scatter)`` seconds of ZeRO-3's per-microbatch traffic of one
         unit of these parameters (a layer; FSDP gathers each wrapped unit as one collective);
@@ -283,12 +346,15 @@ class ModelState:
             zero = 0.0 * (dense + expert)
             return zero, zero
         p, g = self.all_gather_bytes, self.grad_bytes
-        gather = groups.time_s(
-            CollectiveOp.ALL_GATHER, p * dense, GroupKind.DENSE_DP
-        ) + groups.time_s(CollectiveOp.ALL_GATHER, p * expert, GroupKind.EXPERT_DP)
-        scatter = groups.time_s(
-            CollectiveOp.REDUCE_SCATTER, g * dense, GroupKind.DENSE_DP
-        ) + groups.time_s(CollectiveOp.REDUCE_SCATTER, g * expert, GroupKind.EXPERT_DP)
+        dense_kind, expert_kind = GroupKind.DENSE_DP, GroupKind.EXPERT_DP
+        if self.hybrid:  # within the shard groups (module docstring)
+            dense_kind, expert_kind = GroupKind.ZERO_SHARD, GroupKind.EXPERT_ZERO_SHARD
+        gather = groups.time_s(CollectiveOp.ALL_GATHER, p * dense, dense_kind) + groups.time_s(
+            CollectiveOp.ALL_GATHER, p * expert, expert_kind
+        )
+        scatter = groups.time_s(CollectiveOp.REDUCE_SCATTER, g * dense, dense_kind) + groups.time_s(
+            CollectiveOp.REDUCE_SCATTER, g * expert, expert_kind
+        )
         return gather, scatter
 
     def zero3_traffic_s(self, groups: RankGroups, dense, expert):

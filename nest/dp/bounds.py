@@ -38,7 +38,17 @@ floor is a floor of the exposed part.
 sync) are those of :class:`nest.cost.state.ModelState`, evaluated on :class:`FloorGroups`, which
 prices each collective on a kind of group at its least over ``T(n)``. Every term is a sum of
 group times with non-negative coefficients and each real group time is at least that minimum, so
-the term on the floor groups is a floor of the term on any placement. Without latency
+the term on the floor groups is a floor of the term on any placement. Hybrid sharding
+(:attr:`~nest.core.plan.ParallelConfig.zero_shard`, a :class:`~nest.dp.space.Family` field) changes
+nothing in this argument: its terms are :class:`ModelState`'s too, over four more kinds of group
+whose sizes the configuration fixes (``zero_shard x cp`` ranks per shard group, ``zero_shard x cp
+x (tp / etp) / ep`` per expert shard group, ``dp / zero_shard`` per replicate group of either;
+:meth:`Floors.groups`), so every floor below is computed with
+the configuration's own state and group sizes, never with sharding over all ``dp`` ranks (whose
+ZeRO-3 gathers span more devices than a shard group's, a time that may exceed the hybrid
+configuration's, and whose state is smaller than a shard group's, a memory the hybrid
+configuration would not need to fit). ``tests/test_hsdp.py`` checks on random problems that no
+hybrid configuration's bound exceeds its optimum. Without latency
 (``with_latency=False``, ``a_min S``) the floor is also linear in the bytes, hence additive over
 a stage's layers.
 
@@ -229,10 +239,17 @@ class Floors:
         self._unsharded = ModelState.of(problem, zero_stage=0, dp=1, cp=1, ep=1)
 
     def state(
-        self, dp: int, cp: int, ep: int, zero: int, fold: int = 1, offload: bool = False
+        self,
+        dp: int,
+        cp: int,
+        ep: int,
+        zero: int,
+        fold: int = 1,
+        offload: bool = False,
+        zero_shard: int | None = None,
     ) -> ModelState:
         """The configuration's :class:`ModelState` (it depends on ``dp x cp``, ``ep``, the
-        expert fold ``tp / etp`` and the optimizer offload)."""
+        expert fold ``tp / etp``, the optimizer offload and the hybrid shard degree)."""
         return ModelState.of(
             self.problem,
             zero_stage=zero,
@@ -241,17 +258,26 @@ class Floors:
             ep=ep,
             fold=fold,
             optimizer_offload=offload,
+            zero_shard=zero_shard,
         )
 
     def per_param(
-        self, dp: int, cp: int, ep: int, zero: int, fold: int = 1, offload: bool = False
+        self,
+        dp: int,
+        cp: int,
+        ep: int,
+        zero: int,
+        fold: int = 1,
+        offload: bool = False,
+        zero_shard: int | None = None,
     ) -> StatePerParam:
         """The configuration's linear state terms per dense and per expert parameter (the
         offloaded optimizer's step and state are linear in the parameters too)."""
-        key = ("per param", zero, dp * cp, ep, fold, offload)
+        shard = None if zero_shard is None else zero_shard * cp
+        key = ("per param", zero, dp * cp, ep, fold, offload, shard)
         got = self._min_cache.get(key)
         if got is None:
-            state = self.state(dp, cp, ep, zero, fold, offload)
+            state = self.state(dp, cp, ep, zero, fold, offload, zero_shard)
             hbm = self.cluster.device.achieved_hbm_bw_bytes_per_s
             got = self._min_cache[key] = StatePerParam(
                 state_bytes=state.state_bytes_per_param(),
@@ -292,11 +318,34 @@ class Floors:
         return self._min_cache[key]
 
     def groups(
-        self, dp: int, cp: int, ep: int, *, with_latency: bool, fold: int = 1
+        self,
+        dp: int,
+        cp: int,
+        ep: int,
+        *,
+        with_latency: bool,
+        fold: int = 1,
+        zero_shard: int | None = None,
     ) -> FloorGroups:
-        """Floor groups of the data-parallel kinds (the sizes the configuration gives them)."""
+        """Floor groups of the data-parallel kinds (the sizes the configuration gives them;
+        with hybrid sharding also its shard and replicate groups)."""
         sizes = {GroupKind.DENSE_DP: dp * cp, GroupKind.EXPERT_DP: dp * cp * fold // ep}
+        if zero_shard is not None:
+            sizes[GroupKind.ZERO_SHARD] = zero_shard * cp
+            sizes[GroupKind.ZERO_REPLICATE] = dp // zero_shard
+            sizes[GroupKind.EXPERT_ZERO_SHARD] = zero_shard * cp * fold // ep
+            sizes[GroupKind.EXPERT_ZERO_REPLICATE] = dp // zero_shard
         return FloorGroups(self, sizes, with_latency=with_latency)
+
+    def family_groups(self, f: Family, *, with_latency: bool) -> FloorGroups:
+        """:meth:`groups` of a family's configurations."""
+        return self.groups(
+            f.dp, f.cp, f.ep, with_latency=with_latency, fold=f.fold, zero_shard=f.zero_shard
+        )
+
+    def family_state(self, f: Family, zero: int) -> ModelState:
+        """:meth:`state` of a family's configurations with ZeRO stage ``zero``."""
+        return self.state(f.dp, f.cp, f.ep, zero, f.fold, zero_shard=f.zero_shard)
 
     def _axis_s(self, colls, shard: Shard, tp_splits) -> float:
         """Floor of a layer's collectives, per axis the cheapest group split."""
@@ -433,11 +482,11 @@ class Floors:
         (:meth:`_z3_coefs` is 0), so this constant adds to each chunk's floor."""
         if zero < 3:
             return 0.0
-        key = ("zero3 chunk", id(sf), f.dp * f.cp, f.ep, f.fold)
+        key = ("zero3 chunk", id(sf), f.dp * f.cp, f.ep, f.fold, f.zero_shard)
         got = self._min_cache.get(key)
         if got is None:
-            groups = self.groups(f.dp, f.cp, f.ep, with_latency=True, fold=f.fold)
-            state = self.state(f.dp, f.cp, f.ep, zero, f.fold)
+            groups = self.family_groups(f, with_latency=True)
+            state = self.family_state(f, zero)
             dense, expert = float(np.min(sf.dense)), float(np.min(sf.expert))
             gather, scatter = state.zero3_layer_s(groups, dense, expert)
             regather = gather if state.reshard_after_forward else 0.0
@@ -449,13 +498,12 @@ class Floors:
         :meth:`ModelState.sync_s` on the floor groups."""
         if zero >= 3 or self.problem.training.overlap_grad_sync:
             return 0.0
-        nd = family.dp * family.cp
-        key = ("sync", dense, expert, nd, nd * family.fold // family.ep, zero > 0)
+        nd, f = family.dp * family.cp, family
+        key = ("sync", dense, expert, nd, nd * f.fold // f.ep, zero > 0, f.cp, f.zero_shard)
         got = self._min_cache.get(key)
         if got is None:
-            f = family
-            groups = self.groups(f.dp, f.cp, f.ep, with_latency=True, fold=f.fold)
-            state = self.state(f.dp, f.cp, f.ep, zero, f.fold)
+            groups = self.family_groups(f, with_latency=True)
+            state = self.family_state(f, zero)
             got = self._min_cache[key] = float(state.sync_s(groups, dense, expert))
         return got
 
@@ -506,9 +554,10 @@ class Floors:
             got = per_zero.get((zero, offload))
             if got is None:
                 zd, zx = self._z3_coefs(f.dp, f.cp, f.ep, zero, f.fold)
-                opt_d, opt_x = self.per_param(
-                    f.dp, f.cp, f.ep, zero, f.fold, offload.optimizer
-                ).optimizer_s
+                per = self.per_param(
+                    f.dp, f.cp, f.ep, zero, f.fold, offload.optimizer, f.zero_shard
+                )
+                opt_d, opt_x = per.optimizer_s
                 optimizer = (opt_d * (sf.dense_sum + tied) + opt_x * sf.expert_sum) / pp
                 z3 = self._z3_chunk_floor_s(f, sf, zero)
                 got = per_zero[zero, offload] = (zd, zx, optimizer, z3)
@@ -622,11 +671,12 @@ class Floors:
         """Least DP sync time of a rank holding ``dense[0]`` dense and ``expert[0]`` expert
         parameters, overlap or not: :meth:`ModelState.sync_s` on the floor groups."""
         nd = f.dp * f.cp
-        key = ("sync raw", dense[0], expert[0], nd, nd * f.fold // f.ep, zero > 0)
+        key = ("sync raw", dense[0], expert[0], nd, nd * f.fold // f.ep, zero > 0, f.cp)
+        key += (f.zero_shard,)
         got = self._min_cache.get(key)
         if got is None:
-            groups = self.groups(f.dp, f.cp, f.ep, with_latency=True, fold=f.fold)
-            state = self.state(f.dp, f.cp, f.ep, zero, f.fold)
+            groups = self.family_groups(f, with_latency=True)
+            state = self.family_state(f, zero)
             got = self._min_cache[key] = float(state.sync_s(groups, dense[0], expert[0]))
         return got
 
@@ -670,9 +720,8 @@ class Floors:
         offload buffer (which only adds to them)."""
         sf = self._shard_of(family)
         pp = family.pp
-        per_param = self.per_param(
-            family.dp, family.cp, family.ep, zero, family.fold, offload.optimizer
-        )
+        f = family
+        per_param = self.per_param(f.dp, f.cp, f.ep, zero, f.fold, offload.optimizer, f.zero_shard)
         kept = 0.0 if offload.activations else 1.0  # stored activations on the device
         per_d, per_x = per_param.state_bytes
         gathered_d, gathered_x = per_param.gathered_bytes

@@ -26,6 +26,12 @@ partition and the recompute modes:
   :func:`nest.cost.state.can_offload_optimizer`), the blocks' stored activations
   (:attr:`~nest.core.plan.ParallelConfig.activation_offload`), and both; off by default, so the
   space is unchanged unless asked;
+- hybrid sharding, only when ``SpaceOptions.zero_shards`` asks for it (off by default): the
+  ZeRO state of stages 1-3 sharded within groups of ``zero_shard`` data-parallel replicas
+  (:attr:`~nest.core.plan.ParallelConfig.zero_shard`), every divisor of ``dp`` below ``dp``
+  (``"all"``) or the listed ones that are, for configurations with ``dp >= 2``, each shard
+  degree whose shard group holds whole expert groups (``ep`` divides ``zero_shard x cp x tp /
+  etp``); ``zero_shard = dp`` is the plain configuration, already in the space;
 - the rank order: ``tp`` innermost, any order of ``cp, dp, pp`` above it; orders that place every
   device alike (same order of the axes of degree > 1) are kept once, the first in
   :func:`_orders`' order;
@@ -88,8 +94,8 @@ ONE_F_ONE_B = (Schedule.ONE_F_ONE_B, 1)
 
 @dataclass(frozen=True, slots=True)
 class Family:
-    """The configurations sharing ``(tp, cp, ep, dp, pp, mbs, etp)``: every combination of its
-    schedules, ZeRO stages, optimizer offloads and rank orders (in that nesting order)."""
+    """The configurations sharing ``(tp, cp, ep, dp, pp, mbs, etp, zero_shard)``: every
+    combination of its schedules, ZeRO stages, offloads and rank orders (in that nesting order)."""
 
     tp: int
     cp: int
@@ -107,6 +113,8 @@ class Family:
     offloads: tuple[Offload, ...] = (NO_OFFLOAD,)
     """What the configurations keep in host memory: nothing, or also the optimizer state, the
     activations and both (:class:`~nest.core.plan.Offload`)."""
+    zero_shard: int | None = None
+    """Hybrid sharding's shard degree (:attr:`ParallelConfig.zero_shard`); None: all ``dp``."""
 
     @property
     def fold(self) -> int:
@@ -126,6 +134,7 @@ class Family:
             pp=self.pp,
             microbatch_size=self.microbatch_size,
             zero_stage=zero,
+            zero_shard=self.zero_shard,
             schedule=kind,
             virtual_stages=v,
             rank_order=order,
@@ -174,6 +183,25 @@ class SpaceOptions:
     offload: bool = False
     """Also search the optimizer state and the activations offloaded to host memory
     (:class:`~nest.core.plan.Offload`; ``solver.offload``)."""
+    zero_shards: Sequence[int | str] | None = None
+    """Hybrid sharding (HSDP) degrees to search besides sharding over all ``dp``: None (off,
+    the default), ``["all"]`` (every divisor of ``dp`` below it) or shard degrees (those that
+    divide a configuration's ``dp`` are searched with it)."""
+
+    def shard_degrees(self, dp: int) -> tuple[int, ...]:
+        """The hybrid shard degrees searched with ``dp`` replicas (:attr:`zero_shards`)."""
+        if not self.zero_shards:
+            return ()
+        wanted = tuple(self.zero_shards)
+        if "all" in wanted:
+            return tuple(d for d in divisors(dp) if d < dp)
+        bad = [z for z in wanted if not isinstance(z, int) or isinstance(z, bool) or z < 1]
+        if bad:
+            raise UserError(
+                f"solver.zero_shards={list(wanted)}: {bad[0]!r} is not a shard degree; use "
+                "positive integers (data-parallel ranks per ZeRO shard group), [all] or null"
+            )
+        return tuple(sorted({z for z in wanted if z < dp and dp % z == 0}))
 
     def etp_values(self, tp: int, is_moe: bool) -> tuple[int | None, ...]:
         """The ``etp`` of the configurations with tensor degree ``tp`` (None = ``tp``)."""
@@ -348,15 +376,22 @@ def _families(problem, options, orders, kinds, degrees) -> Iterator[Family]:
         if key not in seen:
             seen.add(key)
             placed_orders.append(order)
+    # hybrid sharding (opt-in): shard groups of whole expert groups (ParallelConfig.zero_shard)
+    shards = tuple(z for z in options.shard_degrees(dp) if (z * cp * fold) % ep == 0)
+    sharded = tuple(z for z in zeros if z >= 1)
     for mbs in training.microbatch_sizes:
         if training.global_batch % (mbs * dp):
             continue
         m = training.global_batch // (mbs * dp)
         schedules = _schedules(kinds, problem.num_layers - 2, pp, m)
         if schedules and zeros and placed_orders:
-            yield Family(
-                tp, cp, ep, dp, pp, mbs, m, schedules, zeros, tuple(placed_orders), etp, offloads
-            )
+            orders = tuple(placed_orders)
+            yield Family(tp, cp, ep, dp, pp, mbs, m, schedules, zeros, orders, etp, offloads)
+            if sharded:
+                for zs in shards:
+                    yield Family(
+                        tp, cp, ep, dp, pp, mbs, m, schedules, sharded, orders, etp, offloads, zs
+                    )
 
 
 def _offloads(problem: Problem, options: SpaceOptions) -> tuple[Offload, ...]:
@@ -392,6 +427,7 @@ class SpacePlanner:
         virtual_stages: Sequence[int] | None = None,
         etp: Sequence[int | str] | None = None,
         offload: bool = False,
+        zero_shards: Sequence[int | str] | None = None,
     ) -> None:
         self.name = name
         self.offload = offload
@@ -399,6 +435,7 @@ class SpacePlanner:
         default: the space, its plans and its search time are then as without offload)."""
         self.tp, self.cp, self.ep, self.pp = tp, cp, ep, pp
         self.etp = etp
+        self.zero_shards = zero_shards
         self.zero_stages = zero_stages
         self.recompute = recompute
         self.rank_orders = rank_orders
@@ -408,7 +445,9 @@ class SpacePlanner:
     def space_kwargs(self) -> dict:
         """The space hyper-parameters as given (to build another planner on the same space)."""
         keys = ("tp", "cp", "ep", "pp", "zero_stages", "recompute", "rank_orders", "schedules")
-        return {k: getattr(self, k) for k in (*keys, "virtual_stages", "etp", "offload")}
+        return {
+            k: getattr(self, k) for k in (*keys, "virtual_stages", "etp", "offload", "zero_shards")
+        }
 
     def options(self) -> SpaceOptions:
         return SpaceOptions(
@@ -423,6 +462,7 @@ class SpacePlanner:
             virtual_stages=_listed("virtual_stages", self.virtual_stages),
             etp=_listed("etp", self.etp),
             offload=_flag("offload", self.offload),
+            zero_shards=_listed("zero_shards", self.zero_shards),
         )
 
 

@@ -78,11 +78,12 @@ POOLED_KNOWN = frozenset(
         "rank_order",
         "optimizer_offload",
         "activation_offload",
+        "zero_shard",
     }
 )
 """The :class:`~nest.core.plan.ParallelConfig` fields :meth:`StageModel._pooled_key` accounts
-for (through the degrees and strides, or as irrelevant to the groups); any other field enters
-its key as it is."""
+for (through the degrees and strides, or as irrelevant to the groups: ``zero_shard`` changes only
+the data-parallel groups); any other field enters its key as it is."""
 
 
 def config_key(config: ParallelConfig, ignored: frozenset) -> tuple:
@@ -205,11 +206,20 @@ class StageModel:
             ep=c.ep,
             fold=c.expert_fold,
             optimizer_offload=c.optimizer_offload,
+            zero_shard=c.zero_shard,
         )
         # the state bytes are linear in the parameters (ModelState): their two coefficients
         self._state_per_param = self.state.state_bytes_per_param()
-        # the shard holds etp
-        key = ("chain", shard, c.zero_stage >= 3, c.dp * c.cp, c.ep, c.activation_offload)
+        # the shard holds etp; the ZeRO-3 shard group's size decides the gathered bytes
+        key = (
+            "chain",
+            shard,
+            c.zero_stage >= 3,
+            c.dp * c.cp,
+            c.ep,
+            c.activation_offload,
+            c.zero_shard,
+        )
         if key not in self._shared:
             self._shared[key] = ChainTerms.build(
                 costs, self.is_block, self.state, c.activation_offload
@@ -218,14 +228,16 @@ class StageModel:
         # groups and p2p levels depend on the placement only: shared across microbatch sizes,
         # ZeRO stages and schedules
         if grid is None:
-            placement = ("placement", c.tp, c.cp, c.dp, c.pp, c.ep, c.etp, c.rank_order)
+            placement = (
+                "placement", c.tp, c.cp, c.dp, c.pp, c.ep, c.etp, c.rank_order, c.zero_shard
+            )  # fmt: skip
         else:
             grid = np.asarray(grid, dtype=np.int64)
-            placement = ("grid", c.ep, c.etp, grid.shape, grid.tobytes())
+            placement = ("grid", c.ep, c.etp, c.zero_shard, grid.shape, grid.tobytes())
         if placement not in self._shared:
             if grid is None:
                 grid = place(tp=c.tp, cp=c.cp, dp=c.dp, pp=c.pp, rank_order=c.rank_order)
-            groups = [self._rank_groups(grid[r], c.ep, c.etp) for r in range(c.pp)]
+            groups = [self._rank_groups(grid[r], c.ep, c.etp, c.zero_shard) for r in range(c.pp)]
             self._shared[placement] = (grid, groups, {})
         self.grid, self.groups, self._levels = self._shared[placement]
         self._placement = placement
@@ -240,14 +252,16 @@ class StageModel:
         self.hbm_bw_bytes_per_s = device.achieved_hbm_bw_bytes_per_s
         self.overlap = training.overlap_grad_sync
 
-    def _rank_groups(self, devices: np.ndarray, ep: int, etp: int | None) -> RankGroups:
+    def _rank_groups(
+        self, devices: np.ndarray, ep: int, etp: int | None, zero_shard: int | None = None
+    ) -> RankGroups:
         """The groups of one rank's devices, shared by every rank (of any placement) whose
         devices are the same up to a move the cost model cannot see
         (:func:`nest.cost.groups.translated`), so their level splits are computed once."""
         devices = translated(devices, self.problem.cluster)
-        key = ("rank_groups", ep, etp, devices.shape, devices.tobytes())
+        key = ("rank_groups", ep, etp, zero_shard, devices.shape, devices.tobytes())
         if key not in self._shared:
-            self._shared[key] = RankGroups(devices, ep, self.problem.cluster, etp)
+            self._shared[key] = RankGroups(devices, ep, self.problem.cluster, etp, zero_shard)
         return self._shared[key]
 
     # ------------------------------------------------------------ collectives per split

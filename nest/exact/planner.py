@@ -161,6 +161,11 @@ class ExactPlanner(SpacePlanner):
     def solve(self, problem: Problem) -> Plan:
         started = time.perf_counter()
         options = self.options()
+        if options.zero_shards:
+            raise UserError(
+                f"solver={self.name} does not cover hybrid sharding (solver.zero_shards="
+                f"{list(options.zero_shards)}); leave it null or use solver=nest or solver=brute"
+            )
         incumbent = self._incumbent(problem) if (self.hint or self.prune) else None
         upper_s = None if incumbent is None or not self.prune else incumbent.objective_s
         dp_time_s = time.perf_counter() - started

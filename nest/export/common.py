@@ -107,15 +107,20 @@ def rebuild(
     whole_experts=None,
     optimizer_offload=None,
     activation_offload=None,
+    hybrid: bool = True,
 ) -> Plan:
-    """The plan with some choices changed (placement rebuilt from ``rank_order`` at offset 0)."""
+    """The plan with some choices changed (placement rebuilt from ``rank_order`` at offset 0).
+    ``hybrid`` False drops hybrid sharding (:attr:`nest.core.plan.ParallelConfig.zero_shard`),
+    as does ZeRO-0, which shards nothing."""
     counts = layer_counts or [s.last_layer - s.first_layer + 1 for s in plan.stages]
     v = virtual_stages or plan.virtual_stages
     modes = recompute or [s.recompute for s in plan.stages]
     if len(modes) != len(counts):
         modes = [modes[0]] * len(counts)
+    zero = plan.zero_stage if zero_stage is None else zero_stage
     config = replace(
         plan.config,
+        zero_shard=plan.zero_shard if hybrid and zero > 0 else None,
         ep=plan.ep if ep is None else ep,
         etp=plan.etp if whole_experts is None else (1 if whole_experts else None),
         zero_stage=plan.zero_stage if zero_stage is None else zero_stage,
@@ -165,6 +170,7 @@ def plan_summary(problem: Problem, plan: Plan) -> dict:
         "zero_stage": plan.zero_stage,
         "optimizer_offload": plan.optimizer_offload,
         "activation_offload": plan.activation_offload,
+        "zero_shard": plan.zero_shard,
         "schedule": str(plan.schedule),
         "rank_order": [str(a) for a in plan.rank_order] if plan.rank_order else None,
         "blocks_per_stage": blocks_per_chunk(problem, plan),

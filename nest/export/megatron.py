@@ -25,6 +25,15 @@ Mapping of our plan:
 
 - ZeRO 0: plain DDP; 1: ``--use-distributed-optimizer`` (optimizer state sharded over data x
   context ranks, as our model); 2 / 3: Megatron FSDP ``optim_grads`` / ``optim_grads_params``.
+- Hybrid sharding (``zero_shard``, :func:`hybrid_args`): ``--num-distributed-optimizer-instances
+  dp / zero_shard``. Megatron-Core splits the data x context ranks into that many instances of
+  consecutive ranks (``megatron/core/parallel_state.py``: the intra-instance groups; an instance
+  is our shard group, the ``zero_shard`` innermost replicas), reduce-scatters the gradients
+  inside an instance and all-reduces the shard across instances
+  (``megatron/core/distributed/param_and_grad_buffer.py``), as the cost model prices it. ZeRO-1:
+  the distributed optimizer; ZeRO-2/3: Megatron-FSDP's HSDP, the inner strategy as above with
+  ``--outer-dp-sharding-strategy no_shard`` (replicated across instances; Megatron-FSDP's guide,
+  ``megatron/core/distributed/fsdp/src/README.md``, "DP-Outer Sharding Strategy").
 - Recompute: one mode for every stage (Megatron has no per-stage mode; ``block`` recomputes the
   first N layers of *every* stage). none: no flag; selective: ``--recompute-granularity
   selective`` (its default ``--recompute-modules core_attn``); mlp / selective_mlp:
@@ -289,6 +298,16 @@ def _recompute_modules_args(problem: Problem, mode: Recompute) -> list[str]:
     return out + (["--moe-grouped-gemm"] if True in moe else [])
 
 
+def hybrid_args(plan: Plan) -> list[str]:
+    """Hybrid sharding's flags (module docstring); none for a plan sharding over all ranks."""
+    if plan.zero_shard is None:
+        return []
+    out = [f"--num-distributed-optimizer-instances {plan.config.zero_replicas}"]
+    if plan.zero_stage >= 2:  # Megatron-FSDP: replicate across instances
+        out.append("--outer-dp-sharding-strategy no_shard")
+    return out
+
+
 def megatron_args(problem: Problem, plan: Plan) -> list[str]:
     """The arguments of an expressible plan, one flag (with its value) per entry."""
     args = [
@@ -316,7 +335,7 @@ def megatron_args(problem: Problem, plan: Plan) -> list[str]:
             "--recompute-method uniform",
             "--recompute-num-layers 1",
         ]
-    args += ZERO_FLAGS[plan.zero_stage]
+    args += ZERO_FLAGS[plan.zero_stage] + hybrid_args(plan)
     if plan.zero_stage == 0 and (problem.training.numerics.param_gather or plan.optimizer_offload):
         # no data parallelism (nearest_expressible moved any other ZeRO-0 plan): the distributed
         # optimizer over one rank shards nothing, and --fp8-param-gather and the precision-aware

@@ -30,6 +30,14 @@ at commit 000204a4a8bf (2025):
   whenever ``dp_shard > 1`` or ``cp > 1`` and shards over ``dp_shard x cp`` (as our ZeRO shards
   over ``dp x cp``); DDP (``dp_replicate`` alone) is refused unless data parallelism is the only
   parallelism ("DDP has not supported > 1D parallelism", ``parallelize.py``).
+- Hybrid sharding (HSDP, ``zero_shard``; torchtitan ``docs/fsdp.md``): ``dp_replicate > 1`` with
+  FSDP is FSDP2 on the 2-D mesh ``(dp_replicate, dp_shard x cp)``, shard groups the inner
+  ``dp_shard`` ranks as our ``zero_shard`` innermost replicas: ``data_parallel_shard_degree =
+  zero_shard``, ``data_parallel_replicate_degree = dp / zero_shard``, the ZeRO stages as for FSDP
+  below (a shard group of one device, ``zero_shard x cp = 1``, is DDP: nearest plan). Without
+  pipelining torchtitan all-reduces across the replicas in every accumulation step, which a
+  warning says (the evaluated plan counts one all-reduce per iteration, as FSDP2's
+  ``set_requires_all_reduce`` runs it).
 
 **ZeRO stages.** What each torchtitan data-parallel setting keeps per device, in our terms:
 
@@ -144,14 +152,25 @@ def _ep_ok(dp_shard: int, cp: int, ep: int) -> bool:
     return ep == 1 or (ep % cp == 0 and (dp_shard * cp) % ep == 0)
 
 
-def data_parallel_modes(plan: Plan, ep: int | None = None) -> dict[int, dict]:
+def data_parallel_modes(plan: Plan, ep: int | None = None, hybrid: bool = True) -> dict[int, dict]:
     """ZeRO stage -> the ``[parallelism]`` data-parallel fields that run it, for this plan's shape
-    (module docstring); a stage missing from the dict is not expressible."""
+    (module docstring); a stage missing from the dict is not expressible. With ``hybrid`` (and a
+    plan that shards within groups) only the stages 1-3 on HSDP's 2-D mesh."""
     ep = plan.ep if ep is None else ep
     dp, cp = plan.dp, plan.cp
     if dp * cp == 1:
         return {z: {REPLICATE: 1, SHARD: 1} for z in range(4)}
     modes = {}
+    zs = plan.zero_shard if hybrid else None
+    if zs is not None:
+        if zs * cp > 1 and _ep_ok(zs, cp, ep):
+            hsdp = {REPLICATE: dp // zs, SHARD: zs}
+            if plan.pp == 1:
+                modes[2] = {**hsdp, RESHARD: "never"}
+                modes[3] = {**hsdp, RESHARD: "always"}
+            else:
+                modes[1] = {**hsdp, RESHARD: "never"}
+        return modes
     if plan.tp == cp == plan.pp == ep == 1:
         modes[0] = {REPLICATE: dp, SHARD: 1}
     if _ep_ok(dp, cp, ep):
@@ -204,6 +223,26 @@ def _ep_candidates(problem: Problem, plan: Plan) -> list[int]:
     ]
 
 
+def _best_data_parallel(problem: Problem, plan: Plan, changes: dict) -> tuple[int, int, bool]:
+    """``(zero stage, ep, hybrid)`` of the fastest data parallelism torchtitan runs for the plan
+    with ``changes``, scored as torchtitan runs it (a plan that fits first): a hybrid plan keeps
+    its shard groups where torchtitan runs them, else shards over all ranks; ties keep the
+    plan's own sharding."""
+    scored = []
+    for hybrid in dict.fromkeys((plan.zero_shard is not None, False)):
+        for ep in _ep_candidates(problem, plan):
+            for z in data_parallel_modes(plan, ep, hybrid):
+                option = rebuild(plan, zero_stage=z, ep=ep, hybrid=hybrid, **changes)
+                ran, _ = framework_problem(problem, framework_runs(problem, option))
+                report = evaluate(ran, option)
+                differs = hybrid != (plan.zero_shard is not None)
+                scored.append(
+                    (not report.feasible, report.iteration_time_s, differs, z, ep, hybrid)
+                )
+    *_, zero, ep, hybrid = min(scored)
+    return zero, ep, hybrid
+
+
 def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     issues, changes = [], {}
     if plan.schedule not in SCHEDULES:
@@ -251,22 +290,19 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
         )
         changes["whole_experts"] = False
     if plan.zero_stage not in data_parallel_modes(plan):
-        scored = []
-        for ep in _ep_candidates(problem, plan):
-            for z in data_parallel_modes(plan, ep):
-                option = rebuild(plan, zero_stage=z, ep=ep, **changes)
-                ran, _ = framework_problem(problem, framework_runs(problem, option))
-                report = evaluate(ran, option)  # as torchtitan runs it
-                scored.append((not report.feasible, report.iteration_time_s, z, ep))
-        _, _, zero, ep = min(scored)
+        zero, ep, hybrid = _best_data_parallel(problem, plan, changes)
+        if plan.zero_shard is not None and not hybrid:
+            changes["hybrid"] = False
+        shown = f" within groups of {plan.zero_shard}" if plan.zero_shard else ""
+        used = "" if hybrid or plan.zero_shard is None else " over all data-parallel ranks"
         issues.append(
-            f"ZeRO-{plan.zero_stage} (torchtitan: {_menu(plan)}"
+            f"ZeRO-{plan.zero_stage}{shown} (torchtitan: {_menu(plan)}"
             + (
                 f"; its expert parallelism needs ep % cp == 0 and (dp x cp) % ep == 0, so ep={ep}"
                 if ep != plan.ep
                 else ""
             )
-            + f"; used ZeRO-{zero})"
+            + f"; used ZeRO-{zero}{used})"
         )
         changes["zero_stage"] = zero
         if ep != plan.ep:
@@ -539,6 +575,13 @@ def export_torchtitan(problem: Problem, plan: Plan, report=None, replan=None):
             f"torchtitan synchronises gradients (and FSDP gathers weights) in each of the {m} "
             f"accumulation steps (its loop has no no_sync); the evaluated "
             f"ZeRO-{exported.zero_stage} plan counts one synchronisation per iteration"
+        )
+    elif exported.pp == 1 and m > 1 and exported.zero_shard is not None:
+        warnings.append(
+            f"torchtitan all-reduces the gradient shards across the "
+            f"{exported.config.zero_replicas} HSDP replicas in each of the {m} accumulation "
+            "steps (its loop does not call FSDP2's set_requires_all_reduce(False)); the "
+            "evaluated plan counts one all-reduce per iteration"
         )
     return finish_export(
         problem,
