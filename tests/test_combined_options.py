@@ -1,7 +1,8 @@
 """The options that landed together stay exact together: ZB-H1 (tests/test_zero_bubble.py),
-offload (tests/test_offload.py) and DeepEP (tests/test_deepep.py) each have their own ``nest ==
-brute`` suite; here they are searched at once, since each changes a term the others' proofs use
-(the W pass, the offload excess in the backward, the expert exchange)."""
+offload (tests/test_offload.py), hybrid sharding (tests/test_hsdp.py) and DeepEP
+(tests/test_deepep.py) each have their own ``nest == brute`` suite; here they are searched at
+once, since each changes a term the others' proofs use (the W pass, the offload excess in the
+backward, the state's sharding and its sync, the expert exchange)."""
 
 import dataclasses
 import random
@@ -28,16 +29,22 @@ def _deepep(problem: Problem) -> Problem:
     return Problem(model=model, cluster=problem.cluster, training=training)
 
 
-def test_nest_equals_brute_with_zb_h1_offload_and_deepep_at_once():
-    """25 random small problems searched with 1F1B and ZB-H1, offload on, MoE models dispatched
-    with DeepEP: ``nest`` equals ``brute`` to 1e-9, and the optima use each option somewhere."""
+def test_nest_equals_brute_with_zb_h1_offload_hsdp_and_deepep_at_once():
+    """25 random small problems searched with 1F1B and ZB-H1, offload on, every hybrid shard
+    degree, MoE models dispatched with DeepEP: ``nest`` equals ``brute`` to 1e-9, and the optima
+    use ZB-H1 and offload somewhere."""
     agreed = zb = offloaded = 0
     for seed in range(25):
         problem, options = tiny_case(7000 + seed)
         problem = _with_offload_hardware(problem, random.Random(seed))
         if problem.model.spec.is_moe:
             problem = _deepep(problem)
-        options = {**options, "offload": True, "schedules": ["1f1b", "zb_h1"]}
+        options = {
+            **options,
+            "offload": True,
+            "schedules": ["1f1b", "zb_h1"],
+            "zero_shards": ["all"],
+        }
         try:
             oracle = assert_nest_equals_brute(problem, options, (seed, options))
         except UserError:

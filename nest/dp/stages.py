@@ -211,15 +211,8 @@ class StageModel:
         # the state bytes are linear in the parameters (ModelState): their two coefficients
         self._state_per_param = self.state.state_bytes_per_param()
         # the shard holds etp; the ZeRO-3 shard group's size decides the gathered bytes
-        key = (
-            "chain",
-            shard,
-            c.zero_stage >= 3,
-            c.dp * c.cp,
-            c.ep,
-            c.activation_offload,
-            c.zero_shard,
-        )
+        key = ("chain", shard, c.zero_stage >= 3, c.dp * c.cp, c.ep)
+        key += (c.activation_offload, c.zero_shard)
         if key not in self._shared:
             self._shared[key] = ChainTerms.build(
                 costs, self.is_block, self.state, c.activation_offload
