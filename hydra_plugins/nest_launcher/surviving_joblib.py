@@ -153,6 +153,10 @@ class SurvivingJoblibLauncher(Launcher):
             todo = [n for n in lost if n not in started]
         for num in jobs:  # every job ran: the markers have served
             (marker_dir / str(num)).unlink(missing_ok=True)
+            # and a worker the broken pool terminated while it wrote its marker leaves the
+            # atomic write's temporary file (nest.core.files.atomic_path) behind
+            for leftover in marker_dir.glob(f".{num}.*.tmp"):
+                leftover.unlink(missing_ok=True)
         if not any(marker_dir.iterdir()):
             marker_dir.rmdir()
         return [results[n] for n in jobs]
