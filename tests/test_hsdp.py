@@ -23,6 +23,8 @@ def test_zero_shard_is_validated_with_one_line_errors():
         ParallelConfig(dp=8, zero_stage=1, zero_shard=3)
     with pytest.raises(UserError, match="zero_stage=0"):
         ParallelConfig(dp=8, zero_shard=4)
+    with pytest.raises(UserError, match="zero_shard=True must be a positive divisor"):
+        ParallelConfig(dp=4, zero_stage=1, zero_shard=True)  # a flag is not a shard degree
     with pytest.raises(UserError, match="zero_shard=4 with ep=8"):
         ParallelConfig(dp=8, ep=8, zero_stage=1, zero_shard=4)
     ParallelConfig(dp=8, ep=4, zero_stage=1, zero_shard=4)  # one expert group per shard group

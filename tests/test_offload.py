@@ -486,3 +486,30 @@ def test_nest_equals_brute_with_offload_where_interleaving_competes():
             continue
         agreed += assert_nest_equals_brute(problem, options, (seed, options)) is not None
     assert agreed >= 5, agreed
+
+
+def test_general_mode_keeps_the_activation_offload_configurations():
+    """``mode=general`` deduplicates configurations that differ only in their rank order (it
+    places ranks itself); activation offload is not a rank order, so general mode keeps those
+    configurations: on the one-device case above where offloading the activations wins, the
+    general optimum offloads them and equals the restricted one (its key once lacked the field
+    and dropped them, so general mode recomputed and came out slower)."""
+    roomy = _one_device(LONG, 1e12, global_batch=4, microbatch_sizes=(1,))
+    plain = _peak_bytes(roomy)
+    need = max(_peak_bytes(roomy, activation_offload=True), _peak_bytes(roomy, recompute="full"))
+    problem = _one_device(
+        LONG, (need + plain) / 2, link_gbps=450.0, cpu=1e6, global_batch=4, microbatch_sizes=(1,)
+    )
+    options = dict(offload=True, schedules=["1f1b"])
+    restricted = ExactPlanner(name="cpsat", backend="cpsat", **options).solve(problem)
+    general = ExactPlanner(name="cpsat", backend="cpsat", mode="general", **options).solve(problem)
+    assert restricted.activation_offload and general.activation_offload
+    assert general.objective_s == pytest.approx(restricted.objective_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("value", ["fast", -1.0, 0])
+def test_a_bad_cpu_adam_rate_is_a_one_line_error(value):
+    from nest.app.config import build_training
+
+    with pytest.raises(UserError, match="training: cpu_adam_params_per_s="):
+        build_training({"global_batch": 8, "cpu_adam_params_per_s": value})

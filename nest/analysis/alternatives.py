@@ -25,6 +25,8 @@ CONFIG_FIELDS = (
     "microbatch_size",
     "zero_stage",
     "zero_shard",
+    "optimizer_offload",
+    "activation_offload",
     "schedule",
     "virtual_stages",
 )
@@ -34,6 +36,8 @@ _SHORT = {
     "microbatch_size": "mbs",
     "zero_stage": "ZeRO",
     "zero_shard": "shard",
+    "optimizer_offload": "optimizer offload",
+    "activation_offload": "activation offload",
     "virtual_stages": "v",
     "rank_order": "order",
 }

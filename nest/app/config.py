@@ -909,8 +909,12 @@ def build_training(cfg: Any) -> Training:
         zero3_prefetch_params=_prefetch_params(c.get("zero3_prefetch_params")),
         moe_routing=str(c.get("moe_routing", TRAINING_DEFAULTS["moe_routing"])),
         moe_dispatcher=str(c.get("moe_dispatcher", TRAINING_DEFAULTS["moe_dispatcher"])),
-        cpu_adam_params_per_s=float(
-            c.get("cpu_adam_params_per_s", TRAINING_DEFAULTS["cpu_adam_params_per_s"])
+        cpu_adam_params_per_s=_number(
+            "training",
+            "cpu_adam_params_per_s",
+            c.get("cpu_adam_params_per_s", TRAINING_DEFAULTS["cpu_adam_params_per_s"]),
+            lambda v: v > 0,
+            "must be positive: parameters the host CPU updates per second per device (e.g. 4.86e8)",
         ),
         **{key: bool(c.get(key, TRAINING_DEFAULTS[key])) for key in flags},
     )

@@ -79,6 +79,8 @@ PLAN_COLUMNS = (
     "num_microbatches",
     "zero_stage",
     "zero_shard",
+    "optimizer_offload",
+    "activation_offload",
     "schedule",
     "virtual_stages",
     "rank_order",
@@ -220,6 +222,8 @@ def make_row(
     row.update(
         zero_stage=plan.get("zero_stage"),
         zero_shard=plan.get("zero_shard"),
+        optimizer_offload=plan.get("optimizer_offload"),
+        activation_offload=plan.get("activation_offload"),
         schedule=plan.get("schedule"),
         virtual_stages=plan.get("virtual_stages"),
         rank_order=",".join(plan["rank_order"]) if plan.get("rank_order") else None,

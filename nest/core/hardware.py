@@ -59,7 +59,8 @@ class Device:
     """The tensor cores take MXFP8 (32-element blocks with shared scales): Blackwell."""
     host_link_bw_bytes_per_s: float | None = None
     """Bandwidth of the link between the device and its host's memory, bytes/s per direction
-    (PCIe Gen5 x16: 64e9; NVLink-C2C on GH200 / GB200: 450e9); the presets cite the datasheet.
+    (PCIe Gen5 x16: 64e9; GB200: 225e9, its share of the NVLink-C2C that one Grace shares with
+    two B200s); the presets cite the datasheet.
     None: no host link the cost model may use (TPU presets), so nothing is offloaded to host
     memory (:mod:`nest.cost.state`, optimizer offload)."""
     notes: tuple[str, ...] = field(default=(), compare=False)

@@ -139,7 +139,7 @@ class ParallelConfig:
         zs = self.zero_shard
         if zs is None:
             return
-        if not isinstance(zs, int | np.integer) or zs < 1 or self.dp % zs:
+        if isinstance(zs, bool) or not isinstance(zs, int | np.integer) or zs < 1 or self.dp % zs:
             raise UserError(
                 f"plan zero_shard={zs!r} must be a positive divisor of dp={self.dp} (the "
                 "data-parallel ranks of one ZeRO shard group); use a divisor or null for all"

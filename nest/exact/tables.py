@@ -197,7 +197,7 @@ def build_groups(
             key = (config.tp, config.cp, config.ep, config.etp, config.dp, config.pp)
             key += (config.microbatch_size,)
             key += (config.zero_stage, config.schedule, config.virtual_stages)
-            key += (config.optimizer_offload,)
+            key += (config.optimizer_offload, config.activation_offload, config.zero_shard)
             if key in seen_configs:
                 continue
             seen_configs.add(key)
