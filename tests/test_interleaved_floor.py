@@ -88,3 +88,27 @@ def test_floor_is_infinite_when_even_the_least_storing_modes_do_not_fit():
         sum(float(rc.cost[ks[0]][:, 0].min()) * len(ks) for ks in rc.groups.values())
         + float(rc.cost[rc.ks[0]][:, 0].min())
     )
+
+
+def test_forced_recompute_floor_holds_with_the_activations_offloaded():
+    """With activation offload (each chunk's blocks store nothing on the device, the transient
+    holds the two-block buffer) the floor still never exceeds the least fitting time."""
+    from .test_offload import _with_offload_hardware
+
+    checked = 0
+    for seed in range(30):
+        problem, options = interleaved_case(6000 + seed)
+        problem = _with_offload_hardware(problem, random.Random(seed))
+        space = SpaceOptions(**{**options, "schedules": ["interleaved"], "offload": True})
+        configs = [c for c in configurations(problem, space) if c.activation_offload]
+        for config in random.Random(seed).sample(configs, min(2, len(configs))):
+            sm = StageModel(problem, config)
+            for r in range(config.pp):
+                rc = RankChunks(sm, r, tuple(Recompute))
+                if len(rc.ks) > 6:
+                    continue
+                floor = least_fitting_time_s(rc, sm.capacity_bytes, sm.reserve_bytes)
+                exact = least_fitting_by_enumeration(sm, rc)
+                assert floor <= exact * (1 + 1e-12), (seed, config, r)
+                checked += 1
+    assert checked >= 50, checked
