@@ -5,12 +5,13 @@ import numpy as np
 import pytest
 
 from baselines.fixed import FixedPlanner
-from nest.core.axes import Schedule
 from nest.core.errors import Infeasible, UserError
 from nest.core.plan import ParallelConfig, group_arrays
 from nest.cost import evaluate
 
 from .conftest import make_cluster, make_problem
+from .test_nest_dp import assert_stage_model_equals_the_evaluator
+from .test_search_caches import configuration_optimum_s
 
 GB, US = 1e9, 1e-6
 
@@ -220,7 +221,6 @@ def test_stage_model_equals_the_evaluator_on_hybrid_plans(seed):
     """The DP's interval model (:class:`nest.dp.stages.StageModel`) prices a hybrid plan's
     stages as the evaluator does (1e-9): forward, backward, sync, optimizer step, memory."""
     from nest.dp.planner import NestPlanner
-    from nest.dp.stages import StageModel
 
     problem, options = _hsdp_case(6000 + seed)
     try:
@@ -231,16 +231,7 @@ def test_stage_model_equals_the_evaluator_on_hybrid_plans(seed):
     for plan in ranked:
         if plan.zero_shard is None or plan.config.interleaved:
             continue
-        report = evaluate(problem, plan)
-        sm = StageModel(problem, plan.config)
-        for r, stage in enumerate(plan.stages):
-            terms = sm.stage(r, stage.first_layer, stage.last_layer, stage.recompute)
-            rank = report.ranks[r]
-            assert terms.fwd_s == pytest.approx(report.stages[r].fwd_s, rel=1e-9, abs=1e-18)
-            assert terms.bwd_s == pytest.approx(report.stages[r].bwd_s, rel=1e-9, abs=1e-18)
-            assert terms.sync_s == pytest.approx(rank.dp_sync_s, rel=1e-9, abs=1e-18)
-            assert terms.optimizer_s == pytest.approx(rank.optimizer_s, rel=1e-9, abs=1e-18)
-            assert terms.memory_bytes == pytest.approx(rank.memory.total_bytes, rel=1e-9)
+        assert_stage_model_equals_the_evaluator(problem, plan)
         checked += 1
     if not checked:
         pytest.skip("no hybrid plan among the best of this draw")
@@ -256,9 +247,7 @@ def test_hybrid_bound_never_exceeds_a_configurations_optimum(seed):
     import random
 
     from nest.dp.bounds import Floors
-    from nest.dp.interleaved import solve_interleaved
     from nest.dp.planner import smallest_peak_bytes
-    from nest.dp.recurrence import DPStats, solve_config
     from nest.dp.space import SpaceOptions, families
     from nest.dp.stages import StageModel
 
@@ -289,12 +278,9 @@ def test_hybrid_bound_never_exceeds_a_configurations_optimum(seed):
                     sm = StageModel(problem, config, shared)
                     peak = smallest_peak_bytes(sm, modes)
                     assert need <= peak * (1 + 1e-12), (config, need, peak)
-                    if schedule[0] is Schedule.INTERLEAVED:
-                        found = solve_interleaved(sm, modes, float("inf"), DPStats())
-                    else:
-                        found = solve_config(sm, modes, np.inf, DPStats())
-                    if found is not None:
-                        assert bound <= found[0] * (1 + 1e-12), (config, bound, found[0])
+                    optimum = configuration_optimum_s(sm, modes)
+                    if optimum is not None:
+                        assert bound <= optimum * (1 + 1e-12), (config, bound, optimum)
                         checked += 1
     if checked == 0:
         pytest.skip("no hybrid configuration fits on this draw")

@@ -33,10 +33,13 @@ def test_stage_model_equals_the_evaluator(seed):
     memory from the interval model equal the shared evaluator's (1e-9 relative). About half the
     models draw the modern shapes (MLA, windows, shared experts, MoE every n-th block, MTP)."""
     problem, planner = random_case(seed, hbm_gib=100, shapes=True)
-    plan = planner.solve(problem)
+    assert_stage_model_equals_the_evaluator(problem, planner.solve(problem))
+
+
+def assert_stage_model_equals_the_evaluator(problem, plan) -> None:
+    """Every 1F1B rank's terms from the DP's interval model equal ``evaluate``'s (1e-9)."""
     report = evaluate(problem, plan)
-    config = plan.config
-    sm = StageModel(problem, config)
+    sm = StageModel(problem, plan.config)
     for r, stage in enumerate(plan.stages):
         terms = sm.stage(r, stage.first_layer, stage.last_layer, stage.recompute)
         rank = report.ranks[r]

@@ -12,7 +12,9 @@ import pytest
 from nest.core.axes import Schedule
 from nest.cost.groups import AXES
 from nest.dp.bounds import Floors
+from nest.dp.interleaved import solve_interleaved
 from nest.dp.planner import NestPlanner
+from nest.dp.recurrence import DPStats, solve_config
 from nest.dp.space import SpaceOptions, families
 from nest.dp.stages import StageModel
 
@@ -96,9 +98,6 @@ def test_interleaved_bound_never_exceeds_a_configurations_optimum(seed):
     the optimum of every interleaved configuration it bounds, any rank order (the optimum of
     one configuration: the exact interleaved DP with no incumbent), on random problems with
     the gradient sync overlapped; and it is the larger of the two floors."""
-    from nest.dp.interleaved import solve_interleaved
-    from nest.dp.recurrence import DPStats
-
     rng = random.Random(1000 + seed)
     problem = random_problem(rng, hbm_gib=rng.choice([0.05, 4]))
     modes = SpaceOptions().recompute_modes
@@ -113,10 +112,9 @@ def test_interleaved_bound_never_exceeds_a_configurations_optimum(seed):
                 bound = floors.config_bound_s(family, zero, schedule)
                 for order in family.orders:
                     config = family.config(schedule, zero, order)
-                    sm = StageModel(problem, config, shared)
-                    found = solve_interleaved(sm, modes, float("inf"), DPStats())
-                    if found is not None:
-                        assert bound <= found[0] * (1 + 1e-12), (config, bound, found[0])
+                    optimum = configuration_optimum_s(StageModel(problem, config, shared), modes)
+                    if optimum is not None:
+                        assert bound <= optimum * (1 + 1e-12), (config, bound, optimum)
                         checked += 1
     if problem.training.overlap_grad_sync and checked == 0:
         pytest.skip("no interleaved configuration fits on this draw")
@@ -127,8 +125,6 @@ def test_one_stage_bound_never_exceeds_a_configurations_optimum(seed):
     """The bound of 1F1B configurations on one pipeline rank, with the exposed sync when the
     gradient sync is overlapped (:meth:`Floors._one_stage_exposed_s`), is at most each such
     configuration's optimum (the exact DP with no incumbent), any rank order."""
-    from nest.dp.recurrence import DPStats, solve_config
-
     rng = random.Random(2000 + seed)
     problem = random_problem(rng, hbm_gib=rng.choice([0.05, 4]))
     modes = SpaceOptions().recompute_modes
@@ -140,9 +136,18 @@ def test_one_stage_bound_never_exceeds_a_configurations_optimum(seed):
             bound = floors.config_bound_s(family, zero, schedule)
             for order in family.orders:
                 config = family.config(schedule, zero, order)
-                found = solve_config(StageModel(problem, config, shared), modes, np.inf, DPStats())
-                if found is not None:
-                    assert bound <= found[0] * (1 + 1e-12), (config, bound, found[0])
+                optimum = configuration_optimum_s(StageModel(problem, config, shared), modes)
+                if optimum is not None:
+                    assert bound <= optimum * (1 + 1e-12), (config, bound, optimum)
+
+
+def configuration_optimum_s(sm: StageModel, modes) -> float | None:
+    """One configuration's own optimum by its exact DP (no incumbent), None when nothing fits."""
+    if sm.config.schedule is Schedule.INTERLEAVED:
+        found = solve_interleaved(sm, modes, float("inf"), DPStats())
+    else:
+        found = solve_config(sm, modes, np.inf, DPStats())
+    return None if found is None else found[0]
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -152,9 +157,6 @@ def test_zero3_bound_never_exceeds_a_configurations_optimum(seed):
     interleaved, with and without ``reshard_after_forward``, is at most its optimum (the exact
     DP with no incumbent), any rank order, on random problems."""
     import dataclasses
-
-    from nest.dp.interleaved import solve_interleaved
-    from nest.dp.recurrence import DPStats, solve_config
 
     rng = random.Random(3000 + seed)
     problem = random_problem(rng, hbm_gib=rng.choice([0.05, 4]))
@@ -171,13 +173,9 @@ def test_zero3_bound_never_exceeds_a_configurations_optimum(seed):
             bound = floors.config_bound_s(family, 3, schedule)
             for order in family.orders:
                 config = family.config(schedule, 3, order)
-                sm = StageModel(problem, config, shared)
-                if schedule[0] is Schedule.INTERLEAVED:
-                    found = solve_interleaved(sm, modes, float("inf"), DPStats())
-                else:
-                    found = solve_config(sm, modes, np.inf, DPStats())
-                if found is not None:
-                    assert bound <= found[0] * (1 + 1e-12), (config, bound, found[0])
+                optimum = configuration_optimum_s(StageModel(problem, config, shared), modes)
+                if optimum is not None:
+                    assert bound <= optimum * (1 + 1e-12), (config, bound, optimum)
                     checked += 1
     if checked == 0:
         pytest.skip("no ZeRO-3 configuration fits on this draw")

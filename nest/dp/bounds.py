@@ -238,46 +238,29 @@ class Floors:
         # no sharding and no gathers: the shard-independent parts of the memory floors
         self._unsharded = ModelState.of(problem, zero_stage=0, dp=1, cp=1, ep=1)
 
-    def state(
-        self,
-        dp: int,
-        cp: int,
-        ep: int,
-        zero: int,
-        fold: int = 1,
-        offload: bool = False,
-        zero_shard: int | None = None,
-    ) -> ModelState:
-        """The configuration's :class:`ModelState` (it depends on ``dp x cp``, ``ep``, the
-        expert fold ``tp / etp``, the optimizer offload and the hybrid shard degree)."""
+    def state(self, f: Family, zero: int, offload: bool = False) -> ModelState:
+        """The :class:`ModelState` of family ``f``'s configurations with ZeRO stage ``zero``
+        (and the optimizer offloaded): it depends on ``dp x cp``, ``ep``, the expert fold
+        ``tp / etp`` and the hybrid shard degree."""
         return ModelState.of(
             self.problem,
             zero_stage=zero,
-            dp=dp,
-            cp=cp,
-            ep=ep,
-            fold=fold,
+            dp=f.dp,
+            cp=f.cp,
+            ep=f.ep,
+            fold=f.fold,
             optimizer_offload=offload,
-            zero_shard=zero_shard,
+            zero_shard=f.zero_shard,
         )
 
-    def per_param(
-        self,
-        dp: int,
-        cp: int,
-        ep: int,
-        zero: int,
-        fold: int = 1,
-        offload: bool = False,
-        zero_shard: int | None = None,
-    ) -> StatePerParam:
-        """The configuration's linear state terms per dense and per expert parameter (the
-        offloaded optimizer's step and state are linear in the parameters too)."""
-        shard = None if zero_shard is None else zero_shard * cp
-        key = ("per param", zero, dp * cp, ep, fold, offload, shard)
+    def per_param(self, f: Family, zero: int, offload: bool = False) -> StatePerParam:
+        """:meth:`state`'s linear terms per dense and per expert parameter (the offloaded
+        optimizer's step and state are linear in the parameters too)."""
+        shard = None if f.zero_shard is None else f.zero_shard * f.cp
+        key = ("per param", zero, f.dp * f.cp, f.ep, f.fold, offload, shard)
         got = self._min_cache.get(key)
         if got is None:
-            state = self.state(dp, cp, ep, zero, fold, offload, zero_shard)
+            state = self.state(f, zero, offload)
             hbm = self.cluster.device.achieved_hbm_bw_bytes_per_s
             got = self._min_cache[key] = StatePerParam(
                 state_bytes=state.state_bytes_per_param(),
@@ -342,10 +325,6 @@ class Floors:
         return self.groups(
             f.dp, f.cp, f.ep, with_latency=with_latency, fold=f.fold, zero_shard=f.zero_shard
         )
-
-    def family_state(self, f: Family, zero: int) -> ModelState:
-        """:meth:`state` of a family's configurations with ZeRO stage ``zero``."""
-        return self.state(f.dp, f.cp, f.ep, zero, f.fold, zero_shard=f.zero_shard)
 
     def _axis_s(self, colls, shard: Shard, tp_splits) -> float:
         """Floor of a layer's collectives, per axis the cheapest group split."""
@@ -486,7 +465,7 @@ class Floors:
         got = self._min_cache.get(key)
         if got is None:
             groups = self.family_groups(f, with_latency=True)
-            state = self.family_state(f, zero)
+            state = self.state(f, zero)
             dense, expert = float(np.min(sf.dense)), float(np.min(sf.expert))
             gather, scatter = state.zero3_layer_s(groups, dense, expert)
             regather = gather if state.reshard_after_forward else 0.0
@@ -503,7 +482,7 @@ class Floors:
         got = self._min_cache.get(key)
         if got is None:
             groups = self.family_groups(f, with_latency=True)
-            state = self.family_state(f, zero)
+            state = self.state(f, zero)
             got = self._min_cache[key] = float(state.sync_s(groups, dense, expert))
         return got
 
@@ -554,10 +533,7 @@ class Floors:
             got = per_zero.get((zero, offload))
             if got is None:
                 zd, zx = self._z3_coefs(f.dp, f.cp, f.ep, zero, f.fold)
-                per = self.per_param(
-                    f.dp, f.cp, f.ep, zero, f.fold, offload.optimizer, f.zero_shard
-                )
-                opt_d, opt_x = per.optimizer_s
+                opt_d, opt_x = self.per_param(f, zero, offload.optimizer).optimizer_s
                 optimizer = (opt_d * (sf.dense_sum + tied) + opt_x * sf.expert_sum) / pp
                 z3 = self._z3_chunk_floor_s(f, sf, zero)
                 got = per_zero[zero, offload] = (zd, zx, optimizer, z3)
@@ -676,7 +652,7 @@ class Floors:
         got = self._min_cache.get(key)
         if got is None:
             groups = self.family_groups(f, with_latency=True)
-            state = self.family_state(f, zero)
+            state = self.state(f, zero)
             got = self._min_cache[key] = float(state.sync_s(groups, dense[0], expert[0]))
         return got
 
@@ -721,7 +697,7 @@ class Floors:
         sf = self._shard_of(family)
         pp = family.pp
         f = family
-        per_param = self.per_param(f.dp, f.cp, f.ep, zero, f.fold, offload.optimizer, f.zero_shard)
+        per_param = self.per_param(f, zero, offload.optimizer)
         kept = 0.0 if offload.activations else 1.0  # stored activations on the device
         per_d, per_x = per_param.state_bytes
         gathered_d, gathered_x = per_param.gathered_bytes
