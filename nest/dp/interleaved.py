@@ -218,7 +218,9 @@ def least_fitting_time_s(rc: RankChunks, capacity_bytes: float, reserve_bytes: f
     floor_tr = max(float(rep[:, 3].min()) for rep, _ in chunks)
     if rc.in_flight <= 0:
         return sum(n * float(rep[:, 0].min()) for rep, n in chunks)
-    budget = (capacity_bytes - rc.state_bytes - reserve_bytes - floor_tr) / rc.in_flight
+    # the memory rule is linear in the stored bytes: what the rest leaves for them
+    rest = rank_memory_bytes(rc.state_bytes, 0.0, rc.in_flight, floor_tr, reserve_bytes)
+    budget = (capacity_bytes - rest) / rc.in_flight
     total_t, total_act, segments = 0.0, 0.0, []
     for rep, n in chunks:
         t, act = rep[:, 0], rep[:, 2]
