@@ -8,7 +8,12 @@ import yaml
 
 from nest.app import calibrate
 from nest.app.validate import device_config
-from nest.core.kernels import CALIBRATED_MATMUL_EFFICIENCY
+from nest.core.kernels import (
+    CALIBRATED_MATMUL_EFFICIENCY,
+    H100_GEMM_CEILING,
+    IN_STEP_SHARE_OF_CEILING,
+    derived_matmul_efficiency,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "experiments" / "validation" / "cases.csv"
@@ -39,6 +44,40 @@ def test_presets_carry_the_stored_constant():
         text = (ROOT / "conf" / "device" / f"{preset}.yaml").read_text()
         assert yaml.safe_load(text)["matmul_efficiency"] == CALIBRATED_MATMUL_EFFICIENCY
         assert device_config(preset)["matmul_efficiency"] == CALIBRATED_MATMUL_EFFICIENCY
+
+
+CALIBRATED_PRESETS = ("h100_sxm", "h200_sxm")
+
+
+def test_the_in_step_share_is_the_calibrated_rate_over_h100s_ceiling():
+    """The share the other presets inherit is H100's fitted rate over H100's own measured
+    ceiling, as the preset stores it (one ceiling, two places)."""
+    for preset in CALIBRATED_PRESETS:
+        assert float(device_config(preset)["gemm_ceiling"]) == H100_GEMM_CEILING
+    assert IN_STEP_SHARE_OF_CEILING == pytest.approx(0.638 / 0.803, rel=1e-9)
+    assert 0.0 < IN_STEP_SHARE_OF_CEILING < 1.0
+
+
+def test_every_other_preset_with_a_ceiling_runs_at_the_derived_rate():
+    """A GPU preset with a published GEMM ceiling and no calibration split of its own stores
+    ``derived_matmul_efficiency(gemm_ceiling)`` (nest.core.kernels); it goes stale, and fails
+    here, when the calibrated constant moves. The rest (no ceiling: TPUs, the NEST paper's
+    devices) keep the stated 0.65."""
+    derived = []
+    for path in sorted((ROOT / "conf" / "device").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        if path.stem in CALIBRATED_PRESETS or path.stem.endswith("schema"):
+            continue
+        if not isinstance(data, dict) or "matmul_efficiency" not in data:
+            continue
+        if data.get("gemm_ceiling") is None:
+            assert data["matmul_efficiency"] == 0.65, path.stem
+            continue
+        want = derived_matmul_efficiency(float(data["gemm_ceiling"]))
+        assert data["matmul_efficiency"] == pytest.approx(want, abs=5e-4), path.stem
+        assert data["matmul_efficiency"] < data["gemm_ceiling"]
+        derived.append(path.stem)
+    assert {"a100_80gb", "b200", "gb200", "mi300x", "mi355x", "h100_96gb"} <= set(derived)
 
 
 def test_stored_constant_equals_a_fresh_fit(rows):

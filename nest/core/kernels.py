@@ -27,8 +27,14 @@ Two models, chosen per device preset (``compute_model``):
   kernels this model does not list); no published micro-benchmark isolates it, so it is the
   one *calibrated* constant: fitted on a declared split only (:mod:`nest.app.calibrate`, the
   BF16 half of NVIDIA's dgxc-benchmarking H100 pairs) and stored as
-  :data:`CALIBRATED_MATMUL_EFFICIENCY` in the H100 and H200 presets; other presets keep the
-  first cost model's stated assumption, 0.65. At the ceiling instead
+  :data:`CALIBRATED_MATMUL_EFFICIENCY` in the H100 and H200 presets. The fitted rate is
+  0.795 of H100's ceiling (:data:`IN_STEP_SHARE_OF_CEILING`, the share of an isolated GEMM's
+  best rate a training step keeps: the same share the FP8 level and the attention kernels
+  already use, :attr:`Device.sustained_fraction`); every other GPU preset with a published
+  ceiling runs at that share of *its own* ceiling (:func:`derived_matmul_efficiency`: A100,
+  B200, GB200, MI300X, MI355X, H100 96GB), a transfer of the one fitted number through a
+  micro-benchmark, not a second fit. Presets without a published ceiling (the TPUs, the NEST
+  paper's devices) keep the first cost model's stated assumption, 0.65. At the ceiling instead
   (``matmul_efficiency`` = ``gemm_ceiling``) the model over-predicts every published run it is
   validated against (docs/trust/fidelity.md). The shape model's job is the *relative*
   cost of shapes: small, ragged and grouped GEMMs lose against large ones as the tiles, waves
@@ -55,6 +61,25 @@ CALIBRATED_MATMUL_EFFICIENCY = 0.638
 docstring; :data:`nest.app.calibrate.CALIBRATION_SPLIT`); ``conf/device/h100_sxm.yaml`` and
 ``h200_sxm.yaml`` carry the same value and ``tests/test_calibrate.py`` checks both against a
 fresh fit."""
+
+H100_GEMM_CEILING = 0.803
+"""H100 SXM's best bf16 GEMM, 794.5 of 989 TFLOP/s (S. Bekman, ml-engineering, "Maximum
+Achievable Matmul FLOPS", ``mamf-finder.py``): ``gemm_ceiling`` of the presets the calibrated rate
+was fitted on (``conf/device/h100_sxm.yaml``; ``tests/test_calibrate.py`` checks they agree)."""
+
+IN_STEP_SHARE_OF_CEILING = CALIBRATED_MATMUL_EFFICIENCY / H100_GEMM_CEILING
+"""The share of its micro-benchmark ceiling a GEMM keeps inside a training step, as fitted on
+H100 (0.638 / 0.803 = 0.795): what sustained clocks, launch gaps and the unlisted kernels leave of
+an isolated GEMM's best rate. Derived from the one calibrated constant, not fitted again."""
+
+
+def derived_matmul_efficiency(gemm_ceiling: float) -> float:
+    """The in-step GEMM rate of a preset whose ``gemm_ceiling`` is measured but whose in-step
+    rate no calibration split covers: :data:`IN_STEP_SHARE_OF_CEILING` of its own ceiling,
+    rounded to the presets' three decimals (module docstring). The device presets store the
+    result (``conf/device/*.yaml``), ``tests/test_calibrate.py`` checks each against this."""
+    return round(IN_STEP_SHARE_OF_CEILING * gemm_ceiling, 3)
+
 
 
 def gemm_time_s(
