@@ -50,7 +50,7 @@ from math import ceil, log2
 
 from nest.core.hardware import Device
 
-CALIBRATED_MATMUL_EFFICIENCY = 0.638
+CALIBRATED_MATMUL_EFFICIENCY = 0.617
 """The in-step GEMM rate fitted by ``python -m nest.calibrate`` on its declared split (module
 docstring; :data:`nest.app.calibrate.CALIBRATION_SPLIT`); ``conf/device/h100_sxm.yaml`` and
 ``h200_sxm.yaml`` carry the same value and ``tests/test_calibrate.py`` checks both against a
