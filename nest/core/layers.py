@@ -219,8 +219,8 @@ LOSS_STREAM = {
 }
 """HBM bytes per logit and kernels of the cross-entropy loss, ``{fused_loss: ((forward bytes,
 forward kernels), (backward bytes, backward kernels))}``, each operator streaming its inputs and
-outputs once (roofline, as the block's elementwise work; :attr:`nest.core.problem.Training.fused_loss`
-picks the implementation):
+outputs once (roofline, as the block's elementwise work;
+:attr:`nest.core.problem.Training.fused_loss` picks the implementation):
 
 - ``True``, Megatron-Core's vocabulary-parallel cross entropy with ``cross_entropy_loss_fusion``
   (``megatron/core/fusions/fused_cross_entropy.py``; NeMo's ``GPTConfig`` turns it on): forward
@@ -644,11 +644,8 @@ class AnalyticModel:
         ew = p * hsb + ((2 * p + 1) * hsb if m.dropout else 0.0)  # lookup write, dropout
         fwd_s = ew / sp_div / device.achieved_hbm_bw_bytes_per_s
         # the word embedding's dense weight gradient, written and accumulated every microbatch
-        grad_s = (
-            (vocab / t) * m.hidden * (p + EMBEDDING_GRAD_ACCUMULATE_BYTES_PER_WEIGHT)
-            / device.achieved_hbm_bw_bytes_per_s
-            + 2 * device.kernel_overhead_s
-        )
+        grad_bytes = (vocab / t) * m.hidden * (p + EMBEDDING_GRAD_ACCUMULATE_BYTES_PER_WEIGHT)
+        grad_s = grad_bytes / device.achieved_hbm_bw_bytes_per_s + 2 * device.kernel_overhead_s
         tp_fwd: list[Collective] = []
         tp_bwd: list[Collective] = []
         if t > 1:
