@@ -73,8 +73,8 @@ def test_gemm_model_reproduces_the_published_h100_table():
 
 def test_large_gemms_run_at_the_level_never_above_the_published_ceiling():
     """A GEMM filling many waves runs at ``min(matmul_efficiency, gemm_ceiling)`` of peak: the
-    presets' in-step rate (H100: calibrated 0.638, A100: derived, H100's share of its ceiling
-    times A100's: ``derived_matmul_efficiency(0.869)`` = 0.690), and at most the
+    presets' in-step rate (H100: calibrated, A100: derived, H100's share of its ceiling
+    times A100's: ``derived_matmul_efficiency(0.869)``), and at most the
     micro-benchmark ceiling (H100 794.5 of 989 TFLOP/s, A100 271.2 of 312: ml-engineering's MAMF
     table) whatever is asked."""
     for name, peak, ceiling, rate in (

@@ -128,32 +128,36 @@ SC21_T2_WHY = (
     "2021's ZeRO-3 ran slower than the bandwidth-bound collectives modelled"
 )
 PAIRS_WHY = (
-    "Grok-1's FP8 rows predicted 17-19 % fast (its BF16 rows 8-9 %): the model's FP8 speed-up of "
-    "the MoE blocks is larger than measured; Nemotron4 340B FP8 on 256 GPUs predicted 17.6 % "
-    "slow (its BF16 row 11.9 %)"
+    "Nemotron4 340B FP8 on 256 GPUs predicted 21.1 % slow (its BF16 row 15.4 %); Grok-1's FP8 "
+    "rows predicted 14-16 % fast (its BF16 rows 4-5 %): the model's FP8 speed-up of the MoE "
+    "blocks is larger than measured"
 )
 DSV3_WHY = (
-    "TP1 PP8 VP2 EP64 on 1024 H100 predicted 55 % slow (the EP-64 exchange priced as a plain "
+    "TP1 PP8 VP2 EP64 on 1024 H100 predicted 60 % slow (the EP-64 exchange priced as a plain "
     "all-to-all: the rows do not state their dispatcher; priced as DeepEP the three rows read "
     "-25, -19 and +28 %, no better ranked); the two "
-    "folded rows (TP2 EP64 etp 1) -11.0 % (512 GPUs, 4.9 GiB over memory) and -6.4 % (1024)"
+    "folded rows (TP2 EP64 etp 1) -7.7 % (512 GPUs, 4.9 GiB over memory) and -1.1 % (1024)"
 )
 MOEZOO_WHY = (
-    "Megatron-Core FSDP row (TP2 EP8 DP128 ZeRO-3, full recompute) +25 %, cross-node EP32 rows "
-    "with DeepEP's node-deduplicated dispatch -8 and -13 % (+31 and +29 % priced as a plain "
-    "all-to-all), TP2 PP32 -34 % and TP4 PP8 -48 % (predicted fastest, measured slowest)"
+    "Megatron-Core FSDP row (TP2 EP8 DP128 ZeRO-3, full recompute) +26 %, cross-node EP32 rows "
+    "with DeepEP's node-deduplicated dispatch -4 and -9 %, TP2 PP32 -23 % and TP4 PP8 -46 % "
+    "(predicted fastest, measured slowest)"
 )
 GB200_WHY = (
-    "every row predicted fast (BF16 -3 to -13 %, FP8 -5 to -22 %) at the derived in-step GEMM "
-    "rate (0.579: H100's calibrated 0.795 of its micro-benchmark ceiling, times GB200's 0.729): "
-    "Llama 3.1 405B's FP8 rows -20 to -22 %, Grok-1's -14 to -16 %, with an FP8 GEMM level 1.98x "
+    "every row predicted fast (BF16 -0.2 to -10 %, FP8 -2 to -20 %) at the derived in-step GEMM "
+    "rate (0.560: H100's calibrated 0.768 of its micro-benchmark ceiling, times GB200's 0.729): "
+    "Llama 3.1 405B's FP8 rows -18 to -20 %, Grok-1's -12 to -13 %, with an FP8 GEMM level 1.98x "
     "the BF16 one (1.77x on H100)"
 )
 BLACKWELL_WHY = (
-    "predicted faster than measured on all 9 rows (median +12.6 %): Qwen3-30B-A3B on 8 B200 at "
-    "microbatch 1 +255 % (the same recipe printed 23,766 tokens/s at microbatch 4 on GB200, "
-    "predicted +45 %), Qwen3-235B-A22B on 64 B200 +97 %, DeepSeek-V3 +26 %; the 8B and 405B "
-    "rows +1 to +13 %"
+    "Qwen3-30B-A3B on 8 B200 at microbatch 1 predicted +239 % (the same recipe printed 23,766 "
+    "tokens/s at microbatch 4 on GB200, predicted +39 %), Qwen3-235B-A22B on 64 B200 +86 %, "
+    "DeepSeek-V3 +17 %; the 8B, 405B and Qwen3-235B BF16 rows -4 to +9 %"
+)
+MI355X_WHY = (
+    "Llama 3.1 8B FP8 on 8 MI355X predicted 12.0 % slower than the MLPerf run at the derived "
+    "in-step rate (0.481: H100's 0.768 of the ceiling x MI355X's 0.626); +13.5 % when the preset "
+    "ran at its ceiling"
 )
 TPU_WHY = (
     "every row predicted slow (v5e -8 to -35 %, v5p -8 to -44 %): the published MFU is 46-71 "
@@ -162,15 +166,15 @@ TPU_WHY = (
     "the ici_tensor rows' TP collectives are charged as exposed"
 )
 TORCHTITAN_WHY = (
-    "the two 'selective op' rows over-predicted (Llama 3 8B +21.4 %, Llama 2 13B +24.8 %): "
+    "the two 'selective op' rows over-predicted (Llama 3 8B +16.7 %, Llama 2 13B +20.8 %): "
     "torchtitan's op-level checkpointing recomputes every second matmul, scored as nest's "
-    "selective recompute, which recomputes none; the full and no-recompute rows +1.9 to +11.4 % "
-    "at the A100's derived in-step rate (0.690: H100's 0.795 of the ceiling x A100's 0.869)"
+    "selective recompute, which recomputes none; the full and no-recompute rows -1.3 to +7.8 % "
+    "at the A100's derived in-step rate (0.668: H100's 0.768 of the ceiling x A100's 0.869)"
 )
 MBRIDGE_WHY = (
-    "Qwen3-30B-A3B PP2 VP24 (25.11) predicted at 2.46x the measured throughput (and 8 GiB over "
-    "memory), the PP1 EP16 run (26.06) 11.8 % slow, the folded Qwen3-235B run (25.11, TP2 EP32 "
-    "etp 1) 12.3 % slow"
+    "Qwen3-30B-A3B PP2 VP24 (25.11) predicted at 2.31x the measured throughput (and 8 GiB over "
+    "memory), the PP1 EP16 run (26.06) 14.1 % slow, the folded Qwen3-235B run (25.11, TP2 EP32 "
+    "etp 1) 13.7 % slow"
 )
 
 
@@ -179,19 +183,19 @@ MBRIDGE_WHY = (
     [
         SC21_T1,
         MEGATRON,
-        pytest.param(LLAMA3, marks=_unmet("source median <= 10 %", "17.1 %", LLAMA3_WHY)),
-        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "15.6 %", SC21_T2_WHY)),
+        pytest.param(LLAMA3, marks=_unmet("source median <= 10 %", "19.4 %", LLAMA3_WHY)),
+        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "15.2 %", SC21_T2_WHY)),
         AUTOMODEL,
         PAIRS,
-        pytest.param(DSV3, marks=_unmet("source median <= 10 %", "11.0 %", DSV3_WHY)),
-        pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "12.3 %", MBRIDGE_WHY)),
-        pytest.param(MOEZOO, marks=_unmet("source median <= 10 %", "24.6 %", MOEZOO_WHY)),
+        DSV3,
+        pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "14.1 %", MBRIDGE_WHY)),
+        pytest.param(MOEZOO, marks=_unmet("source median <= 10 %", "23.0 %", MOEZOO_WHY)),
         GB200_PAIRS,
-        pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "12.6 %", BLACKWELL_WHY)),
-        pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "24.2 %", TPU_WHY)),
+        BLACKWELL,
+        pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "24.3 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("source median <= 10 %", "20.4 %", TPU_WHY)),
-        MI355X,
-        pytest.param(TORCHTITAN, marks=_unmet("source median <= 10 %", "11.4 %", TORCHTITAN_WHY)),
+        pytest.param(MI355X, marks=_unmet("source median <= 10 %", "12.0 %", MI355X_WHY)),
+        TORCHTITAN,
     ],
 )
 def test_accuracy_no_source_median_above_10_percent(summary, source):
@@ -206,25 +210,26 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
             MEGATRON,
             marks=_unmet(
                 "max <= 15 %",
-                "39.9 %",
-                "1.7B over-predicted by 40 % and 7.1B by 16 % with the per-kernel time and the "
-                "achieved HBM bandwidth counted: the host-side (CPU dispatch) time of small "
-                "models' short kernels is not modelled",
+                "23.6 %",
+                "1.7B over-predicted by 23 % and 7.1B by 11 % with the per-kernel time, the "
+                "achieved HBM bandwidth and the loss over the 131k-vocabulary logits counted; "
+                "32B under-predicted by 23 %. Not modelled: the compute slowdown while the DP "
+                "gradient reduce-scatter shares the SMs, the host-side (CPU dispatch) time",
             ),
         ),
-        pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "32.8 %", LLAMA3_WHY)),
-        pytest.param(SC21_T2, marks=_unmet("max <= 15 %", "215 %", SC21_T2_WHY)),
+        pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "34.6 %", LLAMA3_WHY)),
+        pytest.param(SC21_T2, marks=_unmet("max <= 15 %", "208 %", SC21_T2_WHY)),
         AUTOMODEL,
-        pytest.param(PAIRS, marks=_unmet("max <= 15 %", "18.7 %", PAIRS_WHY)),
-        pytest.param(DSV3, marks=_unmet("max <= 15 %", "54.6 %", DSV3_WHY)),
-        pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "146 %", MBRIDGE_WHY)),
-        pytest.param(MOEZOO, marks=_unmet("max <= 15 %", "48.5 %", MOEZOO_WHY)),
-        pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "22.2 %", GB200_WHY)),
-        pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "255 %", BLACKWELL_WHY)),
+        pytest.param(PAIRS, marks=_unmet("max <= 15 %", "21.1 %", PAIRS_WHY)),
+        pytest.param(DSV3, marks=_unmet("max <= 15 %", "59.5 %", DSV3_WHY)),
+        pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "131 %", MBRIDGE_WHY)),
+        pytest.param(MOEZOO, marks=_unmet("max <= 15 %", "45.5 %", MOEZOO_WHY)),
+        pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "19.6 %", GB200_WHY)),
+        pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "239 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "35.0 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "44.1 %", TPU_WHY)),
         MI355X,
-        pytest.param(TORCHTITAN, marks=_unmet("max <= 15 %", "24.8 %", TORCHTITAN_WHY)),
+        pytest.param(TORCHTITAN, marks=_unmet("max <= 15 %", "20.8 %", TORCHTITAN_WHY)),
     ],
 )
 def test_accuracy_every_source_max_within_15_percent(summary, source):
@@ -233,7 +238,7 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
 
 @_unmet(
     "median <= 5 % over all cases",
-    "8.5 %",
+    "9.1 %",
     f"the GB200 pairs: {GB200_WHY}; the TPU rows: {TPU_WHY}; the MoE sources: {BLACKWELL_WHY}",
 )
 def test_accuracy_median_within_5_percent(summary):
@@ -260,35 +265,35 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 
 def test_regression_split_errors_pin_the_current_model(summary):
-    """Pins (not accuracy): calibration rows median 2.9 % / max 11.9 %; held-out rows median
-    9.9 % / max 255 %."""
+    """Pins (not accuracy): calibration rows median 2.4 % / max 15.4 %; held-out rows median
+    9.6 % / max 239 %."""
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
-    assert cal["median_abs_error"] == pytest.approx(0.029, abs=0.005)
-    assert cal["max_abs_error"] == pytest.approx(0.119, abs=0.005)
-    assert held["median_abs_error"] == pytest.approx(0.099, abs=0.005)
-    assert held["max_abs_error"] == pytest.approx(2.548, abs=0.005)
+    assert cal["median_abs_error"] == pytest.approx(0.024, abs=0.005)
+    assert cal["max_abs_error"] == pytest.approx(0.154, abs=0.005)
+    assert held["median_abs_error"] == pytest.approx(0.096, abs=0.005)
+    assert held["max_abs_error"] == pytest.approx(2.389, abs=0.005)
 
 
-@_unmet("held-out median <= 5 % (issue 22)", "9.9 %", HELD_OUT_WHY)
+@_unmet("held-out median <= 5 % (issue 22)", "9.6 %", HELD_OUT_WHY)
 def test_accuracy_held_out_median_within_5_percent(summary):
     assert summary["held_out_targets_met"]["median_abs_error"]
 
 
-@_unmet("held-out max <= 25 % (issue 22)", "255 %", HELD_OUT_WHY)
+@_unmet("held-out max <= 25 % (issue 22)", "239 %", HELD_OUT_WHY)
 def test_accuracy_held_out_max_within_25_percent(summary):
     assert summary["held_out_targets_met"]["max_abs_error"]
 
 
 @_unmet(
     "no held-out source median above 10 % (issue 22)",
-    "24.6 % (MoE-ModelZoo Qwen3-235B)",
+    "24.3 % (MaxText TPU v5e)",
     HELD_OUT_WHY,
 )
 def test_accuracy_no_held_out_source_median_above_10_percent(summary):
     assert summary["held_out_targets_met"]["source_median_abs_error"]
 
 
-@_unmet("max <= 15 % over all cases", "255 %", f"{BLACKWELL_WHY}; {SC21_T2_WHY}; {MBRIDGE_WHY}")
+@_unmet("max <= 15 % over all cases", "239 %", f"{BLACKWELL_WHY}; {SC21_T2_WHY}; {MBRIDGE_WHY}")
 def test_accuracy_max_within_15_percent(summary):
     assert summary["max_abs_error"] <= TARGET_MAX
 
@@ -322,21 +327,21 @@ def test_accuracy_3d_parallelism_ranked_above_zero3_at_every_scale():
 # to half a percentage point, so that any change of the model's numbers is noticed. A change
 # made on purpose updates this table together with docs/trust/fidelity.md.
 CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
-    SC21_T1: (30, 0.043, 0.103, -0.043),
-    MEGATRON: (27, 0.059, 0.399, -0.046),
-    LLAMA3: (3, 0.171, 0.328, -0.171),
-    SC21_T2: (12, 0.156, 2.148, 0.117),
-    AUTOMODEL: (1, 0.093, 0.093, 0.093),
-    PAIRS: (30, 0.060, 0.187, -0.024),
-    DSV3: (3, 0.110, 0.546, -0.064),
-    MBRIDGE: (3, 0.123, 1.464, -0.118),
-    MOEZOO: (5, 0.246, 0.485, -0.133),
-    GB200_PAIRS: (30, 0.078, 0.222, -0.078),
-    BLACKWELL: (9, 0.126, 2.548, 0.126),
-    TPU_V5E: (24, 0.242, 0.350, -0.242),
+    SC21_T1: (30, 0.068, 0.124, -0.068),
+    MEGATRON: (27, 0.082, 0.236, -0.073),
+    LLAMA3: (3, 0.194, 0.346, -0.194),
+    SC21_T2: (12, 0.152, 2.081, 0.087),
+    AUTOMODEL: (1, 0.058, 0.058, 0.058),
+    PAIRS: (30, 0.039, 0.211, 0.015),
+    DSV3: (3, 0.077, 0.595, -0.011),
+    MBRIDGE: (3, 0.141, 1.305, -0.137),
+    MOEZOO: (5, 0.230, 0.455, -0.089),
+    GB200_PAIRS: (30, 0.043, 0.196, -0.043),
+    BLACKWELL: (9, 0.091, 2.389, 0.091),
+    TPU_V5E: (24, 0.243, 0.350, -0.243),
     TPU_V5P: (16, 0.204, 0.441, -0.204),
-    MI355X: (1, 0.076, 0.076, -0.076),
-    TORCHTITAN: (5, 0.114, 0.248, 0.114),
+    MI355X: (1, 0.120, 0.120, -0.120),
+    TORCHTITAN: (5, 0.078, 0.208, 0.078),
 }
 
 
@@ -704,57 +709,52 @@ TARGET_RATIO = 0.10
 TARGET_FP8_MEDIAN = 0.10
 RATIO_WHY = "the model's FP8 speed-up is larger than measured"
 PAIR_RATIOS = {  # pair: (measured speed-up, predicted today): measured from cases.csv
-    "GPT-3 175B NeMo 128xH100": (1.477, 1.560),
-    "GPT-3 175B NeMo 1024xH100": (1.452, 1.558),
-    "Llama3.1 8B NeMo2 8xH100": (1.315, 1.385),
-    "Llama3.1 8B NeMo2 128xH100": (1.292, 1.385),
-    "Llama3.1 70B NeMo 64xH100": (1.397, 1.457),
-    "Llama3.1 70B NeMo 2048xH100": (1.350, 1.457),
-    "Llama3.1 405B NeMo2 512xH100": (1.522, 1.539),
-    "Llama3.1 405B NeMo2 2048xH100": (1.582, 1.539),
-    "Nemotron4 15B NeMo2 16xH100": (1.381, 1.436),
-    "Nemotron4 15B NeMo 2048xH100": (1.362, 1.398),
-    "Nemotron4 340B NeMo2 256xH100": (1.482, 1.411),
-    "Nemotron4 340B NeMo 2048xH100": (1.387, 1.412),
-    "Grok-1 314B NeMo 512xH100": (1.243, 1.378),
-    "Grok-1 314B NeMo 2048xH100": (1.231, 1.378),
-    "Llama4 Maverick NeMo2 512xH100": (1.148, 1.245),
-    "Grok-1 314B NeMo2 128xGB200": (1.383, 1.586),
-    "Grok-1 314B NeMo2 256xGB200": (1.415, 1.587),
-    "Grok-1 314B NeMo2 512xGB200": (1.410, 1.587),
-    "Llama3.1 405B NeMo2 128xGB200": (1.525, 1.717),
-    "Llama3.1 405B NeMo2 256xGB200": (1.534, 1.717),
-    "Llama3.1 405B NeMo2 512xGB200": (1.523, 1.692),
-    "Nemotron4 340B NeMo2 weak 128xGB200": (1.476, 1.515),
-    "Nemotron4 340B NeMo2 weak 256xGB200": (1.444, 1.503),
-    "Nemotron4 340B NeMo2 weak 512xGB200": (1.439, 1.500),
-    "Nemotron4 340B NeMo2 strong 128xGB200": (1.496, 1.525),
-    "Nemotron4 340B NeMo2 strong 256xGB200": (1.479, 1.510),
-    "Nemotron4 340B NeMo2 strong 512xGB200": (1.494, 1.508),
-    "Llama4 Maverick NeMo2 128xGB200": (1.277, 1.367),
-    "Llama4 Maverick NeMo2 256xGB200": (1.263, 1.367),
-    "Llama4 Maverick NeMo2 512xGB200": (1.263, 1.367),
+    "GPT-3 175B NeMo 128xH100": (1.477, 1.561),
+    "GPT-3 175B NeMo 1024xH100": (1.452, 1.560),
+    "Llama3.1 8B NeMo2 8xH100": (1.315, 1.376),
+    "Llama3.1 8B NeMo2 128xH100": (1.292, 1.376),
+    "Llama3.1 70B NeMo 64xH100": (1.397, 1.455),
+    "Llama3.1 70B NeMo 2048xH100": (1.350, 1.455),
+    "Llama3.1 405B NeMo2 512xH100": (1.522, 1.544),
+    "Llama3.1 405B NeMo2 2048xH100": (1.582, 1.544),
+    "Nemotron4 15B NeMo2 16xH100": (1.381, 1.423),
+    "Nemotron4 15B NeMo 2048xH100": (1.362, 1.392),
+    "Nemotron4 340B NeMo2 256xH100": (1.482, 1.413),
+    "Nemotron4 340B NeMo 2048xH100": (1.387, 1.413),
+    "Grok-1 314B NeMo 512xH100": (1.243, 1.377),
+    "Grok-1 314B NeMo 2048xH100": (1.231, 1.377),
+    "Llama4 Maverick NeMo2 512xH100": (1.148, 1.247),
+    "Grok-1 314B NeMo2 128xGB200": (1.383, 1.590),
+    "Grok-1 314B NeMo2 256xGB200": (1.415, 1.591),
+    "Grok-1 314B NeMo2 512xGB200": (1.410, 1.591),
+    "Llama3.1 405B NeMo2 128xGB200": (1.525, 1.714),
+    "Llama3.1 405B NeMo2 256xGB200": (1.534, 1.714),
+    "Llama3.1 405B NeMo2 512xGB200": (1.523, 1.690),
+    "Nemotron4 340B NeMo2 weak 128xGB200": (1.476, 1.520),
+    "Nemotron4 340B NeMo2 weak 256xGB200": (1.444, 1.508),
+    "Nemotron4 340B NeMo2 weak 512xGB200": (1.439, 1.504),
+    "Nemotron4 340B NeMo2 strong 128xGB200": (1.496, 1.529),
+    "Nemotron4 340B NeMo2 strong 256xGB200": (1.479, 1.514),
+    "Nemotron4 340B NeMo2 strong 512xGB200": (1.494, 1.512),
+    "Llama4 Maverick NeMo2 128xGB200": (1.277, 1.362),
+    "Llama4 Maverick NeMo2 256xGB200": (1.263, 1.362),
+    "Llama4 Maverick NeMo2 512xGB200": (1.263, 1.362),
 }
 RATIO_UNMET = {  # pair: why (the measured and predicted speed-ups are in PAIR_RATIOS)
     "GPT-3 175B NeMo 1024xH100": RATIO_WHY,
     "Llama3.1 70B NeMo 2048xH100": f"{RATIO_WHY}; the measured one falls with scale (1.397 on "
     "64 GPUs), the predicted one does not",
-    "Grok-1 314B NeMo 512xH100": f"{RATIO_WHY} for MoE blocks (its FP8 rows -17 %, BF16 -8 %)",
-    "Grok-1 314B NeMo 2048xH100": f"{RATIO_WHY} for MoE blocks (its FP8 rows -19 %, BF16 -9 %)",
+    "Grok-1 314B NeMo 512xH100": f"{RATIO_WHY} for MoE blocks (its FP8 rows -14 %, BF16 -4 %)",
+    "Grok-1 314B NeMo 2048xH100": f"{RATIO_WHY} for MoE blocks (its FP8 rows -16 %, BF16 -5 %)",
     **{
-        f"Grok-1 314B NeMo2 {n}xGB200": f"{RATIO_WHY} for MoE blocks (its FP8 rows -14 to -16 %, "
-        "BF16 -3 to -4 %); on GB200 the FP8 GEMM level is 1.98x the BF16 one (1.77x on H100)"
+        f"Grok-1 314B NeMo2 {n}xGB200": f"{RATIO_WHY} for MoE blocks (its FP8 rows -12 to -13 %, "
+        "BF16 -0.2 to -1 %); on GB200 the FP8 GEMM level is 1.98x the BF16 one (1.77x on H100)"
         for n in (128, 256, 512)
     },
     **{
-        f"Llama3.1 405B NeMo2 {n}xGB200": f"{RATIO_WHY} (its FP8 rows -20 to -22 %, BF16 -11 to "
-        "-13 %); on GB200 the FP8 GEMM level is 1.98x the BF16 one (1.77x on H100)"
+        f"Llama3.1 405B NeMo2 {n}xGB200": f"{RATIO_WHY} (its FP8 rows -18 to -20 %, BF16 -9 to "
+        "-10 %); on GB200 the FP8 GEMM level is 1.98x the BF16 one (1.77x on H100)"
         for n in (128, 256, 512)
-    },
-    **{
-        f"Llama4 Maverick NeMo2 {n}xGB200": f"{RATIO_WHY} for MoE blocks (its FP8 rows -14 to "
-        "-15 %, BF16 -7 to -8 %)"
-        for n in (256, 512)
     },
 }
 
@@ -793,10 +793,10 @@ def test_accuracy_fp8_speedup_within_a_tenth_on_every_pair(pairs, label):
 
 
 FP8_GROUPS = {  # machine: (its sources, FP8 rows, median |error| today)
-    "H100": ((PAIRS, MBRIDGE), 18, 0.083),
-    "GB200 dgxc": ((GB200_PAIRS,), 15, 0.141),
-    "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.194),
-    "MI355X MLPerf": ((MI355X,), 1, 0.076),
+    "H100": ((PAIRS, MBRIDGE), 18, 0.049),
+    "GB200 dgxc": ((GB200_PAIRS,), 15, 0.099),
+    "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.129),
+    "MI355X MLPerf": ((MI355X,), 1, 0.120),
 }
 
 
@@ -811,12 +811,12 @@ def _fp8_median(summary, group: str) -> float:
     "group",
     [
         "H100",
-        pytest.param("GB200 dgxc", marks=_unmet("FP8 median <= 10 %", "14.1 %", GB200_WHY)),
+        "GB200 dgxc",
         pytest.param(
             "B200/GB200 Megatron-Bridge",
-            marks=_unmet("FP8 median <= 10 %", "19.4 %", BLACKWELL_WHY),
+            marks=_unmet("FP8 median <= 10 %", "12.9 %", BLACKWELL_WHY),
         ),
-        "MI355X MLPerf",
+        pytest.param("MI355X MLPerf", marks=_unmet("FP8 median <= 10 %", "12.0 %", MI355X_WHY)),
     ],
 )
 def test_accuracy_fp8_rows_median_within_10_percent(summary, group):

@@ -22,7 +22,9 @@ micro-benchmark isolates. It is fitted here, and only here, on :data:`CALIBRATIO
   ``h200_sxm.yaml``: the same GH100 compute); ``tests/test_calibrate.py`` fails when the stored
   value and a fresh fit differ by more than :data:`STALE_TOLERANCE`, so it cannot go stale
   silently. After any cost-model change: run ``python -m nest.calibrate``, store the printed
-  value in the three places, re-pin ``tests/test_validate.py``.
+  value in the three places and the derived rates it prints in the other GPU presets
+  (:func:`nest.core.kernels.derived_matmul_efficiency`, the same share of each one's measured
+  ceiling), re-pin ``tests/test_validate.py``.
 """
 
 import argparse
@@ -32,9 +34,18 @@ import statistics
 import sys
 from pathlib import Path
 
-from nest.app.validate import CALIBRATION_SPLIT, CalibrationSplit, predict
+import yaml
+
+from nest.app.validate import (
+    CALIBRATION_SPLIT,
+    CONF_DIR,
+    CalibrationSplit,
+    device_config,
+    predict,
+    presets,
+)
 from nest.core.errors import UserError
-from nest.core.kernels import CALIBRATED_MATMUL_EFFICIENCY
+from nest.core.kernels import CALIBRATED_MATMUL_EFFICIENCY, derived_matmul_efficiency
 
 DEFAULT_CSV = Path("experiments/validation/cases.csv")
 FIT_LOW = 0.45
@@ -100,8 +111,6 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"{args.csv} does not exist; give the validation CSV")
         with open(args.csv, newline="", encoding="utf-8-sig") as fh:
             rows = split_rows(list(csv.DictReader(fh)))
-        from nest.app.validate import device_config
-
         ceiling = float(device_config("h100_sxm")["gemm_ceiling"])
         rate, value = fit(rows, ceiling)
     except UserError as exc:
@@ -118,9 +127,31 @@ def main(argv: list[str] | None = None) -> int:
         f"fitted matmul_efficiency {rate:.3f} (median |log error| {100 * value:.2f} %); "
         f"stored {CALIBRATED_MATMUL_EFFICIENCY:.3f}"
     )
+    print(
+        f"the other GPU presets at the fitted share of their ceilings ({rate / ceiling:.3f}): "
+        + ", ".join(
+            f"{name} {derived_matmul_efficiency(c, rate / ceiling):.3f}"
+            for name, c in _ceilings_of_derived_presets()
+        )
+    )
     if abs(rate - CALIBRATED_MATMUL_EFFICIENCY) > STALE_TOLERANCE:
         print(
             "stale: store the fitted value in nest/core/kernels.py CALIBRATED_MATMUL_EFFICIENCY "
-            "and conf/device/h100_sxm.yaml, h200_sxm.yaml matmul_efficiency"
+            "and conf/device/h100_sxm.yaml, h200_sxm.yaml matmul_efficiency, and the line above "
+            "in the other presets' matmul_efficiency"
         )
     return 0
+
+
+def _ceilings_of_derived_presets() -> list[tuple[str, float]]:
+    """``(preset, gemm_ceiling)`` of the GPU presets whose in-step rate is derived
+    (:func:`nest.core.kernels.derived_matmul_efficiency`): those with a published ceiling
+    other than the calibrated H100 and H200."""
+    out = []
+    for name in presets("device"):
+        ceiling = yaml.safe_load((CONF_DIR / "device" / f"{name}.yaml").read_text()).get(
+            "gemm_ceiling"
+        )
+        if name not in ("h100_sxm", "h200_sxm") and ceiling is not None:
+            out.append((name, float(ceiling)))
+    return out

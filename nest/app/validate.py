@@ -248,7 +248,8 @@ def _count(row: dict, column: str, default: int) -> int:
     return value
 
 
-def _presets(group: str) -> list[str]:
+def presets(group: str) -> list[str]:
+    """The preset names of a config group (``conf/<group>/*.yaml``)."""
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
@@ -256,9 +257,9 @@ def _load(group: str, name: str, column: str) -> dict:
     """A ``conf/<group>`` preset, or a one-line error naming the column, the value and the
     presets there are."""
     name = name.strip()
-    if name not in _presets(group):
+    if name not in presets(group):
         raise UserError(
-            f"{column}={name!r} is not a conf/{group} preset; use one of {_presets(group)}"
+            f"{column}={name!r} is not a conf/{group} preset; use one of {presets(group)}"
         )
     return load_preset(group, name)
 
@@ -269,15 +270,15 @@ def _gpu_defaults(row: dict) -> tuple[str | None, str]:
     else its ``gpu`` looked up exactly in :data:`GPUS` (or a one-line error listing them)."""
     own = (row.get("gpu_preset") or "").strip()
     cluster = (row.get("cluster_preset") or "").strip()
-    if cluster and cluster not in _presets("cluster"):
+    if cluster and cluster not in presets("cluster"):
         raise UserError(
             f"cluster_preset={cluster!r} is not a conf/cluster preset; use one of "
-            f"{_presets('cluster')}"
+            f"{presets('cluster')}"
         )
     if own:
-        if own not in _presets("device"):
+        if own not in presets("device"):
             raise UserError(
-                f"gpu_preset={own!r} is not a conf/device preset; use one of {_presets('device')}"
+                f"gpu_preset={own!r} is not a conf/device preset; use one of {presets('device')}"
             )
         return own, cluster or OWN_PRESET_CLUSTER
     if cluster:

@@ -28,7 +28,7 @@ Two models, chosen per device preset (``compute_model``):
   one *calibrated* constant: fitted on a declared split only (:mod:`nest.app.calibrate`, the
   BF16 half of NVIDIA's dgxc-benchmarking H100 pairs) and stored as
   :data:`CALIBRATED_MATMUL_EFFICIENCY` in the H100 and H200 presets. The fitted rate is
-  0.795 of H100's ceiling (:data:`IN_STEP_SHARE_OF_CEILING`, the share of an isolated GEMM's
+  0.768 of H100's ceiling (:data:`IN_STEP_SHARE_OF_CEILING`, the share of an isolated GEMM's
   best rate a training step keeps: the same share the FP8 level and the attention kernels
   already use, :attr:`Device.sustained_fraction`); every other GPU preset with a published
   ceiling runs at that share of *its own* ceiling (:func:`derived_matmul_efficiency`: A100,
@@ -56,7 +56,7 @@ from math import ceil, log2
 
 from nest.core.hardware import Device
 
-CALIBRATED_MATMUL_EFFICIENCY = 0.638
+CALIBRATED_MATMUL_EFFICIENCY = 0.617
 """The in-step GEMM rate fitted by ``python -m nest.calibrate`` on its declared split (module
 docstring; :data:`nest.app.calibrate.CALIBRATION_SPLIT`); ``conf/device/h100_sxm.yaml`` and
 ``h200_sxm.yaml`` carry the same value and ``tests/test_calibrate.py`` checks both against a
@@ -69,17 +69,17 @@ was fitted on (``conf/device/h100_sxm.yaml``; ``tests/test_calibrate.py`` checks
 
 IN_STEP_SHARE_OF_CEILING = CALIBRATED_MATMUL_EFFICIENCY / H100_GEMM_CEILING
 """The share of its micro-benchmark ceiling a GEMM keeps inside a training step, as fitted on
-H100 (0.638 / 0.803 = 0.795): what sustained clocks, launch gaps and the unlisted kernels leave of
+H100 (0.617 / 0.803 = 0.768): what sustained clocks, launch gaps and the unlisted kernels leave of
 an isolated GEMM's best rate. Derived from the one calibrated constant, not fitted again."""
 
 
-def derived_matmul_efficiency(gemm_ceiling: float) -> float:
+def derived_matmul_efficiency(gemm_ceiling: float, share: float | None = None) -> float:
     """The in-step GEMM rate of a preset whose ``gemm_ceiling`` is measured but whose in-step
     rate no calibration split covers: :data:`IN_STEP_SHARE_OF_CEILING` of its own ceiling,
     rounded to the presets' three decimals (module docstring). The device presets store the
-    result (``conf/device/*.yaml``), ``tests/test_calibrate.py`` checks each against this."""
-    return round(IN_STEP_SHARE_OF_CEILING * gemm_ceiling, 3)
-
+    result (``conf/device/*.yaml``), ``tests/test_calibrate.py`` checks each against this.
+    ``share``: another share than the stored one (a fresh fit's, ``python -m nest.calibrate``)."""
+    return round((IN_STEP_SHARE_OF_CEILING if share is None else share) * gemm_ceiling, 3)
 
 
 def gemm_time_s(

@@ -200,6 +200,49 @@ def combine(a: LayerCost, b: LayerCost) -> LayerCost:
     )
 
 
+EMBEDDING_GRAD_ACCUMULATE_BYTES_PER_WEIGHT = 10
+"""HBM bytes per word-embedding weight that accumulating its gradient moves every microbatch,
+beyond the ``p`` bytes of the dense gradient itself: the backward of the lookup
+(``F.embedding`` / ``weight[ids]`` in Megatron-Core's ``VocabParallelEmbedding``) writes a dense
+``V/t x h`` gradient in the parameter dtype (zero-filled, the tokens' rows added: ``p`` bytes),
+and Megatron-Core's DDP backward hook (``distributed_data_parallel.py``,
+``_make_backward_post_hook``: ``param.main_grad.add_(param.grad.data)``; the linear layers skip
+it, their weight-gradient GEMMs accumulate into ``main_grad`` directly) adds it into the fp32
+main gradient: read ``p`` (2) and 4, write 4. Two memory-bound kernels at the achieved HBM
+bandwidth, a cost of the vocabulary, not of the tokens: ~1 ms per microbatch for a 131k x 2048
+embedding on H100."""
+
+
+LOSS_STREAM = {
+    True: ((26, 4), (14, 2)),
+    False: ((14, 3), (22, 3)),
+}
+"""HBM bytes per logit and kernels of the cross-entropy loss, ``{fused_loss: ((forward bytes,
+forward kernels), (backward bytes, backward kernels))}``, each operator streaming its inputs and
+outputs once (roofline, as the block's elementwise work;
+:attr:`nest.core.problem.Training.fused_loss` picks the implementation):
+
+- ``True``, Megatron-Core's vocabulary-parallel cross entropy with ``cross_entropy_loss_fusion``
+  (``megatron/core/fusions/fused_cross_entropy.py``; NeMo's ``GPTConfig`` turns it on): forward
+  ``calculate_logits_max`` (the fp32 cast and the row max, one fused kernel: read 2, write 4),
+  ``_exp_logits_inplace`` (subtract the max and exponentiate: read 4, write 4), the row
+  ``sum`` (read 4), ``calculate_cross_entropy_loss``'s ``div_`` (read 4, write 4): 26 bytes,
+  4 kernels; backward ``_scale_gradients_inplace`` (read 4, write 4) and the cast of the
+  gradient to the logits' bf16 (read 4, write 2): 14 bytes, 2 kernels. Megatron-LM's unfused
+  default (``megatron/core/tensor_parallel/cross_entropy.py``) moves 12 more bytes in its
+  forward (separate cast, max, subtract and exponential: 38); the fused path is charged for
+  both, a floor;
+- ``False``, torchtitan's ``F.cross_entropy(pred.float(), labels)``: forward the cast (read 2,
+  write 4), ``log_softmax`` (read 4, write 4), ``nll_loss`` (a gather): 14 bytes, 3 kernels;
+  backward ``nll_loss_backward`` (a dense fp32 zero gradient: write 4),
+  ``log_softmax_backward_data`` (read 4 + 4, write 4), the cast back (read 4, write 2): 22
+  bytes, 3 kernels.
+
+The target gathers and the per-token reductions' outputs are ``1/V`` of these and not counted.
+With a 131k vocabulary a microbatch's loss moves ~40 bytes for each of its ``s b V / t`` logits,
+which a small model's blocks do not outweigh."""
+
+
 def padded_vocab(vocab: int, tp: int) -> int:
     multiple = VOCAB_PAD_MULTIPLE * tp
     return ceil(vocab / multiple) * multiple
@@ -600,6 +643,9 @@ class AnalyticModel:
         act = ((hsb if m.dropout else 0.0) + (p * hsb if m.encoder else 0.0)) / sp_div
         ew = p * hsb + ((2 * p + 1) * hsb if m.dropout else 0.0)  # lookup write, dropout
         fwd_s = ew / sp_div / device.achieved_hbm_bw_bytes_per_s
+        # the word embedding's dense weight gradient, written and accumulated every microbatch
+        grad_bytes = (vocab / t) * m.hidden * (p + EMBEDDING_GRAD_ACCUMULATE_BYTES_PER_WEIGHT)
+        grad_s = grad_bytes / device.achieved_hbm_bw_bytes_per_s + 2 * device.kernel_overhead_s
         tp_fwd: list[Collective] = []
         tp_bwd: list[Collective] = []
         if t > 1:
@@ -616,7 +662,7 @@ class AnalyticModel:
             dense_params=sharded / t + replicated,
             fwd_flops=0.0,
             fwd_s=fwd_s,
-            bwd_s=2.0 * fwd_s,
+            bwd_s=2.0 * fwd_s + grad_s,
             act_bytes={mode: act for mode in Recompute},
             boundary_bytes=p * hsb / sp_div,
             fwd_collectives=tuple(tp_fwd),
@@ -633,6 +679,8 @@ class AnalyticModel:
         if m.encoder:
             gemms.append((tokens, h / t, h, 1))  # MLM transform
         fwd_s, bwd_s = self._gemms_s(device, gemms)
+        loss_fwd_s, loss_bwd_s = self._loss_s(tokens * vocab / t, device)
+        fwd_s, bwd_s = fwd_s + loss_fwd_s, bwd_s + loss_bwd_s
         n_hidden = 4 if m.encoder else 2  # stored hidden-size tensors (norm / linear inputs)
         act = n_hidden * p * hsb / sp_div + 4.0 * s_loc * b * vocab / t  # fp32 logits, loss
         tp_fwd: list[Collective] = []
@@ -661,6 +709,18 @@ class AnalyticModel:
             transient_bytes=self._loss_transient_bytes_per_logit() * s_loc * b * vocab / t,
             fwd_collectives=tuple(tp_fwd),
             bwd_collectives=tuple(tp_bwd),
+        )
+
+    def _loss_s(self, logits: float, device: Device) -> tuple[float, float]:
+        """Forward and backward seconds of the cross-entropy loss over ``logits`` logits on one
+        device: memory-bound kernels, each streaming its operands through HBM once at the
+        achieved bandwidth (roofline, as the block's elementwise work) plus the fixed
+        per-kernel time (:data:`LOSS_STREAM`)."""
+        (fwd_bytes, fwd_kernels), (bwd_bytes, bwd_kernels) = LOSS_STREAM[self.fused_loss]
+        hbm = device.achieved_hbm_bw_bytes_per_s
+        return (
+            logits * fwd_bytes / hbm + fwd_kernels * device.kernel_overhead_s,
+            logits * bwd_bytes / hbm + bwd_kernels * device.kernel_overhead_s,
         )
 
     def _loss_transient_bytes_per_logit(self) -> float:

@@ -146,9 +146,9 @@ PUBLISHED_BEST = (
 are counted by Megatron-LM's current formula, which halves the causal scores."""
 
 WHY_OPTIMISTIC = {
-    "dense": "the in-step GEMM rate is calibrated on one source's BF16 H100 runs (0.638 of "
-    "peak, python -m nest.calibrate), and host-side launch gaps, stragglers and data loading "
-    "are not modelled",
+    "dense": "the in-step GEMM rate is calibrated on one source's BF16 H100 runs (the H100 "
+    "preset's matmul_efficiency, python -m nest.calibrate), and host-side launch gaps, "
+    "stragglers and data loading are not modelled",
     "fine-grained MoE": "the in-step GEMM rate is calibrated on dense BF16 H100 runs, dropless "
     "routing's wait is one calibrated factor, and the dispatcher is one all-to-all",
     "coarse MoE": "the in-step GEMM rate is calibrated on dense BF16 H100 runs, and with ep = 1 "
