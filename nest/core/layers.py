@@ -55,6 +55,7 @@ from nest.core.blocks import (
     elementwise_bytes_per_token,
     elementwise_kernels,
     mlp_linears,
+    op_sac_inventory,
 )
 from nest.core.hardware import Device
 from nest.core.kernels import attention_time_s, gemm_time_s
@@ -734,8 +735,42 @@ class AnalyticModel:
             Recompute.SELECTIVE: kept,
             Recompute.MLP: kept_mlp + core / t,
             Recompute.SELECTIVE_MLP: kept_mlp,
+            Recompute.OP: self._op_sac_activations(ref, shard),
             Recompute.FULL: p * hsb / sp_div,
         }
+
+    def _op_sac_activations(self, ref: LayerRef, shard: Shard) -> float:
+        """Stored bytes of a block under op-level selective checkpointing
+        (:func:`nest.core.blocks.op_sac_inventory`, torchtitan's policy): its inventory, and
+        the saved outputs of the kernels and collectives it leaves to the caller:
+
+        - FlashAttention's fp32 log-sum-exp per query and head (the SDPA op's second output;
+          Dao et al. 2022). Without FlashAttention (no SDPA kernel to save) the attention
+          core is recomputed, as ``selective`` does it, and only its output is kept;
+        - with sequence parallelism, the two reduce-scatters' outputs (``reduce_scatter_tensor``
+          is in ``_save_list``), one hidden row per local token each;
+        - a MoE block's router top-k (``aten.topk`` is saved by torchtitan's ``SelectiveAC``:
+          fp32 scores and int64 expert indices per choice) and, under expert parallelism, the
+          dispatch and combine all-to-alls' outputs (``all_to_all_single`` is saved), the
+          copies this rank receives and sends back (:meth:`_block_collectives`' volume).
+
+        Dropout masks are not kept (recomputed from the saved RNG state)."""
+        m = self.spec
+        t, _, sp, sp_div, p, b, _, h, s_loc, _, _ = self._dims(shard)
+        tokens = s_loc * b
+        split = {OUTSIDE: sp_div, INSIDE: t, REP: 1}
+        tensors, _ = op_sac_inventory(m, ref.moe)
+        out = sum(elems * tokens * p / split[where] for elems, where, _ in tensors)
+        if self.flash_attention:
+            out += 4.0 * m.heads * tokens / t
+        if sp:
+            out += 2 * p * tokens * h / sp_div
+        if ref.moe:
+            out += (4.0 + 8.0) * m.top_k * tokens / sp_div
+            if shard.ep > 1:
+                a2a = p * tokens / sp_div * m.top_k * h * self.moe_load_factor(ref, shard)
+                out += 2 * a2a
+        return out
 
     def moe_load_factor(self, ref: LayerRef, shard: Shard) -> float:
         """Tokens the most loaded expert-parallel rank of a MoE block receives over the balanced
@@ -800,6 +835,34 @@ class AnalyticModel:
         mlp = {name: g for name, g in gemms.items() if name in ("fc1", "fc2")}
         seconds += sum(fwd_of[name][0] for name in mlp) + self._cast_s(mlp, device)[0]
         flops = sum(2.0 * mm * n * k * g for mm, n, k, g in mlp.values())
+        return seconds, flops
+
+    def _op_sac_recompute(
+        self, ref: LayerRef, shard: Shard, device: Device, fwd_of: dict, gemms: dict
+    ) -> tuple[float, float]:
+        """(seconds, matmul FLOPs) of the GEMMs op-level selective checkpointing runs again
+        (:func:`nest.core.blocks.op_sac_inventory`): every second mm of the block, each a
+        ``[tokens x k] @ [k x n]`` split as :meth:`_block_gemms` splits its fused linear, and a
+        MoE block's routed experts' GEMMs (``torch._grouped_mm`` is not in the save list; as
+        :meth:`_block_cost` times them, the most loaded rank's). The caller adds the rest of the
+        forward that reruns (elementwise work, FP8 casts, the router and permutations)."""
+        t, _, _, sp_div, _, b, _, _, s_loc, _, _ = self._dims(shard)
+        tokens = b * s_loc
+        fp8 = self.precision.fp8
+        pieces = []
+        for lin in op_sac_inventory(self.spec, ref.moe)[1]:
+            if lin.split == COL:
+                pieces.append((tokens, lin.n / t, lin.k, 1))
+            elif lin.split == ROW:
+                pieces.append((tokens, lin.n, lin.k / t, 1))
+            else:  # MLA's down-projections, on the local tokens under SP
+                pieces.append((tokens / sp_div, lin.n, lin.k, 1))
+        seconds = sum(self._gemms_s(device, [g], fp8)[0] for g in pieces)
+        flops = sum(2.0 * mm * n * k * g for mm, n, k, g in pieces)
+        for name in EXPERT_LINEARS & fwd_of.keys():
+            seconds += fwd_of[name][0]
+            mm, n, k, g = gemms[name]
+            flops += 2.0 * mm * n * k * g
         return seconds, flops
 
     def _block_gemms(self, ref: LayerRef, shard: Shard) -> dict[str, tuple]:
@@ -916,6 +979,16 @@ class AnalyticModel:
         none_flops = 0.5 * core_flops if self.flash_attention else 0.0
         fwd_coll, bwd_coll, mlp_coll = self._block_collectives(ref, shard, device, fwd_of, attn_s)
         mlp_s, mlp_flops = self._mlp_recompute(ref, shard, device, gemms, fwd_of)
+        op_s, op_flops = self._op_sac_recompute(ref, shard, device, fwd_of, gemms)
+        op_s += cast_fwd + ew_s + moe_fwd + (0.0 if self.flash_attention else core_s)
+        op_flops += 0.0 if self.flash_attention else core_flops
+        # the tensor-parallel all-gathers (or all-reduces) run again; the reduce-scatters',
+        # the context-parallel attention's and the all-to-alls' outputs are saved
+        op_coll = tuple(
+            c
+            for c in fwd_coll
+            if c.axis is GroupKind.TP and c.op in (CollectiveOp.ALL_GATHER, CollectiveOp.ALL_REDUCE)
+        )
         dense_params = sharded / t + replicated
         expert_params = (exp_sharded / shard.expert_tp + exp_replicated) / ep if ref.moe else 0.0
         fp8_weights = sum(n * k * g for _, n, k, g in gemms.values()) if fp8 else 0.0
@@ -934,6 +1007,7 @@ class AnalyticModel:
                 Recompute.SELECTIVE: core_s,
                 Recompute.MLP: none_s + mlp_s,
                 Recompute.SELECTIVE_MLP: core_s + mlp_s,
+                Recompute.OP: none_s + op_s,
                 Recompute.FULL: fwd_s + none_s,
             },
             recompute_flops={
@@ -941,6 +1015,7 @@ class AnalyticModel:
                 Recompute.SELECTIVE: core_flops,
                 Recompute.MLP: none_flops + mlp_flops,
                 Recompute.SELECTIVE_MLP: core_flops + mlp_flops,
+                Recompute.OP: none_flops + op_flops,
                 Recompute.FULL: flops + none_flops,
             },
             act_bytes=self._block_activations(ref, shard),
@@ -953,6 +1028,7 @@ class AnalyticModel:
                 Recompute.SELECTIVE: (),  # the backward's K/V gather serves the recompute too
                 Recompute.MLP: mlp_coll,  # a dense MLP's tensor-parallel forward collectives
                 Recompute.SELECTIVE_MLP: mlp_coll,
+                Recompute.OP: op_coll,
                 Recompute.FULL: fwd_coll,
             },
         )
