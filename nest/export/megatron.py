@@ -207,11 +207,7 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
             f"{strongest} everywhere)"
         )
         changes["recompute"] = [strongest] * len(modes)
-    counts = blocks_per_chunk(problem, plan)
-    if any(
-        m is Recompute.OP and n
-        for m, n in zip(changes.get("recompute", modes), counts, strict=True)
-    ):
+    if held and strongest_recompute(plan) is Recompute.OP:
         issues.append(
             "recompute op (torchtitan's op-level selective checkpointing; Megatron-Core's "
             "--recompute-modules names modules, not ops; used full everywhere, which stores less)"
