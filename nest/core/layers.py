@@ -745,8 +745,9 @@ class AnalyticModel:
         the saved outputs of the kernels and collectives it leaves to the caller:
 
         - FlashAttention's fp32 log-sum-exp per query and head (the SDPA op's second output;
-          Dao et al. 2022). Without FlashAttention (no SDPA kernel to save) the attention
-          core is recomputed, as ``selective`` does it, and only its output is kept;
+          Dao et al. 2022). Without FlashAttention (not a torchtitan setting: its attention is
+          always an SDPA or FlexAttention kernel, whose outputs the policy saves) the attention
+          core is assumed recomputed, as ``selective`` does it, and its output kept;
         - with sequence parallelism, the two reduce-scatters' outputs (``reduce_scatter_tensor``
           is in ``_save_list``), one hidden row per local token each;
         - a MoE block's router top-k (``aten.topk`` is saved by torchtitan's ``SelectiveAC``:
