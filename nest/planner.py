@@ -245,7 +245,10 @@ def check_memory_floor(problem: Problem, planner_name: str, offload: bool = Fals
 
 
 ZERO_STAGES = (0, 1, 2, 3)
-RECOMPUTE_MODES = tuple(r.value for r in Recompute)
+RECOMPUTE_MODES = tuple(r.value for r in Recompute if r is not Recompute.OP)
+"""The recompute modes an infeasible search names as the space to widen to: the default space
+(``nest.dp.space.SpaceOptions.recompute``). ``op`` is opt-in (docs/plan/training.md) and never
+stores less than ``full``, so adding it cannot make a plan fit that the default space lacks."""
 
 
 def _stages_text(stages: Sequence[int]) -> str:
@@ -286,7 +289,7 @@ def infeasible_memory(
         )
         if set(zero_stages) < set(ZERO_STAGES):
             widen.append(f"solver.zero_stages={list(ZERO_STAGES)}")
-        if set(modes) < set(RECOMPUTE_MODES):
+        if not set(RECOMPUTE_MODES) <= set(modes):
             widen.append(f"solver.recompute=[{','.join(RECOMPUTE_MODES)}]")
         if not offload and can_offload_optimizer(problem):
             widen.append("solver.offload=true")

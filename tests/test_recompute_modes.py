@@ -151,11 +151,12 @@ def test_modes_of_one_stage_differ_only_in_the_backward(seed):
                 assert row.optimizer_s[k] == base.optimizer_s[k]
 
 
-def test_nest_equals_brute_with_all_five_modes():
+def test_nest_equals_brute_with_all_modes():
     """``nest`` (which extends a 1F1B stage with its fastest fitting mode only, and takes an
     interleaved rank's fastest assignment when it fits) equals ``brute`` (every mode of every
-    stage or chunk through ``evaluate``) on random small problems searching all five modes,
-    1F1B and interleaved; some optimal plans use the new modes."""
+    stage or chunk through ``evaluate``) on random small problems searching every mode,
+    1F1B and interleaved (``op`` included: tests/test_recompute_op.py); some optimal plans use
+    the per-module modes."""
     used, agreed = set(), 0
     cases = [tiny_case(seed) for seed in range(40)]
     cases += [interleaved_case(2000 + seed, max_plans=4000) for seed in range(20)]

@@ -75,14 +75,27 @@ def test_unfused_loss_adds_six_bytes_per_logit_on_torchtitans_long_sequence_row(
     assert (unfused - fused) * GiB == pytest.approx(6 * 32768 * 128256, rel=1e-9)
 
 
+def test_torchtitans_selective_ac_rows_run_op_level_checkpointing():
+    """torchtitan's "selective AC" of December 2024 is its op-level policy
+    (``train_configs/llama3_8b.toml`` at 9dec370: ``mode = 'selective'``,
+    ``selective_ac_option = 'op'``), so its rows say ``op``; an op-level policy keeps more than
+    full recompute (the block's input) and less than the attention core's recompute, which
+    with FlashAttention keeps everything (docs/trust/memory.md)."""
+    rows = [r for r in _memory_rows() if "selective AC" in r["case"]]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["recompute"] == "op"
+        got = {m: validate.predict({**row, "recompute": m}) for m in ("full", "op", "selective")}
+        assert got["full"].predicted < got["op"].predicted < got["selective"].predicted
+
+
 def _unmet(target: str, now: str, why: str):
     return pytest.mark.xfail(strict=True, reason=f"target {target}; now {now}: {why}")
 
 
 TORCHTITAN_WHY = (
-    "the two selective-AC rows are scored with nest's selective recompute, which with "
-    "FlashAttention stores everything (torchtitan's op-level SAC keeps about half): predicted "
-    "36-47 % over and out of memory; the 70B FSDP x TP row is 26 % under"
+    "the 70B FSDP x TP row (full AC, torch.compile + Float8) is 26 % under: nothing in its "
+    "layout explains 19 GiB (compile and Float8's casts are not modelled)"
 )
 DEEPSPEED_WHY = (
     "the issue states neither which memory figure it gives nor the TP rows' ZeRO stage or "
@@ -95,9 +108,7 @@ DEEPSPEED_WHY = (
 @pytest.mark.parametrize(
     "source, median, worst",
     [
-        pytest.param(
-            TORCHTITAN, 0.100, 0.469, marks=_unmet("median <= 10 %", "10.0 %", TORCHTITAN_WHY)
-        ),
+        pytest.param(TORCHTITAN, 0.095, 0.260),  # met since its selective-AC rows run op
         pytest.param(
             DEEPSPEED, 0.257, 0.974, marks=_unmet("median <= 10 %", "25.7 %", DEEPSPEED_WHY)
         ),
@@ -107,18 +118,21 @@ def test_accuracy_memory_median_within_10_percent_per_source(memory, source, med
     assert memory["by_source"][source]["median_abs_error"] <= 0.10
 
 
-@pytest.mark.xfail(strict=True, reason=f"target max <= 20 %; now 97.4 %: {DEEPSPEED_WHY}")
+@pytest.mark.xfail(
+    strict=True,
+    reason=f"target max <= 20 %; now 97.4 %: {DEEPSPEED_WHY}; torchtitan: {TORCHTITAN_WHY}",
+)
 def test_accuracy_memory_max_within_20_percent(memory):
     assert memory["max_abs_error"] <= 0.20
 
 
-@pytest.mark.xfail(strict=True, reason=f"target: every row fits; now 10/13: {TORCHTITAN_WHY}")
+@pytest.mark.xfail(strict=True, reason=f"target: every row fits; now 12/13: {DEEPSPEED_WHY}")
 def test_accuracy_every_measured_run_fits(memory):
     assert memory["verdict_right"] == memory["n"]
 
 
 CURRENT = {  # source: (n, median |error|, max |error|, median signed error, verdict right)
-    TORCHTITAN: (7, 0.100, 0.469, -0.095, 5),
+    TORCHTITAN: (7, 0.095, 0.260, -0.095, 7),
     DEEPSPEED: (6, 0.257, 0.974, -0.098, 5),
 }
 

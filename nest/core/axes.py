@@ -25,12 +25,16 @@ NEST_ARTIFACT_RANK_ORDER: tuple[Axis, ...] = (Axis.TP, Axis.CP, Axis.PP, Axis.DP
 
 class Recompute(StrEnum):
     """Activation recomputation of a stage's blocks (Korthikanti et al. 2022; the per-module
-    modes are Megatron-Core's ``--recompute-modules``, ``megatron/training/arguments.py``)."""
+    modes are Megatron-Core's ``--recompute-modules``, ``megatron/training/arguments.py``;
+    ``op`` is torchtitan's op-level selective checkpointing, ``activation_checkpoint.mode =
+    "selective"`` with ``selective_ac_option = "op"``, its default: the policy and what it
+    stores are :func:`nest.core.blocks.op_sac_inventory`)."""
 
     NONE = "none"
     SELECTIVE = "selective"  # recompute the attention core (softmax, dropout, attention over V)
     MLP = "mlp"  # recompute the MLP (dense: FC1, activation, FC2) / the experts' activation (MoE)
     SELECTIVE_MLP = "selective_mlp"  # both of the above
+    OP = "op"  # keep the outputs of every other matmul and of attention; recompute the rest
     FULL = "full"  # keep only each layer's input; recompute its forward in the backward pass
 
 

@@ -242,3 +242,94 @@ def elementwise_bytes_per_token(spec: ModelSpec, moe: bool, p: int) -> dict[str,
         if spec.qk_norm:
             inside += 2 * p * qk_width
     return {OUTSIDE: 10 * p * h, INSIDE: inside, REP: rep}
+
+
+def torchtitan_matmuls(spec: ModelSpec, moe: bool) -> tuple[Linear, ...]:
+    """The ``aten.mm`` calls of one block's forward in torchtitan's order, which op-level
+    selective checkpointing counts (:func:`op_sac_inventory`). Each ``nn.Linear`` is one mm, so
+    the fused linears of :func:`attention_linears` / :func:`mlp_linears` come apart:
+
+    - attention (``torchtitan/models/llama/model.py`` at 9dec370, ``Attention.forward``:
+      ``self.wq(x), self.wk(x), self.wv(x)``, then ``self.wo``): ``wq``, ``wk``, ``wv``, ``wo``;
+      MLA (``torchtitan/models/deepseek_v3/model.py``): ``wq`` (or ``wq_a``, ``wq_b``),
+      ``wkv_a``, ``wkv_b``, ``wo``;
+    - dense MLP (``FeedForward.forward``: ``self.w2(F.silu(self.w1(x)) * self.w3(x))``): ``w1``,
+      ``w3`` (gated MLPs only), ``w2``; a MoE block's shared experts the same. The routed
+      experts run ``torch._grouped_mm`` and the router's gate is force-recomputed
+      (``SelectiveAC.Config.force_recompute_mm_shapes_by_fqns = ["moe.router.gate"]``,
+      ``torchtitan/distributed/activation_checkpoint.py``), so neither is counted."""
+    h, a, gate = spec.hidden, spec.heads, gate_factor(spec)
+    if spec.attention == "mla":
+        qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+        rq, rkv = spec.q_lora_rank, spec.kv_lora_rank
+        query = (
+            (Linear("wq_a", h, rq, REP), Linear("wq_b", rq, a * qk, COL))
+            if rq
+            else (Linear("wq", h, a * qk, COL),)
+        )
+        attention = (
+            *query,
+            Linear("wkv_a", h, rkv + spec.qk_rope_head_dim, REP),
+            Linear("wkv_b", rkv, a * (spec.qk_nope_head_dim + spec.v_head_dim), COL),
+            Linear("wo", a * spec.v_head_dim, h, ROW),
+        )
+    else:
+        q, kv = a * spec.d_head, spec.kv_dim
+        attention = (
+            Linear("wq", h, q, COL),
+            Linear("wk", h, kv, COL),
+            Linear("wv", h, kv, COL),
+            Linear("wo", q, h, ROW),
+        )
+    f = (spec.shared_ffn if moe else spec.ffn_hidden) or 0
+    if not f:
+        return attention
+    up = (Linear("w1", h, f, COL),) + ((Linear("w3", h, f, COL),) if gate == 2 else ())
+    return (*attention, *up, Linear("w2", f, h, ROW))
+
+
+OP_SAC_WHERE = {COL: INSIDE, ROW: REP, REP: OUTSIDE}
+"""Where a saved mm output lives (:func:`block_tensors`' ``where``): a column-parallel output
+is split over ``t``; a row-parallel mm's output is the full-width partial sum on every tensor
+rank before its reduction (``rep``: not split); a replicated linear (MLA's down-projections)
+runs on the sequence-parallel shard (``outside``)."""
+
+
+def op_sac_inventory(
+    spec: ModelSpec, moe: bool
+) -> tuple[list[tuple[float, str, bool]], tuple[Linear, ...]]:
+    """Stored tensors per token and recomputed matmuls of one block under op-level selective
+    activation checkpointing (:attr:`nest.core.axes.Recompute.OP`), torchtitan's
+    ``activation_checkpoint.mode = "selective"``, ``selective_ac_option = "op"``.
+
+    The policy (``_apply_ac_to_transformer_block``, ``torchtitan/parallelisms/
+    parallelize_llama.py`` at 9dec370, 2024-12-26, the commit of
+    ``benchmarks/llama3_h100_202412_torchtitan.md``; the same rule in ``SelectiveAC``,
+    ``torchtitan/distributed/activation_checkpoint.py``, 2026) saves the outputs of the ops of
+    ``_save_list`` (``aten.mm``, the flash / efficient SDPA kernels, ``reduce_scatter_tensor``,
+    ``abs`` and ``max``) except every second ``aten.mm`` of the block's forward (the mm counter
+    restarts in each block's checkpoint context), and recomputes everything else when the
+    backward reaches the block (``early_stop=False``: the whole forward reruns, saved ops
+    returning their cached outputs). Per token, stored:
+
+    - the block's input (the checkpoint's argument), ``outside``;
+    - the output of the 1st, 3rd, 5th, ... mm of :func:`torchtitan_matmuls` (:data:`OP_SAC_WHERE`);
+    - the attention kernel's output (the caller adds its fp32 log-sum-exp and, with tensor
+      and sequence parallelism, the reduce-scatters' outputs; the expert all-to-alls' under
+      expert parallelism; the router's top-k);
+
+    all in the compute dtype (an mm's output is bf16 under FP8 too). Nothing of the norms,
+    rotary embeddings, activation function or residual adds is kept. Recomputed: the 2nd, 4th,
+    ... mm (returned), plus (the caller) the routed experts' GEMMs, the router, and all the
+    block's elementwise work. Llama 3 8B (``wq wk wv wo w1 w3 w2``): ``wq``, ``wv``, ``w1``,
+    ``w2`` saved; ``wk``, ``wo``, ``w3`` recomputed."""
+    out: list[tuple[float, str, bool]] = [(spec.hidden, OUTSIDE, False)]  # the block's input
+    recomputed = []
+    for count, lin in enumerate(torchtitan_matmuls(spec, moe), start=1):
+        if count % 2 == 0:
+            recomputed.append(lin)
+        else:
+            out.append((lin.n, OP_SAC_WHERE[lin.split], False))
+    width = spec.v_head_dim if spec.attention == "mla" else spec.d_head
+    out.append((spec.heads * width, INSIDE, False))  # the attention kernel's output
+    return out, tuple(recomputed)

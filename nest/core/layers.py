@@ -55,6 +55,7 @@ from nest.core.blocks import (
     elementwise_bytes_per_token,
     elementwise_kernels,
     mlp_linears,
+    op_sac_inventory,
 )
 from nest.core.hardware import Device
 from nest.core.kernels import attention_time_s, gemm_time_s
@@ -794,8 +795,43 @@ class AnalyticModel:
             Recompute.SELECTIVE: kept,
             Recompute.MLP: kept_mlp + core / t,
             Recompute.SELECTIVE_MLP: kept_mlp,
+            Recompute.OP: self._op_sac_activations(ref, shard),
             Recompute.FULL: p * hsb / sp_div,
         }
+
+    def _op_sac_activations(self, ref: LayerRef, shard: Shard) -> float:
+        """Stored bytes of a block under op-level selective checkpointing
+        (:func:`nest.core.blocks.op_sac_inventory`, torchtitan's policy): its inventory, and
+        the saved outputs of the kernels and collectives it leaves to the caller:
+
+        - FlashAttention's fp32 log-sum-exp per query and head (the SDPA op's second output;
+          Dao et al. 2022). Without FlashAttention (not a torchtitan setting: its attention is
+          always an SDPA or FlexAttention kernel, whose outputs the policy saves) the attention
+          core is assumed recomputed, as ``selective`` does it, and its output kept;
+        - with sequence parallelism, the two reduce-scatters' outputs (``reduce_scatter_tensor``
+          is in ``_save_list``), one hidden row per local token each;
+        - a MoE block's router top-k (``aten.topk`` is saved by torchtitan's ``SelectiveAC``:
+          fp32 scores and int64 expert indices per choice) and, under expert parallelism, the
+          dispatch and combine all-to-alls' outputs (``all_to_all_single`` is saved), the
+          copies this rank receives and sends back (:meth:`_block_collectives`' volume).
+
+        Dropout masks are not kept (recomputed from the saved RNG state)."""
+        m = self.spec
+        t, _, sp, sp_div, p, b, _, h, s_loc, _, _ = self._dims(shard)
+        tokens = s_loc * b
+        split = {OUTSIDE: sp_div, INSIDE: t, REP: 1}
+        tensors, _ = op_sac_inventory(m, ref.moe)
+        out = sum(elems * tokens * p / split[where] for elems, where, _ in tensors)
+        if self.flash_attention:
+            out += 4.0 * m.heads * tokens / t
+        if sp:
+            out += 2 * p * tokens * h / sp_div
+        if ref.moe:
+            out += (4.0 + 8.0) * m.top_k * tokens / sp_div
+            if shard.ep > 1:
+                a2a = p * tokens / sp_div * m.top_k * h * self.moe_load_factor(ref, shard)
+                out += 2 * a2a
+        return out
 
     def moe_load_factor(self, ref: LayerRef, shard: Shard) -> float:
         """Tokens the most loaded expert-parallel rank of a MoE block receives over the balanced
@@ -861,6 +897,51 @@ class AnalyticModel:
         seconds += sum(fwd_of[name][0] for name in mlp) + self._cast_s(mlp, device)[0]
         flops = sum(2.0 * mm * n * k * g for mm, n, k, g in mlp.values())
         return seconds, flops
+
+    def _op_sac_recompute(
+        self,
+        ref: LayerRef,
+        shard: Shard,
+        device: Device,
+        fwd_of: dict,
+        gemms: dict,
+        fwd_coll: tuple,
+        rest_s: float,
+    ) -> tuple[float, float, tuple]:
+        """(seconds, matmul FLOPs, collectives) of the GEMMs and collectives op-level selective
+        checkpointing runs again (:func:`nest.core.blocks.op_sac_inventory`): every second mm
+        of the block, each a ``[tokens x k] @ [k x n]`` split as :meth:`_block_gemms` splits
+        its fused linear; a MoE block's routed experts' GEMMs (``torch._grouped_mm`` is not in
+        the save list; as :meth:`_block_cost` times them, the most loaded rank's); of the
+        forward collectives ``fwd_coll``, the tensor-parallel all-gathers (or all-reduces),
+        which are not in the save list (the reduce-scatters', the context-parallel attention
+        kernel's and the all-to-alls' outputs are); and ``rest_s``, the rest of the forward,
+        which reruns whole (elementwise work, FP8 casts, the router and permutations). Without
+        FlashAttention no attention kernel's output is saved: the core's GEMMs
+        (:meth:`_attention_s`) run again too."""
+        t, _, _, sp_div, _, b, _, _, s_loc, _, _ = self._dims(shard)
+        tokens = b * s_loc
+        fp8 = self.precision.fp8
+        pieces = []
+        for lin in op_sac_inventory(self.spec, ref.moe)[1]:
+            if lin.split == COL:
+                pieces.append((tokens, lin.n / t, lin.k, 1))
+            elif lin.split == ROW:
+                pieces.append((tokens, lin.n, lin.k / t, 1))
+            else:  # MLA's down-projections, on the local tokens under SP
+                pieces.append((tokens / sp_div, lin.n, lin.k, 1))
+        seconds = rest_s + sum(self._gemms_s(device, [g], fp8)[0] for g in pieces)
+        flops = sum(2.0 * mm * n * k * g for mm, n, k, g in pieces)
+        if not self.flash_attention:
+            attn_s, core_flops, _ = self._attention_s(ref, shard, device)
+            seconds, flops = seconds + attn_s, flops + core_flops
+        for name in EXPERT_LINEARS & fwd_of.keys():
+            seconds += fwd_of[name][0]
+            mm, n, k, g = gemms[name]
+            flops += 2.0 * mm * n * k * g
+        rerun = (CollectiveOp.ALL_GATHER, CollectiveOp.ALL_REDUCE)
+        coll = tuple(x for x in fwd_coll if x.axis is GroupKind.TP and x.op in rerun)
+        return seconds, flops, coll
 
     def _block_gemms(self, ref: LayerRef, shard: Shard) -> dict[str, tuple]:
         """The block's GEMMs on one device, ``name -> (m, n, k, groups)``: ``m`` tokens of the
@@ -976,6 +1057,19 @@ class AnalyticModel:
         none_flops = 0.5 * core_flops if self.flash_attention else 0.0
         fwd_coll, bwd_coll, mlp_coll = self._block_collectives(ref, shard, device, fwd_of, attn_s)
         mlp_s, mlp_flops = self._mlp_recompute(ref, shard, device, gemms, fwd_of)
+        op_s, op_flops, op_coll = self._op_sac_recompute(
+            ref, shard, device, fwd_of, gemms, fwd_coll, cast_fwd + ew_s + moe_fwd
+        )
+        extra = {  # mode -> (seconds, FLOPs, collectives) recomputed in the backward
+            Recompute.NONE: (none_s, none_flops, ()),
+            # the backward's K/V gather serves the recompute too
+            Recompute.SELECTIVE: (core_s, core_flops, ()),
+            # a dense MLP's tensor-parallel forward collectives
+            Recompute.MLP: (none_s + mlp_s, none_flops + mlp_flops, mlp_coll),
+            Recompute.SELECTIVE_MLP: (core_s + mlp_s, core_flops + mlp_flops, mlp_coll),
+            Recompute.OP: (none_s + op_s, none_flops + op_flops, op_coll),
+            Recompute.FULL: (fwd_s + none_s, flops + none_flops, fwd_coll),
+        }
         dense_params = sharded / t + replicated
         expert_params = (exp_sharded / shard.expert_tp + exp_replicated) / ep if ref.moe else 0.0
         fp8_weights = sum(n * k * g for _, n, k, g in gemms.values()) if fp8 else 0.0
@@ -989,32 +1083,14 @@ class AnalyticModel:
                 (load if name in EXPERT_LINEARS else 1.0) * self._wgrad_s(device, [g], fp8)
                 for name, g in gemms.items()
             ),
-            recompute_s={
-                Recompute.NONE: none_s,
-                Recompute.SELECTIVE: core_s,
-                Recompute.MLP: none_s + mlp_s,
-                Recompute.SELECTIVE_MLP: core_s + mlp_s,
-                Recompute.FULL: fwd_s + none_s,
-            },
-            recompute_flops={
-                Recompute.NONE: none_flops,
-                Recompute.SELECTIVE: core_flops,
-                Recompute.MLP: none_flops + mlp_flops,
-                Recompute.SELECTIVE_MLP: core_flops + mlp_flops,
-                Recompute.FULL: flops + none_flops,
-            },
+            recompute_s={mode: e[0] for mode, e in extra.items()},
+            recompute_flops={mode: e[1] for mode, e in extra.items()},
             act_bytes=self._block_activations(ref, shard),
             resident_bytes=self.precision.weight_cache_bytes_per_param * fp8_weights,
             boundary_bytes=p * hsb / sp_div,
             fwd_collectives=fwd_coll,
             bwd_collectives=bwd_coll,
-            recompute_collectives={
-                Recompute.NONE: (),
-                Recompute.SELECTIVE: (),  # the backward's K/V gather serves the recompute too
-                Recompute.MLP: mlp_coll,  # a dense MLP's tensor-parallel forward collectives
-                Recompute.SELECTIVE_MLP: mlp_coll,
-                Recompute.FULL: fwd_coll,
-            },
+            recompute_collectives={mode: e[2] for mode, e in extra.items()},
         )
 
     def _block_collectives(

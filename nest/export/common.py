@@ -22,9 +22,11 @@ RECOMPUTED = {
     Recompute.SELECTIVE: frozenset({"core_attn"}),
     Recompute.MLP: frozenset({"mlp"}),
     Recompute.SELECTIVE_MLP: frozenset({"core_attn", "mlp"}),
+    Recompute.OP: frozenset({"every_second_mm", "elementwise"}),
     Recompute.FULL: frozenset({"core_attn", "mlp", "rest"}),
 }
-"""What each mode recomputes (``rest``: everything else of the block, full recompute only)."""
+"""What each mode recomputes (``rest``: everything else of the block, full recompute only;
+``op``: every second matmul and all elementwise work, :func:`nest.core.blocks.op_sac_inventory`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,9 +148,10 @@ def rebuild(
 def strongest_recompute(plan: Plan) -> Recompute:
     """The one mode for every stage that recomputes everything any stage's mode recomputes
     (so it stores at most what each stage stored): ``selective`` with ``mlp`` is
-    ``selective_mlp``."""
+    ``selective_mlp``; ``op`` with any other mode but ``none`` is ``full`` (no mode holds
+    both)."""
     union = frozenset().union(*(RECOMPUTED[s.recompute] for s in plan.stages))
-    return next(mode for mode, parts in RECOMPUTED.items() if parts == union)
+    return next((mode for mode, parts in RECOMPUTED.items() if parts == union), Recompute.FULL)
 
 
 def describe(plan: Plan, counts: list[int]) -> str:

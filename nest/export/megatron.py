@@ -41,7 +41,9 @@ Mapping of our plan:
   for MoE blocks (and ``--moe-grouped-gemm``, which ``moe_act`` requires); full: ``full`` +
   ``uniform`` + ``--recompute-num-layers 1`` (every layer keeps only its input, as our
   model). Mixed modes: nearest = every stage at the mode that recomputes everything any stage
-  recomputes (selective and mlp: selective_mlp).
+  recomputes (selective and mlp: selective_mlp). ``op`` (torchtitan's op-level selective
+  checkpointing) has no Megatron flag (``--recompute-modules`` names modules, not ops): nearest
+  ``full``, which stores less.
 - Partition: equal blocks per stage need nothing; equal middle stages and different first / last
   stages use ``--decoder-first/last-pipeline-num-layers``; any other split (or an interleaved
   split with unequal chunks, or a stage without blocks) uses ``--pipeline-model-parallel-layout``.
@@ -205,6 +207,12 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
             f"{strongest} everywhere)"
         )
         changes["recompute"] = [strongest] * len(modes)
+    if held and strongest_recompute(plan) is Recompute.OP:
+        issues.append(
+            "recompute op (torchtitan's op-level selective checkpointing; Megatron-Core's "
+            "--recompute-modules names modules, not ops; used full everywhere, which stores less)"
+        )
+        changes["recompute"] = [Recompute.FULL] * len(modes)
     if problem.training.numerics.param_gather and plan.zero_stage == 0 and plan.dp * plan.cp > 1:
         issues.append(
             "FP8 parameter gather with ZeRO-0 (Megatron accepts --fp8-param-gather only with the "

@@ -61,7 +61,9 @@ evaluator (a plan that fits first), with a warning. torchtitan's accumulation lo
 which a note says when the evaluated plan counts one synchronisation per iteration (ZeRO-0/2).
 
 One recompute mode for all stages (nearest: the mode that recomputes everything any stage
-recomputes); selective maps to torchtitan's per-op selective checkpointing, whose saved set
+recomputes); ``op`` is torchtitan's per-op selective checkpointing (``mode = "selective"``,
+``selective_ac_option = "op"``), whose saved set it models
+(:func:`nest.core.blocks.op_sac_inventory`); selective maps to the same option, whose saved set
 differs from the cost model's attention-core recompute. torchtitan has no MLP-only recompute
 (``[activation_checkpoint]`` offers ``none``, ``selective`` by op or every n blocks, and
 ``full``): ``mlp`` and ``selective_mlp`` are exported as ``full``, which stores less. Stages
@@ -361,8 +363,8 @@ def torchtitan_sections(problem: Problem, plan: Plan) -> dict:
         training["seq_len"] = problem.model.seq_len
     mode = plan.stages[0].recompute
     checkpoint = {"mode": str(mode)}
-    if mode is Recompute.SELECTIVE:
-        checkpoint["selective_ac_option"] = "op"
+    if mode in (Recompute.SELECTIVE, Recompute.OP):
+        checkpoint = {"mode": "selective", "selective_ac_option": "op"}
     sections = {"parallelism": parallelism, "training": training}
     sections["activation_checkpoint"] = checkpoint
     fp8 = fp8_sections(problem, plan)

@@ -28,7 +28,8 @@ answers them from measurements. The semantics:
   ``boundary_bytes``, at most ``act_none_bytes``; Korthikanti et al. 2022 §4.2: full recomputation
   keeps only each layer's input), and one more forward pass (``fwd_s``, its FLOPs ``fwd_flops``).
   mlp and selective_mlp: a profile does not measure the MLP's share, so ``mlp`` equals none and
-  ``selective_mlp`` equals selective (no saving, no cost).
+  ``selective_mlp`` equals selective (no saving, no cost); nor the op-level share, so ``op``
+  equals none.
 - **Microbatch size.** The measurement at the requested microbatch size when there is one; else
   (``microbatch_scaling: linear``) the nearest measured one (largest below, else smallest above)
   scaled linearly (times, activations, boundary, transient and FLOPs x ``b / b0``; parameters
@@ -259,6 +260,7 @@ class ProfileModel:
                 Recompute.SELECTIVE: sel_s,
                 Recompute.MLP: 0.0,
                 Recompute.SELECTIVE_MLP: sel_s,
+                Recompute.OP: 0.0,
                 Recompute.FULL: fwd_s,
             },
             recompute_flops={
@@ -266,6 +268,7 @@ class ProfileModel:
                 Recompute.SELECTIVE: 0.0,
                 Recompute.MLP: 0.0,
                 Recompute.SELECTIVE_MLP: 0.0,
+                Recompute.OP: 0.0,
                 Recompute.FULL: flops,
             },
             act_bytes={
@@ -273,6 +276,7 @@ class ProfileModel:
                 Recompute.SELECTIVE: act_sel,
                 Recompute.MLP: act_none,
                 Recompute.SELECTIVE_MLP: act_sel,
+                Recompute.OP: act_none,
                 Recompute.FULL: act_full,
             },
             transient_bytes=layer.transient_bytes * k,
@@ -284,6 +288,7 @@ class ProfileModel:
                 Recompute.SELECTIVE: (),
                 Recompute.MLP: (),
                 Recompute.SELECTIVE_MLP: (),
+                Recompute.OP: (),
                 Recompute.FULL: fwd_coll,
             },
         )
