@@ -96,6 +96,10 @@ stage takes at least the sum of its layers' floors.
   (the same in every plan of the shard): the bound is ``max(S_floor - 2 W, M_floor) + (m-1)
   M_floor + E + O``. Rank 0's exposed sync is at least 1F1B's: nothing hides it but, with
   overlap, its own W pass, shorter than its backward.
+- ZB-H2: the same with ``u_r = max(f_r, h_r) >= f_r + b'_r - 2 w_r = t_r - 3 w_r``
+  (:mod:`nest.cost.pipeline`), so ``max(S_floor - 3 W, M_floor) + (m-1) M_floor + O``; its
+  exposed sync is bounded by 0 only (rank 0 ends before the last rank when ``h_0 < f_0``, and
+  that hides its sync).
 
 **Memory floor** (:meth:`Floors.memory_floor_bytes`; configurations above the device's memory are
 skipped, as no plan of theirs fits). A rank needs ``state(D_r, X_r) + f_r A_r + T_r + reserve``
@@ -572,7 +576,12 @@ class Floors:
             if pp == 1 and zero < 3 and self.problem.training.overlap_grad_sync:
                 sync = self._one_stage_exposed_s(family, sf, zero)
             pipeline = total + (m - 1) * top
-            if kind.splits_backward:
+            if kind is Schedule.ZB_H2:
+                # ZB-H2: sum_r u_r >= sum_r (t_r - 3 w_r) and sum_r u_r + max_r e_r >= max_r t_r
+                # (nest.cost.pipeline); any rank's sync may be hidden: E >= 0
+                pipeline = max(total - 3.0 * sf.wgrad_sum_s, top) + (m - 1) * top
+                sync = 0.0
+            elif kind.splits_backward:
                 # ZB-H1: sum_r u_r >= sum_r (t_r - 2 w_r) and sum_r u_r + max_r e_r >= max_r t_r
                 # (nest.cost.pipeline); rank 0's exposed sync is 1F1B's or more (own W <= b)
                 pipeline = max(total - 2.0 * sf.wgrad_sum_s, top) + (m - 1) * top
