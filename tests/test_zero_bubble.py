@@ -675,10 +675,10 @@ def test_random_evaluated_zb_h2_plans_match_the_simulator_within_the_bounds():
     assert checked >= 10, checked
 
 
-def test_zb_h2_extends_every_mode_only_when_the_fastest_lags_less_than_its_forward():
-    """nest/dp/recurrence.py: under ZB-H2 a slower mode adds ``d`` to ``b'``; when the fastest
-    mode's ``h >= f`` (drain ``h - f >= 0``) ``g`` and the drain grow by ``d`` and the fastest
-    mode is enough; else every fitting mode extends the stage."""
+def test_zb_h2_extends_only_the_fastest_mode():
+    """nest/dp/recurrence.py: under ZB-H2 a slower mode adds ``d`` to ``b'``; ``g`` and the
+    prefix sum ``max(0, h - f)`` grow alike, so the fastest mode is enough, whether its
+    ``h`` is above ``f`` or below; the terms of both rows show it."""
     from nest.dp.recurrence import extending_modes
     from nest.dp.rows import StageRow
 
@@ -688,9 +688,14 @@ def test_zb_h2_extends_every_mode_only_when_the_fastest_lags_less_than_its_forwa
         h = max(0.0, b_pass - f, f + b_pass - 2 * w)
         return StageRow([t], [b_pass + w], [0.0], [0.0], [u], [e], [h - f], [w])
 
-    fast, slow = row(1.0, 2.5, 1.0), row(1.0, 2.9, 1.0)  # h = 1.5 >= f
-    fitting = [(5.3, "slow", slow), (4.5, "fast", fast)]
-    assert [m for _, m, _ in extending_modes(fitting, 0, True, True)] == ["fast"]
-    fast, slow = row(1.0, 1.0, 1.0), row(1.0, 1.4, 1.0)  # h = 0 < f
-    fitting = [(3.0, "fast", fast), (3.4, "slow", slow)]
-    assert [m for _, m, _ in extending_modes(fitting, 0, True, True)] == ["fast", "slow"]
+    for fast, slow in (
+        (row(1.0, 2.5, 1.0), row(1.0, 2.9, 1.0)),  # h = 1.5 >= f
+        (row(1.0, 1.0, 1.0), row(1.0, 1.4, 1.0)),  # h = 0 < f
+        (row(1.0, 1.8, 1.0), row(1.0, 2.6, 1.0)),  # h crosses f
+    ):
+        fitting = [(slow.time_s[0], "slow", slow), (fast.time_s[0], "fast", fast)]
+        assert [m for _, m, _ in extending_modes(fitting, 0, True, True)] == ["fast"]
+        gained_s = slow.sum_s[0] - fast.sum_s[0]
+        assert gained_s == pytest.approx(max(0.0, slow.drain_s[0]) - max(0.0, fast.drain_s[0]))
+        assert slow.tail_s[0] >= fast.tail_s[0] - 1e-12
+        assert max(0.0, -slow.drain_s[0]) <= max(0.0, -fast.drain_s[0])

@@ -78,10 +78,13 @@ of ``b_r`` (:attr:`nest.core.layers.LayerCost.wgrad_s`) and ``b'_r = b_r - w_r``
   equal stages with ``T_W <= T_B``), and with overlap its own last W (``w_r``) hides the sync.
   Under ZB-H2 rank ``r`` ends ``r (h - T_F)`` before rank 0 when ``h >= T_F`` (rank 0 ends
   last) and ``(p - 1 - r)(T_F - h)`` before the last rank otherwise (ZB-H2's end times above),
-  so, with ``d_j = h_j - f_j``, its sync is hidden by ``max(0, sum_{j<r} d_j) + (p - 1 - r)
-  max(0, -d_r)`` (exact on equal stages: one of the two terms is 0), and with overlap by its own
-  last W too; as under 1F1B the hidden time is non-decreasing and 1-Lipschitz in the prefix
-  sum (the DP's dominance rule, :mod:`nest.dp.recurrence`, needs that).
+  so, with ``d_j = h_j - f_j``, its sync is hidden by ``sum_{j<r} max(0, d_j) + (p - 1 - r)
+  max(0, -d_r)`` (exact on equal stages: one of the two terms is 0; on unequal stages an
+  approximation like the others), and with overlap by its own last W too; as under 1F1B the
+  hidden time is non-decreasing and 1-Lipschitz in the prefix sum (the DP's dominance rule,
+  :mod:`nest.dp.recurrence`, needs that). The positive parts keep the prefix sum at 0 while
+  ``h < f``, the usual case (``T_B`` near ``T_F`` and ``T_W``), so the DP's labels do not
+  multiply on a sum that hides nothing.
 """
 
 from collections.abc import Sequence
@@ -127,8 +130,9 @@ def zb_h2_lag_s(fwd_s, bwd_s, wgrad_s):
 
 def rank_drain_s(fwd_s, bwd_s, wgrad_s, schedule: Schedule):
     """What one rank adds to the prefix sum that hides the later ranks' sync (module
-    docstring): its backward ``b`` (1F1B, interleaved), its B pass ``b - w`` (ZB-H1) or
-    ``h - f`` (ZB-H2, may be negative)."""
+    docstring): its backward ``b`` (1F1B, interleaved), its B pass ``b - w`` (ZB-H1); under
+    ZB-H2 ``d = h - f``, signed: the prefix sum adds ``max(0, d)`` and the rank's own hidden
+    time is ``(p - 1 - r) max(0, -d)`` (:func:`sync_hidden_s`)."""
     if schedule is Schedule.ZB_H2:
         return zb_h2_lag_s(fwd_s, bwd_s, wgrad_s) - fwd_s
     if schedule.splits_backward:
@@ -187,10 +191,11 @@ def sync_hidden_s(
     """How long before the pipeline's end rank ``rank`` finishes its work: ``drain_s`` (the
     prefix sum of :func:`rank_drain_s` over the ranks before it: ``sum_{j<r} b_j``, ZB-H1
     ``sum_{j<r} b'_j``) less, under ZB-H1, the ``r`` W passes it postpones more than rank 0,
-    never below 0; under ZB-H2 ``max(0, drain_s) + (pp - 1 - r) max(0, -own_drain_s)``
-    (``own_drain_s`` its own ``h - f``; module docstring)."""
+    never below 0; under ZB-H2 ``drain_s + (pp - 1 - r) max(0, -own_drain_s)`` (``drain_s``
+    then the sum of the earlier ranks' ``max(0, h - f)``, ``own_drain_s`` its own ``h - f``;
+    module docstring)."""
     if schedule is Schedule.ZB_H2:
-        return max(0.0, drain_s) + (pp - 1 - rank) * max(0.0, -own_drain_s)
+        return drain_s + (pp - 1 - rank) * max(0.0, -own_drain_s)
     if schedule.splits_backward:
         return max(0.0, drain_s - rank * wgrad_s)
     return drain_s
@@ -220,5 +225,5 @@ def exposed_sync_s(
         hidden = sync_hidden_s(r, drain, wr, schedule, pp=pp, own_drain_s=own_drain)
         own = wr if schedule.splits_backward else bwd
         out.append(rank_exposed_sync_s(sync, hidden, own, overlap))
-        drain += own_drain
+        drain += max(0.0, own_drain) if schedule is Schedule.ZB_H2 else own_drain
     return out

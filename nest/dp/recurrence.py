@@ -59,15 +59,15 @@ a slower mode adds ``d`` to ``b'`` and ``t``; when the fastest mode's ``c`` is `
 grows by less than ``d``, ``e`` by the rest) and every fitting mode extends the stage.
 
 **ZB-H2** (:mod:`nest.cost.pipeline`) is ZB-H1's recurrence with ``u = g = max(f, h)``,
-``e = t - g`` (``h = max(0, b' - f, f + b' - 2 w)``), ``B`` the prefix sum of ``d = h - f``
-(may be negative) and rank ``r``'s sync hidden by ``max(0, B) + (pp - 1 - r) max(0, -d_r)``:
-the second term is the rank's own, so the hidden time is still non-decreasing and 1-Lipschitz
-in ``B`` and the dominance rule holds unchanged. The bounds use ``u >= f + b' - 2 w = t - 3 w``:
-the sum term's floor is the layers' floors less three times their W passes. Fastest mode only
-when its ``h >= f``: a slower mode adds ``d`` to ``b'`` and ``t``, then ``h`` (both of its
-non-zero arguments) and ``g`` grow by ``d``, ``e`` and the own term do not change and ``B``
-grows by ``d``: the 1F1B argument. When ``h < f`` the sum term may grow by less than ``d``
-while ``B`` grows, and every fitting mode extends the stage.
+``e = t - g`` (``h = max(0, b' - f, f + b' - 2 w)``), ``B`` the prefix sum of
+``max(0, h - f)`` and rank ``r``'s sync hidden by ``B + (pp - 1 - r) max(0, f - h)``: the
+second term is the rank's own, so the hidden time is still non-decreasing and 1-Lipschitz in
+``B`` and the dominance rule holds unchanged. The bounds use ``u >= f + b' - 2 w = t - 3 w``:
+the sum term's floor is the layers' floors less three times their W passes. Fastest mode only:
+a slower mode adds ``d >= 0`` to ``b'`` and ``t``, so ``h`` grows by some ``d' <= d``; ``g`` and
+``B`` then both grow by ``max(0, h + d' - f) - max(0, h - f)`` (``g - f = max(0, h - f)``), ``M``
+and ``e = t - g`` do not fall and the own hidden term does not grow: the later ranks' sync is
+hidden by at most what ``S`` gained, which is the 1F1B argument.
 
 Complexity per configuration: ``O(pp * L^2 * modes)`` stage evaluations (each O(1) from prefix
 sums) times the kept-set sizes, which stay small because identical blocks give identical labels.
@@ -218,14 +218,11 @@ def extending_modes(fitting: list, k: int, zero_bubble: bool, zb_h2: bool = Fals
     """The fitting modes ``(t, mode, row)`` that extend a stage (module docstring): the fastest
     (ties: the first), or under ZB-H1, when the fastest one's B pass is shorter than its
     forward and its W pass (so its credit ``c = min(w, f, b')`` is ``b'`` and a slower mode's
-    larger ``b'`` may raise it), every one; under ZB-H2 (``zb_h2``) every one when the fastest
-    one's ``h < f`` (its drain ``h - f`` negative)."""
+    larger ``b'`` may raise it), every one; under ZB-H2 (``zb_h2``) the fastest."""
     if not fitting:
         return []
     fastest = min(fitting, key=lambda x: x[0])  # min keeps the first of equal times
-    if zb_h2:
-        return fitting if fastest[2].drain_s[k] < 0.0 else [fastest]
-    if zero_bubble:
+    if zero_bubble and not zb_h2:
         row = fastest[2]
         f = row.time_s[k] - row.bwd_s[k]
         if row.drain_s[k] < min(row.wgrad_s[k], f):
@@ -346,7 +343,7 @@ def solve_config(
                             Label(
                                 total,
                                 top,
-                                lab.bwd_sum_s + drain,
+                                lab.bwd_sum_s + (drain if drain > 0.0 or not zb_h2 else 0.0),
                                 exposed,
                                 step,
                                 lab,

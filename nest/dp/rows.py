@@ -34,7 +34,8 @@ class StageRow:
     """Its tail term ``e`` (0 but under ZB-H1 and ZB-H2)."""
     drain_s: list
     """What the stage adds to the prefix sum that hides later ranks' sync
-    (:func:`nest.cost.pipeline.rank_drain_s`: ``bwd_s``; ZB-H1 its B pass; ZB-H2 ``h - f``)."""
+    (:func:`nest.cost.pipeline.rank_drain_s`: ``bwd_s``; ZB-H1 its B pass; ZB-H2 ``h - f``,
+    signed: the prefix adds its positive part, the rank's own hidden time uses the rest)."""
     wgrad_s: list
     """Its W pass (zero-bubble; 0 otherwise): what overlaps its own sync, and ``r`` of which it runs
     after rank 0 (:func:`nest.cost.pipeline.sync_hidden_s`)."""
