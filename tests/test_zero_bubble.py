@@ -699,3 +699,10 @@ def test_zb_h2_extends_only_the_fastest_mode():
         assert gained_s == pytest.approx(max(0.0, slow.drain_s[0]) - max(0.0, fast.drain_s[0]))
         assert slow.tail_s[0] >= fast.tail_s[0] - 1e-12
         assert max(0.0, -slow.drain_s[0]) <= max(0.0, -fast.drain_s[0])
+
+
+def test_the_timeline_draws_the_zb_h2_w_passes(tmp_path):
+    sim = zb_h2_simulated([1.0] * 3, [1.2] * 3, [0.8] * 3, 5)
+    view = plot_timeline(sim, tmp_path / "zb2.png")
+    assert (tmp_path / "zb2.png").stat().st_size > 0
+    assert view.bars == 3 * 5 * 3  # F, B and W of every microbatch on every rank
