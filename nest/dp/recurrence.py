@@ -62,8 +62,11 @@ grows by less than ``d``, ``e`` by the rest) and every fitting mode extends the 
 ``e = t - g`` (``h = max(0, b' - f, f + b' - 2 w)``), ``B`` the prefix sum of
 ``max(0, h - f)`` and rank ``r``'s sync hidden by ``B + (pp - 1 - r) max(0, f - h)``: the
 second term is the rank's own, so the hidden time is still non-decreasing and 1-Lipschitz in
-``B`` and the dominance rule holds unchanged. The bounds use ``u >= f + b' - 2 w = t - 3 w``:
-the sum term's floor is the layers' floors less three times their W passes. Fastest mode only:
+``B`` and the dominance rule holds unchanged. The bounds use ``u >= f + b' - 2 w = t - 3 w`` and
+``u >= f``: the sum term's floor over layers ``i..`` is the larger of their floors less three
+times their W passes and their forward compute (a stage's forward adds collectives and p2p to
+its layers' forward compute, never less), since a sum of maxima is at least the maximum of the
+sums. Fastest mode only:
 a slower mode adds ``d >= 0`` to ``b'`` and ``t``, so ``h`` grows by some ``d' <= d``; ``g`` and
 ``B`` then both grow by ``max(0, h + d' - f) - max(0, h - f)`` (``g - f = max(0, h - f)``), ``M``
 and ``e = t - g`` do not fall and the own hidden term does not grow: the later ranks' sync is
@@ -256,6 +259,8 @@ def solve_config(
     # rank and mode)
     credit_w = 3.0 if zb_h2 else 2.0 if zero_bubble else 0.0
     credit = (credit_w * sm.chain.wgrad_s).tolist()
+    # ZB-H2 also has u >= f >= the layers' forward compute (prefix sums, every rank and mode)
+    forwards = sm.chain.fwd_s.tolist() if zb_h2 else None
     start = Front(m_coef)
     start.insert(Label(0.0, 0.0, 0.0, 0.0, 0.0), stats)
     fronts: dict[int, Front] = {0: start}
@@ -266,8 +271,13 @@ def solve_config(
             labels = front.labels
             last = n - 1 - rest
             # the cheap test below bounds every label of the state at once: each has
-            # S >= low_s, M >= low_m, E >= low_e and O >= low_o (and X >= 0)
-            low_s = min(lab.total_s for lab in labels) - (credit[n] - credit[i])
+            # S >= low_s, M >= low_m, E >= low_e and O >= low_o (and X >= 0); low_s adds the
+            # floor of the sum term of layers i.. (their floors less the credit; ZB-H2: at
+            # least their forwards)
+            sum_low = min_compute[n] - min_compute[i] - (credit[n] - credit[i])
+            if forwards is not None:
+                sum_low = max(sum_low, forwards[n] - forwards[i])
+            low_s = min(lab.total_s for lab in labels) + sum_low
             low_m = min(lab.max_s for lab in labels)
             low_eo = min(lab.exposed_s for lab in labels) + min(lab.opt_s for lab in labels)
             fits: dict = {}  # mode -> whether layers i..j fit, for every j (on first use)
@@ -278,7 +288,7 @@ def solve_config(
                 # the stage takes at least its layers' floors, the later ones theirs
                 t_low = min_compute[j + 1] - min_compute[i]
                 spread = remaining / rest if rest else 0.0
-                low = low_s + t_low + remaining + low_eo + m_coef * max(low_m, t_low, spread)
+                low = low_s + low_eo + m_coef * max(low_m, t_low, spread)
                 if low > incumbent_s:
                     stats.labels_bounded += len(labels)
                     if t_low >= spread:
@@ -286,6 +296,8 @@ def solve_config(
                     continue
                 per_rank = remaining / rest if rest else 0.0
                 rest_sum = remaining - (credit[n] - credit[j + 1])
+                if forwards is not None:
+                    rest_sum = max(rest_sum, forwards[n] - forwards[j + 1])
                 fitting = []  # (t, mode, row) of the modes that fit
                 for mode in sm.modes_for(i, j, modes):
                     stats.stages_scored += 1
