@@ -46,7 +46,8 @@ of ``b_r`` (:attr:`nest.core.layers.LayerCost.wgrad_s`) and ``b'_r = b_r - w_r``
   reaches it ``(p - 1 - r)`` stages after the last rank's, with ``h`` per stage of what its
   postponed W passes and warm-up forwards do not cover: the paper's ``T_F + T_B - 2 T_W``
   at the tail, ``T_B - T_F`` when the warm-up forwards are shorter than the B passes they wait
-  for), so ZB-H2 takes the paper's time plus ``(p - 1) T_F`` when ``T_B <= T_F``, and no
+  for), so ZB-H2 takes the paper's time ``m (T_F + T_B + T_W) + (p - 1)(T_F + T_B - 2 T_W)``
+  where that bubble is at least ``(p - 1) max(T_F, T_B - T_F)``, else that floor; no
   schedule beats ``m (T_F + T_B + T_W) + (p - 1) T_F`` under the synchronised step (the last
   stage gets its first microbatch after ``(p - 1) T_F``). ``g <= T_F + T_B - min(T_W, T_F,
   T_B)``, so ZB-H2 is never slower than ZB-H1 on equal stages. For unequal stages, per rank
