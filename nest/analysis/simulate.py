@@ -18,7 +18,9 @@ including the blocking send of its output):
   chunks visited in groups of ``pp`` microbatches; SC21 §2.2.2 and Megatron-Core's schedules)
   or ZB-H1 (Qi et al. ICLR 2024 §2.1, Figure 3 top: 1F1B's warm-up, then one F, one B and,
   once rank ``r`` has ``r`` W passes pending, one W; the ``r`` postponed W passes run after its
-  last B, filling the cool-down bubble).
+  last B, filling the cool-down bubble) or ZB-H2 (§2.2, Figure 3 bottom: ``2 (pp - r) - 1``
+  warm-up forwards, then B, W and F in turn with the W passes of the first ``2 r``
+  microbatches postponed past the last B).
   A task starts when its rank is free and its dependencies are done (list scheduling).
 - After its last backward a rank synchronises its gradients (``dp_sync_s`` of the report); with
   ``overlap_grad_sync`` the sync may start when that last backward starts. The optimizer step
@@ -84,6 +86,8 @@ def rank_order(plan: Plan, rank: int) -> list[tuple[str, int, int]]:
         return [("F", rank, j) for j in range(m)] + [("B", rank, j) for j in range(m)]
     if plan.schedule is Schedule.ZB_H1:
         return zb_h1_order(pp, m, rank)
+    if plan.schedule is Schedule.ZB_H2:
+        return zb_h2_order(pp, m, rank)
     if plan.schedule is Schedule.ONE_F_ONE_B:
         warm = min(pp - rank - 1, m)
         order = [("F", rank, j) for j in range(warm)]
@@ -124,6 +128,33 @@ def zb_h1_order(pp: int, m: int, rank: int) -> list[tuple[str, int, int]]:
     for j in range(warm, m):
         order.append(("F", rank, j))
         backward()
+    while done_b < m:
+        backward()
+    order += [("W", rank, j) for j in range(done_w, m)]
+    return order
+
+
+def zb_h2_order(pp: int, m: int, rank: int) -> list[tuple[str, int, int]]:
+    """ZB-H2's order on rank ``rank`` (Qi et al. ICLR 2024 §2.2, Figure 3 bottom): ``2 (pp -
+    rank) - 1`` warm-up forwards (they fill rank 0's wait for its first B when ``T_B <= T_F``),
+    then a B, the oldest pending W once more than ``2 rank`` are pending, and the next F; after
+    the last B the pending W passes. Every rank thus holds ``2 pp - 1`` microbatches between F
+    and W (needs ``m >= 2 pp - 1``; with fewer, as many as there are)."""
+    warm = min(2 * (pp - rank) - 1, m)
+    order = [("F", rank, j) for j in range(warm)]
+    done_b = done_w = 0
+
+    def backward() -> None:
+        nonlocal done_b, done_w
+        order.append(("B", rank, done_b))
+        done_b += 1
+        if done_b - done_w > 2 * rank:
+            order.append(("W", rank, done_w))
+            done_w += 1
+
+    for j in range(warm, m):
+        backward()
+        order.append(("F", rank, j))
     while done_b < m:
         backward()
     order += [("W", rank, j) for j in range(done_w, m)]

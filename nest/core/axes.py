@@ -55,12 +55,23 @@ class Schedule(StrEnum):
     INTERLEAVED = "interleaved"  # interleaved 1F1B with v virtual stages per device (SC21 §2.2.2)
     GPIPE = "gpipe"
     ZB_H1 = "zb_h1"  # zero bubble, handcrafted 1 (Qi et al. ICLR 2024 §2.1): 1F1B memory
+    ZB_H2 = "zb_h2"  # zero bubble, handcrafted 2 (Qi et al. ICLR 2024 §2.2): 2p - 1 in flight
 
     @property
     def splits_backward(self) -> bool:
         """Whether the schedule runs the backward as B (input gradient) and W (weight
         gradient) passes (Qi et al. 2024 §2)."""
-        return self is Schedule.ZB_H1
+        return self in (Schedule.ZB_H1, Schedule.ZB_H2)
+
+    def min_microbatches(self, pp: int) -> int:
+        """The fewest microbatches the schedule runs on ``pp`` stages: ZB-H1 ``pp`` (its
+        ``pp - r`` in flight, Qi et al. 2024 §2.1), ZB-H2 ``2 pp - 1`` (rank 0's warm-up
+        forwards, §2.2); 1 for the others."""
+        if self is Schedule.ZB_H1:
+            return pp
+        if self is Schedule.ZB_H2:
+            return 2 * pp - 1
+        return 1
 
 
 ZeroStage = Literal[0, 1, 2, 3]

@@ -136,11 +136,21 @@ def check_plan(problem: Problem, plan: Plan) -> None:
                 f"interleaved schedule needs num_microbatches({plan.num_microbatches}) divisible "
                 f"by pp({plan.pp}) (Megatron-LM's requirement)"
             )
-    if plan.schedule is Schedule.ZB_H1 and plan.num_microbatches < plan.pp:
-        raise UserError(
-            f"schedule=zb_h1 needs num_microbatches({plan.num_microbatches}) >= pp({plan.pp}) "
-            "(Qi et al. 2024 §2.1); lower the microbatch size or use schedule=1f1b"
-        )
+    _check_zero_bubble_microbatches(plan)
+
+
+def _check_zero_bubble_microbatches(plan: Plan) -> None:
+    """ZB-H1 needs ``m >= pp`` (Qi et al. 2024 §2.1), ZB-H2 ``m >= 2 pp - 1`` (§2.2)."""
+    need, m = plan.schedule.min_microbatches(plan.pp), plan.num_microbatches
+    if m >= need:
+        return
+    rule, where, other = (
+        ("pp", "§2.1", "1f1b") if plan.schedule is Schedule.ZB_H1 else ("2*pp-1", "§2.2", "zb_h1")
+    )
+    raise UserError(
+        f"schedule={plan.schedule} needs num_microbatches({m}) >= {rule}({need}) "
+        f"(Qi et al. 2024 {where}); lower the microbatch size or use schedule={other}"
+    )
 
 
 @dataclass(slots=True)
@@ -358,6 +368,7 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
         [stages[r].bwd_s for r in range(plan.pp)],
         training.overlap_grad_sync,
         wgrad_s=[stages[r].wgrad_s for r in range(plan.pp)],
+        fwd_s=[stages[r].fwd_s for r in range(plan.pp)],
         schedule=plan.schedule,
     )
     ranks = [replace(rk, dp_sync_exposed_s=e) for rk, e in zip(ranks, exposed, strict=True)]

@@ -30,14 +30,39 @@ of ``b_r`` (:attr:`nest.core.layers.LayerCost.wgrad_s`) and ``b'_r = b_r - w_r``
   rank's (the list schedule is monotone in each task's length), so the formula's error is at
   most ``max(padded, 1F1B formula) / (m max_r t_r) - 1`` (``tests/test_zero_bubble.py`` checks
   this on random stages; measured at most 13 % there, the 1F1B formula's on 1F1B 16 %).
-  ZB-H1 needs ``m >= p`` and ``p >= 2`` (with one stage it is 1F1B). ZB-H2 (§2.2) is not
-  modelled: under a global synchronisation before the optimizer step (no post-validation, §4)
-  no schedule beats ``m (T_F + T_B + T_W) + (p - 1) T_F`` on equal stages (the last stage gets
-  its first microbatch after ``(p - 1) T_F``), which is ZB-H1's time less ``(p - 1)(T_B - T_W)``.
+  ZB-H1 needs ``m >= p`` and ``p >= 2`` (with one stage it is 1F1B).
+- ZB-H2 (Qi et al. ICLR 2024 §2.2, Figure 3 bottom, Table 2): rank ``r`` runs ``2(p - r) - 1``
+  warm-up forwards (enough to fill the wait for its first B when ``T_B <= T_F``), then B, W and
+  F in turn, and postpones the W passes of its first ``2 r`` microbatches into the cool-down
+  (ZB-H1 postpones ``r``); every rank holds ``2p - 1`` microbatches, the paper's peak
+  ``(2p - 1) M_B``. The paper's bubble ``(p - 1)(T_F + T_B - 2 T_W)`` (zero at
+  ``T_F = T_B = T_W``) is that of the parallelogram of consecutive iterations, which needs the
+  optimizer step's global synchronisation replaced by post-validation (§4). The iteration here
+  synchronises before the step (:mod:`nest.analysis.simulate`), and the schedule run event by
+  event takes, with equal stages, ``m >= 2p - 1`` and any ``T_F, T_B, T_W``,
+  ``m (T_F + T_B + T_W) + (p - 1) g`` with ``g = max(T_F, h)``,
+  ``h = max(0, T_B - T_F, T_F + T_B - 2 T_W)``: rank ``r`` ends at
+  ``m (T_F + T_B + T_W) + r T_F + (p - 1 - r) h`` (it starts after ``r T_F``; the last B
+  reaches it ``(p - 1 - r)`` stages after the last rank's, with ``h`` per stage of what its
+  postponed W passes and warm-up forwards do not cover: the paper's ``T_F + T_B - 2 T_W``
+  at the tail, ``T_B - T_F`` when the warm-up forwards are shorter than the B passes they wait
+  for), so ZB-H2 takes the paper's time ``m (T_F + T_B + T_W) + (p - 1)(T_F + T_B - 2 T_W)``
+  where that bubble is at least ``(p - 1) max(T_F, T_B - T_F)``, else that floor; no
+  schedule beats ``m (T_F + T_B + T_W) + (p - 1) T_F`` under the synchronised step (the last
+  stage gets its first microbatch after ``(p - 1) T_F``). ``g <= T_F + T_B - min(T_W, T_F,
+  T_B)``, so ZB-H2 is never slower than ZB-H1 on equal stages. For unequal stages, per rank
+  ``h_r = max(0, b'_r - f_r, f_r + b'_r - 2 w_r)``, ``u_r = g_r = max(f_r, h_r)`` and
+  ``e_r = t_r - g_r >= 0``, in the ZB-H1 formula above: the equal-stage time, between
+  ``m max_r t_r`` and the 1F1B formula (``g_r <= t_r``); the simulated time lies between
+  ``m max_r t_r`` and the padded equal-stage time, as for ZB-H1 (``tests/test_zero_bubble.py``
+  checks this on random stages; measured from 5.5 % below to 13 % above there). ZB-H2 needs
+  ``m >= 2p - 1`` and ``p >= 2``.
 - In-flight microbatches (activations held) on rank ``r``: 1F1B ``min(p - r, m)`` (PipeDream-flush;
   Megatron-Core runs ``p - r - 1`` warm-up forwards); GPipe ``m``; interleaved: Megatron-Core's
   ``(p - r - 1) * 2 + (v - 1) * p`` warm-up chunk-forwards plus the one in steady state, capped
-  at ``m v``, measured in whole-rank microbatches (divided by ``v``); ZB-H1 ``min(p, m)`` on
+  at ``m v``, measured in whole-rank microbatches (divided by ``v``); ZB-H2 ``2p - 1`` on every
+  rank (``2(p - r) - 1`` warm-up forwards and ``2 r`` postponed W passes; §2.2, Table 2's
+  ``(2p - 1) M_B``, charged as for ZB-H1 below); ZB-H1 ``min(p, m)`` on
   every rank: ``p - r`` microbatches between their F and their B, and the ``r`` postponed ones
   between B and W (§2.1: "all pipeline stages have the same number of in-flight
   microbatches"). A microbatch waiting for its W keeps what W reads (each linear layer's input
@@ -52,6 +77,15 @@ of ``b_r`` (:attr:`nest.core.layers.LayerCost.wgrad_s`) and ``b'_r = b_r - w_r``
   its last B ends ``sum_{j<r} b'_j`` before rank 0's, then it runs ``r`` more W passes than
   rank 0 does, so it finishes ``max(0, sum_{j<r} b'_j - r w_r)`` before rank 0 (exact for
   equal stages with ``T_W <= T_B``), and with overlap its own last W (``w_r``) hides the sync.
+  Under ZB-H2 rank ``r`` ends ``r (h - T_F)`` before rank 0 when ``h >= T_F`` (rank 0 ends
+  last) and ``(p - 1 - r)(T_F - h)`` before the last rank otherwise (ZB-H2's end times above),
+  so, with ``d_j = h_j - f_j``, its sync is hidden by ``sum_{j<r} max(0, d_j) + (p - 1 - r)
+  max(0, -d_r)`` (exact on equal stages: one of the two terms is 0; on unequal stages an
+  approximation like the others), and with overlap by its own last W too; as under 1F1B the
+  hidden time is non-decreasing and 1-Lipschitz in the prefix sum (the DP's dominance rule,
+  :mod:`nest.dp.recurrence`, needs that). The positive parts keep the prefix sum at 0 while
+  ``h < f``, the usual case (``T_B`` near ``T_F`` and ``T_W``), so the DP's labels do not
+  multiply on a sum that hides nothing.
 """
 
 from collections.abc import Sequence
@@ -75,13 +109,36 @@ def pipeline_coefficients(
 def rank_pipeline_terms(fwd_s, bwd_s, wgrad_s, schedule: Schedule):
     """``(u_r, t_r, e_r)`` of one rank (scalars or numpy rows): its share of the pipeline's sum
     term, of its max term and of its tail term (module docstring). ``t = f + b``; ZB-H1
-    ``u = t - w - c``, ``e = w + c`` with ``c = min(w, f, b - w)``; otherwise ``u = t``,
-    ``e = 0``."""
+    ``u = t - w - c``, ``e = w + c`` with ``c = min(w, f, b - w)``; ZB-H2 ``u = max(f, h)``,
+    ``e = t - u`` (:func:`zb_h2_lag_s`); otherwise ``u = t``, ``e = 0``."""
     t = fwd_s + bwd_s
     if not schedule.splits_backward:
         return t, t, 0.0 * t
+    if schedule is Schedule.ZB_H2:
+        u = np.maximum(fwd_s, zb_h2_lag_s(fwd_s, bwd_s, wgrad_s))
+        return u, t, t - u
     credit = np.minimum(np.minimum(wgrad_s, fwd_s), bwd_s - wgrad_s)
     return t - wgrad_s - credit, t, wgrad_s + credit
+
+
+def zb_h2_lag_s(fwd_s, bwd_s, wgrad_s):
+    """ZB-H2's ``h = max(0, b' - f, f + b' - 2 w)`` of one rank (``b' = b - w`` its B pass;
+    scalars or numpy rows): how much later than its work alone the last B lets each stage end
+    (module docstring)."""
+    b_pass = bwd_s - wgrad_s
+    return np.maximum(np.maximum(b_pass - fwd_s, fwd_s + b_pass - 2.0 * wgrad_s), 0.0)
+
+
+def rank_drain_s(fwd_s, bwd_s, wgrad_s, schedule: Schedule):
+    """What one rank adds to the prefix sum that hides the later ranks' sync (module
+    docstring): its backward ``b`` (1F1B, interleaved), its B pass ``b - w`` (ZB-H1); under
+    ZB-H2 ``d = h - f``, signed: the prefix sum adds ``max(0, d)`` and the rank's own hidden
+    time is ``(p - 1 - r) max(0, -d)`` (:func:`sync_hidden_s`)."""
+    if schedule is Schedule.ZB_H2:
+        return zb_h2_lag_s(fwd_s, bwd_s, wgrad_s) - fwd_s
+    if schedule.splits_backward:
+        return bwd_s - wgrad_s
+    return bwd_s
 
 
 def pipeline_time_s(
@@ -111,6 +168,8 @@ def in_flight_microbatches(
         return min(chunks, num_microbatches * virtual_stages) / virtual_stages
     if schedule is Schedule.ZB_H1:
         return float(min(pp, num_microbatches))
+    if schedule is Schedule.ZB_H2:
+        return float(min(2 * pp - 1, num_microbatches))
     return float(min(pp - rank, num_microbatches))
 
 
@@ -121,10 +180,23 @@ def rank_exposed_sync_s(sync_s: float, hidden_s: float, own_bwd_s: float, overla
     return max(0.0, sync_s - hidden_s - (own_bwd_s if overlap else 0.0))
 
 
-def sync_hidden_s(rank: int, drain_s: float, wgrad_s: float, schedule: Schedule) -> float:
-    """How long before rank 0 rank ``rank`` finishes its work: ``drain_s`` (the backward left on
-    the ranks before it: ``sum_{j<r} b_j``, ZB-H1 ``sum_{j<r} b'_j``) less, under ZB-H1, the
-    ``r`` W passes it postpones more than rank 0, never below 0 (module docstring)."""
+def sync_hidden_s(
+    rank: int,
+    drain_s: float,
+    wgrad_s: float,
+    schedule: Schedule,
+    *,
+    pp: int = 0,
+    own_drain_s: float = 0.0,
+) -> float:
+    """How long before the pipeline's end rank ``rank`` finishes its work: ``drain_s`` (the
+    prefix sum of :func:`rank_drain_s` over the ranks before it: ``sum_{j<r} b_j``, ZB-H1
+    ``sum_{j<r} b'_j``) less, under ZB-H1, the ``r`` W passes it postpones more than rank 0,
+    never below 0; under ZB-H2 ``drain_s + (pp - 1 - r) max(0, -own_drain_s)`` (``drain_s``
+    then the sum of the earlier ranks' ``max(0, h - f)``, ``own_drain_s`` its own ``h - f``;
+    module docstring)."""
+    if schedule is Schedule.ZB_H2:
+        return drain_s + (pp - 1 - rank) * max(0.0, -own_drain_s)
     if schedule.splits_backward:
         return max(0.0, drain_s - rank * wgrad_s)
     return drain_s
@@ -136,16 +208,23 @@ def exposed_sync_s(
     overlap: bool,
     *,
     wgrad_s: Sequence[float] | None = None,
+    fwd_s: Sequence[float] | None = None,
     schedule: Schedule = Schedule.ONE_F_ONE_B,
 ) -> list[float]:
     """Per-rank exposed part of the DP synchronisation (see the module docstring). ``bwd_s``:
-    each rank's last backward (its first chunk's); ``wgrad_s``: its W part (ZB-H1), which is
-    then the own work that overlaps the sync, the rest what drains past later ranks."""
-    w = [0.0] * len(sync_s) if wgrad_s is None or not schedule.splits_backward else wgrad_s
+    each rank's last backward (its first chunk's); ``wgrad_s``: its W part (zero-bubble), which
+    is then the own work that overlaps the sync, the rest what drains past later ranks;
+    ``fwd_s``: its forward (ZB-H2's drain, :func:`rank_drain_s`; needed there)."""
+    pp = len(sync_s)
+    w = [0.0] * pp if wgrad_s is None or not schedule.splits_backward else wgrad_s
+    f = [0.0] * pp if fwd_s is None else fwd_s
+    if schedule is Schedule.ZB_H2 and fwd_s is None:
+        raise ValueError("exposed_sync_s needs fwd_s under zb_h2")
     out, drain = [], 0.0
-    for r, (sync, bwd, wr) in enumerate(zip(sync_s, bwd_s, w, strict=True)):
-        hidden = sync_hidden_s(r, drain, wr, schedule)
+    for r, (sync, bwd, wr, fr) in enumerate(zip(sync_s, bwd_s, w, f, strict=True)):
+        own_drain = float(rank_drain_s(fr, bwd, wr, schedule))
+        hidden = sync_hidden_s(r, drain, wr, schedule, pp=pp, own_drain_s=own_drain)
         own = wr if schedule.splits_backward else bwd
         out.append(rank_exposed_sync_s(sync, hidden, own, overlap))
-        drain += bwd - wr
+        drain += max(0.0, own_drain) if schedule is Schedule.ZB_H2 else own_drain
     return out

@@ -96,6 +96,12 @@ stage takes at least the sum of its layers' floors.
   (the same in every plan of the shard): the bound is ``max(S_floor - 2 W, M_floor) + (m-1)
   M_floor + E + O``. Rank 0's exposed sync is at least 1F1B's: nothing hides it but, with
   overlap, its own W pass, shorter than its backward.
+- ZB-H2: the same with ``u_r = max(f_r, h_r) >= f_r + b'_r - 2 w_r = t_r - 3 w_r`` and
+  ``u_r >= f_r`` (:mod:`nest.cost.pipeline`), so ``max(S_floor - 3 W, F_floor - bf, M_floor) +
+  (m-1) M_floor + O`` (``F_floor - bf`` the layers' forward floors, as in
+  :meth:`Floors._one_stage_exposed_s`: each stage's forward takes at least them); its
+  exposed sync is bounded by 0 only (rank 0 ends before the last rank when ``h_0 < f_0``, and
+  that hides its sync).
 
 **Memory floor** (:meth:`Floors.memory_floor_bytes`; configurations above the device's memory are
 skipped, as no plan of theirs fits). A rank needs ``state(D_r, X_r) + f_r A_r + T_r + reserve``
@@ -572,12 +578,28 @@ class Floors:
             if pp == 1 and zero < 3 and self.problem.training.overlap_grad_sync:
                 sync = self._one_stage_exposed_s(family, sf, zero)
             pipeline = total + (m - 1) * top
-            if kind.splits_backward:
+            if kind is Schedule.ZB_H2:
+                # ZB-H2: sum_r u_r >= sum_r max(t_r - 3 w_r, f_r) and sum_r u_r + max_r e_r >=
+                # max_r t_r (nest.cost.pipeline); any rank's sync may be hidden: E >= 0
+                forwards = sf.base_sum_s - self._backward_floor_s(sf)
+                low = max(total - 3.0 * sf.wgrad_sum_s, forwards, top)
+                pipeline = low + (m - 1) * top
+                sync = 0.0
+            elif kind.splits_backward:
                 # ZB-H1: sum_r u_r >= sum_r (t_r - 2 w_r) and sum_r u_r + max_r e_r >= max_r t_r
                 # (nest.cost.pipeline); rank 0's exposed sync is 1F1B's or more (own W <= b)
                 pipeline = max(total - 2.0 * sf.wgrad_sum_s, top) + (m - 1) * top
             out.append(pipeline + sync + optimizer)
         return out
+
+    def _backward_floor_s(self, sf: ShardFloors) -> float:
+        """The sum of the layers' backward floors (``ShardFloors.bwd_s``), cached per shard;
+        the rest of the layer floors, ``base_sum_s`` less this, floors the forwards."""
+        key = ("one stage backward", id(sf))
+        bf = self._min_cache.get(key)
+        if bf is None:
+            bf = self._min_cache[key] = float(sf.bwd_s.sum())
+        return bf
 
     def _one_stage_exposed_s(self, f: Family, sf: ShardFloors, zero: int) -> float:
         """1F1B with one pipeline rank, ZeRO below 3, gradient sync overlapped: a floor of the
@@ -591,10 +613,7 @@ class Floors:
         its forward's) and ``b >= bf``, so ``T - O >= m (F - bf) + h(b)`` with
         ``h(b) = m b + max(0, s - b)``, non-decreasing (slope ``m - 1 >= 0`` below ``s``):
         ``h(b) >= h(bf)``, i.e. ``T >= m F + max(0, s - bf) + O``."""
-        key = ("one stage backward", id(sf))
-        bf = self._min_cache.get(key)
-        if bf is None:
-            bf = self._min_cache[key] = float(sf.bwd_s.sum())
+        bf = self._backward_floor_s(sf)
         return max(0.0, self._sync_raw_s(f, [sf.dense_sum], [sf.expert_sum], zero) - bf)
 
     def _overlap_sync_bound_s(self, f: Family, sf: ShardFloors, ranks, zero: int, v: int):

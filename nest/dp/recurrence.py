@@ -58,15 +58,27 @@ a slower mode adds ``d`` to ``b'`` and ``t``; when the fastest mode's ``c`` is `
 ``X`` do not change, and the 1F1B argument holds; otherwise ``c`` may grow with ``b'`` (``u`` then
 grows by less than ``d``, ``e`` by the rest) and every fitting mode extends the stage.
 
+**ZB-H2** (:mod:`nest.cost.pipeline`) is ZB-H1's recurrence with ``u = g = max(f, h)``,
+``e = t - g`` (``h = max(0, b' - f, f + b' - 2 w)``), ``B`` the prefix sum of
+``max(0, h - f)`` and rank ``r``'s sync hidden by ``B + (pp - 1 - r) max(0, f - h)``: the
+second term is the rank's own, so the hidden time is still non-decreasing and 1-Lipschitz in
+``B`` and the dominance rule holds unchanged. The bounds use ``u >= f + b' - 2 w = t - 3 w`` and
+``u >= f``: the sum term's floor over layers ``i..`` is the larger of their floors less three
+times their W passes and their forward compute (a stage's forward adds collectives and p2p to
+its layers' forward compute, never less), since a sum of maxima is at least the maximum of the
+sums. Fastest mode only:
+a slower mode adds ``d >= 0`` to ``b'`` and ``t``, so ``h`` grows by some ``d' <= d``; ``g`` and
+``B`` then both grow by ``max(0, h + d' - f) - max(0, h - f)`` (``g - f = max(0, h - f)``), ``M``
+and ``e = t - g`` do not fall and the own hidden term does not grow: the later ranks' sync is
+hidden by at most what ``S`` gained, which is the 1F1B argument.
+
 Complexity per configuration: ``O(pp * L^2 * modes)`` stage evaluations (each O(1) from prefix
 sums) times the kept-set sizes, which stay small because identical blocks give identical labels.
 """
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from nest.core.axes import Recompute
+from nest.core.axes import Recompute, Schedule
 from nest.cost.pipeline import pipeline_coefficients
 from nest.dp.rows import stage_common, stage_row
 from nest.dp.stages import StageModel
@@ -205,15 +217,15 @@ def backtrack(best: Label) -> list:
     return choices[::-1]
 
 
-def extending_modes(fitting: list, k: int, zero_bubble: bool) -> list:
+def extending_modes(fitting: list, k: int, zero_bubble: bool, zb_h2: bool = False) -> list:
     """The fitting modes ``(t, mode, row)`` that extend a stage (module docstring): the fastest
     (ties: the first), or under ZB-H1, when the fastest one's B pass is shorter than its
     forward and its W pass (so its credit ``c = min(w, f, b')`` is ``b'`` and a slower mode's
-    larger ``b'`` may raise it), every one."""
+    larger ``b'`` may raise it), every one; under ZB-H2 (``zb_h2``) the fastest."""
     if not fitting:
         return []
     fastest = min(fitting, key=lambda x: x[0])  # min keeps the first of equal times
-    if zero_bubble:
+    if zero_bubble and not zb_h2:
         row = fastest[2]
         f = row.time_s[k] - row.bwd_s[k]
         if row.drain_s[k] < min(row.wgrad_s[k], f):
@@ -238,12 +250,17 @@ def solve_config(
     pp, n, m = sm.config.pp, sm.n_layers, sm.m
     schedule = sm.config.schedule
     zero_bubble = schedule.splits_backward
-    # T = S + (m - 1) M + X + E + O (X = 0 but under ZB-H1)
+    zb_h2 = schedule is Schedule.ZB_H2
+    # T = S + (m - 1) M + X + E + O (X = 0 but under ZB-H1 and ZB-H2)
     _, m_coef = pipeline_coefficients(m, schedule, 1)
     min_compute = sm.placed_floor_s(modes)
-    # a stage's share of S is u >= t - 2 w (ZB-H1; u = t otherwise): the floor of the sum term
-    # is the layers' floors less twice their W passes (w is the same for every rank and mode)
-    credit = (2.0 * sm.chain.wgrad_s if zero_bubble else np.zeros(n + 1)).tolist()
+    # a stage's share of S is u >= t - 2 w (ZB-H1; ZB-H2 t - 3 w; u = t otherwise): the floor
+    # of the sum term is the layers' floors less that many W passes (w is the same for every
+    # rank and mode)
+    credit_w = 3.0 if zb_h2 else 2.0 if zero_bubble else 0.0
+    credit = (credit_w * sm.chain.wgrad_s).tolist()
+    # ZB-H2 also has u >= f >= the layers' forward compute (prefix sums, every rank and mode)
+    forwards = sm.chain.fwd_s.tolist() if zb_h2 else None
     start = Front(m_coef)
     start.insert(Label(0.0, 0.0, 0.0, 0.0, 0.0), stats)
     fronts: dict[int, Front] = {0: start}
@@ -254,8 +271,13 @@ def solve_config(
             labels = front.labels
             last = n - 1 - rest
             # the cheap test below bounds every label of the state at once: each has
-            # S >= low_s, M >= low_m, E >= low_e and O >= low_o (and X >= 0)
-            low_s = min(lab.total_s for lab in labels) - (credit[n] - credit[i])
+            # S >= low_s, M >= low_m, E >= low_e and O >= low_o (and X >= 0); low_s adds the
+            # floor of the sum term of layers i.. (their floors less the credit; ZB-H2: at
+            # least their forwards)
+            sum_low = min_compute[n] - min_compute[i] - (credit[n] - credit[i])
+            if forwards is not None:
+                sum_low = max(sum_low, forwards[n] - forwards[i])
+            low_s = min(lab.total_s for lab in labels) + sum_low
             low_m = min(lab.max_s for lab in labels)
             low_eo = min(lab.exposed_s for lab in labels) + min(lab.opt_s for lab in labels)
             fits: dict = {}  # mode -> whether layers i..j fit, for every j (on first use)
@@ -266,7 +288,7 @@ def solve_config(
                 # the stage takes at least its layers' floors, the later ones theirs
                 t_low = min_compute[j + 1] - min_compute[i]
                 spread = remaining / rest if rest else 0.0
-                low = low_s + t_low + remaining + low_eo + m_coef * max(low_m, t_low, spread)
+                low = low_s + low_eo + m_coef * max(low_m, t_low, spread)
                 if low > incumbent_s:
                     stats.labels_bounded += len(labels)
                     if t_low >= spread:
@@ -274,6 +296,8 @@ def solve_config(
                     continue
                 per_rank = remaining / rest if rest else 0.0
                 rest_sum = remaining - (credit[n] - credit[j + 1])
+                if forwards is not None:
+                    rest_sum = max(rest_sum, forwards[n] - forwards[j + 1])
                 fitting = []  # (t, mode, row) of the modes that fit
                 for mode in sm.modes_for(i, j, modes):
                     stats.stages_scored += 1
@@ -289,13 +313,16 @@ def solve_config(
                             common = stage_common(sm, r, i)
                         row = rows[mode] = stage_row(sm, r, i, mode, common)
                     fitting.append((row.time_s[j - i], mode, row))
-                for _, mode, row in extending_modes(fitting, j - i, zero_bubble):
+                for _, mode, row in extending_modes(fitting, j - i, zero_bubble, zb_h2):
                     k = j - i
                     t, b = row.time_s[k], row.bwd_s[k]
                     u, e, drain, w = row.sum_s[k], row.tail_s[k], row.drain_s[k], row.wgrad_s[k]
                     sync, opt = row.sync_s[k], row.optimizer_s[k]
                     own = (w if zero_bubble else b) if sm.overlap else 0.0
-                    claw = r * w  # ZB-H1: the W passes it runs after rank 0 (0 otherwise)
+                    # ZB-H1: the W passes it runs after rank 0 (0 otherwise); ZB-H2: its own
+                    # share of the hidden time, (pp - 1 - r) max(0, -d_r), added after the max
+                    claw = 0.0 if zb_h2 else r * w
+                    own_hidden = rest * -drain if zb_h2 and drain < 0.0 else 0.0
                     front = None
                     for lab in labels:
                         total = lab.total_s + u
@@ -303,7 +330,7 @@ def solve_config(
                         tail = lab.tail_s if lab.tail_s > e else e
                         # rank_exposed_sync_s and sync_hidden_s (nest.cost.pipeline) inlined
                         hidden = lab.bwd_sum_s - claw
-                        exposed = sync - (hidden if hidden > 0.0 else 0.0) - own
+                        exposed = sync - (hidden if hidden > 0.0 else 0.0) - own_hidden - own
                         exposed = lab.exposed_s if lab.exposed_s > exposed else exposed
                         exposed = exposed if exposed > 0.0 else 0.0
                         step = lab.opt_s if lab.opt_s > opt else opt
@@ -328,7 +355,7 @@ def solve_config(
                             Label(
                                 total,
                                 top,
-                                lab.bwd_sum_s + drain,
+                                lab.bwd_sum_s + (drain if drain > 0.0 or not zb_h2 else 0.0),
                                 exposed,
                                 step,
                                 lab,

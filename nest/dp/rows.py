@@ -2,7 +2,7 @@
 
 For rank ``r``, first layer ``i`` and recompute mode ``c``, :func:`stage_row` returns the
 forward + backward time, backward time, DP sync and optimizer step of the stage ``i..j`` for every
-``j >= i`` (and, for ZB-H1, its pipeline terms ``u, e`` and its B and W passes):
+``j >= i`` (and, for ZB-H1 and ZB-H2, its pipeline terms ``u, e`` and its B and W passes):
 :meth:`nest.dp.stages.StageModel.stage` on arrays. The cost model's terms take numpy
 rows as they take scalars (collectives are affine in the bytes for a fixed group split, so "the
 slowest group" of a row is a maximum of a few affine functions,
@@ -15,7 +15,7 @@ import numpy as np
 
 from nest.core.axes import Recompute
 from nest.cost.collectives import pair_p2p_time_s
-from nest.cost.pipeline import rank_pipeline_terms
+from nest.cost.pipeline import rank_drain_s, rank_pipeline_terms
 from nest.dp.stages import StageModel
 
 
@@ -28,14 +28,16 @@ class StageRow:
     sync_s: list
     optimizer_s: list
     sum_s: list
-    """The stage's share of the pipeline's sum term (``u``; ``time_s`` but under ZB-H1,
+    """The stage's share of the pipeline's sum term (``u``; ``time_s`` but under ZB-H1 and ZB-H2,
     :func:`nest.cost.pipeline.rank_pipeline_terms`)."""
     tail_s: list
-    """Its tail term ``e`` (0 but under ZB-H1)."""
+    """Its tail term ``e`` (0 but under ZB-H1 and ZB-H2)."""
     drain_s: list
-    """The backward that runs before the previous rank's (``bwd_s``; ZB-H1: its B pass)."""
+    """What the stage adds to the prefix sum that hides later ranks' sync
+    (:func:`nest.cost.pipeline.rank_drain_s`: ``bwd_s``; ZB-H1 its B pass; ZB-H2 ``h - f``,
+    signed: the prefix adds its positive part, the rank's own hidden time uses the rest)."""
     wgrad_s: list
-    """Its W pass (ZB-H1; 0 otherwise): what overlaps its own sync, and ``r`` of which it runs
+    """Its W pass (zero-bubble; 0 otherwise): what overlaps its own sync, and ``r`` of which it runs
     after rank 0 (:func:`nest.cost.pipeline.sync_hidden_s`)."""
 
 
@@ -91,5 +93,5 @@ def stage_row(sm: StageModel, r: int, i: int, mode: Recompute, common: tuple | N
         return StageRow(time, bwd.tolist(), sync, opt, time, zeros, bwd.tolist(), zeros)
     wgrad = ch.wgrad_s[i + 1 :] - ch.wgrad_s[i]
     u, _, e = rank_pipeline_terms(fwd, bwd, wgrad, schedule)
-    drain = (bwd - wgrad).tolist()
+    drain = rank_drain_s(fwd, bwd, wgrad, schedule).tolist()
     return StageRow(time, bwd.tolist(), sync, opt, u.tolist(), e.tolist(), drain, wgrad.tolist())

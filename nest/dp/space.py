@@ -44,11 +44,11 @@ partition and the recompute modes:
   activations (``m >= min(p - r, m)``), so it is never better. ``(zb_h1, 1)`` (zero bubble,
   Qi et al. ICLR 2024 §2.1) when listed in ``SpaceOptions.schedules`` (not by default), with
   ``pp >= 2`` (with one stage it is 1F1B) and ``m >= pp``; its plans are 1F1B's (any partition,
-  a recompute mode per stage).
+  a recompute mode per stage). ``(zb_h2, 1)`` (§2.2) likewise, with ``m >= 2 pp - 1``.
 
 **Its plans**:
 
-- 1F1B and ZB-H1: any partition of the chain (embedding, blocks, head) into ``pp`` non-empty
+- 1F1B, ZB-H1 and ZB-H2: any partition of the chain (embedding, blocks, head) into ``pp`` non-empty
   contiguous stages, stage ``r`` on pipeline rank ``r``, and one recompute mode per stage;
 - interleaved with ``v``: the partition Megatron-Core runs (:func:`interleaved_chunks`): ``pp * v``
   chunks of ``blocks / (pp v)`` consecutive blocks each, the embedding joined to chunk 0 and the
@@ -227,7 +227,7 @@ class SpaceOptions:
 
     @property
     def schedule_kinds(self) -> tuple[Schedule, ...]:
-        allowed = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.ZB_H1)
+        allowed = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.ZB_H1, Schedule.ZB_H2)
         out = []
         for s in self.schedules:
             if s not in {a.value for a in allowed}:
@@ -320,8 +320,9 @@ def _schedules(kinds, blocks: int, pp: int, m: int):
     if Schedule.INTERLEAVED in kinds and pp >= 2 and m % pp == 0:
         vs = range(2, (blocks + 2) // pp + 1) if vs is None else vs
         out += [(Schedule.INTERLEAVED, v) for v in vs if chunk_split(blocks, pp * v)]
-    if Schedule.ZB_H1 in kinds and pp >= 2 and m >= pp:
-        out.append((Schedule.ZB_H1, 1))
+    for kind in (Schedule.ZB_H1, Schedule.ZB_H2):
+        if kind in kinds and pp >= 2 and m >= kind.min_microbatches(pp):
+            out.append((kind, 1))
     return tuple(out)
 
 

@@ -57,7 +57,9 @@ Mapping of our plan:
   weight gradients only inside the EP-overlap schedule of ``--overlap-moe-expert-parallel-comm``
   (Megatron-Core's MoE docs); ZB-H1 runs in the authors' fork
   (github.com/sail-sg/zero-bubble-pipeline-parallelism, README: ``--enable-zero-bubble`` with
-  ``--zero-bubble-max-pending-backward`` = pp gives ZB1P), which the note names.
+  ``--zero-bubble-max-pending-backward`` = pp gives ZB1P), which the note names; ZB-H2 likewise
+  (nearest: 1F1B; the fork's ``--zero-bubble-max-pending-backward`` = 2 pp gives its ZB2P, the
+  schedule its solver finds under ZB-H2's memory, not the handcrafted order).
 
 Training settings the score assumes (``conf/training``), each emitted or re-scored (Megatron's
 defaults are off for every one of them):
@@ -249,15 +251,9 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
                 "them: TransformerConfig; used the activations on the device)"
             )
             changes["activation_offload"] = False
-    if plan.schedule is Schedule.GPIPE:
-        issues.append("the GPipe schedule (Megatron runs 1F1B; used 1F1B)")
-        changes["schedule"] = Schedule.ONE_F_ONE_B
-    if plan.schedule is Schedule.ZB_H1:
-        issues.append(
-            "the ZB-H1 schedule (upstream Megatron-LM has no zero-bubble schedule; the authors' "
-            "fork sail-sg/zero-bubble-pipeline-parallelism runs it with --enable-zero-bubble "
-            f"--zero-bubble-max-pending-backward {plan.pp}; used 1F1B)"
-        )
+    schedule_issue = _schedule_issue(plan)
+    if schedule_issue:
+        issues.append(schedule_issue)
         changes["schedule"] = Schedule.ONE_F_ONE_B
     order = placement_order(plan, (DEFAULT_ORDER, TP_PP_DP_ORDER))
     if order is None:
@@ -270,6 +266,23 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     if not changes:
         return plan, []
     return rebuild(plan, **changes), issues
+
+
+def _schedule_issue(plan: Plan) -> str | None:
+    """Why Megatron-LM cannot run the plan's schedule as is (it then runs 1F1B), or None."""
+    if plan.schedule is Schedule.GPIPE:
+        return "the GPipe schedule (Megatron runs 1F1B; used 1F1B)"
+    if not plan.schedule.splits_backward:
+        return None
+    name, pending = {
+        Schedule.ZB_H1: ("ZB-H1", plan.pp),
+        Schedule.ZB_H2: ("ZB-H2", 2 * plan.pp),
+    }[plan.schedule]
+    return (
+        f"the {name} schedule (upstream Megatron-LM has no zero-bubble schedule; the authors' "
+        "fork sail-sg/zero-bubble-pipeline-parallelism runs it with --enable-zero-bubble "
+        f"--zero-bubble-max-pending-backward {pending}; used 1F1B)"
+    )
 
 
 def _partition_args(problem: Problem, plan: Plan) -> list[str]:

@@ -11,8 +11,9 @@ at commit 000204a4a8bf (2025):
   ``pipeline_parallel_degree``, ``pipeline_parallel_split_points`` (module names starting each
   stage after the first, e.g. ``layers.4``), ``pipeline_parallel_schedule`` (``1F1B``,
   ``Interleaved1F1B``, ``GPipe``; its multi-stage ``InterleavedZeroBubble`` and ``ZBVZeroBubble``
-  hold several stages per rank, and ``torch.distributed.pipelining`` has no single-stage
-  zero-bubble schedule, so a ZB-H1 plan is exported as 1F1B with a warning),
+  hold several stages per rank (``InterleavedZeroBubble`` is the paper's ZB1P, by its
+  docstring; neither is ZB-H2), and ``torch.distributed.pipelining`` has no single-stage
+  zero-bubble schedule, so a ZB-H1 or ZB-H2 plan is exported as 1F1B with a warning),
   ``pipeline_parallel_microbatch_size``; ``[training]``
   ``local_batch_size``, ``global_batch_size``, ``seq_len``; ``[activation_checkpoint]`` ``mode``
   (``none|selective|full``) and ``selective_ac_option``.
