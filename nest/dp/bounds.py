@@ -613,7 +613,10 @@ class Floors:
                     pipeline = total / v + (m - 1 / v) * top
                     got = per_zero[schedule, zd, zx, z3] = (ranks, pipeline, dense0, expert0)
                 ranks, pipeline, dense0, expert0 = got
-                sync = self._sync_floor_s(family, dense0, expert0, zero)
+                if zero >= 3 or overlap:  # _sync_floor_s's own zero, without the call
+                    sync = 0.0
+                else:
+                    sync = self._sync_floor_s(family, dense0, expert0, zero)
                 bound = pipeline + sync + optimizer
                 if zero < 3 and overlap:
                     exposed = per_zero.get((schedule, "exposed", zero > 0))
@@ -623,16 +626,23 @@ class Floors:
                     bound = max(bound, exposed + optimizer)
                 out.append(bound)
                 continue
-            total = sf.base_sum_s + zd * sf.dense_sum + zx * sf.expert_sum + 2 * (pp - 1) * sf.p2p_s
-            total += pp * z3
-            if zero < 3:
-                largest = sf.base_max_s
-            else:
-                largest = max(b + zd * d + zx * x for b, d, x in sf.kinds) + z3
-            top = max(total / pp, largest)
-            sync = self._sync_floor_s(family, sync_dense, sync_expert, zero)
+            got = per_zero.get(("stages", zd, zx, z3, zero < 3))
+            if got is None:
+                total = sf.base_sum_s + zd * sf.dense_sum + zx * sf.expert_sum
+                total += 2 * (pp - 1) * sf.p2p_s
+                total += pp * z3
+                if zero < 3:
+                    largest = sf.base_max_s
+                else:
+                    largest = max(b + zd * d + zx * x for b, d, x in sf.kinds) + z3
+                got = per_zero["stages", zd, zx, z3, zero < 3] = (total, max(total / pp, largest))
+            total, top = got
             if pp == 1 and zero < 3 and overlap:
                 sync = self._one_stage_exposed_s(family, sf, zero)
+            elif zero >= 3 or overlap:  # _sync_floor_s's own zero, without the call
+                sync = 0.0
+            else:
+                sync = self._sync_floor_s(family, sync_dense, sync_expert, zero)
             pipeline = total + (m - 1) * top
             if kind.splits_backward:
                 # ZB-H1: sum_r u_r >= sum_r (t_r - 2 w_r) and sum_r u_r + max_r e_r >= max_r t_r
