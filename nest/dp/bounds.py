@@ -574,6 +574,38 @@ class Floors:
         """No plan of these configurations (any rank order) is faster (module docstring)."""
         return self.family_bounds_s(family, ((schedule, zero, offload),))[0]
 
+    def family_floor_s(self, family: Family) -> float:
+        """A floor of :meth:`family_bounds_s` of every entry of the family, from its shard's
+        floors alone (the search computes the entries' bounds only for the families whose floor
+        it reaches: :class:`nest.dp.planner.LazyRanking`).
+
+        **Proof.** Every term :meth:`family_bounds_s` adds to the pipeline term (the ZeRO-3
+        terms ``zd, zx, z3``, the sync, the optimizer step, rank 0's exposed sync) is
+        non-negative, and the pipeline term is non-decreasing in each rank's floor. 1F1B: its
+        ``total`` is at least ``F0 = sum of the layer floors + 2 (pp - 1) p2p`` and its ``top``
+        at least ``max(F0 / pp, largest layer floor)`` (with ZeRO-3 the largest is taken over
+        the same layers' floors plus non-negative terms), so the bound is at least
+        ``F0 + (m - 1) top0``; ZB-H1's ``max(total - 2 W, top) + (m - 1) top`` is at least the
+        same expression on ``F0, top0``. Interleaved: the ranks' floors sum over all chunks,
+        i.e. every layer once plus non-negative p2p and ZeRO terms, so their sum ``S`` is at
+        least the layer floors' sum ``F`` and their largest at least ``S / pp``; with
+        ``m - 1/v >= 0`` the bound is at least ``F / v + (m - 1/v) F / pp``. The least of these
+        over the family's schedules is a floor of every entry's bound."""
+        sf = self._shard_of(family)
+        pp, m = family.pp, family.m
+        total = sf.base_sum_s + 2 * (pp - 1) * sf.p2p_s
+        top = max(total / pp, sf.base_max_s)
+        least = float("inf")
+        for kind, v in family.schedules:
+            if kind is Schedule.INTERLEAVED:
+                got = sf.base_sum_s / v + (m - 1 / v) * sf.base_sum_s / pp
+            elif kind.splits_backward:
+                got = max(total - 2.0 * sf.wgrad_sum_s, top) + (m - 1) * top
+            else:
+                got = total + (m - 1) * top
+            least = min(least, got)
+        return least
+
     def family_bounds_s(self, family: Family, entries=None) -> list[float]:
         """:meth:`config_bound_s` of each ``(schedule, zero, offload)`` of ``entries``
         (default: all of the family's, :meth:`Family.entries`), with what they share computed
