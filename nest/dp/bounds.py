@@ -590,7 +590,8 @@ class Floors:
         i.e. every layer once plus non-negative p2p and ZeRO terms, so their sum ``S`` is at
         least the layer floors' sum ``F`` and their largest at least ``S / pp``; with
         ``m - 1/v >= 0`` the bound is at least ``F / v + (m - 1/v) F / pp``. The least of these
-        over the family's schedules is a floor of every entry's bound."""
+        over the family's schedules is a floor of every entry's bound; a schedule not named here
+        (one added later, whose bound may be lower) gets the floor 0, which is always one."""
         sf = self._shard_of(family)
         pp, m = family.pp, family.m
         total = sf.base_sum_s + 2 * (pp - 1) * sf.p2p_s
@@ -599,10 +600,12 @@ class Floors:
         for kind, v in family.schedules:
             if kind is Schedule.INTERLEAVED:
                 got = sf.base_sum_s / v + (m - 1 / v) * sf.base_sum_s / pp
-            elif kind.splits_backward:
+            elif kind is Schedule.ZB_H1:
                 got = max(total - 2.0 * sf.wgrad_sum_s, top) + (m - 1) * top
-            else:
+            elif kind is Schedule.ONE_F_ONE_B:
                 got = total + (m - 1) * top
+            else:  # a schedule this floor was not proved for: no floor (bounded at once)
+                got = 0.0
             least = min(least, got)
         return least
 
