@@ -663,14 +663,9 @@ class Floors:
                 continue
             got = per_zero.get(("stages", zd, zx, z3, zero < 3))
             if got is None:
-                total = sf.base_sum_s + zd * sf.dense_sum + zx * sf.expert_sum
-                total += 2 * (pp - 1) * sf.p2p_s
-                total += pp * z3
-                if zero < 3:
-                    largest = sf.base_max_s
-                else:
-                    largest = max(b + zd * d + zx * x for b, d, x in sf.kinds) + z3
-                got = per_zero["stages", zd, zx, z3, zero < 3] = (total, max(total / pp, largest))
+                got = per_zero["stages", zd, zx, z3, zero < 3] = self._stage_floors(
+                    sf, pp, zd, zx, z3, zero
+                )
             total, top = got
             if pp == 1 and zero < 3 and overlap:
                 sync = self._one_stage_exposed_s(family, sf, zero)
@@ -685,6 +680,19 @@ class Floors:
                 pipeline = max(total - 2.0 * sf.wgrad_sum_s, top) + (m - 1) * top
             out.append(pipeline + sync + optimizer)
         return out
+
+    @staticmethod
+    def _stage_floors(sf: ShardFloors, pp: int, zd, zx, z3: float, zero: int):
+        """1F1B: the floors of the stages' sum (``S``) and of the largest stage (``M``) with the
+        ZeRO terms (``zd, zx`` per parameter, ``z3`` per stage; module docstring)."""
+        total = sf.base_sum_s + zd * sf.dense_sum + zx * sf.expert_sum
+        total += 2 * (pp - 1) * sf.p2p_s
+        total += pp * z3
+        if zero < 3:
+            largest = sf.base_max_s
+        else:
+            largest = max(b + zd * d + zx * x for b, d, x in sf.kinds) + z3
+        return total, max(total / pp, largest)
 
     def _interleaved_rank_floors(self, sf: ShardFloors, pp: int, v: int, zd, zx, z3: float):
         """Per rank of the interleaved partition its floor with the ZeRO terms (``zd, zx`` per
