@@ -151,8 +151,8 @@ def cli_table(repeat: int) -> None:
     print(
         f"{'case':<6} {'process':>7} {'cpu':>5} {'import':>6} {'compose':>7} {'enum':>5} "
         f"{'bounds':>6} {'seed':>5} {'dp':>5} {'write':>5} {'search':>6} {'s.cpu':>5} "
-        f"{'target':>6}  {'configs':>9} {'bounds':>7} {'visited':>7} {'over mem':>8} "
-        f"{'solved':>6} {'not solved':>10}"
+        f"{'target':>6}  {'configs':>9} {'bounds':>7} {'computed':>8} {'visited':>7} "
+        f"{'over mem':>8} {'solved':>6} {'not solved':>10}"
     )
     for name, overrides, target in CLI_CASES:
         runs = [run_cli_case(name, overrides, target) for _ in range(repeat)]
@@ -167,6 +167,7 @@ def cli_table(repeat: int) -> None:
             f"{row['writing_s']:>5.2f} {row['search_wall_s']:>6.2f} "
             f"{s.get('time_search_cpu_s', 0):>5.2f} {goal:>6}  "
             f"{s.get('configurations', 0):>9} {s.get('configuration_bounds', 0):>7} "
+            f"{s.get('configuration_bounds_computed', 0):>8} "
             f"{s.get('configuration_bounds_visited', 0):>7} "
             f"{s.get('configuration_bounds_over_memory', 0):>8} "
             f"{s.get('configurations_solved', 0):>6} {s.get('configurations_not_solved', 0):>10}"

@@ -13,7 +13,12 @@ import pytest
 
 from nest.core.axes import Recompute
 from nest.cost.memory import rank_memory_bytes
-from nest.dp.interleaved import RankChunks, least_fitting_time_s
+from nest.dp.interleaved import (
+    RankChunks,
+    first_mode_floors,
+    least_fitting_time_s,
+    rank_options,
+)
 from nest.dp.space import SpaceOptions, configurations
 from nest.dp.stages import StageModel
 
@@ -112,3 +117,29 @@ def test_forced_recompute_floor_holds_with_the_activations_offloaded():
                 assert floor <= exact * (1 + 1e-12), (seed, config, r)
                 checked += 1
     assert checked >= 50, checked
+
+
+def test_first_mode_floors_never_exceed_an_option():
+    """Every option :func:`rank_options` returns (enumerated, no shortcut, and with it) is at
+    least as slow as the floor of its first chunk's mode, memory-forced floor included, and
+    hides exactly that mode's backward (the pre-check of ``solve_interleaved`` may then drop a
+    rank only when every option's labels would be dropped)."""
+    checked = 0
+    for seed in range(40):
+        problem, options = interleaved_case(7000 + seed)
+        space = SpaceOptions(**{**options, "schedules": ["interleaved"]})
+        configs = [c for c in configurations(problem, space) if c.interleaved]
+        modes = tuple(Recompute)
+        for config in random.Random(seed).sample(configs, min(3, len(configs))):
+            sm = StageModel(problem, config)
+            for r in range(config.pp):
+                rc = RankChunks(sm, r, modes)
+                forced = least_fitting_time_s(rc, sm.capacity_bytes, sm.reserve_bytes)
+                floors = first_mode_floors(rc, forced)
+                for shortcut in (True, False):
+                    for opt in rank_options(sm, rc, shortcut=shortcut)[0]:
+                        t, b = floors[modes.index(opt.modes[0])]
+                        assert opt.t_s >= t * (1 - 1e-12), (seed, config, r)
+                        assert opt.first_bwd_s == b
+                        checked += 1
+    assert checked >= 200, checked

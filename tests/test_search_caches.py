@@ -179,3 +179,36 @@ def test_zero3_bound_never_exceeds_a_configurations_optimum(seed):
                     checked += 1
     if checked == 0:
         pytest.skip("no ZeRO-3 configuration fits on this draw")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_lazy_ranking_is_the_full_ranking(seed):
+    """The search's lazy ranking (each family's bounds computed when its floor is reached)
+    returns exactly :meth:`NestPlanner._ranked`'s entries in the same order, replays them when
+    iterated again, and every family's floor is at most each of its entries' bounds; on the
+    default space and on one with every schedule the space takes, offload and hybrid sharding
+    searched too (a schedule added later is checked here as soon as the space takes it)."""
+    from nest.dp.planner import LazyRanking
+
+    every = [s.value for s in Schedule if s is not Schedule.GPIPE]
+
+    rng = random.Random(seed)
+    problem = random_problem(rng)
+    spaces = [
+        SpaceOptions(),
+        SpaceOptions(schedules=every, offload=True, zero_shards=("all",)),
+    ]
+    for options in spaces:
+        modes = options.recompute_modes
+        fams = list(families(problem, options))
+        full = NestPlanner._ranked(fams, Floors(problem, modes))
+        floors = Floors(problem, modes)
+        lazy = LazyRanking(fams, floors)
+        prefix = [e for _, e in zip(range(len(full) // 3), lazy, strict=False)]
+        assert prefix == full[: len(prefix)]
+        assert list(lazy) == full
+        assert lazy.total == len(full) == lazy.computed
+        for family in fams:
+            floor = floors.family_floor_s(family)
+            for bound in floors.family_bounds_s(family):
+                assert floor <= bound * (1 + 1e-12), family

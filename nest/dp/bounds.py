@@ -17,7 +17,10 @@ collective of :mod:`nest.cost.collectives` costs ``a(k) S + c(k)`` for ``S > 0``
 what :class:`Floors` evaluates on all of ``T(n)`` at once
 (:func:`nest.cost.collectives.linear_forms`). Tensor groups are exact instead: ``tp`` is innermost
 in every rank order, so every tensor group is an aligned block of ``tp`` ids
-(:func:`tp_group_splits`).
+(:func:`tp_group_splits`); and for the same reason a group of any other dense axis (data, context,
+hybrid shard and replicate) holds one device per such block, so its split lies in the subset
+``T(n, tp)`` of ``T(n)`` (:meth:`Floors.splits`, proved there), over which those groups are
+priced.
 
 **Graph clusters.** On a cluster given as a graph the splits are those of the derived hierarchy,
 and the forms minimised over ``T(n)`` are the graph's proven floors instead of the hierarchy's
@@ -125,6 +128,7 @@ import numpy as np
 
 from nest.core.alphabeta import is_priced
 from nest.core.axes import GroupKind, LayerKind, Recompute, Schedule
+from nest.core.hierarchy import block_sizes
 from nest.core.layers import Collective, Shard
 from nest.core.plan import NO_OFFLOAD, Offload
 from nest.core.problem import Problem
@@ -163,20 +167,31 @@ class _FloorForms(dict):
 
 class FloorGroups:
     """A stand-in for :class:`nest.cost.groups.RankGroups` that prices a collective at its least
-    over every split a group of that kind's size can have (``T(n)``), so the cost model's own
-    terms (:class:`nest.cost.state.ModelState`) evaluated on it are floors. ``with_latency``
-    False drops the ``c`` of ``a S + c``: then the floor is additive over a stage's layers."""
+    over every split a group of that kind's size can have (``T(n)``, or ``T(n, tp)`` for the
+    kinds in ``strides``: groups with one device per aligned tensor block, :meth:`Floors.splits`),
+    so the cost model's own terms (:class:`nest.cost.state.ModelState`) evaluated on it are
+    floors. ``with_latency`` False drops the ``c`` of ``a S + c``: then the floor is additive
+    over a stage's layers."""
 
-    def __init__(self, floors: "Floors", sizes: dict[str, int], *, with_latency: bool) -> None:
+    def __init__(
+        self,
+        floors: "Floors",
+        sizes: dict[str, int],
+        *,
+        with_latency: bool,
+        strides: dict[str, int] | None = None,
+    ) -> None:
         self.floors, self.sizes, self.with_latency = floors, sizes, with_latency
+        self.strides = strides or {}
 
     def time_s(self, op: str, n_bytes: float, kind: str) -> float:
         n = self.sizes[kind]
         if n <= 1 or n_bytes <= 0:
             return 0.0
+        tp = self.strides.get(kind, 1)
         if self.with_latency:
-            return self.floors.min_time_s(((op, n_bytes),), n)
-        return self.floors.min_per_byte_s(op, n) * n_bytes
+            return self.floors.min_time_s(((op, n_bytes),), n, tp)
+        return self.floors.min_per_byte_s(op, n, tp) * n_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +251,10 @@ class Floors:
         cluster = problem.cluster
         self.cluster = cluster
         tuples = np.array(list(product(*[range(1, lv.fanout + 1) for lv in cluster.levels])))
+        self._tuples = tuples
         self._prod = tuples.prod(axis=1)
+        self._block = block_sizes([lv.fanout for lv in cluster.levels])
+        self._masks: dict = {}
         self._coef = _FloorForms(tuples, cluster)
         self._min_cache: dict = {}
         self._shards: dict = {}
@@ -275,18 +293,53 @@ class Floors:
             )
         return got
 
-    def min_time_s(self, ops: tuple, n: int) -> float:
+    def splits(self, n: int, tp: int = 1) -> np.ndarray:
+        """Which level tuples a group of ``n`` distinct devices may split as (a mask over the
+        tuples): ``T(n)``, and with ``tp > 1`` ``T(n, tp)``, its subset for a group that holds at
+        most one device of each aligned block of ``tp`` ids (``[a tp, (a + 1) tp)``).
+
+        **Proof** (``T(n, tp)``). Every rank order of the space has ``tp`` innermost, so a
+        device's id is its tensor index plus ``tp`` times the rest (:func:`nest.core.plan.place`),
+        and a group of any axis but the tensor one (data, context, their ZeRO shard and
+        replicate groups) keeps the tensor index fixed: one device per aligned block. A level-``l``
+        block holds ``D_l`` consecutive ids from a multiple of ``D_l``
+        (:func:`nest.core.hierarchy.block_sizes`). If ``tp`` divides ``D_l`` the block is
+        ``D_l / tp`` whole aligned blocks, so it holds at most ``D_l / tp`` of the group's
+        devices; if ``D_l`` divides ``tp`` it lies inside one aligned block and holds at most
+        one. ``k_l`` counts level-``(l-1)`` blocks touched inside one level-``l`` block, each
+        holding a device of the group, so ``k_l <= max(1, D_l / tp)`` at every such level (no
+        limit beyond ``fanout_l`` at the others), and ``prod(k) >= n`` as for any group. The
+        group's split is therefore in ``T(n, tp)``, the least over it of a collective's time is
+        at most the group's, and every floor of the module docstring holds with ``T(n, tp)``
+        in place of ``T(n)`` for these groups. (An empty subset, which no real group meets,
+        falls back to ``T(n)``.)"""
+        key = (n, tp)
+        got = self._masks.get(key)
+        if got is None:
+            got = self._prod >= n
+            if tp > 1:
+                narrow = got.copy()
+                for lv, size in enumerate(self._block[1:]):
+                    if size % tp == 0 or tp % size == 0:
+                        narrow &= self._tuples[:, lv] <= max(1, size // tp)
+                if narrow.any():
+                    got = narrow
+            self._masks[key] = got
+        return got
+
+    def min_time_s(self, ops: tuple, n: int, tp: int = 1) -> float:
         """Least time of the collectives run one after another on one group of ``n`` devices:
-        :func:`nest.cost.groups.collectives_time_s` minimised over ``T(n)``. ``ops`` holds
-        ``(op, bytes)`` pairs (charged whole) or :class:`~nest.core.layers.Collective` objects
-        (charged their exposed part, :func:`~nest.cost.compute.exposed_s`, which is
-        non-decreasing in the collective's time, so its minimum is at the least time)."""
+        :func:`nest.cost.groups.collectives_time_s` minimised over ``T(n)`` (``T(n, tp)``:
+        :meth:`splits`). ``ops`` holds ``(op, bytes)`` pairs (charged whole) or
+        :class:`~nest.core.layers.Collective` objects (charged their exposed part,
+        :func:`~nest.cost.compute.exposed_s`, which is non-decreasing in the collective's time,
+        so its minimum is at the least time)."""
         if n <= 1 or not ops:
             return 0.0
-        key = (ops, n)
+        key = (ops, n, tp)
         got = self._min_cache.get(key)
         if got is None:
-            mask = self._prod >= n
+            mask = self.splits(n, tp)
             total = np.zeros(int(mask.sum()))
             for item in ops:
                 coll = item if isinstance(item, Collective) else Collective(item[0], "", item[1])
@@ -297,13 +350,14 @@ class Floors:
             self._min_cache[key] = got
         return got
 
-    def min_per_byte_s(self, op: str, n: int) -> float:
-        """Least seconds per byte (the ``a`` of ``a S + c``) of ``op`` over ``n`` devices."""
+    def min_per_byte_s(self, op: str, n: int, tp: int = 1) -> float:
+        """Least seconds per byte (the ``a`` of ``a S + c``) of ``op`` over ``n`` devices
+        (``tp``: :meth:`splits`)."""
         if n <= 1:
             return 0.0
-        key = ("per byte", op, n)
+        key = ("per byte", op, n, tp)
         if key not in self._min_cache:
-            self._min_cache[key] = float(self._coef[op][0][self._prod >= n].min())
+            self._min_cache[key] = float(self._coef[op][0][self.splits(n, tp)].min())
         return self._min_cache[key]
 
     def groups(
@@ -315,21 +369,35 @@ class Floors:
         with_latency: bool,
         fold: int = 1,
         zero_shard: int | None = None,
+        tp: int = 1,
     ) -> FloorGroups:
         """Floor groups of the data-parallel kinds (the sizes the configuration gives them;
-        with hybrid sharding also its shard and replicate groups)."""
+        with hybrid sharding also its shard and replicate groups). ``tp``: the configurations'
+        tensor degree; with aligned tensor groups the dense kinds, which keep the tensor index
+        fixed, are priced over ``T(n, tp)`` (:meth:`splits`; the expert kinds may run across
+        the tensor digit when experts fold it, so they keep ``T(n)``)."""
         sizes = {GroupKind.DENSE_DP: dp * cp, GroupKind.EXPERT_DP: dp * cp * fold // ep}
         if zero_shard is not None:
             sizes[GroupKind.ZERO_SHARD] = zero_shard * cp
             sizes[GroupKind.ZERO_REPLICATE] = dp // zero_shard
             sizes[GroupKind.EXPERT_ZERO_SHARD] = zero_shard * cp * fold // ep
             sizes[GroupKind.EXPERT_ZERO_REPLICATE] = dp // zero_shard
-        return FloorGroups(self, sizes, with_latency=with_latency)
+        strides = {}
+        if self.aligned_tp and tp > 1:
+            dense = (GroupKind.DENSE_DP, GroupKind.ZERO_SHARD, GroupKind.ZERO_REPLICATE)
+            strides = {kind: tp for kind in dense}
+        return FloorGroups(self, sizes, with_latency=with_latency, strides=strides)
 
     def family_groups(self, f: Family, *, with_latency: bool) -> FloorGroups:
         """:meth:`groups` of a family's configurations."""
         return self.groups(
-            f.dp, f.cp, f.ep, with_latency=with_latency, fold=f.fold, zero_shard=f.zero_shard
+            f.dp,
+            f.cp,
+            f.ep,
+            with_latency=with_latency,
+            fold=f.fold,
+            zero_shard=f.zero_shard,
+            tp=f.tp,
         )
 
     def _axis_s(self, colls, shard: Shard, tp_splits) -> float:
@@ -348,33 +416,26 @@ class Floors:
                 total += min(
                     collectives_time_s(pairs, axis, split_forms(f, self.cluster)) for f in tp_splits
                 )
+            elif axis == GroupKind.CP and self.aligned_tp:
+                # a context group keeps the tensor index fixed (:meth:`splits`)
+                total += self.min_time_s(ops, n, shard.tp)
             else:
                 total += self.min_time_s(ops, n)
         return total
 
-    def _layer_base_s(self, x, is_block: bool, shard: Shard, splits) -> float:
-        """Compute, the cheapest allowed recompute with its collectives, and the cheapest
-        collectives of both directions, of one layer."""
+    def _layer_floor_s(self, x, is_block: bool, shard: Shard, splits) -> tuple[float, float]:
+        """``(base, bwd)`` of one layer: compute, the cheapest allowed recompute with its
+        collectives, and the cheapest collectives of both directions; and the backward part of
+        that (a floor of the layer's backward: its compute and the same cheapest recompute with
+        its backward collectives)."""
         modes = self.modes if is_block else (Recompute.NONE,)
-        return (
-            x.fwd_s
-            + x.bwd_s
-            + self._axis_s(fwd_collectives(x), shard, splits)
-            + min(
-                recompute_s(x, md, is_block)
-                + self._axis_s(bwd_collectives(x, md, is_block), shard, splits)
-                for md in modes
-            )
-        )
-
-    def _layer_bwd_s(self, x, is_block: bool, shard: Shard, splits) -> float:
-        """The backward part of :meth:`_layer_base_s`: a floor of the layer's backward."""
-        modes = self.modes if is_block else (Recompute.NONE,)
-        return x.bwd_s + min(
+        redo = min(
             recompute_s(x, md, is_block)
             + self._axis_s(bwd_collectives(x, md, is_block), shard, splits)
             for md in modes
         )
+        base = x.fwd_s + x.bwd_s + self._axis_s(fwd_collectives(x), shard, splits) + redo
+        return base, x.bwd_s + redo
 
     def shard(self, shard: Shard) -> ShardFloors:
         got = self._shards.get(shard)
@@ -397,11 +458,12 @@ class Floors:
             got_layer = per_cost.get(key)
             if got_layer is None:
                 modes = self.modes if is_block else (Recompute.NONE,)
+                base_s, bwd_s = self._layer_floor_s(x, is_block, shard, splits)
                 got_layer = per_cost[key] = (
-                    self._layer_base_s(x, is_block, shard, splits),
+                    base_s,
                     min(stored_bytes(x, md, is_block) for md in modes),
                     min(peak_bytes(x, md, is_block, self._unsharded) for md in modes),
-                    self._layer_bwd_s(x, is_block, shard, splits),
+                    bwd_s,
                 )
             base.append(got_layer[0])
             dense.append(x.dense_params)
@@ -467,7 +529,7 @@ class Floors:
         (:meth:`_z3_coefs` is 0), so this constant adds to each chunk's floor."""
         if zero < 3:
             return 0.0
-        key = ("zero3 chunk", id(sf), f.dp * f.cp, f.ep, f.fold, f.zero_shard)
+        key = ("zero3 chunk", id(sf), f.dp * f.cp, f.ep, f.fold, f.zero_shard, f.tp)
         got = self._min_cache.get(key)
         if got is None:
             groups = self.family_groups(f, with_latency=True)
@@ -484,7 +546,7 @@ class Floors:
         if zero >= 3 or self.problem.training.overlap_grad_sync:
             return 0.0
         nd, f = family.dp * family.cp, family
-        key = ("sync", dense, expert, nd, nd * f.fold // f.ep, zero > 0, f.cp, f.zero_shard)
+        key = ("sync", dense, expert, nd, nd * f.fold // f.ep, zero > 0, f.cp, f.zero_shard, f.tp)
         got = self._min_cache.get(key)
         if got is None:
             groups = self.family_groups(f, with_latency=True)
@@ -518,6 +580,41 @@ class Floors:
         """No plan of these configurations (any rank order) is faster (module docstring)."""
         return self.family_bounds_s(family, ((schedule, zero, offload),))[0]
 
+    def family_floor_s(self, family: Family) -> float:
+        """A floor of :meth:`family_bounds_s` of every entry of the family, from its shard's
+        floors alone (the search computes the entries' bounds only for the families whose floor
+        it reaches: :class:`nest.dp.planner.LazyRanking`).
+
+        **Proof.** Every term :meth:`family_bounds_s` adds to the pipeline term (the ZeRO-3
+        terms ``zd, zx, z3``, the sync, the optimizer step, rank 0's exposed sync) is
+        non-negative, and the pipeline term is non-decreasing in each rank's floor. 1F1B: its
+        ``total`` is at least ``F0 = sum of the layer floors + 2 (pp - 1) p2p`` and its ``top``
+        at least ``max(F0 / pp, largest layer floor)`` (with ZeRO-3 the largest is taken over
+        the same layers' floors plus non-negative terms), so the bound is at least
+        ``F0 + (m - 1) top0``; ZB-H1's ``max(total - 2 W, top) + (m - 1) top`` is at least the
+        same expression on ``F0, top0``. Interleaved: the ranks' floors sum over all chunks,
+        i.e. every layer once plus non-negative p2p and ZeRO terms, so their sum ``S`` is at
+        least the layer floors' sum ``F`` and their largest at least ``S / pp``; with
+        ``m - 1/v >= 0`` the bound is at least ``F / v + (m - 1/v) F / pp``. The least of these
+        over the family's schedules is a floor of every entry's bound; a schedule not named here
+        (one added later, whose bound may be lower) gets the floor 0, which is always one."""
+        sf = self._shard_of(family)
+        pp, m = family.pp, family.m
+        total = sf.base_sum_s + 2 * (pp - 1) * sf.p2p_s
+        top = max(total / pp, sf.base_max_s)
+        least = float("inf")
+        for kind, v in family.schedules:
+            if kind is Schedule.INTERLEAVED:
+                got = sf.base_sum_s / v + (m - 1 / v) * sf.base_sum_s / pp
+            elif kind is Schedule.ZB_H1:
+                got = max(total - 2.0 * sf.wgrad_sum_s, top) + (m - 1) * top
+            elif kind is Schedule.ONE_F_ONE_B:
+                got = total + (m - 1) * top
+            else:  # a schedule this floor was not proved for: no floor (bounded at once)
+                got = 0.0
+            least = min(least, got)
+        return least
+
     def family_bounds_s(self, family: Family, entries=None) -> list[float]:
         """:meth:`config_bound_s` of each ``(schedule, zero, offload)`` of ``entries``
         (default: all of the family's, :meth:`Family.entries`), with what they share computed
@@ -533,6 +630,7 @@ class Floors:
             sync_dense, sync_expert = sf.dense_sum, sf.expert_sum
         else:
             sync_dense, sync_expert = float(sf.dense[0]), float(sf.expert[0])
+        overlap = self.problem.training.overlap_grad_sync
         per_zero: dict = {}
         out = []
         for schedule, zero, offload in entries:
@@ -546,20 +644,22 @@ class Floors:
             zd, zx, optimizer, z3 = got
             kind, v = schedule
             if kind is Schedule.INTERLEAVED:
-                # ZeRO 0-2 share the ranks' floors (no ZeRO-3 traffic): computed once
+                # ZeRO 0-2 share the ranks' floors (no ZeRO-3 traffic): computed once, and
+                # the ranks' sum and largest once per shard, partition and ZeRO-3 floor
                 got = per_zero.get((schedule, zd, zx, z3))
                 if got is None:
-                    base, dense, expert = self._interleaved_ranks(sf, pp, v)
-                    ranks = [
-                        b + zd * d + zx * x + v * z3
-                        for b, d, x in zip(base, dense, expert, strict=True)
-                    ]
-                    pipeline = sum(ranks) / v + (m - 1 / v) * max(ranks)
-                    got = per_zero[schedule, zd, zx, z3] = (ranks, pipeline, dense[0], expert[0])
+                    ranks, total, top, dense0, expert0 = self._interleaved_rank_floors(
+                        sf, pp, v, zd, zx, z3
+                    )
+                    pipeline = total / v + (m - 1 / v) * top
+                    got = per_zero[schedule, zd, zx, z3] = (ranks, pipeline, dense0, expert0)
                 ranks, pipeline, dense0, expert0 = got
-                sync = self._sync_floor_s(family, dense0, expert0, zero)
+                if zero >= 3 or overlap:  # _sync_floor_s's own zero, without the call
+                    sync = 0.0
+                else:
+                    sync = self._sync_floor_s(family, dense0, expert0, zero)
                 bound = pipeline + sync + optimizer
-                if zero < 3 and self.problem.training.overlap_grad_sync:
+                if zero < 3 and overlap:
                     exposed = per_zero.get((schedule, "exposed", zero > 0))
                     if exposed is None:
                         exposed = self._overlap_sync_bound_s(family, sf, ranks, zero, v)
@@ -567,16 +667,18 @@ class Floors:
                     bound = max(bound, exposed + optimizer)
                 out.append(bound)
                 continue
-            total = sf.base_sum_s + zd * sf.dense_sum + zx * sf.expert_sum + 2 * (pp - 1) * sf.p2p_s
-            total += pp * z3
-            if zero < 3:
-                largest = sf.base_max_s
-            else:
-                largest = max(b + zd * d + zx * x for b, d, x in sf.kinds) + z3
-            top = max(total / pp, largest)
-            sync = self._sync_floor_s(family, sync_dense, sync_expert, zero)
-            if pp == 1 and zero < 3 and self.problem.training.overlap_grad_sync:
+            got = per_zero.get(("stages", zd, zx, z3, zero < 3))
+            if got is None:
+                got = per_zero["stages", zd, zx, z3, zero < 3] = self._stage_floors(
+                    sf, pp, zd, zx, z3, zero
+                )
+            total, top = got
+            if pp == 1 and zero < 3 and overlap:
                 sync = self._one_stage_exposed_s(family, sf, zero)
+            elif zero >= 3 or overlap:  # _sync_floor_s's own zero, without the call
+                sync = 0.0
+            else:
+                sync = self._sync_floor_s(family, sync_dense, sync_expert, zero)
             pipeline = total + (m - 1) * top
             if kind is Schedule.ZB_H2:
                 # ZB-H2: sum_r u_r >= sum_r max(t_r - 3 w_r, f_r) and sum_r u_r + max_r e_r >=
@@ -600,6 +702,33 @@ class Floors:
         if bf is None:
             bf = self._min_cache[key] = float(sf.bwd_s.sum())
         return bf
+
+    @staticmethod
+    def _stage_floors(sf: ShardFloors, pp: int, zd, zx, z3: float, zero: int):
+        """1F1B: the floors of the stages' sum (``S``) and of the largest stage (``M``) with the
+        ZeRO terms (``zd, zx`` per parameter, ``z3`` per stage; module docstring)."""
+        total = sf.base_sum_s + zd * sf.dense_sum + zx * sf.expert_sum
+        total += 2 * (pp - 1) * sf.p2p_s
+        total += pp * z3
+        if zero < 3:
+            largest = sf.base_max_s
+        else:
+            largest = max(b + zd * d + zx * x for b, d, x in sf.kinds) + z3
+        return total, max(total / pp, largest)
+
+    def _interleaved_rank_floors(self, sf: ShardFloors, pp: int, v: int, zd, zx, z3: float):
+        """Per rank of the interleaved partition its floor with the ZeRO terms (``zd, zx`` per
+        parameter, ``z3`` per chunk), their sum and largest, and rank 0's dense and expert
+        parameters (shared by the families of one shard and partition)."""
+        key = ("interleaved floors", id(sf), pp, v, zd, zx, z3)
+        got = self._min_cache.get(key)
+        if got is None:
+            base, dense, expert = self._interleaved_ranks(sf, pp, v)
+            ranks = [
+                b + zd * d + zx * x + v * z3 for b, d, x in zip(base, dense, expert, strict=True)
+            ]
+            got = self._min_cache[key] = (ranks, sum(ranks), max(ranks), dense[0], expert[0])
+        return got
 
     def _one_stage_exposed_s(self, f: Family, sf: ShardFloors, zero: int) -> float:
         """1F1B with one pipeline rank, ZeRO below 3, gradient sync overlapped: a floor of the
@@ -667,7 +796,7 @@ class Floors:
         parameters, overlap or not: :meth:`ModelState.sync_s` on the floor groups."""
         nd = f.dp * f.cp
         key = ("sync raw", dense[0], expert[0], nd, nd * f.fold // f.ep, zero > 0, f.cp)
-        key += (f.zero_shard,)
+        key += (f.zero_shard, f.tp)
         got = self._min_cache.get(key)
         if got is None:
             groups = self.family_groups(f, with_latency=True)

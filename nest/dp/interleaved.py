@@ -252,6 +252,27 @@ def least_fitting_time_s(rc: RankChunks, capacity_bytes: float, reserve_bytes: f
     return float("inf")
 
 
+def first_mode_floors(rc: RankChunks, floor_s: float) -> list[tuple[float, float]]:
+    """Per mode ``c`` of the rank's first chunk: ``(t, b)`` with ``t`` a floor of the time
+    ``t_r`` of every option of :func:`rank_options` whose first chunk takes ``c``, and ``b`` that
+    option's ``first_bwd_s`` (exactly).
+
+    **Proof.** Such an option's time is ``cost[first][c, 0]`` plus the times of the other
+    chunks' modes, each at least that chunk's fastest mode, and its ``first_bwd_s`` is
+    ``cost[first][c, 1]`` (:func:`rank_options`). Every option fits, so its time is also at
+    least ``floor_s`` when that is a floor of the rank's time over its fitting assignments
+    (:func:`least_fitting_time_s`, or the placed floors). The label a rank option extends is
+    non-decreasing in ``t_r`` in every term and its exposed sync is fixed by ``b``, so the
+    label bound at ``(t, b)`` is at most the bound of every label that option creates:
+    when it exceeds the incumbent for every mode and label, :func:`solve_interleaved` would
+    drop every label of this rank, and it may stop before enumerating the options."""
+    first = rc.cost[rc.ks[0]]
+    rest = sum(len(ks) * float(rc.cost[ks[0]][:, 0].min()) for ks in rc.groups.values())
+    return [
+        (max(floor_s, float(first[c, 0]) + rest), float(first[c, 1])) for c in range(len(first))
+    ]
+
+
 def _rank_floors(sm: StageModel, modes) -> list[float]:
     prefix = sm.placed_floor_s(modes)
     out = [0.0] * sm.config.pp
@@ -284,6 +305,18 @@ def solve_interleaved(
         low = min(lab.total_s for lab in labels) + floors[r] + rest_sum
         top = max(min(lab.max_s for lab in labels), floors[r], rest_max)
         if s_coef * low + m_coef * top > incumbent_s:
+            stats.labels_bounded += len(labels)
+            return None
+        # every option's labels: a floor per mode of the first chunk (first_mode_floors)
+        if all(
+            s_coef * (lab.total_s + t + rest_sum)
+            + m_coef * max(lab.max_s, t, rest_max)
+            + max(lab.exposed_s, rank_exposed_sync_s(rc.sync_s, lab.bwd_sum_s, b, sm.overlap))
+            + max(lab.opt_s, rc.opt_s)
+            > incumbent_s
+            for t, b in first_mode_floors(rc, floors[r])
+            for lab in labels
+        ):
             stats.labels_bounded += len(labels)
             return None
         options, _ = rank_options(sm, rc)

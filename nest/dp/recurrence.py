@@ -117,6 +117,16 @@ class DPStats:
     memory_rejected: int = 0
     extra: dict = field(default_factory=dict)
 
+    def record(self) -> dict:
+        """The counts as the search record names them (``report.json["search"]``)."""
+        return {
+            "stages_scored": self.stages_scored,
+            "labels_created": self.labels_created,
+            "labels_dominated": self.labels_dominated,
+            "labels_pruned_by_bound": self.labels_bounded,
+            "stages_over_memory": self.memory_rejected,
+        }
+
 
 def worse_by_at_most(a: Label, b: Label, m_coef: float, s_coef: float = 1.0) -> float:
     """An upper bound on ``F(a + c) - F(b + c)`` over every completion ``c`` of the same state,
