@@ -56,3 +56,36 @@ def test_nest_equals_brute_with_zb_h1_offload_hsdp_and_deepep_at_once():
         offloaded += oracle.optimizer_offload or oracle.activation_offload
     assert agreed >= 12, agreed
     assert zb >= 2 and offloaded >= 2, (zb, offloaded)
+
+
+def test_nest_equals_brute_with_zb_h2_op_recompute_and_the_lazy_bounds_at_once():
+    """The later options with the earlier ones: ZB-H2 (its own family floor is 0 in the lazy
+    ranking, ``Floors.family_floor_s``), torchtitan's op-level recompute, offload, hybrid sharding
+    and DeepEP, searched together on 25 random small problems (a third of them pinned to ZB-H2, a
+    third choosing between op and full recompute): ``nest`` equals ``brute`` to 1e-9 and optima
+    use ZB-H2 and op."""
+    agreed = zb2 = op = 0
+    for seed in range(25):
+        problem, options = tiny_case(7100 + seed)
+        problem = _with_offload_hardware(problem, random.Random(seed))
+        if problem.model.spec.is_moe:
+            problem = _deepep(problem)
+        options = {
+            **options,
+            "offload": True,
+            # a third of the seeds pin ZB-H2, a third op against full, so both are exercised
+            "schedules": ["zb_h2"] if seed % 3 == 0 else ["1f1b", "zb_h1", "zb_h2"],
+            "zero_shards": ["all"],
+            "recompute": ["op", "full"] if seed % 3 == 1 else ["none", "mlp", "op", "full"],
+        }
+        try:
+            oracle = assert_nest_equals_brute(problem, options, (seed, options))
+        except UserError:
+            continue  # nothing in the restricted space
+        if oracle is None:
+            continue
+        agreed += 1
+        zb2 += oracle.schedule == "zb_h2"
+        op += any(s.recompute == "op" for s in oracle.stages)
+    assert agreed >= 12, agreed
+    assert zb2 >= 2 and op >= 2, (zb2, op)
