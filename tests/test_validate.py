@@ -122,7 +122,7 @@ LLAMA3_WHY = (
     "real schedule does not have under-predicts every row"
 )
 SC21_T2_WHY = (
-    "ZeRO-3 rows over-predicted up to 3x (+203 % on 1536 GPUs): the measured step (66 s) is 4x "
+    "ZeRO-3 rows over-predicted up to 3x (+208 % on 1536 GPUs): the measured step (66 s) is 4x "
     "its compute (16 s) while the modelled gathers and reduce-scatters take 10 s even with "
     "DeepSpeed's 5e7-element prefetch bucket leaving most of each gather exposed; DeepSpeed "
     "2021's ZeRO-3 ran slower than the bandwidth-bound collectives modelled"
