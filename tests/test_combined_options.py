@@ -29,32 +29,33 @@ def _deepep(problem: Problem) -> Problem:
     return Problem(model=model, cluster=problem.cluster, training=training)
 
 
-def test_nest_equals_brute_with_zb_h1_offload_hsdp_and_deepep_at_once():
-    """25 random small problems searched with 1F1B and ZB-H1, offload on, every hybrid shard
-    degree, MoE models dispatched with DeepEP: ``nest`` equals ``brute`` to 1e-9, and the optima
-    use ZB-H1 and offload somewhere."""
-    agreed = zb = offloaded = 0
+def _oracles(first_seed: int, more_options):
+    """``nest == brute`` on 25 random small problems from ``tiny_case(first_seed + k)``, on
+    offload hardware with offload on, every hybrid shard degree, MoE dispatched with DeepEP, and
+    ``more_options(k)``; yields brute's optimum of each problem where something fits (a problem
+    with nothing in the restricted space is skipped)."""
     for seed in range(25):
-        problem, options = tiny_case(7000 + seed)
+        problem, options = tiny_case(first_seed + seed)
         problem = _with_offload_hardware(problem, random.Random(seed))
         if problem.model.spec.is_moe:
             problem = _deepep(problem)
-        options = {
-            **options,
-            "offload": True,
-            "schedules": ["1f1b", "zb_h1"],
-            "zero_shards": ["all"],
-        }
+        options = {**options, "offload": True, "zero_shards": ["all"], **more_options(seed)}
         try:
             oracle = assert_nest_equals_brute(problem, options, (seed, options))
         except UserError:
             continue  # nothing in the restricted space (e.g. no pipeline for ZB-H1)
-        if oracle is None:
-            continue
-        agreed += 1
-        zb += oracle.schedule == "zb_h1"
-        offloaded += oracle.optimizer_offload or oracle.activation_offload
-    assert agreed >= 12, agreed
+        if oracle is not None:
+            yield oracle
+
+
+def test_nest_equals_brute_with_zb_h1_offload_hsdp_and_deepep_at_once():
+    """25 random small problems searched with 1F1B and ZB-H1, offload on, every hybrid shard
+    degree, MoE models dispatched with DeepEP: ``nest`` equals ``brute`` to 1e-9, and the optima
+    use ZB-H1 and offload somewhere."""
+    optima = list(_oracles(7000, lambda seed: {"schedules": ["1f1b", "zb_h1"]}))
+    zb = sum(o.schedule == "zb_h1" for o in optima)
+    offloaded = sum(o.optimizer_offload or o.activation_offload for o in optima)
+    assert len(optima) >= 12, len(optima)
     assert zb >= 2 and offloaded >= 2, (zb, offloaded)
 
 
@@ -64,28 +65,16 @@ def test_nest_equals_brute_with_zb_h2_op_recompute_and_the_lazy_bounds_at_once()
     and DeepEP, searched together on 25 random small problems (a third of them pinned to ZB-H2, a
     third choosing between op and full recompute): ``nest`` equals ``brute`` to 1e-9 and optima
     use ZB-H2 and op."""
-    agreed = zb2 = op = 0
-    for seed in range(25):
-        problem, options = tiny_case(7100 + seed)
-        problem = _with_offload_hardware(problem, random.Random(seed))
-        if problem.model.spec.is_moe:
-            problem = _deepep(problem)
-        options = {
-            **options,
-            "offload": True,
-            # a third of the seeds pin ZB-H2, a third op against full, so both are exercised
+
+    def options(seed):
+        # a third of the seeds pin ZB-H2, a third op against full, so both are exercised
+        return {
             "schedules": ["zb_h2"] if seed % 3 == 0 else ["1f1b", "zb_h1", "zb_h2"],
-            "zero_shards": ["all"],
             "recompute": ["op", "full"] if seed % 3 == 1 else ["none", "mlp", "op", "full"],
         }
-        try:
-            oracle = assert_nest_equals_brute(problem, options, (seed, options))
-        except UserError:
-            continue  # nothing in the restricted space
-        if oracle is None:
-            continue
-        agreed += 1
-        zb2 += oracle.schedule == "zb_h2"
-        op += any(s.recompute == "op" for s in oracle.stages)
-    assert agreed >= 12, agreed
+
+    optima = list(_oracles(7100, options))
+    zb2 = sum(o.schedule == "zb_h2" for o in optima)
+    op = sum(any(s.recompute == "op" for s in o.stages) for o in optima)
+    assert len(optima) >= 12, len(optima)
     assert zb2 >= 2 and op >= 2, (zb2, op)

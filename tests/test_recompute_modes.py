@@ -225,13 +225,9 @@ def test_mixed_modes_export_as_the_mode_recomputing_everything_used():
     assert any("recompute mlp" in w and "used full" in w for w in exp.warnings)
 
 
-def test_llama3_8b_on_h100_takes_mlp_where_memory_forces_recompute():
-    """The issue's done-when: Llama 3 8B data-parallel on one DGX H100 node (8 x 80 GB; ZeRO-1
-    keeps 16 bytes of model state per parameter over 8 ranks, about 44 GB, beside the
-    activations) cannot keep every activation; the best plan of the five-mode space recomputes
-    only MLPs and beats the best plan of the old three modes (which must recompute everything)."""
+def llama3_8b_on_one_h100_node():
+    """Llama 3 8B (the 70B preset with 8B's published shape) on one DGX H100 node, batch 64."""
     from nest.app.config import build_problem
-    from nest.dp.planner import NestPlanner
 
     from .test_cli import compose
 
@@ -241,7 +237,17 @@ def test_llama3_8b_on_h100_takes_mlp_where_memory_forces_recompute():
         "cluster=dgx_8x8", "cluster.devices=8", "model=llama3_70b", "model.name=llama3_8b",
         *spec.split(), "training.global_batch=64",
     )  # fmt: skip
-    problem = build_problem(cfg)
+    return build_problem(cfg)
+
+
+def test_llama3_8b_on_h100_takes_mlp_where_memory_forces_recompute():
+    """The issue's done-when: Llama 3 8B data-parallel on one DGX H100 node (8 x 80 GB; ZeRO-1
+    keeps 16 bytes of model state per parameter over 8 ranks, about 44 GB, beside the
+    activations) cannot keep every activation; the best plan of the five-mode space recomputes
+    only MLPs and beats the best plan of the old three modes (which must recompute everything)."""
+    from nest.dp.planner import NestPlanner
+
+    problem = llama3_8b_on_one_h100_node()
     space = dict(tp=[1], cp=[1], pp=[1], zero_stages=[0, 1])
     old = NestPlanner(**space, recompute=["none", "selective", "full"]).solve(problem)
     new = NestPlanner(**space).solve(problem)

@@ -172,18 +172,11 @@ def test_llama3_8b_on_h100_takes_op_where_it_beats_mlp_and_full():
     recompute``) must recompute; op fits there and recomputes fewer FLOPs than mlp (three of
     seven mms against the MLP's three larger ones), so the best plan takes op and is faster than
     the best without it (mlp) and than the old three modes' (full)."""
-    from nest.app.config import build_problem
     from nest.dp.planner import NestPlanner
 
-    from .test_cli import compose
+    from .test_recompute_modes import llama3_8b_on_one_h100_node
 
-    spec = "model.hidden=4096 model.layers=32 model.heads=32 model.kv_heads=8"
-    spec += " model.ffn_hidden=14336"
-    cfg = compose(
-        "cluster=dgx_8x8", "cluster.devices=8", "model=llama3_70b", "model.name=llama3_8b",
-        *spec.split(), "training.global_batch=64",
-    )  # fmt: skip
-    problem = build_problem(cfg)
+    problem = llama3_8b_on_one_h100_node()
     space = dict(tp=[1], cp=[1], pp=[1], zero_stages=[0, 1])
     without = NestPlanner(**space).solve(problem)
     old = NestPlanner(**space, recompute=["none", "selective", "full"]).solve(problem)

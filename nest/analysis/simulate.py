@@ -113,25 +113,7 @@ def zb_h1_order(pp: int, m: int, rank: int) -> list[tuple[str, int, int]]:
     ``pp - rank - 1`` warm-up forwards, then F and B alternately, each B followed by the
     oldest pending W once more than ``rank`` are pending; after the last B the pending W passes.
     Every rank thus holds ``pp`` microbatches between F and W (``min(pp, m)``)."""
-    warm = min(pp - rank - 1, m)
-    order = [("F", rank, j) for j in range(warm)]
-    done_b = done_w = 0
-
-    def backward() -> None:
-        nonlocal done_b, done_w
-        order.append(("B", rank, done_b))
-        done_b += 1
-        if done_b - done_w > rank:
-            order.append(("W", rank, done_w))
-            done_w += 1
-
-    for j in range(warm, m):
-        order.append(("F", rank, j))
-        backward()
-    while done_b < m:
-        backward()
-    order += [("W", rank, j) for j in range(done_w, m)]
-    return order
+    return _split_backward_order(m, rank, min(pp - rank - 1, m), rank, backward_first=False)
 
 
 def zb_h2_order(pp: int, m: int, rank: int) -> list[tuple[str, int, int]]:
@@ -140,7 +122,15 @@ def zb_h2_order(pp: int, m: int, rank: int) -> list[tuple[str, int, int]]:
     then a B, the oldest pending W once more than ``2 rank`` are pending, and the next F; after
     the last B the pending W passes. Every rank thus holds ``2 pp - 1`` microbatches between F
     and W (needs ``m >= 2 pp - 1``; with fewer, as many as there are)."""
-    warm = min(2 * (pp - rank) - 1, m)
+    return _split_backward_order(m, rank, min(2 * (pp - rank) - 1, m), 2 * rank, True)
+
+
+def _split_backward_order(
+    m: int, rank: int, warm: int, pending: int, backward_first: bool
+) -> list[tuple[str, int, int]]:
+    """The zero-bubble schedules' common order: ``warm`` forwards, then per remaining microbatch
+    an F and a B (the B first when ``backward_first``), each B followed by the oldest pending W
+    once more than ``pending`` are pending; then the remaining B and W passes."""
     order = [("F", rank, j) for j in range(warm)]
     done_b = done_w = 0
 
@@ -148,13 +138,16 @@ def zb_h2_order(pp: int, m: int, rank: int) -> list[tuple[str, int, int]]:
         nonlocal done_b, done_w
         order.append(("B", rank, done_b))
         done_b += 1
-        if done_b - done_w > 2 * rank:
+        if done_b - done_w > pending:
             order.append(("W", rank, done_w))
             done_w += 1
 
     for j in range(warm, m):
-        backward()
+        if backward_first:
+            backward()
         order.append(("F", rank, j))
+        if not backward_first:
+            backward()
     while done_b < m:
         backward()
     order += [("W", rank, j) for j in range(done_w, m)]

@@ -33,6 +33,7 @@ down-projections on the sequence-parallel shard and all-gathers their outputs).
 ``precision=fp8`` (:mod:`nest.core.precision`).
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 from nest.core.model import ModelSpec
@@ -244,6 +245,18 @@ def elementwise_bytes_per_token(spec: ModelSpec, moe: bool, p: int) -> dict[str,
     return {OUTSIDE: 10 * p * h, INSIDE: inside, REP: rep}
 
 
+TORCHTITAN_MLA_NAMES = {
+    "q": "wq",
+    "q_down": "wq_a",
+    "q_up": "wq_b",
+    "kv_down": "wkv_a",
+    "kv_up": "wkv_b",
+    "proj": "wo",
+}
+"""torchtitan's names (``torchtitan/models/deepseek_v3/model.py``) of :func:`attention_linears`'
+MLA linears."""
+
+
 def torchtitan_matmuls(spec: ModelSpec, moe: bool) -> tuple[Linear, ...]:
     """The ``aten.mm`` calls of one block's forward in torchtitan's order, which op-level
     selective checkpointing counts (:func:`op_sac_inventory`). Each ``nn.Linear`` is one mm, so
@@ -259,19 +272,10 @@ def torchtitan_matmuls(spec: ModelSpec, moe: bool) -> tuple[Linear, ...]:
       (``SelectiveAC.Config.force_recompute_mm_shapes_by_fqns = ["moe.router.gate"]``,
       ``torchtitan/distributed/activation_checkpoint.py``), so neither is counted."""
     h, a, gate = spec.hidden, spec.heads, gate_factor(spec)
-    if spec.attention == "mla":
-        qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
-        rq, rkv = spec.q_lora_rank, spec.kv_lora_rank
-        query = (
-            (Linear("wq_a", h, rq, REP), Linear("wq_b", rq, a * qk, COL))
-            if rq
-            else (Linear("wq", h, a * qk, COL),)
-        )
-        attention = (
-            *query,
-            Linear("wkv_a", h, rkv + spec.qk_rope_head_dim, REP),
-            Linear("wkv_b", rkv, a * (spec.qk_nope_head_dim + spec.v_head_dim), COL),
-            Linear("wo", a * spec.v_head_dim, h, ROW),
+    if spec.attention == "mla":  # the same linears in the same order, under torchtitan's names
+        attention = tuple(
+            dataclasses.replace(x, name=TORCHTITAN_MLA_NAMES[x.name])
+            for x in attention_linears(spec)
         )
     else:
         q, kv = a * spec.d_head, spec.kv_dim
