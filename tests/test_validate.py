@@ -150,8 +150,13 @@ GB200_WHY = (
     "the BF16 one (1.77x on H100)"
 )
 BLACKWELL_WHY = (
-    "Qwen3-30B-A3B on 8 B200 at microbatch 1 predicted +239 % (the same recipe printed 23,766 "
-    "tokens/s at microbatch 4 on GB200, predicted +39 %), Qwen3-235B-A22B on 64 B200 +86 %, "
+    "Qwen3-30B-A3B on 8 B200 at microbatch 1 predicted +239 % and Qwen3-235B-A22B on 64 B200 "
+    "+86 %: the release's host-bound dropless MoE layer, not a cost of the layout (the 25.11 "
+    "all-to-all dispatcher syncs the host before each MoE layer's exchange; the same B200 layout "
+    "printed 18,066 tokens/s with capacity-padded token-drop in 25.09 against 9,299 dropless, "
+    "the microbatch-4 recipe 27,136 in 26.04.01, predicted +19 %; no published host time per "
+    "MoE layer to charge: docs/trust/fidelity.md, fine-grained small MoE); Qwen3-30B-A3B at "
+    "microbatch 4 on GB200 +39 % (-19 % against the same layout's 40,706 in 26.06), "
     "DeepSeek-V3 +17 %; the 8B, 405B and Qwen3-235B BF16 rows -4 to +9 %"
 )
 MI355X_WHY = (
@@ -166,8 +171,11 @@ TPU_WHY = (
     "the ici_tensor rows' TP collectives are charged as exposed"
 )
 MBRIDGE_WHY = (
-    "Qwen3-30B-A3B PP2 VP24 (25.11) predicted at 2.31x the measured throughput (and 8 GiB over "
-    "memory), the PP1 EP16 run (26.06) 14.1 % slow, the folded Qwen3-235B run (25.11, TP2 EP32 "
+    "Qwen3-30B-A3B PP2 VP24 (25.11, dropless) predicted at 2.31x the measured throughput (and "
+    "8 GiB over memory): the same layout printed 10,494 tokens/s with capacity-padded "
+    "token-drop in 25.09 (predicted +16 %) and PP2 VP12 went from 5,113 to 9,058 between 26.02 "
+    "and 26.02.01, a release's host-bound MoE layer (docs/trust/fidelity.md, fine-grained small "
+    "MoE); the PP1 EP16 run (26.06) 14.1 % slow, the folded Qwen3-235B run (25.11, TP2 EP32 "
     "etp 1) 13.7 % slow"
 )
 
@@ -417,6 +425,33 @@ def test_regression_moezoo_qwen3_layout_ranking_pins_the_current_model(summary):
 def test_accuracy_moezoo_qwen3_layouts_ranked_as_measured(summary):
     """The issue's target: the five Qwen3-235B layouts ranked in the measured order."""
     assert summary["sweeps"][MOEZOO_SWEEP]["kendall_tau"] >= 0.8
+
+
+def _row(prefix: str, **changes) -> dict:
+    """The validation row whose case starts with ``prefix``, with ``changes`` to its columns."""
+    with open(CASES, newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["case"].startswith(prefix)]
+    assert len(rows) == 1, prefix
+    return {**rows[0], **changes}
+
+
+def test_fine_grained_moe_releases_bracket_the_prediction():
+    """Why the 25.11 Qwen3-30B-A3B rows are over-predicted 2-3x (``BLACKWELL_WHY``,
+    ``MBRIDGE_WHY``; docs/trust/fidelity.md, "Fine-grained small MoE"): the layouts' throughput
+    moves with the Megatron-Bridge release, and the model, which has no release in it, lies
+    within the releases' spread. Published tokens/s per GPU
+    (NVIDIA-NeMo/Megatron-Bridge@4ab94dfad36641cabdeb96452b21bf676aac4772:
+    docs/performance-summary-archive.md): 8 GB200 EP8 MBS 4 GBS 512 MXFP8, 23,766 in 25.11
+    (L571) and 40,706 in 26.06 (L130); 8 B200 EP8 GBS 512 MXFP8 at MBS 4, 27,136 in 26.04.01
+    (L247); 16 H100 PP2 VP24 EP8 MBS 2 GBS 512, 10,494 with capacity-padded token-drop in 25.09
+    (L632), the expert FLOPs of the forced-balance dropless 25.11 row. Against the later or
+    token-drop releases the prediction is within issue 22's held-out max (25 %)."""
+    gb200 = validate.predict(_row("Qwen3-30B-A3B 8xGB200")).predicted
+    assert 23_766 < gb200 < 40_706
+    b200_mbs4 = validate.predict(_row("Qwen3-30B-A3B 8xB200", microbatch="4")).predicted
+    assert abs(b200_mbs4 / 27_136 - 1) <= 0.25
+    h100 = validate.predict(_row("Qwen3-30B-A3B 16xH100 FP8-CS TP1 PP2 VP24")).predicted
+    assert abs(h100 / 10_494 - 1) <= 0.25
 
 
 def test_at_the_micro_benchmark_ceiling_every_source_is_over_predicted():

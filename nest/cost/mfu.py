@@ -150,7 +150,9 @@ WHY_OPTIMISTIC = {
     "preset's matmul_efficiency, python -m nest.calibrate), and host-side launch gaps, "
     "stragglers and data loading are not modelled",
     "fine-grained MoE": "the in-step GEMM rate is calibrated on dense BF16 H100 runs, dropless "
-    "routing's wait is one calibrated factor, and the dispatcher is one all-to-all",
+    "routing's wait is one calibrated factor, the dispatcher is one all-to-all, and the host "
+    "time of the dropless MoE layer, which bounds small microbatches in some releases, is not "
+    "modelled",
     "coarse MoE": "the in-step GEMM rate is calibrated on dense BF16 H100 runs, and with ep = 1 "
     "every rank runs all experts on its own tokens, so routing imbalance costs nothing there; "
     "launch gaps and the grouped GEMMs' ragged token counts are not modelled",
