@@ -455,7 +455,8 @@ class NestPlanner(SpacePlanner):
                     "1); add 1, 2 or 3, or set training.fp8_param_gather=false"
                 )
         found, last_error = [], None
-        for mode in options.recompute:
+        # one mode for every stage: every-n-blocks options differ per stage (left out)
+        for mode in (str(m) for m in options.recompute_modes):
             sub = NestPlanner(
                 name=self.name,
                 seed_configs=self.seed_configs,
@@ -500,8 +501,13 @@ class NestPlanner(SpacePlanner):
         top = TopK(check_top_k(self.top_k, self.name))
         options = self.options()
         modes = options.recompute_modes
-        floors = Floors(problem, modes)
-        shared: dict = {("floors", modes): floors}
+        # every-n-blocks options fully recompute some blocks: floors over full too (full costs
+        # at least every mode and stores the least, so the floors stay those of the modes)
+        floor_modes = modes
+        if options.block_recompute and Recompute.FULL not in modes:
+            floor_modes = (*modes, Recompute.FULL)
+        floors = Floors(problem, floor_modes)
+        shared: dict = {("floors", floor_modes): floors}
         fams = list(families(problem, options))
         if not fams:
             raise empty_space_error(problem, options)
@@ -519,8 +525,10 @@ class NestPlanner(SpacePlanner):
 
         def solve_one(config, incumbent_s, exact):
             sm = StageModel(problem, config, shared)
-            solver = solve_interleaved if config.interleaved else solve_config
-            return solver(sm, modes, incumbent_s, stats, exact=exact)
+            if config.interleaved:
+                return solve_interleaved(sm, modes, incumbent_s, stats, exact=exact)
+            bases = options.block_bases(config)
+            return solve_config(sm, modes, incumbent_s, stats, exact=exact, block_bases=bases)
 
         # Phase 1 (heuristic, one label per state) gives real plans whose times bound the
         # optima from above; phase 2 (exact) then prunes everything that cannot beat them.

@@ -78,7 +78,10 @@ sums) times the kept-set sizes, which stay small because identical blocks give i
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from nest.core.axes import Recompute, Schedule
+from nest.core.plan import BlockRecompute
 from nest.cost.pipeline import pipeline_coefficients
 from nest.dp.rows import stage_common, stage_row
 from nest.dp.stages import StageModel
@@ -243,6 +246,42 @@ def extending_modes(fitting: list, k: int, zero_bubble: bool, zb_h2: bool = Fals
     return [fastest]
 
 
+def block_fitting(sm, r, i, j, bases, fitting, fits, rows, common, stats) -> list:
+    """The every-n-blocks options of stage ``r`` holding ``i..j`` that may extend it
+    (module docstring), as ``(t, BlockRecompute, row)``: per base mode that does not fit and
+    is faster than every fitting option, the fewest fully recomputed blocks that fit, or every
+    fitting count where :meth:`~nest.dp.stages.StageModel.block_monotone` fails. ``fits`` and
+    ``rows`` are the caller's per-mode caches (block rows are cached by ``(mode, k)``)."""
+    if sm.block_span(i, j)[1] < 2:
+        return []
+    best = min((t for t, _, _ in fitting), default=float("inf"))
+    out = []
+    for base in bases:
+        monotone = sm.block_monotone(r, base)
+        fit = fits.get(base)
+        if fit is None:
+            fit = fits[base] = sm.fits_from(r, i, base)
+        if fit[j - i] and monotone:
+            continue  # k = 0 fits and is at least as fast as every k
+        row = rows.get(base)
+        if row is None:
+            row = rows[base] = stage_row(sm, r, i, base, common)
+        if row.time_s[j - i] >= best and monotone:
+            continue  # every k costs at least k = 0, which is no faster than a fitting option
+        stats.stages_scored += 1
+        ok = np.flatnonzero(sm.block_memory(r, i, j, base) <= sm.capacity_bytes) + 1
+        if not len(ok):
+            stats.memory_rejected += 1
+            continue
+        for k in ok[:1] if monotone else ok:
+            choice = BlockRecompute(base, int(k))
+            brow = rows.get(choice)
+            if brow is None:
+                brow = rows[choice] = stage_row(sm, r, i, base, common, int(k))
+            out.append((brow.time_s[j - i], choice, brow))
+    return out
+
+
 def solve_config(
     sm: StageModel,
     modes: tuple[Recompute, ...],
@@ -250,9 +289,12 @@ def solve_config(
     stats: DPStats,
     *,
     exact: bool = True,
+    block_bases: tuple[Recompute, ...] = (),
 ) -> tuple[float, list[tuple[int, int, Recompute]]] | None:
     """Best (objective, [(first, last, mode) per rank]) of this configuration, or None when
-    nothing fits or nothing beats ``incumbent_s``.
+    nothing fits or nothing beats ``incumbent_s``; ``block_bases``: the base modes of the
+    every-n-blocks options (module docstring), whose choices are
+    :class:`~nest.core.plan.BlockRecompute`.
 
     Long: the search's hot loop (rank, start, end, mode, label), kept in one frame so its
     bounds and lazily built rows stay locals; split, each level would pass them on per call.
@@ -323,6 +365,12 @@ def solve_config(
                             common = stage_common(sm, r, i)
                         row = rows[mode] = stage_row(sm, r, i, mode, common)
                     fitting.append((row.time_s[j - i], mode, row))
+                if block_bases and len(sm.modes_for(i, j, modes)) > 1:
+                    if common is None:
+                        common = stage_common(sm, r, i)
+                    fitting += block_fitting(
+                        sm, r, i, j, block_bases, fitting, fits, rows, common, stats
+                    )
                 for _, mode, row in extending_modes(fitting, j - i, zero_bubble, zb_h2):
                     k = j - i
                     t, b = row.time_s[k], row.bwd_s[k]
