@@ -28,18 +28,31 @@ class BlockRecompute(NamedTuple):
     other blocks run in ``base`` (Megatron-LM's ``--recompute-granularity full
     --recompute-method block --recompute-num-layers k``, which recomputes the first ``k``
     layers of each pipeline stage and keeps the rest's activations:
-    NVIDIA/Megatron-LM@d98e8a6:megatron/core/recompute.py, ``recompute_method == 'block'``). A stage's recompute choice is a :class:`Recompute` or this."""
+    NVIDIA/Megatron-LM@d98e8a6:megatron/core/recompute.py, ``recompute_method == 'block'``).
+    A stage's recompute choice is a :class:`Recompute` or this."""
 
     base: Recompute
     full_blocks: int
 
 
 def stage_recompute(choice) -> tuple[Recompute, int]:
-    """``(mode, full_blocks)`` of a stage's recompute choice (a mode, its name, or a
-    :class:`BlockRecompute`)."""
+    """``(mode, full_blocks)`` of a stage's recompute choice: a mode, a
+    :class:`BlockRecompute`, or their names as reports print them (``none``, ``full3+none``:
+    :attr:`StagePlan.recompute_label`); a one-line error otherwise."""
     if isinstance(choice, BlockRecompute):
         return Recompute(choice.base), int(choice.full_blocks)
-    return Recompute(choice), 0
+    text = str(choice)
+    head, plus, base = text.partition("+")
+    count = head.removeprefix("full")
+    try:
+        if plus and head.startswith("full") and count.isdigit():
+            return Recompute(base), int(count)
+        return Recompute(text), 0
+    except ValueError:
+        raise UserError(
+            f"recompute {text!r}; use one of {[r.value for r in Recompute]} or fullK+MODE "
+            "(the first K blocks of the stage fully recomputed, the rest in MODE)"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +94,14 @@ class StagePlan:
         if start <= layer < start + self.full_blocks:
             return Recompute.FULL
         return self.recompute
+
+    @property
+    def recompute_choice(self):
+        """The stage's recompute as a choice :func:`make_structured_plan` takes back: its mode,
+        or a :class:`BlockRecompute`."""
+        return (
+            BlockRecompute(self.recompute, self.full_blocks) if self.full_blocks else self.recompute
+        )
 
     @property
     def recompute_label(self) -> str:

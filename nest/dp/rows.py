@@ -92,7 +92,9 @@ def _block_extra(sm: StageModel, r: int, i: int, mode: Recompute, full_blocks: i
 
     extra = delta(ch.recompute_s[full], ch.recompute_s[mode]) + 0.0 * np.arange(i, sm.n_layers)
     for sf, sc in zip(sm.comm_prefixes(r, "b", full), sm.comm_prefixes(r, "b", mode), strict=True):
-        mixed = np.max([pc[i + 1 :] - pc[i] + delta(pf, pc) for pf, pc in zip(sf, sc)], axis=0)
+        mixed = np.max(
+            [pc[i + 1 :] - pc[i] + delta(pf, pc) for pf, pc in zip(sf, sc, strict=True)], axis=0
+        )
         plain = np.max([pc[i + 1 :] - pc[i] for pc in sc], axis=0)
         extra = extra + (mixed - plain)
     return extra
