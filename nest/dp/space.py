@@ -69,7 +69,8 @@ extension, which ZB-H1's credit and offload's copies break).
 
 Interleaved plans take a mode per chunk, not per rank: the plan format stores one per chunk, a
 rank's chunks share its in-flight count, so recomputing only some of them is a real middle
-ground between two uniform modes, and the exact per-rank search (:mod:`nest.dp.interleaved`) costs little more.
+ground between two uniform modes, and the exact per-rank search (:mod:`nest.dp.interleaved`)
+costs little more.
 
 Mirroring it (e.g. a CP-SAT or MILP model of "the same space"): iterate :func:`configurations`
 (or :func:`families`, which groups configurations sharing ``(tp, cp, ep, dp, pp, mbs, etp)``), take
