@@ -41,6 +41,28 @@ for any completion, and the slower mode's label is never needed (ties keep the f
 ``SpaceOptions.recompute``). The modes other than the fastest fitting one (e.g. ``selective``,
 which with FlashAttention saves only the log-sum-exp but recomputes the whole attention core)
 thus cost one row each and no labels.
+**Every-n-blocks options** (``block`` in ``SpaceOptions.recompute``; 1F1B and ZB-H2 without
+activation offload, :func:`nest.dp.space.block_options`): stage ``i..j`` holding ``nb`` blocks
+may also fully recompute its first ``k`` blocks (``1 <= k < nb``) and run the rest in a base
+mode ``c``. Like a mode, such an option changes only the backward (the recompute seconds and
+the recompute's collectives) and whether the stage fits, so the argument above covers the
+options and the modes together: only the fastest fitting one extends the stage. For one ``c``
+the backward is non-decreasing in ``k`` when every block's full recompute costs at least its
+``c`` recompute, in seconds and in each group split's collectives
+(:meth:`~nest.dp.stages.StageModel.block_monotone`): the stage's recompute is ``c``'s sum plus
+the first ``k`` blocks' non-negative differences, and per axis the slowest split of sums that
+are each non-decreasing in ``k`` is non-decreasing. So the fastest fitting ``(c, k)`` is the
+smallest ``k`` that fits (memory is scanned for every ``k``, not assumed monotone); it is
+needed only where ``(c, 0)`` does not fit and is faster than every fitting option (else
+``(c, 0)`` or that option is at least as fast): :func:`block_fitting`. Where
+``block_monotone`` fails every fitting ``k`` is offered instead (exact, slower; no preset or
+random test case has hit it). The floors take ``full`` with the listed modes, so every option
+costs at least them. Memory itself is non-increasing in ``k`` too (with ``f >= 1``
+microbatches in flight, as 1F1B and ZB-H2 have): switching block ``b`` from ``c`` to full
+lowers the stored bytes by ``d_b = act_c - act_full >= 0`` per microbatch and raises the
+largest transient by at most ``d_b`` (its own grows by ``(act_none - act_full) - (act_none -
+act_c) = d_b``), a change of at most ``(1 - f) d_b <= 0``; so no option stores less than
+``full``, and the memory floors of the modes with ``full`` bound them.
 Memory is checked first, for every ``j`` of a state at once (:meth:`StageModel.fits_from`), and
 a stage's terms come from one numpy row per (rank, first layer, mode)
 (:func:`nest.dp.rows.stage_row`).
@@ -305,7 +327,9 @@ def solve_config(
     zb_h2 = schedule is Schedule.ZB_H2
     # T = S + (m - 1) M + X + E + O (X = 0 but under ZB-H1 and ZB-H2)
     _, m_coef = pipeline_coefficients(m, schedule, 1)
-    min_compute = sm.placed_floor_s(modes)
+    # block options run blocks in full: its floors too (the least of each layer's modes)
+    floor_modes = (*modes, Recompute.FULL) if block_bases else modes
+    min_compute = sm.placed_floor_s(tuple(dict.fromkeys(floor_modes)))
     # a stage's share of S is u >= t - 2 w (ZB-H1; ZB-H2 t - 3 w; u = t otherwise): the floor
     # of the sum term is the layers' floors less that many W passes (w is the same for every
     # rank and mode)
