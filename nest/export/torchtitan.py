@@ -253,15 +253,8 @@ def _best_data_parallel(problem: Problem, plan: Plan, changes: dict) -> tuple[in
     return zero, ep, hybrid
 
 
-def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
-    issues, changes = [], {}
-    if plan.schedule not in SCHEDULES:
-        issues.append(
-            f"the {plan.schedule} schedule (torchtitan's zero-bubble schedules, "
-            "InterleavedZeroBubble and ZBVZeroBubble, run several stages per rank; a single "
-            "stage per rank runs 1F1B or GPipe; used 1F1B)"
-        )
-        changes["schedule"] = Schedule.ONE_F_ONE_B
+def _recompute_changes(problem: Problem, plan: Plan, issues: list, changes: dict) -> None:
+    """The recompute torchtitan runs for ``plan`` (module docstring), and why it differs."""
     modes = [s.recompute for s in plan.stages]
     strongest = strongest_recompute(plan)
     block = full_block_counts(problem, plan)
@@ -290,6 +283,18 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     elif len(set(modes)) > 1:
         issues.append(f"per-stage recompute (used {strongest} everywhere)")
         changes["recompute"] = [strongest] * len(modes)
+
+
+def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
+    issues, changes = [], {}
+    if plan.schedule not in SCHEDULES:
+        issues.append(
+            f"the {plan.schedule} schedule (torchtitan's zero-bubble schedules, "
+            "InterleavedZeroBubble and ZBVZeroBubble, run several stages per rank; a single "
+            "stage per rank runs 1F1B or GPipe; used 1F1B)"
+        )
+        changes["schedule"] = Schedule.ONE_F_ONE_B
+    _recompute_changes(problem, plan, issues, changes)
     if placement_order(plan, (ORDER,)) is None:
         issues.append("a rank order other than torchtitan's mesh pp,dp,cp,tp (used it)")
         changes["rank_order"] = ORDER
