@@ -3,7 +3,9 @@
 The oracle for the DP's exactness: every configuration of :mod:`nest.dp.space`; for 1F1B every
 contiguous partition of the chain into ``pp`` stages, for the interleaved schedule its one
 partition (:func:`~nest.dp.space.interleaved_chunks`); and every recompute mode per stage or
-chunk (only those holding blocks differ by mode), each turned into a plan and passed to
+chunk (only those holding blocks differ by mode), with ``block`` in ``solver.recompute`` also
+every count of fully recomputed first blocks per 1F1B / ZB-H2 stage
+(:func:`~nest.dp.space.block_options`), each turned into a plan and passed to
 :func:`nest.cost.evaluate`. It shares the space definition with ``nest``, never its cost code.
 Only for tiny problems: ``max_plans`` stops it with an error before it runs for hours.
 
@@ -22,7 +24,13 @@ from nest.core.errors import UserError
 from nest.core.problem import Problem
 from nest.cost import evaluate
 from nest.dp.planner import check_top_k, plan_from_choices
-from nest.dp.space import SpaceOptions, SpacePlanner, configurations, interleaved_chunks
+from nest.dp.space import (
+    SpaceOptions,
+    SpacePlanner,
+    block_options,
+    configurations,
+    interleaved_chunks,
+)
 from nest.planner import finish, infeasible_memory
 
 
@@ -75,14 +83,39 @@ def plans_to_score(problem: Problem, options: SpaceOptions, stop_above: int) -> 
     bound), counting until past ``stop_above``."""
     modes = len(options.recompute_modes)
     total = 0
+    blocks = _blocks(problem)
     for config in configurations(problem, options):
         if config.interleaved:
             total += modes ** (config.pp * config.virtual_stages)  # every chunk holds blocks
+        elif options.block_bases(config):  # choices per stage depend on its blocks: counted
+            for parts in partitions(problem.num_layers, config.pp):
+                count = 1
+                for choices in stage_choices(parts, blocks, options, config):
+                    count *= len(choices)
+                total += count
+                if total > stop_above:
+                    break
         else:
             total += one_f_one_b_plans(problem.num_layers, config.pp, modes)
         if total > stop_above:
             break
     return total
+
+
+def _blocks(problem: Problem) -> set[int]:
+    return {i for i, ref in enumerate(problem.model.chain) if ref.kind.value == "block"}
+
+
+def stage_choices(parts, blocks: set[int], options: SpaceOptions, config) -> list:
+    """Per stage ``(i, j)`` of a partition, its recompute choices: the listed modes when it
+    holds a block (``none`` otherwise), and with ``block`` the every-n-blocks options
+    (:func:`~nest.dp.space.block_options`)."""
+    modes, bases = options.recompute_modes, options.block_bases(config)
+    out = []
+    for i, j in parts:
+        held = len(blocks.intersection(range(i, j + 1)))
+        out.append([*modes, *block_options(bases, held)] if held else [Recompute.NONE])
+    return out
 
 
 class BrutePlanner(SpacePlanner):
@@ -103,14 +136,13 @@ class BrutePlanner(SpacePlanner):
         started = time.perf_counter()
         top_k = check_top_k(self.top_k, self.name, limit=None)  # max_plans bounds the time
         options = self.options()
-        modes = options.recompute_modes
         # refused up front, not after scoring max_plans of them (minutes on a long chain)
         if plans_to_score(problem, options, self.max_plans) > self.max_plans:
             raise UserError(
                 f"solver=brute: more than max_plans={self.max_plans} plans; use "
                 "solver=nest, a smaller problem, or raise solver.max_plans"
             )
-        blocks = {i for i, ref in enumerate(problem.model.chain) if ref.kind.value == "block"}
+        blocks = _blocks(problem)
         best: dict = {}  # configuration without rank order -> (time, enumeration index, plan)
         best_peak, scored = None, 0
         for config in configurations(problem, options):
@@ -119,11 +151,7 @@ class BrutePlanner(SpacePlanner):
             else:
                 splits = partitions(problem.num_layers, config.pp)
             for parts in splits:
-                choices_per_stage = [
-                    modes if blocks.intersection(range(i, j + 1)) else (Recompute.NONE,)
-                    for i, j in parts
-                ]
-                for combo in product(*choices_per_stage):
+                for combo in product(*stage_choices(parts, blocks, options, config)):
                     scored += 1
                     if scored > self.max_plans:
                         raise UserError(

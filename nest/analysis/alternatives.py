@@ -51,7 +51,7 @@ def _value(plan: Plan, name: str):
     if name == "layer_partition":
         return [len(s.layers) for s in plan.stages]
     if name == "recompute":
-        return [str(s.recompute) for s in plan.stages]
+        return [s.recompute_label for s in plan.stages]
     return getattr(plan, name)
 
 

@@ -136,7 +136,12 @@ def planner_label(solver: str, overrides: Sequence[str]) -> str:
 
 
 def _recompute_runs(stages: Sequence[dict]) -> str:
-    modes = [s.get("recompute", "?") for s in stages]
+    modes = [
+        f"full{s['full_blocks']}+{s.get('recompute', '?')}"
+        if s.get("full_blocks")
+        else s.get("recompute", "?")
+        for s in stages
+    ]
     return ",".join(m if (n := len(list(g))) == 1 else f"{m}*{n}" for m, g in groupby(modes))
 
 

@@ -38,16 +38,29 @@ class Recompute(StrEnum):
     FULL = "full"  # keep only each layer's input; recompute its forward in the backward pass
 
 
-def parse_recompute_modes(values) -> tuple[Recompute, ...]:
-    """``solver.recompute`` as modes, or a one-line error naming the value and the choices."""
+BLOCK_RECOMPUTE = "block"
+"""The ``solver.recompute`` value that adds every-n-blocks full recompute to the space: a stage
+fully recomputes its first ``k`` blocks and runs the rest in one of the listed modes
+(:class:`nest.core.plan.BlockRecompute`; searched by ``nest`` and ``brute``)."""
+
+
+def parse_recompute_modes(values, block: bool = False) -> tuple[Recompute, ...]:
+    """``solver.recompute`` as modes, or a one-line error naming the value and the choices;
+    ``block``: the planner also searches :data:`BLOCK_RECOMPUTE`, which is then skipped here
+    (refused otherwise)."""
     from nest.core.errors import UserError
 
-    try:
-        return tuple(Recompute(m) for m in values)
-    except ValueError:
+    values = list(values)
+    if BLOCK_RECOMPUTE in values and not block:
         raise UserError(
-            f"solver.recompute={list(values)}; use values of {[r.value for r in Recompute]}"
-        ) from None
+            f"solver.recompute={values}: {BLOCK_RECOMPUTE!r} (every-n-blocks full recompute) "
+            "is searched by solver=nest and solver=brute only; leave it out here"
+        )
+    try:
+        return tuple(Recompute(m) for m in values if m != BLOCK_RECOMPUTE)
+    except ValueError:
+        choices = [r.value for r in Recompute] + [BLOCK_RECOMPUTE]
+        raise UserError(f"solver.recompute={values}; use values of {choices}") from None
 
 
 class Schedule(StrEnum):

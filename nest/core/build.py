@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from nest.core.axes import Recompute, Schedule, parse_rank_order
 from nest.core.errors import UserError
 from nest.core.layers import Shard
-from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
+from nest.core.plan import (
+    BlockRecompute,
+    ParallelConfig,
+    Plan,
+    make_structured_plan,
+    stage_recompute,
+    uniform_partition,
+)
 from nest.core.problem import Problem
 
 
@@ -214,8 +221,9 @@ def _check_sizes(s: "PlanSettings") -> None:
         )
 
 
-def _recompute_modes(s: "PlanSettings", n_chunks: int) -> list[Recompute]:
-    """One recompute mode per chunk: ``solver.recompute`` given once or per chunk."""
+def _recompute_modes(s: "PlanSettings", n_chunks: int) -> list:
+    """One recompute choice per chunk: ``solver.recompute`` given once or per chunk, a mode or
+    ``fullK+MODE`` (:func:`nest.core.plan.stage_recompute`)."""
     modes = _as_list(s.recompute) or ["none"]
     if len(modes) == 1:
         modes = modes * n_chunks
@@ -224,9 +232,10 @@ def _recompute_modes(s: "PlanSettings", n_chunks: int) -> list[Recompute]:
             f"solver.recompute has {len(modes)} entries; give one, or one per chunk ({n_chunks})"
         )
     try:
-        recompute = [Recompute(m) for m in modes]
-    except ValueError:
+        recompute = [stage_recompute(m) for m in modes]
+    except UserError:
         raise UserError(
-            f"solver.recompute={s.recompute!r}; use {[r.value for r in Recompute]}"
+            f"solver.recompute={s.recompute!r}; use {[r.value for r in Recompute]} or fullK+MODE "
+            "(a stage's first K blocks fully recomputed, the rest in MODE)"
         ) from None
-    return recompute
+    return [BlockRecompute(m, k) if k else m for m, k in recompute]

@@ -23,6 +23,38 @@ from nest.core.layers import Shard
 Devices = tuple[tuple[tuple[int, ...], ...], ...]  # [dp replica][cp rank][tp rank] -> device id
 
 
+class BlockRecompute(NamedTuple):
+    """A stage whose first ``full_blocks`` transformer blocks are fully recomputed and whose
+    other blocks run in ``base`` (Megatron-LM's ``--recompute-granularity full
+    --recompute-method block --recompute-num-layers k``, which recomputes the first ``k``
+    layers of each pipeline stage and keeps the rest's activations:
+    NVIDIA/Megatron-LM@d98e8a6:megatron/core/recompute.py, ``recompute_method == 'block'``).
+    A stage's recompute choice is a :class:`Recompute` or this."""
+
+    base: Recompute
+    full_blocks: int
+
+
+def stage_recompute(choice) -> tuple[Recompute, int]:
+    """``(mode, full_blocks)`` of a stage's recompute choice: a mode, a
+    :class:`BlockRecompute`, or their names as reports print them (``none``, ``full3+none``:
+    :attr:`StagePlan.recompute_label`); a one-line error otherwise."""
+    if isinstance(choice, BlockRecompute):
+        return Recompute(choice.base), int(choice.full_blocks)
+    text = str(choice)
+    head, plus, base = text.partition("+")
+    count = head.removeprefix("full")
+    try:
+        if plus and head.startswith("full") and count.isdigit():
+            return Recompute(base), int(count)
+        return Recompute(text), 0
+    except ValueError:
+        raise UserError(
+            f"recompute {text!r}; use one of {[r.value for r in Recompute]} or fullK+MODE "
+            "(the first K blocks of the stage fully recomputed, the rest in MODE)"
+        ) from None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StagePlan:
     """One pipeline stage (or model chunk, for interleaved schedules)."""
@@ -31,7 +63,13 @@ class StagePlan:
     last_layer: int
     """Inclusive range of chain indices (0 = embedding, L+1 = head)."""
     recompute: Recompute
+    """The mode of the stage's blocks (those past its first :attr:`full_blocks`)."""
     devices: Devices
+    full_blocks: int = 0
+    """How many of the stage's first blocks are fully recomputed whatever :attr:`recompute`
+    says (every-n-blocks recompute, :class:`BlockRecompute`); 0: every block runs in
+    :attr:`recompute` (``full`` = all blocks fully recomputed, as saved plans say). Stored as 0
+    when :attr:`recompute` is ``full``."""
 
     def __post_init__(self) -> None:
         if self.first_layer > self.last_layer:
@@ -39,6 +77,39 @@ class StagePlan:
                 f"stage layers [{self.first_layer}, {self.last_layer}] are empty; every stage "
                 "needs at least one layer"
             )
+        k = self.full_blocks
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 0:
+            raise UserError(
+                f"stage full_blocks={k!r} must be a non-negative integer (how many of the "
+                "stage's first blocks are fully recomputed)"
+            )
+        if self.recompute is Recompute.FULL:
+            object.__setattr__(self, "full_blocks", 0)
+
+    def layer_recompute(self, layer: int) -> Recompute:
+        """The mode chain layer ``layer`` of this stage runs in: ``full`` for the stage's first
+        :attr:`full_blocks` blocks (chain index 0 is the embedding, so its blocks start at
+        ``max(first_layer, 1)``), :attr:`recompute` for the rest (non-blocks ignore it)."""
+        start = max(self.first_layer, 1)
+        if start <= layer < start + self.full_blocks:
+            return Recompute.FULL
+        return self.recompute
+
+    @property
+    def recompute_choice(self):
+        """The stage's recompute as a choice :func:`make_structured_plan` takes back: its mode,
+        or a :class:`BlockRecompute`."""
+        return (
+            BlockRecompute(self.recompute, self.full_blocks) if self.full_blocks else self.recompute
+        )
+
+    @property
+    def recompute_label(self) -> str:
+        """The stage's recompute as reports print it: the mode, or ``fullK+mode`` with
+        :attr:`full_blocks` ``= K`` (``full3+none``)."""
+        if self.full_blocks:
+            return f"full{self.full_blocks}+{self.recompute}"
+        return str(self.recompute)
 
     @property
     def layers(self) -> range:
@@ -407,15 +478,16 @@ def make_structured_plan(
     config: ParallelConfig,
     *,
     layer_counts: Sequence[int],
-    recompute: Sequence[Recompute],
+    recompute: Sequence,
     num_microbatches: int,
     sequence_parallel: bool,
     offset: int = 0,
     grid: np.ndarray | None = None,
 ) -> Plan:
-    """Build a plan from a configuration, chunk layer counts (chain order) and the placement of
-    ``config.rank_order``, or an explicit placement ``grid[pp][dp][cp][tp] -> device`` (then the
-    rank order may be None)."""
+    """Build a plan from a configuration, chunk layer counts (chain order), each chunk's
+    recompute choice (:func:`stage_recompute`) and the placement of ``config.rank_order``, or
+    an explicit placement ``grid[pp][dp][cp][tp] -> device`` (then the rank order may be
+    None)."""
     c = config
     n_chunks = c.pp * c.virtual_stages
     if len(layer_counts) != n_chunks or len(recompute) != n_chunks:
@@ -429,11 +501,13 @@ def make_structured_plan(
     for k, count in enumerate(layer_counts):
         if count < 1:
             raise UserError(f"layer partition {list(layer_counts)} has an empty stage {k}")
+        mode, full_blocks = stage_recompute(recompute[k])
         stages.append(
             StagePlan(
                 first_layer=first,
                 last_layer=first + count - 1,
-                recompute=Recompute(recompute[k]),
+                recompute=mode,
+                full_blocks=full_blocks,
                 devices=tuple(
                     tuple(tuple(int(x) for x in row) for row in rep) for rep in grid[k % c.pp]
                 ),

@@ -35,6 +35,7 @@ def plan_to_dict(plan: Plan) -> dict:
             {
                 "layers": [s.first_layer, s.last_layer],
                 "recompute": str(s.recompute),
+                **({"full_blocks": s.full_blocks} if s.full_blocks else {}),
                 "devices": [[list(ranks) for ranks in rep] for rep in s.devices],
             }
             for s in plan.stages
@@ -74,6 +75,7 @@ def plan_from_dict(d: dict) -> Plan:
                 first_layer=s["layers"][0],
                 last_layer=s["layers"][1],
                 recompute=Recompute(s["recompute"]),
+                full_blocks=s.get("full_blocks", 0),
                 devices=tuple(tuple(tuple(r) for r in rep) for rep in s["devices"]),
             )
             for s in d["stages"]
@@ -131,6 +133,7 @@ def report_to_dict(plan: Plan, report: Report) -> dict:
                 {
                     "layers": [s.first_layer, s.last_layer],
                     "recompute": str(plan.stages[s.index].recompute),
+                    "full_blocks": plan.stages[s.index].full_blocks,
                     "pp_rank": s.pp_rank,
                     "memory_bytes": rank_memory[s.pp_rank],
                     "time_s": s.time_s,

@@ -100,6 +100,13 @@ def check_plan(problem: Problem, plan: Plan) -> None:
         ranks = [r for r in range(plan.pp) if d in plan.stages[r].device_ids]
         where = f"pipeline ranks {ranks}" if len(ranks) > 1 else f"pipeline rank {ranks[0]}"
         raise UserError(f"device {d} is used twice ({where}); every device runs one rank")
+    for k, stage in enumerate(plan.stages):
+        blocks = sum(problem.model.chain[i].kind is LayerKind.BLOCK for i in stage.layers)
+        if stage.full_blocks > blocks:
+            raise UserError(
+                f"stage {k} full_blocks={stage.full_blocks} but it holds {blocks} blocks; use "
+                f"at most {blocks} (or recompute=full for all of them)"
+            )
     reason = problem.model.shard_problem(shard_of(plan))
     if reason:
         raise UserError(reason)
@@ -198,7 +205,7 @@ def _chunks(problem: Problem, plan: Plan) -> list[Chunk]:
             [
                 (
                     model.layer_cost(chain[i], shard, device),
-                    stage.recompute,
+                    stage.layer_recompute(i),
                     chain[i].kind is LayerKind.BLOCK,
                 )
                 for i in stage.layers
@@ -271,7 +278,7 @@ def _stage_report(
         pp_rank=k % plan.pp,
         first_layer=stage.first_layer,
         last_layer=stage.last_layer,
-        recompute=str(stage.recompute),
+        recompute=stage.recompute_label,
         compute_fwd_s=compute_fwd,
         compute_bwd_s=compute_bwd,
         recompute_s=redo,

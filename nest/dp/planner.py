@@ -74,6 +74,16 @@ BOUND_SLACK = 1e-12
 the evaluator's, in another order, so an exactly tight floor may exceed the value by rounding."""
 
 
+def _floor_modes(options) -> tuple[Recompute, ...]:
+    """The modes the floors take: the listed ones, and ``full`` with every-n-blocks options,
+    which fully recompute some blocks (per layer the floors are the least over the modes, so
+    they stay floors of every option)."""
+    modes = options.recompute_modes
+    if options.block_recompute and Recompute.FULL not in modes:
+        return (*modes, Recompute.FULL)
+    return modes
+
+
 def plan_from_choices(problem: Problem, config: ParallelConfig, choices) -> Plan:
     """The structured plan of a configuration and its (first, last, mode) stages or chunks."""
     training = problem.training
@@ -455,7 +465,8 @@ class NestPlanner(SpacePlanner):
                     "1); add 1, 2 or 3, or set training.fp8_param_gather=false"
                 )
         found, last_error = [], None
-        for mode in options.recompute:
+        # one mode for every stage: every-n-blocks options differ per stage (left out)
+        for mode in (str(m) for m in options.recompute_modes):
             sub = NestPlanner(
                 name=self.name,
                 seed_configs=self.seed_configs,
@@ -500,8 +511,8 @@ class NestPlanner(SpacePlanner):
         top = TopK(check_top_k(self.top_k, self.name))
         options = self.options()
         modes = options.recompute_modes
-        floors = Floors(problem, modes)
-        shared: dict = {("floors", modes): floors}
+        floors = Floors(problem, _floor_modes(options))
+        shared: dict = {("floors", floors.modes): floors}
         fams = list(families(problem, options))
         if not fams:
             raise empty_space_error(problem, options)
@@ -520,7 +531,8 @@ class NestPlanner(SpacePlanner):
         def solve_one(config, incumbent_s, exact):
             sm = StageModel(problem, config, shared)
             solver = solve_interleaved if config.interleaved else solve_config
-            return solver(sm, modes, incumbent_s, stats, exact=exact)
+            extra = {} if config.interleaved else {"block_bases": options.block_bases(config)}
+            return solver(sm, modes, incumbent_s, stats, exact=exact, **extra)
 
         # Phase 1 (heuristic, one label per state) gives real plans whose times bound the
         # optima from above; phase 2 (exact) then prunes everything that cannot beat them.

@@ -41,6 +41,28 @@ for any completion, and the slower mode's label is never needed (ties keep the f
 ``SpaceOptions.recompute``). The modes other than the fastest fitting one (e.g. ``selective``,
 which with FlashAttention saves only the log-sum-exp but recomputes the whole attention core)
 thus cost one row each and no labels.
+**Every-n-blocks options** (``block`` in ``SpaceOptions.recompute``; 1F1B and ZB-H2 without
+activation offload, :func:`nest.dp.space.block_options`): stage ``i..j`` holding ``nb`` blocks
+may also fully recompute its first ``k`` blocks (``1 <= k < nb``) and run the rest in a base
+mode ``c``. Like a mode, such an option changes only the backward (the recompute seconds and
+the recompute's collectives) and whether the stage fits, so the argument above covers the
+options and the modes together: only the fastest fitting one extends the stage. For one ``c``
+the backward is non-decreasing in ``k`` when every block's full recompute costs at least its
+``c`` recompute, in seconds and in each group split's collectives
+(:meth:`~nest.dp.stages.StageModel.block_monotone`): the stage's recompute is ``c``'s sum plus
+the first ``k`` blocks' non-negative differences, and per axis the slowest split of sums that
+are each non-decreasing in ``k`` is non-decreasing. So the fastest fitting ``(c, k)`` is the
+smallest ``k`` that fits (memory is scanned for every ``k``, not assumed monotone); it is
+needed only where ``(c, 0)`` does not fit and is faster than every fitting option (else
+``(c, 0)`` or that option is at least as fast): :func:`block_fitting`. Where
+``block_monotone`` fails every fitting ``k`` is offered instead (exact, slower; no preset or
+random test case has hit it). The floors take ``full`` with the listed modes, so every option
+costs at least them. Memory itself is non-increasing in ``k`` too (with ``f >= 1``
+microbatches in flight, as 1F1B and ZB-H2 have): switching block ``b`` from ``c`` to full
+lowers the stored bytes by ``d_b = act_c - act_full >= 0`` per microbatch and raises the
+largest transient by at most ``d_b`` (its own grows by ``(act_none - act_full) - (act_none -
+act_c) = d_b``), a change of at most ``(1 - f) d_b <= 0``; so no option stores less than
+``full``, and the memory floors of the modes with ``full`` bound them.
 Memory is checked first, for every ``j`` of a state at once (:meth:`StageModel.fits_from`), and
 a stage's terms come from one numpy row per (rank, first layer, mode)
 (:func:`nest.dp.rows.stage_row`).
@@ -78,7 +100,10 @@ sums) times the kept-set sizes, which stay small because identical blocks give i
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from nest.core.axes import Recompute, Schedule
+from nest.core.plan import BlockRecompute
 from nest.cost.pipeline import pipeline_coefficients
 from nest.dp.rows import stage_common, stage_row
 from nest.dp.stages import StageModel
@@ -243,6 +268,42 @@ def extending_modes(fitting: list, k: int, zero_bubble: bool, zb_h2: bool = Fals
     return [fastest]
 
 
+def block_fitting(sm, r, i, j, bases, fitting, fits, rows, common, stats) -> list:
+    """The every-n-blocks options of stage ``r`` holding ``i..j`` that may extend it
+    (module docstring), as ``(t, BlockRecompute, row)``: per base mode that does not fit and
+    is faster than every fitting option, the fewest fully recomputed blocks that fit, or every
+    fitting count where :meth:`~nest.dp.stages.StageModel.block_monotone` fails. ``fits`` and
+    ``rows`` are the caller's per-mode caches (block rows are cached by ``(mode, k)``)."""
+    if sm.block_span(i, j)[1] < 2:
+        return []
+    best = min((t for t, _, _ in fitting), default=float("inf"))
+    out = []
+    for base in bases:
+        monotone = sm.block_monotone(r, base)
+        fit = fits.get(base)
+        if fit is None:
+            fit = fits[base] = sm.fits_from(r, i, base)
+        if fit[j - i] and monotone:
+            continue  # k = 0 fits and is at least as fast as every k
+        row = rows.get(base)
+        if row is None:
+            row = rows[base] = stage_row(sm, r, i, base, common)
+        if row.time_s[j - i] >= best and monotone:
+            continue  # every k costs at least k = 0, which is no faster than a fitting option
+        stats.stages_scored += 1
+        ok = np.flatnonzero(sm.block_memory(r, i, j, base) <= sm.capacity_bytes) + 1
+        if not len(ok):
+            stats.memory_rejected += 1
+            continue
+        for k in ok[:1] if monotone else ok:
+            choice = BlockRecompute(base, int(k))
+            brow = rows.get(choice)
+            if brow is None:
+                brow = rows[choice] = stage_row(sm, r, i, base, common, int(k))
+            out.append((brow.time_s[j - i], choice, brow))
+    return out
+
+
 def solve_config(
     sm: StageModel,
     modes: tuple[Recompute, ...],
@@ -250,9 +311,12 @@ def solve_config(
     stats: DPStats,
     *,
     exact: bool = True,
+    block_bases: tuple[Recompute, ...] = (),
 ) -> tuple[float, list[tuple[int, int, Recompute]]] | None:
     """Best (objective, [(first, last, mode) per rank]) of this configuration, or None when
-    nothing fits or nothing beats ``incumbent_s``.
+    nothing fits or nothing beats ``incumbent_s``; ``block_bases``: the base modes of the
+    every-n-blocks options (module docstring), whose choices are
+    :class:`~nest.core.plan.BlockRecompute`.
 
     Long: the search's hot loop (rank, start, end, mode, label), kept in one frame so its
     bounds and lazily built rows stay locals; split, each level would pass them on per call.
@@ -263,7 +327,9 @@ def solve_config(
     zb_h2 = schedule is Schedule.ZB_H2
     # T = S + (m - 1) M + X + E + O (X = 0 but under ZB-H1 and ZB-H2)
     _, m_coef = pipeline_coefficients(m, schedule, 1)
-    min_compute = sm.placed_floor_s(modes)
+    # block options run blocks in full: its floors too (the least of each layer's modes)
+    floor_modes = (*modes, Recompute.FULL) if block_bases else modes
+    min_compute = sm.placed_floor_s(tuple(dict.fromkeys(floor_modes)))
     # a stage's share of S is u >= t - 2 w (ZB-H1; ZB-H2 t - 3 w; u = t otherwise): the floor
     # of the sum term is the layers' floors less that many W passes (w is the same for every
     # rank and mode)
@@ -323,6 +389,12 @@ def solve_config(
                             common = stage_common(sm, r, i)
                         row = rows[mode] = stage_row(sm, r, i, mode, common)
                     fitting.append((row.time_s[j - i], mode, row))
+                if block_bases and len(sm.modes_for(i, j, modes)) > 1:
+                    if common is None:
+                        common = stage_common(sm, r, i)
+                    fitting += block_fitting(
+                        sm, r, i, j, block_bases, fitting, fits, rows, common, stats
+                    )
                 for _, mode, row in extending_modes(fitting, j - i, zero_bubble, zb_h2):
                     k = j - i
                     t, b = row.time_s[k], row.bwd_s[k]

@@ -77,13 +77,47 @@ def stage_common(sm: StageModel, r: int, i: int) -> tuple:
     return fwd, bwd, np.asarray(sync).tolist(), np.asarray(opt).tolist()
 
 
-def stage_row(sm: StageModel, r: int, i: int, mode: Recompute, common: tuple | None = None):
+def _block_extra(sm: StageModel, r: int, i: int, mode: Recompute, full_blocks: int):
+    """What fully recomputing the first ``full_blocks`` blocks from layer ``i`` instead of
+    running them in ``mode`` adds to the backward, for every last layer holding them: their
+    recompute seconds, and per axis the slowest split of the mixed collectives less the
+    slowest split of ``mode``'s (each split's collectives are per-layer sums, so the mix is
+    ``mode``'s sum plus the blocks' differences)."""
+    ch, full = sm.chain, Recompute.FULL
+    b0 = sm.block_span(i, sm.n_layers - 1)[0]
+    end = b0 + full_blocks
+
+    def delta(pf, pc):
+        return (pf[end] - pf[b0]) - (pc[end] - pc[b0])
+
+    extra = delta(ch.recompute_s[full], ch.recompute_s[mode]) + 0.0 * np.arange(i, sm.n_layers)
+    for sf, sc in zip(sm.comm_prefixes(r, "b", full), sm.comm_prefixes(r, "b", mode), strict=True):
+        mixed = np.max(
+            [pc[i + 1 :] - pc[i] + delta(pf, pc) for pf, pc in zip(sf, sc, strict=True)], axis=0
+        )
+        plain = np.max([pc[i + 1 :] - pc[i] for pc in sc], axis=0)
+        extra = extra + (mixed - plain)
+    return extra
+
+
+def stage_row(
+    sm: StageModel,
+    r: int,
+    i: int,
+    mode: Recompute,
+    common: tuple | None = None,
+    full_blocks: int = 0,
+):
     """The terms of 1F1B stage ``r`` holding ``i..j`` for every ``j >= i`` (module docstring);
-    ``common`` is :func:`stage_common` of ``(r, i)`` when the caller already has it."""
+    ``common`` is :func:`stage_common` of ``(r, i)`` when the caller already has it;
+    ``full_blocks``: its first that many blocks fully recomputed, the rest in ``mode``
+    (meaningful for the ``j`` that hold more blocks; not with activation offload)."""
     fwd, bwd, sync, opt = common if common is not None else stage_common(sm, r, i)
     ch = sm.chain
     redo = ch.recompute_s[mode][i + 1 :] - ch.recompute_s[mode][i]
     bwd = bwd + redo + _comm(sm, r, i, "b", mode)
+    if full_blocks:
+        bwd = bwd + _block_extra(sm, r, i, mode, full_blocks)
     if sm.config.activation_offload:
         bwd = bwd + sm.offload_exposed_s(i, np.arange(i, sm.n_layers), mode)
     schedule = sm.config.schedule

@@ -59,10 +59,18 @@ partition and the recompute modes:
   one recompute mode per chunk.
 
 Recompute modes come from ``SpaceOptions.recompute``; a stage without blocks (only embedding and
-/ or head) has nothing to recompute and is ``none``. Interleaved plans take a mode per chunk, not
-per rank: the plan format stores one per chunk, a rank's chunks share its in-flight count, so
-recomputing only some of them is a real middle ground between two uniform modes, and the exact
-per-rank search (:mod:`nest.dp.interleaved`) costs little more.
+/ or head) has nothing to recompute and is ``none``. With ``block`` in it (every-n-blocks full
+recompute, Megatron-LM's ``--recompute-method block``), a 1F1B or ZB-H2 stage without activation
+offload may also fully recompute its first ``k`` blocks (``1 <= k <`` its blocks) and run the
+rest in a listed mode other than ``full`` (:func:`block_options`); interleaved chunks, ZB-H1
+and activation offload keep one mode per stage (the DP's fastest-fitting rule for ``k``,
+:mod:`nest.dp.recurrence`, needs a stage time non-decreasing in ``k`` and the single-fastest
+extension, which ZB-H1's credit and offload's copies break).
+
+Interleaved plans take a mode per chunk, not per rank: the plan format stores one per chunk, a
+rank's chunks share its in-flight count, so recomputing only some of them is a real middle
+ground between two uniform modes, and the exact per-rank search (:mod:`nest.dp.interleaved`)
+costs little more.
 
 Mirroring it (e.g. a CP-SAT or MILP model of "the same space"): iterate :func:`configurations`
 (or :func:`families`, which groups configurations sharing ``(tp, cp, ep, dp, pp, mbs, etp)``), take
@@ -76,6 +84,7 @@ from dataclasses import dataclass
 from itertools import permutations
 
 from nest.core.axes import (
+    BLOCK_RECOMPUTE,
     Axis,
     Recompute,
     Schedule,
@@ -85,11 +94,26 @@ from nest.core.axes import (
 )
 from nest.core.errors import UserError
 from nest.core.layers import Shard
-from nest.core.plan import NO_OFFLOAD, Offload, ParallelConfig
+from nest.core.plan import NO_OFFLOAD, BlockRecompute, Offload, ParallelConfig
 from nest.core.problem import Problem
 from nest.cost.state import can_offload_optimizer
 
 ONE_F_ONE_B = (Schedule.ONE_F_ONE_B, 1)
+
+
+def block_searchable(config: ParallelConfig) -> bool:
+    """Whether the space holds every-n-blocks options for ``config``'s stages: 1F1B and ZB-H2
+    without activation offload (module docstring)."""
+    return (
+        config.schedule in (Schedule.ONE_F_ONE_B, Schedule.ZB_H2) and not config.activation_offload
+    )
+
+
+def block_options(bases, n_blocks: int) -> list:
+    """The every-n-blocks choices of a stage holding ``n_blocks`` blocks: ``(base, k)`` for
+    each base mode and ``1 <= k < n_blocks`` (``k = 0`` is the base mode itself, ``k =
+    n_blocks`` is ``full``)."""
+    return [BlockRecompute(b, k) for b in bases for k in range(1, n_blocks)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +247,21 @@ class SpaceOptions:
 
     @property
     def recompute_modes(self) -> tuple[Recompute, ...]:
-        return parse_recompute_modes(self.recompute)
+        return parse_recompute_modes(self.recompute, block=True)
+
+    @property
+    def block_recompute(self) -> bool:
+        """Whether ``solver.recompute`` lists :data:`~nest.core.axes.BLOCK_RECOMPUTE`."""
+        return BLOCK_RECOMPUTE in self.recompute
+
+    def block_bases(self, config: ParallelConfig) -> tuple[Recompute, ...]:
+        """The base modes of the every-n-blocks options of ``config``'s stages (module
+        docstring): the listed modes but ``full``, when ``block`` is listed and the
+        configuration is a non-interleaved 1F1B or ZB-H2 one without activation offload;
+        none otherwise."""
+        if not self.block_recompute or not block_searchable(config):
+            return ()
+        return tuple(m for m in self.recompute_modes if m is not Recompute.FULL)
 
     @property
     def schedule_kinds(self) -> tuple[Schedule, ...]:

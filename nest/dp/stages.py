@@ -350,6 +350,58 @@ class StageModel:
             self.reserve_bytes,
         )
 
+    def block_span(self, i: int, j: int) -> tuple[int, int]:
+        """``(b0, nb)``: the first block of layers ``i..j`` and how many blocks they hold (the
+        chain's blocks are contiguous: embedding, blocks, head)."""
+        first = self._shared.get("first_block")
+        if first is None:
+            blocks = np.flatnonzero(self.is_block)
+            first = self._shared["first_block"] = (int(blocks[0]), int(blocks[-1]))
+        b0 = max(i, first[0])
+        return b0, max(0, min(j, first[1]) - b0 + 1)
+
+    def block_memory(self, r: int, i: int, j: int, base: Recompute) -> np.ndarray:
+        """Memory of 1F1B stage ``r`` holding ``i..j`` with its first ``k`` blocks fully
+        recomputed and the rest in ``base``, for ``k = 1 .. nb - 1`` (index ``k - 1``): the
+        terms of :meth:`memory_bytes` with the stored bytes of the mix and the largest of
+        the full blocks' and the other layers' transients."""
+        ch, full = self.chain, Recompute.FULL
+        b0, nb = self.block_span(i, j)
+        ks = np.arange(1, nb)
+        cut = b0 + ks  # first layer past the fully recomputed blocks
+        stored_c, stored_f = ch.stored_bytes[base], ch.stored_bytes[full]
+        stored = (stored_c[j + 1] - stored_c[cut]) + (stored_f[cut] - stored_f[b0])
+        if b0 > i:
+            stored = stored + (stored_c[b0] - stored_c[i])
+        peak = np.maximum(ch.peak_bytes[full][b0, b0 : b0 + nb - 1], ch.peak_bytes[base][cut, j])
+        if b0 > i:
+            peak = np.maximum(peak, ch.peak_bytes[base][i, b0 - 1])
+        _, expert, dense = self.params(r, i, j)
+        resident = ch.resident_bytes[j + 1] - ch.resident_bytes[i]
+        return rank_memory_bytes(
+            self.state_bytes(dense, expert) + resident,
+            stored,
+            self.in_flight[r],
+            peak,
+            self.reserve_bytes,
+        )
+
+    def block_monotone(self, r: int, base: Recompute) -> bool:
+        """Whether every block's full recompute costs at least its ``base`` recompute, in
+        seconds and in each split's backward collectives on rank ``r``: then a stage's time is
+        non-decreasing in its fully recomputed blocks ``k`` (:mod:`nest.dp.recurrence`)."""
+        key = ("block monotone", r, base)
+        got = self._rank_cache.get(key)
+        if got is None:
+            ch, full, tol = self.chain, Recompute.FULL, 1e-15
+            diffs = [np.diff(ch.recompute_s[full]) - np.diff(ch.recompute_s[base])]
+            for sf, sc in zip(
+                self.comm_prefixes(r, "b", full), self.comm_prefixes(r, "b", base), strict=True
+            ):
+                diffs += [np.diff(pf) - np.diff(pc) for pf, pc in zip(sf, sc, strict=True)]
+            got = self._rank_cache[key] = all(bool((d >= -tol).all()) for d in diffs)
+        return got
+
     def fits_from(self, r: int, i: int, mode: Recompute) -> np.ndarray:
         """Whether stage ``r`` holding ``i..j`` fits, for every ``j >= i``."""
         return self.memory_from(r, i, mode) <= self.capacity_bytes

@@ -166,6 +166,11 @@ class ExactPlanner(SpacePlanner):
                 f"solver={self.name} does not cover hybrid sharding (solver.zero_shards="
                 f"{list(options.zero_shards)}); leave it null or use solver=nest or solver=brute"
             )
+        if options.block_recompute:
+            raise UserError(
+                f"solver={self.name} does not cover every-n-blocks recompute (solver.recompute="
+                f"{list(options.recompute)}); drop 'block' or use solver=nest or solver=brute"
+            )
         incumbent = self._incumbent(problem) if (self.hint or self.prune) else None
         upper_s = None if incumbent is None or not self.prune else incumbent.objective_s
         dp_time_s = time.perf_counter() - started

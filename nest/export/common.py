@@ -12,7 +12,7 @@ import numpy as np
 
 from nest.core.axes import Axis, LayerKind, Recompute, Schedule
 from nest.core.layers import AnalyticModel
-from nest.core.plan import Plan, make_structured_plan, place
+from nest.core.plan import BlockRecompute, Plan, make_structured_plan, place
 from nest.core.problem import Problem
 from nest.core.report import Report
 from nest.cost import evaluate
@@ -116,7 +116,7 @@ def rebuild(
     as does ZeRO-0, which shards nothing."""
     counts = layer_counts or [s.last_layer - s.first_layer + 1 for s in plan.stages]
     v = virtual_stages or plan.virtual_stages
-    modes = recompute or [s.recompute for s in plan.stages]
+    modes = recompute or [s.recompute_choice for s in plan.stages]
     if len(modes) != len(counts):
         modes = [modes[0]] * len(counts)
     zero = plan.zero_stage if zero_stage is None else zero_stage
@@ -145,17 +145,53 @@ def rebuild(
     ).with_record(solver=plan.solver, status=plan.status)
 
 
+def full_block_counts(problem: Problem, plan: Plan) -> list[int] | None:
+    """Per stage, how many blocks it fully recomputes, when every stage holding blocks runs
+    its other blocks without recompute (``none`` with :attr:`~nest.core.plan.StagePlan.
+    full_blocks`, or ``full``: all of them) and some stage mixes the two (what Megatron's
+    ``--recompute-method block`` and torchtitan's every-n-blocks option express); None
+    otherwise."""
+    counts = blocks_per_chunk(problem, plan)
+    if not any(s.full_blocks for s in plan.stages):
+        return None
+    out = []
+    for s, n in zip(plan.stages, counts, strict=True):
+        if s.recompute is Recompute.FULL:
+            out.append(n)
+        elif s.recompute is Recompute.NONE or not n:
+            out.append(min(s.full_blocks, n))
+        else:
+            return None
+    return out
+
+
+def block_choices(problem: Problem, plan: Plan, per_stage) -> list:
+    """Recompute choices fully recomputing ``per_stage[s]`` blocks of stage ``s`` and none of
+    its others (``full`` when that is all of them)."""
+    counts = blocks_per_chunk(problem, plan)
+    return [
+        Recompute.FULL
+        if n and k >= n
+        else BlockRecompute(Recompute.NONE, k)
+        if k
+        else Recompute.NONE
+        for k, n in zip(per_stage, counts, strict=True)
+    ]
+
+
 def strongest_recompute(plan: Plan) -> Recompute:
     """The one mode for every stage that recomputes everything any stage's mode recomputes
     (so it stores at most what each stage stored): ``selective`` with ``mlp`` is
     ``selective_mlp``; ``op`` with any other mode but ``none`` is ``full`` (no mode holds
     both)."""
-    union = frozenset().union(*(RECOMPUTED[s.recompute] for s in plan.stages))
+    union = frozenset().union(
+        *(RECOMPUTED[Recompute.FULL if s.full_blocks else s.recompute] for s in plan.stages)
+    )
     return next((mode for mode, parts in RECOMPUTED.items() if parts == union), Recompute.FULL)
 
 
 def describe(plan: Plan, counts: list[int]) -> str:
-    modes = sorted({str(s.recompute) for s in plan.stages})
+    modes = sorted({s.recompute_label for s in plan.stages})
     return (
         f"tp={plan.tp} cp={plan.cp} ep={plan.ep} dp={plan.dp} pp={plan.pp}"
         + (f" v={plan.virtual_stages}" if plan.virtual_stages > 1 else "")
@@ -177,7 +213,7 @@ def plan_summary(problem: Problem, plan: Plan) -> dict:
         "schedule": str(plan.schedule),
         "rank_order": [str(a) for a in plan.rank_order] if plan.rank_order else None,
         "blocks_per_stage": blocks_per_chunk(problem, plan),
-        "recompute": [str(s.recompute) for s in plan.stages],
+        "recompute": [s.recompute_label for s in plan.stages],
     }
 
 

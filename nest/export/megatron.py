@@ -35,7 +35,10 @@ Mapping of our plan:
   ``--outer-dp-sharding-strategy no_shard`` (replicated across instances; Megatron-FSDP's guide,
   ``megatron/core/distributed/fsdp/src/README.md``, "DP-Outer Sharding Strategy").
 - Recompute: one mode for every stage (Megatron has no per-stage mode; ``block`` recomputes the
-  first N layers of *every* stage). none: no flag; selective: ``--recompute-granularity
+  first N layers of *every* stage). Every-n-blocks plans (stages fully recomputing their first
+  ``k`` blocks, the rest ``none``): ``--recompute-granularity full --recompute-method block
+  --recompute-num-layers K`` with ``K`` the largest ``k`` (a warning when stages differ; over
+  another base mode: ``full``). none: no flag; selective: ``--recompute-granularity
   selective`` (its default ``--recompute-modules core_attn``); mlp / selective_mlp:
   ``--recompute-granularity selective --recompute-modules [core_attn] mlp`` with ``moe_act``
   for MoE blocks (and ``--moe-grouped-gemm``, which ``moe_act`` requires); full: ``full`` +
@@ -162,8 +165,10 @@ from nest.core.plan import Plan
 from nest.core.precision import Fp8Recipe
 from nest.core.problem import Problem
 from nest.export.common import (
+    block_choices,
     blocks_per_chunk,
     finish_export,
+    full_block_counts,
     global_batch,
     has_kind,
     placement_order,
@@ -195,12 +200,36 @@ ZERO_FLAGS = {
 OPTION = "solver.export_runnable=megatron"
 
 
+def _block_recompute(problem: Problem, plan: Plan, block: list[int], issues, changes) -> None:
+    """Every-n-blocks recompute as ``--recompute-method block --recompute-num-layers K``,
+    which fully recomputes the first ``K`` layers of every stage (or chunk) and none of the
+    rest (NVIDIA/Megatron-LM@d98e8a6:megatron/core/recompute.py): stages fully recomputing
+    different counts get the largest, which stores at most what each stored."""
+    k = max(block)
+    want = [min(k, n) for n in blocks_per_chunk(problem, plan)]
+    if want != block:
+        issues.append(
+            f"per-stage every-n-blocks recompute (full on the first {block} blocks; Megatron's "
+            f"--recompute-method block recomputes the same first K on every stage; used K={k})"
+        )
+    changes["recompute"] = block_choices(problem, plan, want)
+
+
 def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     """The plan Megatron can run that differs least from ``plan``, and what had to change."""
     issues, changes = [], {}
     modes = [s.recompute for s in plan.stages]
     held = {m for m, n in zip(modes, blocks_per_chunk(problem, plan), strict=True) if n}
-    if len(held) > 1:  # a stage without blocks has nothing to recompute
+    block = full_block_counts(problem, plan)
+    if block is not None:
+        _block_recompute(problem, plan, block, issues, changes)
+    elif any(s.full_blocks for s in plan.stages):
+        issues.append(
+            "every-n-blocks recompute over a recomputing mode (Megatron's --recompute-method "
+            "block keeps the other layers' activations whole; used full everywhere)"
+        )
+        changes["recompute"] = [Recompute.FULL] * len(modes)
+    elif len(held) > 1:  # a stage without blocks has nothing to recompute
         strongest = strongest_recompute(plan)
         counts = {str(m): modes.count(m) for m in dict.fromkeys(modes)}
         shown = ", ".join(f"{m} on {n} of {len(modes)}" for m, n in counts.items())
@@ -346,7 +375,14 @@ def megatron_args(problem: Problem, plan: Plan) -> list[str]:
     if plan.sequence_parallel and plan.tp > 1:
         args.append("--sequence-parallel")
     mode = plan.stages[0].recompute
-    if mode is Recompute.SELECTIVE:
+    block = full_block_counts(problem, plan)
+    if block is not None:  # nearest_expressible left one K for every stage
+        args += [
+            "--recompute-granularity full",
+            "--recompute-method block",
+            f"--recompute-num-layers {max(block)}",
+        ]
+    elif mode is Recompute.SELECTIVE:
         args.append("--recompute-granularity selective")
     elif mode in (Recompute.MLP, Recompute.SELECTIVE_MLP):
         args += _recompute_modules_args(problem, mode)

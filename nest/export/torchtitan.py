@@ -67,7 +67,12 @@ recomputes); ``op`` is torchtitan's per-op selective checkpointing (``mode = "se
 (:func:`nest.core.blocks.op_sac_inventory`); selective maps to the same option, whose saved set
 differs from the cost model's attention-core recompute. torchtitan has no MLP-only recompute
 (``[activation_checkpoint]`` offers ``none``, ``selective`` by op or every n blocks, and
-``full``): ``mlp`` and ``selective_mlp`` are exported as ``full``, which stores less. Stages
+``full``): ``mlp`` and ``selective_mlp`` are exported as ``full``, which stores less.
+Every-n-blocks plans (stages fully recomputing ``k`` of their blocks, the rest ``none``) are
+exported as ``selective_ac_option = "n"`` (:func:`every_nth`: a stage of ``c`` blocks then
+recomputes ``c // n`` of them, the ``n``-th, ``2n``-th, ...; a warning when that differs from
+the plan's counts); over another base mode as ``full``. The option exists up to torchtitan
+v0.2.2 (pytorch/torchtitan#2357 removed it in March 2026), the versions that read TOML. Stages
 after the first must start with a transformer block (a split point); a stage holding only the
 head is moved one block back. An offloaded optimizer
 (:attr:`~nest.core.plan.ParallelConfig.optimizer_offload`) is not expressible: torchtitan's
@@ -124,9 +129,11 @@ from nest.core.precision import Fp8Recipe
 from nest.core.problem import Problem
 from nest.cost import evaluate
 from nest.export.common import (
+    block_choices,
     blocks_per_chunk,
     finish_export,
     framework_problem,
+    full_block_counts,
     global_batch,
     placement_order,
     rebuild,
@@ -246,6 +253,38 @@ def _best_data_parallel(problem: Problem, plan: Plan, changes: dict) -> tuple[in
     return zero, ep, hybrid
 
 
+def _recompute_changes(problem: Problem, plan: Plan, issues: list, changes: dict) -> None:
+    """The recompute torchtitan runs for ``plan`` (module docstring), and why it differs."""
+    modes = [s.recompute for s in plan.stages]
+    strongest = strongest_recompute(plan)
+    block = full_block_counts(problem, plan)
+    if block is not None:
+        counts = blocks_per_chunk(problem, plan)
+        n = every_nth(block, counts)
+        got = [c // n for c in counts]
+        if got != block:
+            issues.append(
+                f"every-n-blocks recompute of {block} blocks per stage (torchtitan checkpoints "
+                f"every n-th block; used n={n}: {got}, at least as many on every stage)"
+            )
+        changes["recompute"] = block_choices(problem, plan, got)
+    elif any(s.full_blocks for s in plan.stages):
+        issues.append(
+            "every-n-blocks recompute over a recomputing mode (torchtitan's every-n-blocks "
+            "option keeps the other blocks' activations whole; used full everywhere)"
+        )
+        changes["recompute"] = [Recompute.FULL] * len(modes)
+    elif strongest in (Recompute.MLP, Recompute.SELECTIVE_MLP):
+        issues.append(
+            f"recompute {strongest} (torchtitan recomputes whole blocks or by its op-level "
+            "policy, not the MLP alone; used full everywhere)"
+        )
+        changes["recompute"] = [Recompute.FULL] * len(modes)
+    elif len(set(modes)) > 1:
+        issues.append(f"per-stage recompute (used {strongest} everywhere)")
+        changes["recompute"] = [strongest] * len(modes)
+
+
 def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     issues, changes = [], {}
     if plan.schedule not in SCHEDULES:
@@ -255,17 +294,7 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
             "stage per rank runs 1F1B or GPipe; used 1F1B)"
         )
         changes["schedule"] = Schedule.ONE_F_ONE_B
-    modes = [s.recompute for s in plan.stages]
-    strongest = strongest_recompute(plan)
-    if strongest in (Recompute.MLP, Recompute.SELECTIVE_MLP):
-        issues.append(
-            f"recompute {strongest} (torchtitan recomputes whole blocks or by its op-level "
-            "policy, not the MLP alone; used full everywhere)"
-        )
-        changes["recompute"] = [Recompute.FULL] * len(modes)
-    elif len(set(modes)) > 1:
-        issues.append(f"per-stage recompute (used {strongest} everywhere)")
-        changes["recompute"] = [strongest] * len(modes)
+    _recompute_changes(problem, plan, issues, changes)
     if placement_order(plan, (ORDER,)) is None:
         issues.append("a rank order other than torchtitan's mesh pp,dp,cp,tp (used it)")
         changes["rank_order"] = ORDER
@@ -364,7 +393,11 @@ def torchtitan_sections(problem: Problem, plan: Plan) -> dict:
         training["seq_len"] = problem.model.seq_len
     mode = plan.stages[0].recompute
     checkpoint = {"mode": str(mode)}
-    if mode in (Recompute.SELECTIVE, Recompute.OP):
+    block = full_block_counts(problem, plan)
+    if block is not None:  # nearest_expressible left what one n gives
+        n = every_nth(block, blocks_per_chunk(problem, plan))
+        checkpoint = {"mode": "selective", "selective_ac_option": str(n)}
+    elif mode in (Recompute.SELECTIVE, Recompute.OP):
         checkpoint = {"mode": "selective", "selective_ac_option": "op"}
     sections = {"parallelism": parallelism, "training": training}
     sections["activation_checkpoint"] = checkpoint
@@ -374,6 +407,18 @@ def torchtitan_sections(problem: Problem, plan: Plan) -> dict:
             training["compile"] = True
         sections = {"model": fp8.pop("model"), **sections, **fp8}
     return sections
+
+
+def every_nth(full: list[int], counts: list[int]) -> int:
+    """torchtitan's ``selective_ac_option = "n"`` for stages fully recomputing ``full[s]`` of
+    their ``counts[s]`` blocks: it checkpoints a stage's ``n``-th, ``2n``-th, ... block, so
+    ``counts[s] // n`` of them (``_apply_layer_sac`` in torchtitan/distributed/
+    activation_checkpoint.py at v0.2.2, 73a0e69; removed after it by pytorch/torchtitan#2357,
+    114151a); the largest ``n`` that checkpoints at least ``full[s]`` on every stage."""
+    top = max(counts)
+    return max(
+        n for n in range(1, top + 1) if all(c // n >= k for k, c in zip(full, counts, strict=True))
+    )
 
 
 def _fsdp_float8_all_gather(problem: Problem, plan: Plan) -> bool:
