@@ -131,11 +131,13 @@ class ParallelConfig:
         self._check_zero_shard()
         if self.schedule.v_shaped and self.virtual_stages != 2:
             raise UserError(
-                f"schedule=zb_v holds 2 chunks per rank (got virtual_stages={self.virtual_stages}); "
-                "set virtual_stages=2"
+                f"schedule=zb_v holds 2 chunks per rank (got virtual_stages="
+                f"{self.virtual_stages}); set virtual_stages=2"
             )
-        if not self.schedule.v_shaped and self.schedule is not Schedule.INTERLEAVED and (
-            self.virtual_stages != 1
+        if (
+            not self.schedule.v_shaped
+            and self.schedule is not Schedule.INTERLEAVED
+            and (self.virtual_stages != 1)
         ):
             raise UserError(
                 f"virtual_stages={self.virtual_stages} needs schedule=interleaved "
@@ -451,6 +453,7 @@ def make_structured_plan(
     if grid is None:
         grid = place(tp=c.tp, cp=c.cp, dp=c.dp, pp=c.pp, rank_order=c.rank_order, offset=offset)
     stages, first = [], 0
+    ranks = [chunk_rank(k, c.pp, c.schedule) for k in range(n_chunks)]
     for k, count in enumerate(layer_counts):
         if count < 1:
             raise UserError(f"layer partition {list(layer_counts)} has an empty stage {k}")
@@ -460,7 +463,7 @@ def make_structured_plan(
                 last_layer=first + count - 1,
                 recompute=Recompute(recompute[k]),
                 devices=tuple(
-                    tuple(tuple(int(x) for x in row) for row in rep) for rep in grid[chunk_rank(k, c.pp, c.schedule)]
+                    tuple(tuple(int(x) for x in row) for row in rep) for rep in grid[ranks[k]]
                 ),
             )
         )
