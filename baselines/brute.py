@@ -1,8 +1,8 @@
 """``brute``: enumerate the NEST space plan by plan and score each with the shared evaluator.
 
 The oracle for the DP's exactness: every configuration of :mod:`nest.dp.space`; for 1F1B every
-contiguous partition of the chain into ``pp`` stages, for the interleaved schedule its one
-partition (:func:`~nest.dp.space.interleaved_chunks`); and every recompute mode per stage or
+contiguous partition of the chain into ``pp`` stages, for the interleaved schedule and ZB-V its one
+partition (:func:`~nest.dp.space.fixed_chunks`); and every recompute mode per stage or
 chunk (only those holding blocks differ by mode), each turned into a plan and passed to
 :func:`nest.cost.evaluate`. It shares the space definition with ``nest``, never its cost code.
 Only for tiny problems: ``max_plans`` stops it with an error before it runs for hours.
@@ -22,7 +22,7 @@ from nest.core.errors import UserError
 from nest.core.problem import Problem
 from nest.cost import evaluate
 from nest.dp.planner import check_top_k, plan_from_choices
-from nest.dp.space import SpaceOptions, SpacePlanner, configurations, interleaved_chunks
+from nest.dp.space import SpaceOptions, SpacePlanner, configurations, fixed_chunks
 from nest.planner import finish, infeasible_memory
 
 
@@ -40,7 +40,7 @@ def count_plans(problem: Problem, options: SpaceOptions) -> int:
     blocks = [ref.kind.value == "block" for ref in problem.model.chain]
     total = 0
     for config in configurations(problem, options):
-        if config.interleaved:
+        if fixed_chunks(config, n) is not None:
             total += modes ** (config.pp * config.virtual_stages)
         elif config.pp == 1:
             total += modes if any(blocks) else 1
@@ -76,7 +76,7 @@ def plans_to_score(problem: Problem, options: SpaceOptions, stop_above: int) -> 
     modes = len(options.recompute_modes)
     total = 0
     for config in configurations(problem, options):
-        if config.interleaved:
+        if fixed_chunks(config, problem.num_layers) is not None:
             total += modes ** (config.pp * config.virtual_stages)  # every chunk holds blocks
         else:
             total += one_f_one_b_plans(problem.num_layers, config.pp, modes)
@@ -114,10 +114,8 @@ class BrutePlanner(SpacePlanner):
         best: dict = {}  # configuration without rank order -> (time, enumeration index, plan)
         best_peak, scored = None, 0
         for config in configurations(problem, options):
-            if config.interleaved:
-                splits = [interleaved_chunks(problem.num_layers, config.pp, config.virtual_stages)]
-            else:
-                splits = partitions(problem.num_layers, config.pp)
+            chunks = fixed_chunks(config, problem.num_layers)
+            splits = [chunks] if chunks is not None else partitions(problem.num_layers, config.pp)
             for parts in splits:
                 choices_per_stage = [
                     modes if blocks.intersection(range(i, j + 1)) else (Recompute.NONE,)

@@ -299,6 +299,12 @@ class Plan:
         """The pipeline rank chunk ``k`` runs on (:func:`chunk_rank`)."""
         return chunk_rank(k, self.pp, self.schedule)
 
+    def with_record(self, **record) -> "Plan":
+        return replace(self, **record)
+
+    def degrees(self) -> dict:
+        return self.config.degrees()
+
 
 def chunk_rank(k: int, pp: int, schedule: Schedule) -> int:
     """The pipeline rank of chunk ``k``: ``k % pp`` (one chunk per rank, and Megatron's looped
@@ -309,12 +315,6 @@ def chunk_rank(k: int, pp: int, schedule: Schedule) -> int:
     if schedule.v_shaped and k >= pp:
         return 2 * pp - 1 - k
     return k % pp
-
-    def with_record(self, **record) -> "Plan":
-        return replace(self, **record)
-
-    def degrees(self) -> dict:
-        return self.config.degrees()
 
 
 def _shape(devices: Devices) -> tuple[int, int, int]:

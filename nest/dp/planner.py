@@ -364,6 +364,13 @@ class NestPlanner(SpacePlanner):
         **space,
     ) -> None:
         super().__init__(name=name, **space)
+        if "zb_v" in (self.schedules or ()):
+            # ZB-V's pipeline time couples every chunk through the largest B pass with negative
+            # coefficients (nest.cost.pipeline.zb_v_lag_coefficients): no exact DP here yet
+            raise UserError(
+                f"solver.schedules={list(self.schedules)} lists zb_v, which solver={name} does "
+                "not search exactly yet; drop it, or use solver=brute on a small problem"
+            )
         self.export_runnable = export_runnable
         """Keep the search inside what an export target runs (:data:`RUNNABLE_ORDERS`)."""
         self.seed_configs = seed_configs
