@@ -240,15 +240,33 @@ def test_a_listed_zb_v_has_two_even_chunks_per_rank_and_is_not_in_the_default_sp
     assert {c.pp for c in listed} == {2, 3}  # pp = 4 would need 8 chunks of 6 blocks
 
 
-def test_nest_refuses_zb_v_and_so_do_the_exact_models():
-    from nest.dp.planner import NestPlanner
+def test_the_exact_models_refuse_zb_v():
     from nest.exact.planner import ExactPlanner
 
-    with pytest.raises(UserError, match="lists zb_v, which solver=nest does not search exactly"):
-        NestPlanner(schedules=["1f1b", "zb_v"])
     for backend in ("cpsat", "milp"):
         with pytest.raises(UserError, match="zb_v"):
             ExactPlanner(name=backend, backend=backend, schedules=["1f1b", "zb_v"])
+
+
+def test_nest_equals_brute_force_with_zb_v_on_random_problems():
+    """``nest`` (nest/dp/zb_v.py: exact over the largest B pass) and ``brute`` agree to 1e-9 on
+    random small problems searched with ZB-V alone, beside 1F1B, or beside every schedule."""
+    from .randomcase import assert_nest_equals_brute
+    from .test_nest_dp import tiny_case
+
+    agreed = alone = 0
+    for seed in range(60):
+        problem, options = tiny_case(2800 + seed)
+        schedules = (["zb_v"], ["1f1b", "zb_v"], ["1f1b", "zb_h1", "zb_h2", "zb_v"])[seed % 3]
+        options = {**options, "schedules": schedules}
+        try:
+            oracle = assert_nest_equals_brute(problem, options, (seed, options))
+        except UserError:
+            continue  # no configuration of the restricted space (e.g. m < 2 pp - 1)
+        if oracle is not None:
+            agreed += 1
+            alone += schedules == ["zb_v"]
+    assert agreed >= 25 and alone >= 3, (agreed, alone)
 
 
 def test_brute_searches_zb_v_beside_the_others():

@@ -105,6 +105,10 @@ stage takes at least the sum of its layers' floors.
   :meth:`Floors._one_stage_exposed_s`: each stage's forward takes at least them); its
   exposed sync is bounded by 0 only (rank 0 ends before the last rank when ``h_0 < f_0``, and
   that hides its sync).
+- ZB-V: ``T = m M + max_r l_r + E + O`` (:func:`nest.cost.pipeline.zb_v_pipeline_s`) with
+  ``l_r >= 0`` and ``E >= 0``, so ``m M_floor + O``; its ranks' chunks hold every layer once
+  and at least ``2 (pp - 1)`` hops, so ``M_floor`` is 1F1B's, and its ``O`` has no tied copy
+  of the word embedding (rank 0 holds the embedding and the head; the memory floor likewise).
 
 **Memory floor** (:meth:`Floors.memory_floor_bytes`; configurations above the device's memory are
 skipped, as no plan of theirs fits). A rank needs ``state(D_r, X_r) + f_r A_r + T_r + reserve``
@@ -680,6 +684,13 @@ class Floors:
             else:
                 sync = self._sync_floor_s(family, sync_dense, sync_expert, zero)
             pipeline = total + (m - 1) * top
+            if kind.v_shaped:
+                # ZB-V: T >= m max_r t_r >= m top (the ranks' chunks hold every layer once and
+                # at least the 1F1B hops), any rank's sync may be hidden, and rank 0 holds
+                # the embedding and the head: no tied copy in the optimizer step
+                opt_d, opt_x = self.per_param(f, zero, offload.optimizer).optimizer_s
+                out.append(m * top + (opt_d * sf.dense_sum + opt_x * sf.expert_sum) / pp)
+                continue
             if kind is Schedule.ZB_H2:
                 # ZB-H2: sum_r u_r >= sum_r max(t_r - 3 w_r, f_r) and sum_r u_r + max_r e_r >=
                 # max_r t_r (nest.cost.pipeline); any rank's sync may be hidden: E >= 0
@@ -859,7 +870,8 @@ class Floors:
                 need = per_d * dense[r] + per_x * expert[r] + kept * flight * act[r] + transient[r]
                 worst = max(worst, need)
             return worst + reserve_bytes
-        tied = sf.tied_copy if pp > 1 else 0.0
+        # ZB-V's rank 0 holds the embedding and the head: no tied copy
+        tied = sf.tied_copy if pp > 1 and not kind.v_shaped else 0.0
         total = per_d * (sf.dense_sum + tied) + per_x * sf.expert_sum
         total += kept * float(sf.act_min.sum())
         single = max(

@@ -67,6 +67,7 @@ from nest.dp.interleaved import smallest_peak_interleaved, solve_interleaved
 from nest.dp.recurrence import DPStats, solve_config
 from nest.dp.space import SpaceOptions, SpacePlanner, families
 from nest.dp.stages import StageModel
+from nest.dp.zb_v import smallest_peak_zb_v, solve_zb_v
 from nest.planner import finish, infeasible_memory, memory_fix
 
 BOUND_SLACK = 1e-12
@@ -364,13 +365,6 @@ class NestPlanner(SpacePlanner):
         **space,
     ) -> None:
         super().__init__(name=name, **space)
-        if "zb_v" in (self.schedules or ()):
-            # ZB-V's pipeline time couples every chunk through the largest B pass with negative
-            # coefficients (nest.cost.pipeline.zb_v_lag_coefficients): no exact DP here yet
-            raise UserError(
-                f"solver.schedules={list(self.schedules)} lists zb_v, which solver={name} does "
-                "not search exactly yet; drop it, or use solver=brute on a small problem"
-            )
         self.export_runnable = export_runnable
         """Keep the search inside what an export target runs (:data:`RUNNABLE_ORDERS`)."""
         self.seed_configs = seed_configs
@@ -410,6 +404,11 @@ class NestPlanner(SpacePlanner):
                 break
             for order in family.orders:
                 config = family.config(schedule, zero, order, offload)
+                if config.schedule.v_shaped:
+                    peak, plan = smallest_peak_zb_v(problem, config, modes)
+                    if peak < best:
+                        best, least = peak, plan
+                    continue
                 sm = StageModel(problem, config, shared)
                 peak = smallest_peak_bytes(sm, modes)
                 if peak < best:
@@ -525,6 +524,8 @@ class NestPlanner(SpacePlanner):
             return _visit(entries, floors, capacity_bytes, fits, over)
 
         def solve_one(config, incumbent_s, exact):
+            if config.schedule.v_shaped:
+                return solve_zb_v(problem, config, modes, incumbent_s, stats, exact=exact)
             sm = StageModel(problem, config, shared)
             solver = solve_interleaved if config.interleaved else solve_config
             return solver(sm, modes, incumbent_s, stats, exact=exact)
