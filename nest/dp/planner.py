@@ -114,6 +114,14 @@ def least_memory_plan(problem: Problem, config: ParallelConfig, n_layers: int, m
     return plan_from_choices(problem, config, choices)
 
 
+def _solver_of(config: ParallelConfig):
+    """The exact solver of a configuration's plans: ZB-V's (:mod:`nest.dp.zb_v`), the
+    interleaved DP (:mod:`nest.dp.interleaved`) or the stage DP (:mod:`nest.dp.recurrence`)."""
+    if config.schedule.v_shaped:
+        return solve_zb_v
+    return solve_interleaved if config.interleaved else solve_config
+
+
 def smallest_peak_bytes(sm: StageModel, modes) -> float:
     """The least per-device peak memory of any plan of this configuration (a min-max DP over
     the partition and recompute modes, ignoring time): what the device would need."""
@@ -404,12 +412,12 @@ class NestPlanner(SpacePlanner):
                 break
             for order in family.orders:
                 config = family.config(schedule, zero, order, offload)
-                if config.schedule.v_shaped:
-                    peak, plan = smallest_peak_zb_v(problem, config, modes)
-                    if peak < best:
-                        best, least = peak, plan
-                    continue
                 sm = StageModel(problem, config, shared)
+                if config.schedule.v_shaped:
+                    peak, choices = smallest_peak_zb_v(sm, modes)
+                    if peak < best:
+                        best, least = peak, plan_from_choices(problem, config, choices)
+                    continue
                 peak = smallest_peak_bytes(sm, modes)
                 if peak < best:
                     best, least = peak, least_memory_plan(problem, config, sm.n_layers, modes)
@@ -524,11 +532,8 @@ class NestPlanner(SpacePlanner):
             return _visit(entries, floors, capacity_bytes, fits, over)
 
         def solve_one(config, incumbent_s, exact):
-            if config.schedule.v_shaped:
-                return solve_zb_v(problem, config, modes, incumbent_s, stats, exact=exact)
             sm = StageModel(problem, config, shared)
-            solver = solve_interleaved if config.interleaved else solve_config
-            return solver(sm, modes, incumbent_s, stats, exact=exact)
+            return _solver_of(config)(sm, modes, incumbent_s, stats, exact=exact)
 
         # Phase 1 (heuristic, one label per state) gives real plans whose times bound the
         # optima from above; phase 2 (exact) then prunes everything that cannot beat them.

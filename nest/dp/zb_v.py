@@ -22,110 +22,94 @@ least ``t_r`` over rank ``r``'s fitting pairs with both B passes at most ``beta`
 ``H_r(beta)`` the least with the larger equal to ``beta``, that minimum is ``min_rho
 max(H_rho(beta), max_{r != rho} A_r(beta))`` (the rank ``rho`` that reaches ``beta``; the
 others at their least). :func:`solve_zb_v` takes it over every ``beta``: the same optimum
-``brute`` finds (``tests/test_zb_v.py``). The per-chunk terms and the per-rank memory are
-read from :func:`nest.cost.evaluate` on plans that give every first chunk one mode and every
-second chunk one mode (``modes^2`` plans), never re-derived.
+``brute`` finds (``tests/test_zb_v.py``). The per-chunk terms and the per-rank memory are the
+DP's stage model's (:meth:`nest.dp.stages.StageModel.v_chunk_terms`, the evaluator's terms on
+arrays; the planner checks its optimum against :func:`nest.cost.evaluate`).
 
 **Pruning.** ``l_r`` has the path ``r F`` for ``r >= 1`` (the last rank waits ``(pp - 1) F``
 for its first microbatch), the exposed sync is non-negative and each ``t_r`` is at least its
 chunks' fastest modes', so ``m max_r (fastest t_r) + (pp - 1) F + O`` bounds every plan of the
-configuration from below: above the incumbent, the configuration is dropped after the ``modes``
-uniform plans.
+configuration from below: above the incumbent, the configuration is dropped before any pair of
+modes is priced.
 """
 
 from itertools import product
 
 from nest.core.axes import Recompute
-from nest.core.plan import ParallelConfig
-from nest.core.problem import Problem
-from nest.cost import evaluate
+from nest.cost.memory import rank_memory_bytes
 from nest.cost.pipeline import zb_v_exposed_sync_s, zb_v_lags_s
 from nest.dp.recurrence import DPStats
-from nest.dp.space import fixed_chunks
-
-
-def _choices(chunks, pp: int, first: Recompute, second: Recompute):
-    """``(first, last, mode)`` per chunk: ``first`` on every rank's first chunk (``k < pp``),
-    ``second`` on every second chunk."""
-    return [(i, j, first if k < pp else second) for k, (i, j) in enumerate(chunks)]
+from nest.dp.stages import StageModel
 
 
 class ZbvTables:
-    """The evaluator's terms of one ZB-V configuration per mode (module docstring)."""
+    """One ZB-V configuration's terms per chunk and mode, and per rank its fitting pairs of
+    modes (module docstring), from the DP's stage model."""
 
-    def __init__(self, problem: Problem, config: ParallelConfig, modes) -> None:
-        from nest.dp.planner import plan_from_choices
+    def __init__(self, sm: StageModel, modes) -> None:
+        self.sm, self.modes, self.pp = sm, tuple(modes), sm.config.pp
+        self.chunks = sm.chunks
+        n = len(self.chunks)
+        # per chunk, per mode: (fwd, bwd, W, stored bytes, transient bytes)
+        self.terms = [[sm.v_chunk_terms(k, c) for c in self.modes] for k in range(n)]
+        self.ranks = [sm.interleaved_rank(r) for r in range(self.pp)]  # (sync, opt, state)
 
-        self.problem, self.config, self.modes = problem, config, tuple(modes)
-        self.chunks = fixed_chunks(config, problem.num_layers)
-        self.pp = config.pp
-        self._plan = plan_from_choices
-        self._reports: dict = {}
-
-    def report(self, first: Recompute, second: Recompute):
-        got = self._reports.get((first, second))
-        if got is None:
-            plan = self._plan(
-                self.problem, self.config, _choices(self.chunks, self.pp, first, second)
-            )
-            got = self._reports[first, second] = evaluate(self.problem, plan)
-        return got
-
-    def chunk_terms(self, k: int, mode: Recompute) -> tuple[float, float]:
-        """Chunk ``k``'s ``(fwd + bwd, B pass)`` under ``mode`` (chunk-local terms)."""
-        st = self.report(mode, mode).stages[k]
-        return st.fwd_s + st.bwd_s, st.bwd_s - st.wgrad_s
+    def fastest_s(self, k: int) -> float:
+        return min(f + b for f, b, *_ in self.terms[k])
 
     def rank_pairs(self, r: int) -> list[tuple[float, float, Recompute, Recompute]]:
         """Rank ``r``'s fitting pairs of modes: ``(t_r, larger B pass, first mode, second)``."""
-        out = []
-        first, second = r, 2 * self.pp - 1 - r
-        for a, b in product(self.modes, repeat=2):
-            if not self.report(a, b).ranks[r].memory.fits:
+        sm, out = self.sm, []
+        first, second = self.terms[r], self.terms[2 * self.pp - 1 - r]
+        state = self.ranks[r][2]
+        for (a, ta), (b, tb) in product(enumerate(first), enumerate(second)):
+            memory = rank_memory_bytes(
+                state, ta[3] + tb[3], sm.in_flight[r], max(ta[4], tb[4]), sm.reserve_bytes
+            )
+            if memory > sm.capacity_bytes:
                 continue
-            ta, ba = self.chunk_terms(first, a)
-            tb, bb = self.chunk_terms(second, b)
-            out.append((ta + tb, max(ba, bb), a, b))
+            t = ta[0] + ta[1] + tb[0] + tb[1]
+            out.append((t, max(ta[1] - ta[2], tb[1] - tb[2]), self.modes[a], self.modes[b]))
         return out
 
+    def least_memory(self, r: int) -> tuple[float, Recompute, Recompute]:
+        """Rank ``r``'s least memory over its pairs of modes, and that pair."""
+        sm = self.sm
+        first, second = self.terms[r], self.terms[2 * self.pp - 1 - r]
+        return min(
+            (
+                rank_memory_bytes(
+                    self.ranks[r][2], ta[3] + tb[3], sm.in_flight[r], max(ta[4], tb[4]),
+                    sm.reserve_bytes,
+                ),
+                self.modes[a],
+                self.modes[b],
+            )
+            for (a, ta), (b, tb) in product(enumerate(first), enumerate(second))
+        )  # fmt: skip
 
-def _fixed_terms(tables: ZbvTables):
-    """``F``, ``W``, the syncs, each rank's last W, ``O`` (no mode changes them)."""
-    rep = tables.report(tables.modes[0], tables.modes[0])
-    st = rep.stages
-    last_w = [st[len(st) - 1 if r == 0 else r].wgrad_s for r in range(tables.pp)]
-    return (
-        max(s.fwd_s for s in st),
-        max(s.wgrad_s for s in st),
-        [rk.dp_sync_s for rk in rep.ranks],
-        last_w,
-        max(rk.optimizer_s for rk in rep.ranks),
-    )
+    def choices(self, per_rank) -> list[tuple[int, int, Recompute]]:
+        """``(first, last, mode)`` per chunk from each rank's (first mode, second mode)."""
+        per_chunk = {}
+        for r, (a, b) in enumerate(per_rank):
+            per_chunk[r], per_chunk[2 * self.pp - 1 - r] = a, b
+        return [(i, j, per_chunk[k]) for k, (i, j) in enumerate(self.chunks)]
 
 
-def solve_zb_v(
-    problem: Problem,
-    config: ParallelConfig,
-    modes,
-    incumbent_s: float,
-    stats: DPStats,
-    *,
-    exact: bool = True,
-):
+def solve_zb_v(sm: StageModel, modes, incumbent_s: float, stats: DPStats, *, exact: bool = True):
     """Best (objective, [(first, last, mode) per chunk]) of a ZB-V configuration, or None when
     nothing fits or nothing beats ``incumbent_s`` (module docstring; ``exact`` is accepted for
     the planner's interface: the search is exact either way)."""
     del exact
-    tables = ZbvTables(problem, config, modes)
-    pp, m = config.pp, problem.training.global_batch // (config.microbatch_size * config.dp)
-    f_max, w_max, sync, last_w, opt = _fixed_terms(tables)
-    overlap = problem.training.overlap_grad_sync
-    fastest = [
-        min(tables.chunk_terms(r, c)[0] for c in tables.modes)
-        + min(tables.chunk_terms(2 * pp - 1 - r, c)[0] for c in tables.modes)
-        for r in range(pp)
-    ]
-    stats.stages_scored += len(tables.modes) * 2 * pp
+    tables = ZbvTables(sm, modes)
+    pp, m, n = sm.config.pp, sm.m, len(tables.chunks)
+    stats.stages_scored += len(tables.modes) * n
+    f_max = max(t[0][0] for t in tables.terms)  # no mode changes a forward or a W pass
+    w_max = max(t[0][2] for t in tables.terms)
+    sync = [rank[0] for rank in tables.ranks]
+    opt = max(rank[1] for rank in tables.ranks)
+    last_w = [tables.terms[n - 1 if r == 0 else r][0][2] for r in range(pp)]
+    fastest = [tables.fastest_s(r) + tables.fastest_s(n - 1 - r) for r in range(pp)]
     if m * max(fastest) + (pp - 1) * f_max + opt > incumbent_s:
         stats.labels_bounded += 1
         return None
@@ -135,44 +119,28 @@ def solve_zb_v(
     best = None
     for beta in sorted({b for rank in pairs for _, b, _, _ in rank}):
         low = [min((p for p in rank if p[1] <= beta), default=None) for rank in pairs]
-        hit = [min((p for p in rank if p[1] == beta), default=None) for rank in pairs]
         if any(x is None for x in low):
             continue
         lags = zb_v_lags_s(pp, f_max, beta, w_max)
         hidden = [max(lags) - lag for lag in lags]
-        tail = max(lags) + max(zb_v_exposed_sync_s(sync, hidden, last_w, overlap)) + opt
-        for rho, reach in enumerate(hit):
+        tail = max(zb_v_exposed_sync_s(sync, hidden, last_w, sm.overlap)) + opt
+        for rho, rank in enumerate(pairs):
+            reach = min((p for p in rank if p[1] == beta), default=None)
             if reach is None:
                 continue
-            picks = [reach if r == rho else low[r] for r in range(pp)]
-            value = m * max(p[0] for p in picks) + tail
+            top = max(reach[0], *(low[r][0] for r in range(pp) if r != rho))
+            value = m * top + max(lags) + tail
+            stats.labels_created += 1
             if best is None or value < best[0]:
-                best = (value, picks)
+                best = (value, [reach if r == rho else low[r] for r in range(pp)])
     if best is None or best[0] > incumbent_s:
         return None
-    per_chunk = {}
-    for r, (_, _, a, b) in enumerate(best[1]):
-        per_chunk[r], per_chunk[2 * pp - 1 - r] = a, b
-    return best[0], [(i, j, per_chunk[k]) for k, (i, j) in enumerate(tables.chunks)]
+    return best[0], tables.choices([(a, b) for _, _, a, b in best[1]])
 
 
-def smallest_peak_zb_v(problem: Problem, config: ParallelConfig, modes):
+def smallest_peak_zb_v(sm: StageModel, modes) -> tuple[float, list]:
     """The least per-device peak memory of any plan of a ZB-V configuration (each rank at its
-    least-memory pair of modes; ranks are independent) and such a plan."""
-    from nest.dp.planner import plan_from_choices
-
-    tables = ZbvTables(problem, config, modes)
-    pp = config.pp
-    least = []
-    for r in range(pp):
-        least.append(
-            min(
-                (tables.report(a, b).ranks[r].memory.total_bytes, a, b)
-                for a, b in product(tables.modes, repeat=2)
-            )
-        )
-    per_chunk = {}
-    for r, (_, a, b) in enumerate(least):
-        per_chunk[r], per_chunk[2 * pp - 1 - r] = a, b
-    choices = [(i, j, per_chunk[k]) for k, (i, j) in enumerate(tables.chunks)]
-    return max(x[0] for x in least), plan_from_choices(problem, config, choices)
+    least-memory pair of modes; ranks are independent) and that plan's chunk choices."""
+    tables = ZbvTables(sm, modes)
+    least = [tables.least_memory(r) for r in range(tables.pp)]
+    return max(x[0] for x in least), tables.choices([(a, b) for _, a, b in least])
