@@ -1,8 +1,8 @@
 """``brute``: enumerate the NEST space plan by plan and score each with the shared evaluator.
 
 The oracle for the DP's exactness: every configuration of :mod:`nest.dp.space`; for 1F1B every
-contiguous partition of the chain into ``pp`` stages, for the interleaved schedule its one
-partition (:func:`~nest.dp.space.interleaved_chunks`); and every recompute mode per stage or
+contiguous partition of the chain into ``pp`` stages, for the interleaved schedule and ZB-V its
+one partition (:func:`~nest.dp.space.fixed_chunks`); and every recompute mode per stage or
 chunk (only those holding blocks differ by mode), with ``block`` in ``solver.recompute`` also
 every count of fully recomputed first blocks per 1F1B / ZB-H2 stage
 (:func:`~nest.dp.space.block_options`), each turned into a plan and passed to
@@ -29,7 +29,7 @@ from nest.dp.space import (
     SpacePlanner,
     block_options,
     configurations,
-    interleaved_chunks,
+    fixed_chunks,
 )
 from nest.planner import finish, infeasible_memory
 
@@ -48,7 +48,7 @@ def count_plans(problem: Problem, options: SpaceOptions) -> int:
     blocks = [ref.kind.value == "block" for ref in problem.model.chain]
     total = 0
     for config in configurations(problem, options):
-        if config.interleaved:
+        if fixed_chunks(config, n) is not None:
             total += modes ** (config.pp * config.virtual_stages)
         elif config.pp == 1:
             total += modes if any(blocks) else 1
@@ -85,7 +85,7 @@ def plans_to_score(problem: Problem, options: SpaceOptions, stop_above: int) -> 
     total = 0
     blocks = _blocks(problem)
     for config in configurations(problem, options):
-        if config.interleaved:
+        if fixed_chunks(config, problem.num_layers) is not None:
             total += modes ** (config.pp * config.virtual_stages)  # every chunk holds blocks
         elif options.block_bases(config):  # choices per stage depend on its blocks: counted
             for parts in partitions(problem.num_layers, config.pp):
@@ -146,10 +146,8 @@ class BrutePlanner(SpacePlanner):
         best: dict = {}  # configuration without rank order -> (time, enumeration index, plan)
         best_peak, scored = None, 0
         for config in configurations(problem, options):
-            if config.interleaved:
-                splits = [interleaved_chunks(problem.num_layers, config.pp, config.virtual_stages)]
-            else:
-                splits = partitions(problem.num_layers, config.pp)
+            chunks = fixed_chunks(config, problem.num_layers)
+            splits = [chunks] if chunks is not None else partitions(problem.num_layers, config.pp)
             for parts in splits:
                 for combo in product(*stage_choices(parts, blocks, options, config)):
                     scored += 1

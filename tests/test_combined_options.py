@@ -78,3 +78,17 @@ def test_nest_equals_brute_with_zb_h2_op_recompute_and_the_lazy_bounds_at_once()
     op = sum(any(s.recompute == "op" for s in o.stages) for o in optima)
     assert len(optima) >= 12, len(optima)
     assert zb2 >= 2 and op >= 2, (zb2, op)
+
+
+def test_nest_equals_brute_with_zb_v_offload_hsdp_and_deepep_at_once():
+    """ZB-V (nest/dp/zb_v.py: its own solver over the largest B pass, the entry bound and the
+    memory floor without the tied copy) beside the other schedules, with offload (its exposed
+    copies add to the B pass), every hybrid shard degree and DeepEP, on 25 random small
+    problems (a third pinned to ZB-V): ``nest`` equals ``brute`` to 1e-9."""
+
+    def options(seed):
+        return {"schedules": ["zb_v"] if seed % 3 == 0 else ["1f1b", "zb_h1", "zb_h2", "zb_v"]}
+
+    optima = list(_oracles(7200, options))
+    assert len(optima) >= 12, len(optima)
+    assert sum(o.schedule == "zb_v" for o in optima) >= 2

@@ -20,7 +20,8 @@ including the blocking send of its output):
   once rank ``r`` has ``r`` W passes pending, one W; the ``r`` postponed W passes run after its
   last B, filling the cool-down bubble) or ZB-H2 (§2.2, Figure 3 bottom: ``2 (pp - r) - 1``
   warm-up forwards, then B, W and F in turn with the W passes of the first ``2 r``
-  microbatches postponed past the last B).
+  microbatches postponed past the last B) or ZB-V (two chunks per rank in a V,
+  :func:`zb_v_order`).
   A task starts when its rank is free and its dependencies are done (list scheduling).
 - After its last backward a rank synchronises its gradients (``dp_sync_s`` of the report); with
   ``overlap_grad_sync`` the sync may start when that last backward starts. The optimizer step
@@ -88,6 +89,8 @@ def rank_order(plan: Plan, rank: int) -> list[tuple[str, int, int]]:
         return zb_h1_order(pp, m, rank)
     if plan.schedule is Schedule.ZB_H2:
         return zb_h2_order(pp, m, rank)
+    if plan.schedule is Schedule.ZB_V:
+        return zb_v_order(pp, m, rank)
     if plan.schedule is Schedule.ONE_F_ONE_B:
         warm = min(pp - rank - 1, m)
         order = [("F", rank, j) for j in range(warm)]
@@ -123,6 +126,57 @@ def zb_h2_order(pp: int, m: int, rank: int) -> list[tuple[str, int, int]]:
     the last B the pending W passes. Every rank thus holds ``2 pp - 1`` microbatches between F
     and W (needs ``m >= 2 pp - 1``; with fewer, as many as there are)."""
     return _split_backward_order(m, rank, min(2 * (pp - rank) - 1, m), 2 * rank, True)
+
+
+def zb_v_order(pp: int, m: int, rank: int) -> list[tuple[str, int, int]]:
+    """ZB-V's order on rank ``rank``, whose chunks are ``rank`` and ``2 pp - 1 - rank``: PyTorch's
+    ``ScheduleZBVZeroBubble._calculate_single_rank_operations``
+    (pytorch/pytorch@1fd7abc2f521:torch/distributed/pipelining/schedules.py; Qi et al. arXiv
+    2405.15362 §3): ``2 (pp - rank) - 1`` forwards of the first chunk, ``rank`` pairs (F of the
+    second chunk, F of the first), ``pp - rank`` triples F, B, W of the second chunk, then until
+    every forward ran F, B, W of the first chunk (its F while any is left) and F, B, W of the
+    second; the cool-down runs ``rank`` pairs of B passes (first chunk, second), ``pp - rank``
+    (B, W) of the first chunk, then the second chunk's and the first's postponed W passes. As
+    PyTorch does, the order is built for ``max(m, 2 pp - 1)`` microbatches and the tasks of
+    microbatches ``>= m`` are dropped (the evaluator asks ``m >= 2 pp - 1``)."""
+    n = max(m, 2 * pp - 1)
+    first, second = rank, 2 * pp - 1 - rank
+    order: list[tuple[str, int, int]] = []
+    count = {("F", first): 0, ("F", second): 0, ("B", first): 0, ("B", second): 0}
+    done_w = {first: 0, second: 0}
+
+    def put(kind: str, chunk: int, weight: bool = False) -> None:
+        j = count[(kind, chunk)]
+        order.append((kind, chunk, j))
+        count[(kind, chunk)] = j + 1
+        if weight:  # the W pass right after its B
+            order.append(("W", chunk, j))
+            done_w[chunk] = j + 1
+
+    for _ in range(2 * (pp - rank) - 1):
+        put("F", first)
+    for _ in range(rank):
+        put("F", second)
+        put("F", first)
+    for _ in range(pp - rank):
+        put("F", second)
+        put("B", second, weight=True)
+    while count[("F", second)] < count[("F", first)] or count[("F", first)] < n:
+        if count[("F", first)] < n:
+            put("F", first)
+        put("B", first, weight=True)
+        put("F", second)
+        put("B", second, weight=True)
+    for _ in range(rank):
+        put("B", first)
+        put("B", second)
+    for _ in range(pp - rank):  # each B with the oldest pending W of the first chunk
+        put("B", first)
+        order.append(("W", first, done_w[first]))
+        done_w[first] += 1
+    for chunk in (second, first):
+        order += [("W", chunk, j) for j in range(done_w[chunk], count[("B", chunk)])]
+    return [task for task in order if task[2] < m]
 
 
 def _split_backward_order(

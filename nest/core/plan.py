@@ -7,7 +7,8 @@ placement.
 
 Interleaved schedules: ``stages`` holds ``pp * virtual_stages`` model chunks in chain order; chunk
 ``k`` runs on pipeline rank ``k % pp`` (Megatron's interleaved assignment), so chunks of one rank
-share its devices.
+share its devices. ZB-V (``schedule=zb_v``) holds two chunks per rank in a V instead: chunk ``k``
+on rank ``k`` for ``k < pp`` and ``2 pp - 1 - k`` after (:func:`chunk_rank`).
 """
 
 from collections.abc import Mapping, Sequence
@@ -199,7 +200,16 @@ class ParallelConfig:
             if not isinstance(getattr(self, name), bool | np.bool_):
                 raise UserError(f"plan {name}={getattr(self, name)!r} must be true or false")
         self._check_zero_shard()
-        if self.schedule is not Schedule.INTERLEAVED and self.virtual_stages != 1:
+        if self.schedule.v_shaped and self.virtual_stages != 2:
+            raise UserError(
+                f"schedule=zb_v holds 2 chunks per rank (got virtual_stages="
+                f"{self.virtual_stages}); set virtual_stages=2"
+            )
+        if (
+            not self.schedule.v_shaped
+            and self.schedule is not Schedule.INTERLEAVED
+            and (self.virtual_stages != 1)
+        ):
             raise UserError(
                 f"virtual_stages={self.virtual_stages} needs schedule=interleaved "
                 f"(got {self.schedule})"
@@ -351,14 +361,31 @@ class Plan:
 
     @property
     def pp_rank_chunks(self) -> tuple[tuple[int, ...], ...]:
-        """For each pipeline rank, the indices of its chunks in ``stages``."""
+        """For each pipeline rank, the indices of its chunks in ``stages`` (increasing)."""
+        if self.schedule.v_shaped:
+            return tuple((r, 2 * self.pp - 1 - r) for r in range(self.pp))
         return tuple(tuple(range(r, len(self.stages), self.pp)) for r in range(self.pp))
+
+    def chunk_rank(self, k: int) -> int:
+        """The pipeline rank chunk ``k`` runs on (:func:`chunk_rank`)."""
+        return chunk_rank(k, self.pp, self.schedule)
 
     def with_record(self, **record) -> "Plan":
         return replace(self, **record)
 
     def degrees(self) -> dict:
         return self.config.degrees()
+
+
+def chunk_rank(k: int, pp: int, schedule: Schedule) -> int:
+    """The pipeline rank of chunk ``k``: ``k % pp`` (one chunk per rank, and Megatron's looped
+    interleaving), or under ZB-V the V: ``k`` for ``k < pp``, ``2 pp - 1 - k`` after, so chunks
+    ``pp - 1`` and ``pp`` share the last rank and rank 0 holds the embedding and the loss (Qi et
+    al. arXiv 2405.15362 §3, Figure 3; PyTorch's ``generate_stage_to_rank_mapping(...,
+    style="v")``, pytorch/pytorch@1fd7abc2f521:torch/distributed/pipelining/schedules.py)."""
+    if schedule.v_shaped and k >= pp:
+        return 2 * pp - 1 - k
+    return k % pp
 
 
 def _shape(devices: Devices) -> tuple[int, int, int]:
@@ -498,6 +525,7 @@ def make_structured_plan(
     if grid is None:
         grid = place(tp=c.tp, cp=c.cp, dp=c.dp, pp=c.pp, rank_order=c.rank_order, offset=offset)
     stages, first = [], 0
+    ranks = [chunk_rank(k, c.pp, c.schedule) for k in range(n_chunks)]
     for k, count in enumerate(layer_counts):
         if count < 1:
             raise UserError(f"layer partition {list(layer_counts)} has an empty stage {k}")
@@ -509,7 +537,7 @@ def make_structured_plan(
                 recompute=mode,
                 full_blocks=full_blocks,
                 devices=tuple(
-                    tuple(tuple(int(x) for x in row) for row in rep) for rep in grid[k % c.pp]
+                    tuple(tuple(int(x) for x in row) for row in rep) for rep in grid[ranks[k]]
                 ),
             )
         )

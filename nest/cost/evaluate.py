@@ -56,6 +56,8 @@ from nest.cost.pipeline import (
     in_flight_microbatches,
     pipeline_time_s,
     rank_pipeline_terms,
+    zb_v_exposed_sync_s,
+    zb_v_pipeline_s,
 )
 from nest.cost.state import ModelState
 
@@ -88,8 +90,8 @@ def check_plan(problem: Problem, plan: Plan) -> None:
             f"(embedding, {n_layers - 2} blocks, head)"
         )
     for k in range(plan.pp, len(plan.stages)):
-        if plan.stages[k].devices != plan.stages[k % plan.pp].devices:
-            raise UserError(f"chunk {k} must run on pipeline rank {k % plan.pp}'s devices")
+        if plan.stages[k].devices != plan.stages[plan.chunk_rank(k)].devices:
+            raise UserError(f"chunk {k} must run on pipeline rank {plan.chunk_rank(k)}'s devices")
     ids = np.concatenate([np.asarray(plan.stages[r].devices).ravel() for r in range(plan.pp)])
     bad = ids[(ids < 0) | (ids >= cluster.num_devices)]
     if bad.size:
@@ -135,6 +137,12 @@ def check_plan(problem: Problem, plan: Plan) -> None:
             f"plan optimizer_offload=true but training.optimizer="
             f"{problem.training.optimizer} keeps no state to offload; plan without offload"
         )
+    _check_schedule(plan)
+
+
+def _check_schedule(plan: Plan) -> None:
+    """The schedule's own rules: interleaving's degrees and microbatch divisibility (Megatron-LM),
+    ZB-V's two chunks per rank, the zero-bubble schedules' microbatch counts."""
     if plan.schedule is Schedule.INTERLEAVED:
         if plan.virtual_stages < 2 or plan.pp < 2:
             raise UserError("schedule=interleaved needs pp >= 2 and virtual_stages >= 2")
@@ -143,20 +151,25 @@ def check_plan(problem: Problem, plan: Plan) -> None:
                 f"interleaved schedule needs num_microbatches({plan.num_microbatches}) divisible "
                 f"by pp({plan.pp}) (Megatron-LM's requirement)"
             )
+    if plan.schedule.v_shaped and plan.pp < 2:
+        raise UserError("schedule=zb_v needs pp >= 2 (its V spans two chunks per rank)")
     _check_zero_bubble_microbatches(plan)
 
 
 def _check_zero_bubble_microbatches(plan: Plan) -> None:
-    """ZB-H1 needs ``m >= pp`` (Qi et al. 2024 §2.1), ZB-H2 ``m >= 2 pp - 1`` (§2.2)."""
+    """ZB-H1 needs ``m >= pp`` (Qi et al. 2024 §2.1), ZB-H2 ``m >= 2 pp - 1`` (§2.2), ZB-V
+    ``m >= 2 pp - 1`` (:meth:`Schedule.min_microbatches`)."""
     need, m = plan.schedule.min_microbatches(plan.pp), plan.num_microbatches
     if m >= need:
         return
-    rule, where, other = (
-        ("pp", "§2.1", "1f1b") if plan.schedule is Schedule.ZB_H1 else ("2*pp-1", "§2.2", "zb_h1")
-    )
+    rule, where, other = {
+        Schedule.ZB_H1: ("pp", "Qi et al. 2024 §2.1", "1f1b"),
+        Schedule.ZB_H2: ("2*pp-1", "Qi et al. 2024 §2.2", "zb_h1"),
+        Schedule.ZB_V: ("2*pp-1", "PyTorch's ScheduleZBVZeroBubble", "zb_h1"),
+    }[plan.schedule]
     raise UserError(
         f"schedule={plan.schedule} needs num_microbatches({m}) >= {rule}({need}) "
-        f"(Qi et al. 2024 {where}); lower the microbatch size or use schedule={other}"
+        f"({where}); lower the microbatch size or use schedule={other}"
     )
 
 
@@ -246,7 +259,8 @@ def _stage_report(
     pipeline rank's devices as an array, converted once)."""
     cluster = problem.cluster
     stage, chunk = plan.stages[k], chunks[k]
-    devices = rank_devices[k % plan.pp]
+    rank = plan.chunk_rank(k)
+    devices = rank_devices[rank]
     fwd_colls, bwd_colls = chunk.collectives("f"), chunk.collectives("b")
     # per axis, (exposed, total) of the forward's and of the backward's collectives
     fwd_comm = {axis: groups.axis_times_s(fwd_colls, axis) for axis in AXES}
@@ -255,12 +269,14 @@ def _stage_report(
     total = {axis: fwd_comm[axis][1] + bwd_comm[axis][1] for axis in AXES}  # hidden or not
     zero3_fwd, zero3_bwd, zero3_total = zero3_chunk_s(state, groups, chunk)
     p2p_fwd = p2p_bwd = 0.0
-    if k + 1 < len(chunks):  # the output to the next chunk's devices
+    # the output to the next chunk's devices, the gradient of the input back to the previous
+    # chunk's; none where both chunks sit on this rank (the bottom of ZB-V's V)
+    if k + 1 < len(chunks) and plan.chunk_rank(k + 1) != rank:
         # the device pairs' shared levels (a graph: their cost classes)
-        classes = p2p_classes(cluster, devices, rank_devices[(k + 1) % plan.pp])
+        classes = p2p_classes(cluster, devices, rank_devices[plan.chunk_rank(k + 1)])
         p2p_fwd = pair_p2p_time_s(chunk.boundary_bytes, classes, cluster)
-    if k > 0:  # the gradient of the input back to the previous chunk's devices
-        classes = p2p_classes(cluster, devices, rank_devices[(k - 1) % plan.pp])
+    if k > 0 and plan.chunk_rank(k - 1) != rank:
+        classes = p2p_classes(cluster, devices, rank_devices[plan.chunk_rank(k - 1)])
         p2p_bwd = pair_p2p_time_s(chunks[k - 1].boundary_bytes, classes, cluster)
     compute_fwd = sum(cost.fwd_s for cost, _, _ in chunk.layers)
     compute_bwd = sum(cost.bwd_s for cost, _, _ in chunk.layers)
@@ -275,7 +291,7 @@ def _stage_report(
     bwd = compute_bwd + redo + sum(b for _, b in comm.values()) + zero3_bwd + p2p_bwd + offload
     return StageReport(
         index=k,
-        pp_rank=k % plan.pp,
+        pp_rank=rank,
         first_layer=stage.first_layer,
         last_layer=stage.last_layer,
         recompute=stage.recompute_label,
@@ -305,7 +321,7 @@ def rank_params(plan: Plan, r: int, chunks: list[Chunk]) -> tuple[float, float]:
     ks = plan.pp_rank_chunks[r]
     dense = sum(chunks[k].dense_params for k in ks)
     expert = sum(chunks[k].expert_params for k in ks)
-    head_rank = (len(plan.stages) - 1) % plan.pp
+    head_rank = plan.chunk_rank(len(plan.stages) - 1)
     if r == head_rank and r != 0:
         dense += chunks[-1].layers[-1][0].tied_copy_params
     return dense, expert
@@ -347,7 +363,7 @@ def _rank_report(
 def evaluate(problem: Problem, plan: Plan) -> Report:
     """Score ``plan`` on ``problem`` with the shared cost model (module docstring)."""
     check_plan(problem, plan)
-    cluster, training, model = problem.cluster, problem.training, problem.model
+    cluster, training = problem.cluster, problem.training
     state = ModelState.of(
         problem,
         zero_stage=plan.zero_stage,
@@ -362,12 +378,14 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
     chunks = _chunks(problem, plan)
     rank_devices = [np.asarray(plan.stages[r].devices, dtype=np.int64) for r in range(plan.pp)]
     stages = [
-        _stage_report(problem, plan, k, chunks, groups[k % plan.pp], state, rank_devices)
+        _stage_report(problem, plan, k, chunks, groups[plan.chunk_rank(k)], state, rank_devices)
         for k in range(len(chunks))
     ]
     ranks = [
         _rank_report(problem, plan, r, chunks, stages, groups[r], state) for r in range(plan.pp)
     ]
+    if plan.schedule.v_shaped:
+        return _report(problem, plan, chunks, stages, *_zb_v_times(problem, plan, stages, ranks))
     # Rank r's last backward is on chunk r (its first chunk, also under interleaving); after it
     # only chunks r-1 .. 0 still run, and their backward hides rank r's synchronisation.
     exposed = exposed_sync_s(
@@ -390,6 +408,33 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
         sum_terms_s=[float(u) for u, _, _ in terms],
         tail_terms_s=[float(e) for _, _, e in terms],
     )
+    return _report(problem, plan, chunks, stages, ranks, t_pipe, exposed)
+
+
+def _zb_v_times(problem: Problem, plan: Plan, stages, ranks) -> tuple[list, float, list[float]]:
+    """ZB-V's ranks (their exposed sync filled in), pipeline time and exposed syncs
+    (:func:`nest.cost.pipeline.zb_v_pipeline_s`): rank 0's last task is the W pass of chunk
+    ``2 pp - 1``, any other rank's that of its first chunk."""
+    t_pipe, hidden = zb_v_pipeline_s(
+        [rk.fwd_s + rk.bwd_s for rk in ranks],
+        plan.num_microbatches,
+        [st.fwd_s for st in stages],
+        [st.bwd_s for st in stages],
+        [st.wgrad_s for st in stages],
+    )
+    last_w = [stages[len(stages) - 1 if r == 0 else r].wgrad_s for r in range(plan.pp)]
+    exposed = zb_v_exposed_sync_s(
+        [rk.dp_sync_s for rk in ranks], hidden, last_w, problem.training.overlap_grad_sync
+    )
+    ranks = [replace(rk, dp_sync_exposed_s=e) for rk, e in zip(ranks, exposed, strict=True)]
+    return ranks, t_pipe, exposed
+
+
+def _report(problem: Problem, plan: Plan, chunks, stages, ranks, t_pipe: float, exposed) -> Report:
+    """The report of a plan from its stages, ranks, pipeline time and exposed syncs."""
+    cluster, training, model = problem.cluster, problem.training, problem.model
+    m = plan.num_microbatches
+    rank_times = [rk.fwd_s + rk.bwd_s for rk in ranks]
     t_exposed, t_opt = max(exposed), max(rk.optimizer_s for rk in ranks)
     t_iter = t_pipe + t_exposed + t_opt
     flops = model.model_flops_per_sample() * training.global_batch

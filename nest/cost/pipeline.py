@@ -57,6 +57,31 @@ of ``b_r`` (:attr:`nest.core.layers.LayerCost.wgrad_s`) and ``b'_r = b_r - w_r``
   ``m max_r t_r`` and the padded equal-stage time, as for ZB-H1 (``tests/test_zero_bubble.py``
   checks this on random stages; measured from 5.5 % below to 13 % above there). ZB-H2 needs
   ``m >= 2p - 1`` and ``p >= 2``.
+- ZB-V (Qi, Wan, Huang, Lin, "Pipeline Parallelism with Controllable Memory", NeurIPS 2024,
+  arXiv 2405.15362 §3 and §4, the V-ZB schedule; the order of PyTorch's
+  ``ScheduleZBVZeroBubble._calculate_single_rank_operations``,
+  pytorch/pytorch@1fd7abc2f521:torch/distributed/pipelining/schedules.py): ``2p`` chunks, rank
+  ``r`` holds chunk ``r`` and chunk ``2p - 1 - r`` (:func:`nest.core.plan.chunk_rank`), and runs
+  ``2(p - r) - 1`` forwards of its first chunk, ``r`` pairs of forwards (second chunk, first),
+  ``p - r`` triples F, B, W of its second chunk, then F, B, W of the first chunk and F, B, W of
+  the second in turn, and a cool-down of ``r`` B pairs, ``p - r`` (B, W) of the first chunk and
+  the postponed W passes. With equal chunks (per chunk ``f``, B pass ``b``, W pass ``w``) and
+  ``m >= 2p - 1`` the schedule run event by event (:mod:`nest.analysis.simulate`) ends rank
+  ``r`` at ``2m (f + b + w) + l_r``, the lag ``l_r`` (:func:`zb_v_lags_s`) the largest of a few
+  paths of its task graph, each linear in ``f, b, w`` with coefficients in ``q = p - 1`` and
+  ``r`` (read off the simulator's critical paths on random ``f, b, w`` and checked against it to
+  1e-12 by ``tests/test_zb_v.py``); at ``f = b = w`` the pipeline takes ``2m (f + b + w) +
+  (p - 1) f``, the synchronised floor (the last rank gets its first microbatch after ``(p - 1)
+  f``; the paper's zero bubble is that of consecutive iterations without the step's global
+  synchronisation). For unequal chunks the cost model charges ``T = m max_r t_r + max_r
+  l_r(F, B, W)``, ``F, B, W`` each chunk's largest pass, ``t_r`` rank ``r``'s two chunks'
+  forward and backward: exact on equal chunks, between ``m max_r t_r`` and the equal-chunk time
+  with every pass padded to its largest (the list schedule is monotone in each task's length),
+  as the simulated time is. ZB-V needs ``m >= 2p - 1`` and ``p >= 2``. The V keeps the
+  hand-off between chunks ``p - 1`` and ``p`` on the last rank (no point-to-point transfer,
+  :mod:`nest.cost.evaluate`), and rank 0 holds both the embedding and the loss
+  (sail-sg/zero-bubble-pipeline-parallelism issue #36), so no rank holds a tied copy of the
+  word embedding.
 - In-flight microbatches (activations held) on rank ``r``: 1F1B ``min(p - r, m)`` (PipeDream-flush;
   Megatron-Core runs ``p - r - 1`` warm-up forwards); GPipe ``m``; interleaved: Megatron-Core's
   ``(p - r - 1) * 2 + (v - 1) * p`` warm-up chunk-forwards plus the one in steady state, capped
@@ -69,6 +94,13 @@ of ``b_r`` (:attr:`nest.core.layers.LayerCost.wgrad_s`) and ``b'_r = b_r - w_r``
   and its output gradient), less than its B needs (Table 1); the model charges it a whole
   microbatch's activations, an upper bound, so every ZB-H1 rank holds the ``p M_B`` of the
   paper's Table 2, 1F1B's rank 0.
+  ZB-V: every rank holds ``2p`` chunk-microbatches between a chunk's F and its W at its peak
+  (counted on the order above; :mod:`nest.analysis.simulate` measures it), ``p`` whole-rank
+  microbatches: 1F1B's rank 0, the V-ZB peak of arXiv 2405.15362 §4 ("the same peak memory
+  as 1F1B").
+- Exposed DP synchronisation under ZB-V: rank ``r`` ends ``max_s l_s - l_r`` before the pipeline
+  (exact on equal chunks), which hides that much of its sync; with overlap its last task, a W
+  pass (of chunk ``2p - 1`` on rank 0, of chunk ``r`` elsewhere), hides it too.
 - Exposed DP synchronisation: under 1F1B rank ``r`` finishes its last backward ``sum_{j<r} b_j``
   before rank 0 does, and that much of its sync is hidden; with overlap enabled its own last
   backward ``b_r`` also hides it: ``exposed = max_r max(0, sync_r - sum_{j<r} b_j [- b_r])``.
@@ -170,6 +202,8 @@ def in_flight_microbatches(
         return float(min(pp, num_microbatches))
     if schedule is Schedule.ZB_H2:
         return float(min(2 * pp - 1, num_microbatches))
+    if schedule is Schedule.ZB_V:
+        return float(min(pp, num_microbatches))
     return float(min(pp - rank, num_microbatches))
 
 
@@ -228,3 +262,66 @@ def exposed_sync_s(
         out.append(rank_exposed_sync_s(sync, hidden, own, overlap))
         drain += max(0.0, own_drain) if schedule is Schedule.ZB_H2 else own_drain
     return out
+
+
+def zb_v_lag_coefficients(pp: int, rank: int) -> list[tuple[int, int, int]]:
+    """The paths whose largest sets ZB-V's lag ``l_r`` (module docstring): ``(a, c, d)`` with the
+    path ``2m (f + b + w) + a f + c b + d w`` long, ``q = pp - 1``. Rank 0's last tasks are its
+    postponed W passes (the ``0`` path and the ``j`` B passes of the other ranks'
+    cool-down less their W), a later rank's its first chunk's cool-down; the ``2q`` forwards
+    are the V's walk down and up to the last chunk before its first B. Read off the simulator's
+    critical paths; ``tests/test_zb_v.py`` checks their largest against it on random equal
+    chunks."""
+    q, r = pp - 1, rank
+    rows = [
+        (0, q, r - q),
+        (0, 2 * q - r, -2 * (q - r)),
+        (q, q - r, -2 * (q - r)),
+        (2 * q - 1, 1 - r, -2 * (q - r)),
+        (2 * q, -r, -2 * (q - r) - 1),
+    ]
+    if r == 0:
+        return rows + [(0, 0, 0), (2 * q, -q, -q)]
+    return rows + [
+        (0, 1, r - 1),
+        (1, 0, r - 1),
+        (r, 0, 0),
+        (2 * q - 1, 1 - q, r - q),
+        (2 * q, -q, r - q - 1),
+    ]
+
+
+def zb_v_lags_s(pp: int, fwd_s: float, b_pass_s: float, wgrad_s: float) -> list[float]:
+    """Per rank, how long after ``2m (f + b + w)`` ZB-V ends it on equal chunks of forward
+    ``f``, B pass ``b`` and W pass ``w`` (:func:`zb_v_lag_coefficients`; ``m >= 2 pp - 1``)."""
+    return [
+        max(a * fwd_s + c * b_pass_s + d * wgrad_s for a, c, d in zb_v_lag_coefficients(pp, r))
+        for r in range(pp)
+    ]
+
+
+def zb_v_pipeline_s(
+    rank_times_s: Sequence[float],
+    num_microbatches: int,
+    chunk_fwd_s: Sequence[float],
+    chunk_bwd_s: Sequence[float],
+    chunk_wgrad_s: Sequence[float],
+) -> tuple[float, list[float]]:
+    """ZB-V's pipeline time ``m max_r t_r + max_r l_r(F, B, W)`` and each rank's hidden sync
+    ``max_s l_s - l_r`` (module docstring), from the ranks' ``t_r`` and the chunks' forward,
+    backward (B and W) and W seconds; ``F, B, W`` the chunks' largest passes."""
+    pp = len(rank_times_s)
+    b_pass = max(b - w for b, w in zip(chunk_bwd_s, chunk_wgrad_s, strict=True))
+    lags = zb_v_lags_s(pp, max(chunk_fwd_s), b_pass, max(chunk_wgrad_s))
+    top = max(lags)
+    return num_microbatches * max(rank_times_s) + top, [top - lag for lag in lags]
+
+
+def zb_v_exposed_sync_s(
+    sync_s: Sequence[float], hidden_s: Sequence[float], last_wgrad_s: Sequence[float], overlap: bool
+) -> list[float]:
+    """ZB-V's exposed sync per rank: ``max(0, sync - hidden [- last W])`` (module docstring)."""
+    return [
+        rank_exposed_sync_s(s, h, w, overlap)
+        for s, h, w in zip(sync_s, hidden_s, last_wgrad_s, strict=True)
+    ]

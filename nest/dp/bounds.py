@@ -105,6 +105,11 @@ stage takes at least the sum of its layers' floors.
   :meth:`Floors._one_stage_exposed_s`: each stage's forward takes at least them); its
   exposed sync is bounded by 0 only (rank 0 ends before the last rank when ``h_0 < f_0``, and
   that hides its sync).
+- ZB-V: ``T = m M + max_r l_r + E + O`` (:func:`nest.cost.pipeline.zb_v_pipeline_s`) with
+  ``max_r l_r >= (pp - 1) F`` (``F`` the largest chunk forward, at least the layers' forward
+  floors over ``2 pp``) and ``E >= 0``; its ranks' chunks hold every layer once and at least
+  ``2 (pp - 1)`` hops, so ``M_floor`` is 1F1B's, and its ``O`` has no tied copy of the word
+  embedding (rank 0 holds the embedding and the head; the memory floor likewise).
 
 **Memory floor** (:meth:`Floors.memory_floor_bytes`; configurations above the device's memory are
 skipped, as no plan of theirs fits). A rank needs ``state(D_r, X_r) + f_r A_r + T_r + reserve``
@@ -680,7 +685,9 @@ class Floors:
             else:
                 sync = self._sync_floor_s(family, sync_dense, sync_expert, zero)
             pipeline = total + (m - 1) * top
-            if kind is Schedule.ZB_H2:
+            if kind.v_shaped:  # its own optimizer term, without the tied copy
+                pipeline, sync, optimizer = self._zb_v_bound_s(f, sf, zero, offload, top), 0.0, 0.0
+            elif kind is Schedule.ZB_H2:
                 # ZB-H2: sum_r u_r >= sum_r max(t_r - 3 w_r, f_r) and sum_r u_r + max_r e_r >=
                 # max_r t_r (nest.cost.pipeline); any rank's sync may be hidden: E >= 0
                 forwards = sf.base_sum_s - self._backward_floor_s(sf)
@@ -693,6 +700,18 @@ class Floors:
                 pipeline = max(total - 2.0 * sf.wgrad_sum_s, top) + (m - 1) * top
             out.append(pipeline + sync + optimizer)
         return out
+
+    def _zb_v_bound_s(self, f: Family, sf: ShardFloors, zero: int, offload, top: float) -> float:
+        """ZB-V (module docstring): ``m M_floor + (pp - 1) F_chunk + O`` with ``F_chunk`` the
+        layers' forward floors over ``2 pp`` (the largest chunk forward is at least the
+        average; the last rank's lag has the path ``(pp - 1) F``,
+        :func:`nest.cost.pipeline.zb_v_lag_coefficients`), ``E >= 0``, and ``O`` without the
+        tied copy (rank 0 holds the embedding and the head)."""
+        pp = f.pp
+        forwards = sf.base_sum_s - self._backward_floor_s(sf)
+        opt_d, opt_x = self.per_param(f, zero, offload.optimizer).optimizer_s
+        optimizer = (opt_d * sf.dense_sum + opt_x * sf.expert_sum) / pp
+        return f.m * top + (pp - 1) * forwards / (2 * pp) + optimizer
 
     def _backward_floor_s(self, sf: ShardFloors) -> float:
         """The sum of the layers' backward floors (``ShardFloors.bwd_s``), cached per shard;
@@ -859,7 +878,8 @@ class Floors:
                 need = per_d * dense[r] + per_x * expert[r] + kept * flight * act[r] + transient[r]
                 worst = max(worst, need)
             return worst + reserve_bytes
-        tied = sf.tied_copy if pp > 1 else 0.0
+        # ZB-V's rank 0 holds the embedding and the head: no tied copy
+        tied = sf.tied_copy if pp > 1 and not kind.v_shaped else 0.0
         total = per_d * (sf.dense_sum + tied) + per_x * sf.expert_sum
         total += kept * float(sf.act_min.sum())
         single = max(

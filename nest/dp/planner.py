@@ -67,6 +67,7 @@ from nest.dp.interleaved import smallest_peak_interleaved, solve_interleaved
 from nest.dp.recurrence import DPStats, solve_config
 from nest.dp.space import SpaceOptions, SpacePlanner, families
 from nest.dp.stages import StageModel
+from nest.dp.zb_v import smallest_peak_zb_v, solve_zb_v
 from nest.planner import finish, infeasible_memory, memory_fix
 
 BOUND_SLACK = 1e-12
@@ -121,6 +122,14 @@ def least_memory_plan(problem: Problem, config: ParallelConfig, n_layers: int, m
         choices.append((first, first + count - 1, mode))
         first += count
     return plan_from_choices(problem, config, choices)
+
+
+def _solver_of(config: ParallelConfig):
+    """The exact solver of a configuration's plans: ZB-V's (:mod:`nest.dp.zb_v`), the
+    interleaved DP (:mod:`nest.dp.interleaved`) or the stage DP (:mod:`nest.dp.recurrence`)."""
+    if config.schedule.v_shaped:
+        return solve_zb_v
+    return solve_interleaved if config.interleaved else solve_config
 
 
 def smallest_peak_bytes(sm: StageModel, modes) -> float:
@@ -414,6 +423,11 @@ class NestPlanner(SpacePlanner):
             for order in family.orders:
                 config = family.config(schedule, zero, order, offload)
                 sm = StageModel(problem, config, shared)
+                if config.schedule.v_shaped:
+                    peak, choices = smallest_peak_zb_v(sm, modes)
+                    if peak < best:
+                        best, least = peak, plan_from_choices(problem, config, choices)
+                    continue
                 peak = smallest_peak_bytes(sm, modes)
                 if peak < best:
                     best, least = peak, least_memory_plan(problem, config, sm.n_layers, modes)
@@ -530,8 +544,8 @@ class NestPlanner(SpacePlanner):
 
         def solve_one(config, incumbent_s, exact):
             sm = StageModel(problem, config, shared)
-            solver = solve_interleaved if config.interleaved else solve_config
-            extra = {} if config.interleaved else {"block_bases": options.block_bases(config)}
+            solver = _solver_of(config)
+            extra = {"block_bases": options.block_bases(config)} if solver is solve_config else {}
             return solver(sm, modes, incumbent_s, stats, exact=exact, **extra)
 
         # Phase 1 (heuristic, one label per state) gives real plans whose times bound the

@@ -45,6 +45,11 @@ partition and the recompute modes:
   Qi et al. ICLR 2024 §2.1) when listed in ``SpaceOptions.schedules`` (not by default), with
   ``pp >= 2`` (with one stage it is 1F1B) and ``m >= pp``; its plans are 1F1B's (any partition,
   a recompute mode per stage). ``(zb_h2, 1)`` (§2.2) likewise, with ``m >= 2 pp - 1``.
+  ``(zb_v, 2)`` (ZB-V, Qi et al. arXiv 2405.15362 §3) when listed, with ``pp >= 2``,
+  ``m >= 2 pp - 1`` and an even split of the blocks into ``2 pp`` chunks; its plans are
+  interleaved ``v = 2``'s partition with the chunks placed in a V
+  (:func:`nest.core.plan.chunk_rank`) and a recompute mode per chunk. ``brute`` searches it;
+  ``nest`` refuses it (:mod:`nest.dp.planner`).
 
 **Its plans**:
 
@@ -265,7 +270,13 @@ class SpaceOptions:
 
     @property
     def schedule_kinds(self) -> tuple[Schedule, ...]:
-        allowed = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.ZB_H1, Schedule.ZB_H2)
+        allowed = (
+            Schedule.ONE_F_ONE_B,
+            Schedule.INTERLEAVED,
+            Schedule.ZB_H1,
+            Schedule.ZB_H2,
+            Schedule.ZB_V,
+        )
         out = []
         for s in self.schedules:
             if s not in {a.value for a in allowed}:
@@ -361,7 +372,19 @@ def _schedules(kinds, blocks: int, pp: int, m: int):
     for kind in (Schedule.ZB_H1, Schedule.ZB_H2):
         if kind in kinds and pp >= 2 and m >= kind.min_microbatches(pp):
             out.append((kind, 1))
+    zb_v = Schedule.ZB_V
+    if zb_v in kinds and pp >= 2 and m >= zb_v.min_microbatches(pp) and chunk_split(blocks, 2 * pp):
+        out.append((zb_v, 2))
     return tuple(out)
+
+
+def fixed_chunks(config: ParallelConfig, n_layers: int) -> list[tuple[int, int]] | None:
+    """The one partition the space gives a configuration whose chunks are fixed (interleaved
+    ``v``, and ZB-V: :func:`interleaved_chunks` of ``2 pp`` chunks, two per rank in a V), or
+    None when the partition is searched (1F1B and the single-chunk zero-bubble schedules)."""
+    if config.interleaved or config.schedule.v_shaped:
+        return interleaved_chunks(n_layers, config.pp, config.virtual_stages)
+    return None
 
 
 def families(problem: Problem, options: SpaceOptions) -> Iterator[Family]:

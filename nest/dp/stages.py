@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from nest.core.axes import Axis, GroupKind, LayerKind, Recompute
-from nest.core.plan import ParallelConfig, group_arrays, place
+from nest.core.plan import ParallelConfig, chunk_rank, group_arrays, place
 from nest.core.problem import Problem
 from nest.cost.collectives import p2p_classes, pair_p2p_time_s
 from nest.cost.compute import bwd_collectives, fwd_collectives, hiding_bwd_s, recompute_s
@@ -524,10 +524,29 @@ class StageModel:
             got.flags.writeable = False
         return got
 
+    def v_chunk_terms(self, k: int, mode: Recompute) -> tuple[float, float, float, float, float]:
+        """ZB-V chunk ``k`` in ``mode`` on its rank of the V (:func:`nest.core.plan.chunk_rank`):
+        ``(fwd, bwd, W pass, stored activation bytes, largest transient bytes)``; no hop to a
+        neighbour chunk on the same rank (the V's bottom)."""
+        c, chunks = self.config, self.chunks
+        i, j = chunks[k]
+        r = chunk_rank(k, c.pp, c.schedule)
+        prev = chunk_rank(k - 1, c.pp, c.schedule) if k > 0 else None
+        nxt = chunk_rank(k + 1, c.pp, c.schedule) if k < len(chunks) - 1 else None
+        fwd, bwd = self.chunk_times(
+            r, i, j, mode, None if prev == r else prev, None if nxt == r else nxt
+        )
+        wgrad = float(self.chain.wgrad_s[j + 1] - self.chain.wgrad_s[i])
+        return fwd, bwd, wgrad, self.stored_bytes(i, j, mode), self.chain.peak_bytes[mode][i, j]
+
     def interleaved_rank(self, r: int) -> tuple[float, float, float]:
-        """Interleaved rank ``r`` holding its chunks ``r, r + pp, ...``: ``(DP sync seconds,
-        optimizer-step seconds, model-state bytes)``, fixed by the partition."""
-        ks = range(r, len(self.chunks), self.config.pp)
+        """Interleaved rank ``r`` holding its chunks ``r, r + pp, ...`` (ZB-V: ``r`` and
+        ``2 pp - 1 - r``): ``(DP sync seconds, optimizer-step seconds, model-state bytes)``,
+        fixed by the partition."""
+        pp = self.config.pp
+        ks = (
+            (r, 2 * pp - 1 - r) if self.config.schedule.v_shaped else range(r, len(self.chunks), pp)
+        )
         dense = sum(self.params(r, *self.chunks[k])[2] for k in ks)
         expert = sum(self.params(r, *self.chunks[k])[1] for k in ks)
         sync, opt = self.rank_sync_opt(r, dense, expert)

@@ -283,7 +283,7 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     schedule_issue = _schedule_issue(plan)
     if schedule_issue:
         issues.append(schedule_issue)
-        changes["schedule"] = Schedule.ONE_F_ONE_B
+        changes.update(_schedule_changes(plan, changes.get("recompute", modes)))
     order = placement_order(plan, (DEFAULT_ORDER, TP_PP_DP_ORDER))
     if order is None:
         shown = ",".join(str(a) for a in plan.rank_order) if plan.rank_order else "explicit"
@@ -298,11 +298,25 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
 
 
 def _schedule_issue(plan: Plan) -> str | None:
-    """Why Megatron-LM cannot run the plan's schedule as is (it then runs 1F1B), or None."""
+    """Why Megatron-LM cannot run the plan's schedule as is (it then runs
+    :func:`_schedule_changes`' schedule), or None."""
     if plan.schedule is Schedule.GPIPE:
         return "the GPipe schedule (Megatron runs 1F1B; used 1F1B)"
     if not plan.schedule.splits_backward:
         return None
+    if plan.schedule.v_shaped:
+        looped = plan.num_microbatches % plan.pp == 0
+        used = (
+            "interleaved 1F1B with the same 2 chunks per rank, placed looped"
+            if looped
+            else "1F1B with each pair of consecutive chunks as one stage (interleaving needs "
+            f"num_microbatches({plan.num_microbatches}) divisible by pp({plan.pp}))"
+        )
+        return (
+            "the ZB-V schedule (Megatron-LM has no V placement; the authors' fork "
+            "sail-sg/zero-bubble-pipeline-parallelism runs it with --zero-bubble-v-schedule; "
+            f"used {used})"
+        )
     name, pending = {
         Schedule.ZB_H1: ("ZB-H1", plan.pp),
         Schedule.ZB_H2: ("ZB-H2", 2 * plan.pp),
@@ -312,6 +326,24 @@ def _schedule_issue(plan: Plan) -> str | None:
         "fork sail-sg/zero-bubble-pipeline-parallelism runs it with --enable-zero-bubble "
         f"--zero-bubble-max-pending-backward {pending}; used 1F1B)"
     )
+
+
+def _schedule_changes(plan: Plan, modes) -> dict:
+    """The schedule Megatron-LM runs for a plan it cannot run as is (:func:`_schedule_issue`):
+    1F1B, or for ZB-V the nearest: looped interleaving of the same chunks where Megatron's
+    ``m % pp == 0`` holds, else 1F1B on the chunks merged in consecutive pairs (each pair's
+    first recompute mode: by then one mode holds for every chunk)."""
+    if not plan.schedule.v_shaped:
+        return {"schedule": Schedule.ONE_F_ONE_B}
+    if plan.num_microbatches % plan.pp == 0:
+        return {"schedule": Schedule.INTERLEAVED}
+    counts = [s.last_layer - s.first_layer + 1 for s in plan.stages]
+    return {
+        "schedule": Schedule.ONE_F_ONE_B,
+        "virtual_stages": 1,
+        "layer_counts": [counts[k] + counts[k + 1] for k in range(0, len(counts), 2)],
+        "recompute": list(modes[::2]),
+    }
 
 
 def _partition_args(problem: Problem, plan: Plan) -> list[str]:

@@ -13,7 +13,11 @@ at commit 000204a4a8bf (2025):
   ``Interleaved1F1B``, ``GPipe``; its multi-stage ``InterleavedZeroBubble`` and ``ZBVZeroBubble``
   hold several stages per rank (``InterleavedZeroBubble`` is the paper's ZB1P, by its
   docstring; neither is ZB-H2), and ``torch.distributed.pipelining`` has no single-stage
-  zero-bubble schedule, so a ZB-H1 or ZB-H2 plan is exported as 1F1B with a warning),
+  zero-bubble schedule, so a ZB-H1 or ZB-H2 plan is exported as 1F1B with a warning; a ZB-V
+  plan is exported as ``ZBVZeroBubble`` with its ``2 pp`` chunks as stages: torchtitan places
+  the stages of that schedule in a V, two per rank (``stage_ids_this_rank(..., style="v")``
+  asserts ``stages_per_rank == 2``; pytorch/torchtitan@fb3b230e2a05:
+  torchtitan/distributed/pipeline_parallel.py), as :func:`nest.core.plan.chunk_rank` does),
   ``pipeline_parallel_microbatch_size``; ``[training]``
   ``local_batch_size``, ``global_batch_size``, ``seq_len``; ``[activation_checkpoint]`` ``mode``
   (``none|selective|full``) and ``selective_ac_option``.
@@ -149,6 +153,7 @@ SCHEDULES = {
     Schedule.ONE_F_ONE_B: "1F1B",
     Schedule.INTERLEAVED: "Interleaved1F1B",
     Schedule.GPIPE: "GPipe",
+    Schedule.ZB_V: "ZBVZeroBubble",
 }
 REPLICATE, SHARD, RESHARD = (
     "data_parallel_replicate_degree",
