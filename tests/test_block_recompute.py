@@ -190,6 +190,22 @@ def test_nest_equals_brute_with_every_n_blocks_recompute():
     assert mixed >= 8, mixed
 
 
+def test_nest_equals_brute_with_block_beside_none_only():
+    """Without ``full`` listed, ``k`` still ranges over ``1 .. nb - 1`` beside ``none``."""
+    agreed = mixed = 0
+    for seed in range(24):
+        case = _tight_case(seed)
+        if case is None:
+            continue
+        problem, options = case
+        options = {**options, "recompute": ["none", "block"]}
+        oracle = assert_nest_equals_brute(problem, options, (seed, options))
+        if oracle is not None:
+            agreed += 1
+            mixed += any(s.full_blocks for s in oracle.stages)
+    assert agreed >= 10 and mixed >= 5, (agreed, mixed)
+
+
 def test_nest_equals_brute_when_every_fitting_k_is_offered(monkeypatch):
     """The fallback for a cost model where full recompute could cost less than a base mode
     (:meth:`~nest.dp.stages.StageModel.block_monotone` false: every fitting ``k`` extends the

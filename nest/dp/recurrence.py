@@ -269,13 +269,12 @@ def extending_modes(fitting: list, k: int, zero_bubble: bool, zb_h2: bool = Fals
 
 
 def block_fitting(sm, r, i, j, bases, fitting, fits, rows, common, stats) -> list:
-    """The every-n-blocks options of stage ``r`` holding ``i..j`` that may extend it
-    (module docstring), as ``(t, BlockRecompute, row)``: per base mode that does not fit and
-    is faster than every fitting option, the fewest fully recomputed blocks that fit, or every
-    fitting count where :meth:`~nest.dp.stages.StageModel.block_monotone` fails. ``fits`` and
-    ``rows`` are the caller's per-mode caches (block rows are cached by ``(mode, k)``)."""
-    if sm.block_span(i, j)[1] < 2:
-        return []
+    """The every-n-blocks options of stage ``r`` holding ``i..j`` (two blocks or more) that may
+    extend it (module docstring), as ``(t, BlockRecompute, row)``: per base mode that does not
+    fit and is faster than every fitting option, the fewest fully recomputed blocks that fit,
+    or every fitting count where :meth:`~nest.dp.stages.StageModel.block_monotone` fails.
+    ``fits`` and ``rows`` are the caller's per-mode caches (block rows are cached by
+    ``(mode, k)``)."""
     best = min((t for t, _, _ in fitting), default=float("inf"))
     out = []
     for base in bases:
@@ -389,7 +388,7 @@ def solve_config(
                             common = stage_common(sm, r, i)
                         row = rows[mode] = stage_row(sm, r, i, mode, common)
                     fitting.append((row.time_s[j - i], mode, row))
-                if block_bases and len(sm.modes_for(i, j, modes)) > 1:
+                if block_bases and sm.block_span(i, j)[1] > 1:
                     if common is None:
                         common = stage_common(sm, r, i)
                     fitting += block_fitting(
