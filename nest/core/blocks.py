@@ -202,6 +202,44 @@ def block_tensors(
     return out
 
 
+def dots_inventory(spec: ModelSpec, moe: bool) -> list[tuple[float, str, bool]]:
+    """Stored tensors per token, ``(elements, where, fp8_input)``, of a block under JAX's
+    ``jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims``
+    (:attr:`nest.core.axes.Recompute.DOTS`; MaxText's ``remat_policy: minimal``,
+    ``MaxText/layers/models.py`` at github:AI-Hypercomputer/maxtext@76bd53b0f44caf989c88189afadeb1062f9254f0).
+
+    The policy lets the backward keep the outputs of ``dot_general`` calls without batch
+    dimensions (the weight matmuls; the attention's score and value products have batch and
+    head dimensions, the attention kernel is a custom call) and recompute everything else from
+    the block's input, which the layer scan carries. JAX keeps a saveable value only where the
+    backward reads it: Q, K and V (the attention core's inputs), the MLP's FC1 outputs (the
+    activation's inputs: two with a gate), MLA's down-projection outputs (its latent norms'
+    inputs) and its up-projections' Q, K, V. The outputs of the attention's output projection
+    and of FC2 feed only residual additions, whose backward reads nothing, so they are not
+    kept; the norms' outputs, the attention output and the activation's output are
+    recomputed. A MoE block keeps each routed copy's and the shared experts' FC1 outputs (the
+    caller adds the router's logits)."""
+    h, a = spec.hidden, spec.heads
+    gate = gate_factor(spec)
+    out = [(h, OUTSIDE, False)]  # the block's input (the scan's carry)
+    if spec.attention == "mla":
+        qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+        out += [(a * qk, INSIDE, False), (a * qk, INSIDE, False), (a * spec.v_head_dim, INSIDE, False)]
+        if spec.q_lora_rank:
+            out.append((spec.q_lora_rank, OUTSIDE, False))
+        out.append((spec.kv_lora_rank + spec.qk_rope_head_dim, OUTSIDE, False))
+    else:
+        out += [(a * spec.d_head, INSIDE, False), (spec.kv_dim, INSIDE, False)]
+        out.append((spec.kv_dim, INSIDE, False))
+    if moe:
+        out += [(gate * spec.expert_ffn, INSIDE, False)] * spec.top_k
+        if spec.shared_ffn:
+            out.append((gate * spec.shared_ffn, INSIDE, False))
+    else:
+        out.append((gate * spec.ffn_hidden, INSIDE, False))
+    return out
+
+
 def elementwise_kernels(spec: ModelSpec) -> int:
     """Memory-bound (non-GEMM, non-attention) kernels one block's forward launches, the
     operators of :func:`elementwise_bytes_per_token` each as one kernel: two norms, two residual

@@ -52,6 +52,7 @@ from nest.core.blocks import (
     attention_core,
     attention_linears,
     block_tensors,
+    dots_inventory,
     elementwise_bytes_per_token,
     elementwise_kernels,
     mlp_linears,
@@ -783,6 +784,9 @@ class AnalyticModel:
             return out
 
         kept, kept_mlp = stored(False), stored(True)
+        dots = sum(e * tokens * p / split[where] for e, where, _ in dots_inventory(m, ref.moe))
+        if ref.moe:
+            dots += 4.0 * tokens * m.num_experts / sp_div  # the router's logits (a weight matmul)
         # Attention core: the softmax output (+ dropout mask and output) of every query against
         # every key (the full s x s matrix, masked) unfused; FlashAttention stores only the fp32
         # log-sum-exp per query and head and recomputes the scores in its backward (Dao et al.
@@ -797,6 +801,7 @@ class AnalyticModel:
             Recompute.SELECTIVE_MLP: kept_mlp,
             Recompute.OP: self._op_sac_activations(ref, shard),
             Recompute.FULL: p * hsb / sp_div,
+            Recompute.DOTS: dots,
         }
 
     def _op_sac_activations(self, ref: LayerRef, shard: Shard) -> float:
@@ -1069,6 +1074,9 @@ class AnalyticModel:
             Recompute.SELECTIVE_MLP: (core_s + mlp_s, core_flops + mlp_flops, mlp_coll),
             Recompute.OP: (none_s + op_s, none_flops + op_flops, op_coll),
             Recompute.FULL: (fwd_s + none_s, flops + none_flops, fwd_coll),
+            # the attention core and the memory-bound work (norms, activation) run again; the
+            # weight matmuls' outputs are kept (nest.core.blocks.dots_inventory)
+            Recompute.DOTS: (core_s + ew_s, core_flops, ()),
         }
         dense_params = sharded / t + replicated
         expert_params = (exp_sharded / shard.expert_tp + exp_replicated) / ep if ref.moe else 0.0

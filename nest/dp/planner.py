@@ -91,6 +91,7 @@ LEAST_STORING_FIRST = (
     Recompute.SELECTIVE_MLP,
     Recompute.MLP,
     Recompute.OP,
+    Recompute.DOTS,
     Recompute.SELECTIVE,
     Recompute.NONE,
 )

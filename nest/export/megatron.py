@@ -209,10 +209,11 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
             f"{strongest} everywhere)"
         )
         changes["recompute"] = [strongest] * len(modes)
-    if held and strongest_recompute(plan) is Recompute.OP:
+    if held and strongest_recompute(plan) in (Recompute.OP, Recompute.DOTS):
         issues.append(
-            "recompute op (torchtitan's op-level selective checkpointing; Megatron-Core's "
-            "--recompute-modules names modules, not ops; used full everywhere, which stores less)"
+            f"recompute {strongest_recompute(plan)} (torchtitan's op-level selective "
+            "checkpointing or JAX's dots policy; Megatron-Core's --recompute-modules names "
+            "modules, not ops; used full everywhere, which stores less)"
         )
         changes["recompute"] = [Recompute.FULL] * len(modes)
     if problem.training.numerics.param_gather and plan.zero_stage == 0 and plan.dp * plan.cp > 1:

@@ -262,6 +262,7 @@ class ProfileModel:
                 Recompute.SELECTIVE_MLP: sel_s,
                 Recompute.OP: 0.0,
                 Recompute.FULL: fwd_s,
+                Recompute.DOTS: 0.0,
             },
             recompute_flops={
                 Recompute.NONE: 0.0,
@@ -270,6 +271,7 @@ class ProfileModel:
                 Recompute.SELECTIVE_MLP: 0.0,
                 Recompute.OP: 0.0,
                 Recompute.FULL: flops,
+                Recompute.DOTS: 0.0,
             },
             act_bytes={
                 Recompute.NONE: act_none,
@@ -278,6 +280,7 @@ class ProfileModel:
                 Recompute.SELECTIVE_MLP: act_sel,
                 Recompute.OP: act_none,
                 Recompute.FULL: act_full,
+                Recompute.DOTS: act_none,
             },
             transient_bytes=layer.transient_bytes * k,
             boundary_bytes=layer.boundary_bytes * k,
@@ -290,5 +293,6 @@ class ProfileModel:
                 Recompute.SELECTIVE_MLP: (),
                 Recompute.OP: (),
                 Recompute.FULL: fwd_coll,
+                Recompute.DOTS: (),
             },
         )
