@@ -147,7 +147,7 @@ OUTSIDE, INSIDE = "outside", "inside"
 
 
 def block_tensors(
-    spec: ModelSpec, moe: bool, *, mlp_recomputed: bool = False
+    spec: ModelSpec, moe: bool, *, mlp_recomputed: bool = False, up_recomputed: bool = False
 ) -> list[tuple[float, str, bool]]:
     """Stored tensors per token, ``(elements, where, fp8_input)`` (module docstring), without
     the attention core's (:func:`attention_core`; the caller adds them by kernel) and the
@@ -160,7 +160,14 @@ def block_tensors(
     checkpoints the experts' activation function with output discarding, which drops each
     routed copy's FC2 input (the activation's output) and keeps the FC1 output it is
     recomputed from. The shared experts are not recomputed (Megatron's separate
-    ``shared_experts`` module)."""
+    ``shared_experts`` module).
+
+    ``up_recomputed``: Megatron-Core's ``mla_up_proj`` recompute module
+    (``megatron/core/transformer/multi_latent_attention.py``: the up-projections and RoPE run
+    under ``CheckpointWithoutOutput``, whose outputs are discarded once the attention core has
+    run and recomputed before its backward): an MLA block keeps no Q, K, V (Q only when it has
+    a query latent, ``q_lora_rank``; without one the query projection reads the hidden state);
+    the latents it recomputes them from are kept anyway. Other blocks are unchanged."""
     h, a = spec.hidden, spec.heads
     gate = gate_factor(spec)
     out = [
@@ -172,11 +179,10 @@ def block_tensors(
     if spec.attention == "mla":
         qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
         rq, rkv, rope = spec.q_lora_rank or 0, spec.kv_lora_rank, spec.qk_rope_head_dim
-        out += [
-            (a * qk, INSIDE, False),
-            (a * qk, INSIDE, False),
-            (a * spec.v_head_dim, INSIDE, False),
-        ]
+        if not (up_recomputed and rq):
+            out.append((a * qk, INSIDE, False))  # Q
+        if not up_recomputed:
+            out += [(a * qk, INSIDE, False), (a * spec.v_head_dim, INSIDE, False)]  # K, V
         out.append((a * spec.v_head_dim, INSIDE, True))  # output projection input
         # the latents: the down-projections' outputs on the local tokens (norm inputs), and
         # the gathered, normalised latents every tensor rank's up-projection reads

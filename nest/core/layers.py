@@ -773,9 +773,12 @@ class AnalyticModel:
         fp8 = self.precision.fp8
         split = {OUTSIDE: sp_div, INSIDE: t, REP: 1}
 
-        def stored(mlp_recomputed: bool) -> float:
+        def stored(mlp_recomputed: bool, up_recomputed: bool = False) -> float:
             out = 0.0
-            for elems, where, fp8_input in block_tensors(m, ref.moe, mlp_recomputed=mlp_recomputed):
+            inventory = block_tensors(
+                m, ref.moe, mlp_recomputed=mlp_recomputed, up_recomputed=up_recomputed
+            )
+            for elems, where, fp8_input in inventory:
                 out += elems * tokens * (1 if fp8 and fp8_input else p) / split[where]
             if m.dropout:
                 out += 2 * hsb / sp_div  # the two dropout masks, one byte per element
@@ -802,6 +805,7 @@ class AnalyticModel:
             Recompute.OP: self._op_sac_activations(ref, shard),
             Recompute.FULL: p * hsb / sp_div,
             Recompute.DOTS: dots,
+            Recompute.MLA_UP: stored(False, up_recomputed=True) + core / t,
         }
 
     def _op_sac_activations(self, ref: LayerRef, shard: Shard) -> float:
@@ -1062,6 +1066,9 @@ class AnalyticModel:
         none_flops = 0.5 * core_flops if self.flash_attention else 0.0
         fwd_coll, bwd_coll, mlp_coll = self._block_collectives(ref, shard, device, fwd_of, attn_s)
         mlp_s, mlp_flops = self._mlp_recompute(ref, shard, device, gemms, fwd_of)
+        up = {n: g for n, g in gemms.items() if n in ("q_up", "kv_up")}  # MLA's up-projections
+        up_s = sum(fwd_of[n][0] for n in up) + self._cast_s(up, device)[0] if up else 0.0
+        up_flops = sum(2.0 * mm * n * k * g for mm, n, k, g in up.values())
         op_s, op_flops, op_coll = self._op_sac_recompute(
             ref, shard, device, fwd_of, gemms, fwd_coll, cast_fwd + ew_s + moe_fwd
         )
@@ -1077,6 +1084,7 @@ class AnalyticModel:
             # the attention core and the memory-bound work (norms, activation) run again; the
             # weight matmuls' outputs are kept (nest.core.blocks.dots_inventory)
             Recompute.DOTS: (core_s + ew_s, core_flops, ()),
+            Recompute.MLA_UP: (none_s + up_s, none_flops + up_flops, ()),
         }
         dense_params = sharded / t + replicated
         expert_params = (exp_sharded / shard.expert_tp + exp_replicated) / ep if ref.moe else 0.0

@@ -93,6 +93,7 @@ LEAST_STORING_FIRST = (
     Recompute.OP,
     Recompute.DOTS,
     Recompute.SELECTIVE,
+    Recompute.MLA_UP,
     Recompute.NONE,
 )
 """Recompute modes from the one that stores the least activations (``op`` as it ranks on a

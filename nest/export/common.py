@@ -25,6 +25,7 @@ RECOMPUTED = {
     Recompute.OP: frozenset({"every_second_mm", "elementwise"}),
     Recompute.FULL: frozenset({"core_attn", "mlp", "rest"}),
     Recompute.DOTS: frozenset({"core_attn", "elementwise"}),
+    Recompute.MLA_UP: frozenset({"mla_up_proj"}),
 }
 """What each mode recomputes (``rest``: everything else of the block, full recompute only;
 ``op``: every second matmul and all elementwise work, :func:`nest.core.blocks.op_sac_inventory`;

@@ -351,6 +351,8 @@ def megatron_args(problem: Problem, plan: Plan) -> list[str]:
         args.append("--recompute-granularity selective")
     elif mode in (Recompute.MLP, Recompute.SELECTIVE_MLP):
         args += _recompute_modules_args(problem, mode)
+    elif mode is Recompute.MLA_UP:
+        args += ["--recompute-granularity selective", "--recompute-modules mla_up_proj"]
     elif mode is Recompute.FULL:
         args += [
             "--recompute-granularity full",

@@ -257,10 +257,10 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
         changes["schedule"] = Schedule.ONE_F_ONE_B
     modes = [s.recompute for s in plan.stages]
     strongest = strongest_recompute(plan)
-    if strongest in (Recompute.MLP, Recompute.SELECTIVE_MLP, Recompute.DOTS):
+    if strongest in (Recompute.MLP, Recompute.SELECTIVE_MLP, Recompute.DOTS, Recompute.MLA_UP):
         issues.append(
             f"recompute {strongest} (torchtitan recomputes whole blocks or by its op-level "
-            "policy, not the MLP alone nor by JAX's dots policy; used full everywhere)"
+            "policy, not single modules nor by JAX's dots policy; used full everywhere)"
         )
         changes["recompute"] = [Recompute.FULL] * len(modes)
     elif len(set(modes)) > 1:

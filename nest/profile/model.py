@@ -263,6 +263,7 @@ class ProfileModel:
                 Recompute.OP: 0.0,
                 Recompute.FULL: fwd_s,
                 Recompute.DOTS: 0.0,
+                Recompute.MLA_UP: 0.0,
             },
             recompute_flops={
                 Recompute.NONE: 0.0,
@@ -272,6 +273,7 @@ class ProfileModel:
                 Recompute.OP: 0.0,
                 Recompute.FULL: flops,
                 Recompute.DOTS: 0.0,
+                Recompute.MLA_UP: 0.0,
             },
             act_bytes={
                 Recompute.NONE: act_none,
@@ -281,6 +283,7 @@ class ProfileModel:
                 Recompute.OP: act_none,
                 Recompute.FULL: act_full,
                 Recompute.DOTS: act_none,
+                Recompute.MLA_UP: act_none,
             },
             transient_bytes=layer.transient_bytes * k,
             boundary_bytes=layer.boundary_bytes * k,
@@ -294,5 +297,6 @@ class ProfileModel:
                 Recompute.OP: (),
                 Recompute.FULL: fwd_coll,
                 Recompute.DOTS: (),
+                Recompute.MLA_UP: (),
             },
         )
