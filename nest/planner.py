@@ -250,8 +250,8 @@ RECOMPUTE_MODES = tuple(
 )
 """The recompute modes an infeasible search names as the space to widen to: the default space
 (``nest.dp.space.SpaceOptions.recompute``). ``op``, ``dots`` and ``mla_up_proj`` are opt-in
-(docs/plan/training.md) and never store less than ``full``, so adding them cannot make a plan fit that the default space
-lacks."""
+(docs/plan/training.md) and never store less than ``full``, so adding them cannot make a plan
+fit that the default space lacks."""
 
 
 def _stages_text(stages: Sequence[int]) -> str:

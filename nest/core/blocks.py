@@ -212,7 +212,8 @@ def dots_inventory(spec: ModelSpec, moe: bool) -> list[tuple[float, str, bool]]:
     """Stored tensors per token, ``(elements, where, fp8_input)``, of a block under JAX's
     ``jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims``
     (:attr:`nest.core.axes.Recompute.DOTS`; MaxText's ``remat_policy: minimal``,
-    ``MaxText/layers/models.py`` at github:AI-Hypercomputer/maxtext@76bd53b0f44caf989c88189afadeb1062f9254f0).
+    ``MaxText/layers/models.py`` at
+    github:AI-Hypercomputer/maxtext@76bd53b0f44caf989c88189afadeb1062f9254f0).
 
     The policy lets the backward keep the outputs of ``dot_general`` calls without batch
     dimensions (the weight matmuls; the attention's score and value products have batch and
@@ -230,7 +231,8 @@ def dots_inventory(spec: ModelSpec, moe: bool) -> list[tuple[float, str, bool]]:
     out = [(h, OUTSIDE, False)]  # the block's input (the scan's carry)
     if spec.attention == "mla":
         qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
-        out += [(a * qk, INSIDE, False), (a * qk, INSIDE, False), (a * spec.v_head_dim, INSIDE, False)]
+        out += [(a * qk, INSIDE, False), (a * qk, INSIDE, False)]
+        out.append((a * spec.v_head_dim, INSIDE, False))
         if spec.q_lora_rank:
             out.append((spec.q_lora_rank, OUTSIDE, False))
         out.append((spec.kv_lora_rank + spec.qk_rope_head_dim, OUTSIDE, False))

@@ -887,6 +887,16 @@ class AnalyticModel:
         stream_s = moved / device.achieved_hbm_bw_bytes_per_s + kernels * device.kernel_overhead_s
         return router_f + stream_s, router_b + stream_s
 
+    def _mla_up_recompute(self, device: Device, gemms: dict, fwd_of: dict) -> tuple[float, float]:
+        """(seconds, matmul FLOPs) of ``mla_up_proj``'s recompute: MLA's up-projection GEMMs
+        (``q_up``, ``kv_up``) forward again with their FP8 casts (0 for a block without them);
+        RoPE's elementwise work is left out, as for the other modes."""
+        up = {n: g for n, g in gemms.items() if n in ("q_up", "kv_up")}
+        if not up:
+            return 0.0, 0.0
+        seconds = sum(fwd_of[n][0] for n in up) + self._cast_s(up, device)[0]
+        return seconds, sum(2.0 * mm * n * k * g for mm, n, k, g in up.values())
+
     def _mlp_recompute(
         self, ref: LayerRef, shard: Shard, device: Device, gemms: dict, fwd_of: dict
     ) -> tuple[float, float]:
@@ -1066,9 +1076,7 @@ class AnalyticModel:
         none_flops = 0.5 * core_flops if self.flash_attention else 0.0
         fwd_coll, bwd_coll, mlp_coll = self._block_collectives(ref, shard, device, fwd_of, attn_s)
         mlp_s, mlp_flops = self._mlp_recompute(ref, shard, device, gemms, fwd_of)
-        up = {n: g for n, g in gemms.items() if n in ("q_up", "kv_up")}  # MLA's up-projections
-        up_s = sum(fwd_of[n][0] for n in up) + self._cast_s(up, device)[0] if up else 0.0
-        up_flops = sum(2.0 * mm * n * k * g for mm, n, k, g in up.values())
+        up_s, up_flops = self._mla_up_recompute(device, gemms, fwd_of)
         op_s, op_flops, op_coll = self._op_sac_recompute(
             ref, shard, device, fwd_of, gemms, fwd_coll, cast_fwd + ew_s + moe_fwd
         )
