@@ -1,6 +1,7 @@
-"""The ``dots`` recompute mode: JAX's ``jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims``
-(MaxText's ``remat_policy: minimal``): its inventory on MaxText's shapes, its place between the
-other modes, the search's exactness with it, and the exports."""
+"""The opt-in recompute modes of published runs: ``dots`` (JAX's
+``checkpoint_dots_with_no_batch_dims``, MaxText's ``remat_policy: minimal``: its inventory on
+MaxText's shapes, its place between the other modes, the search's exactness with it, the
+exports) and ``mla_up_proj`` (Megatron-Core's module, dgxc-benchmarking's DeepSeek-V3)."""
 
 import pytest
 
@@ -104,3 +105,67 @@ def test_exports_of_dots():
         exp = export_plan(problem, plan, target)
         assert exp.exported_plan["recompute"] == ["full", "full"], target
         assert any("recompute dots" in w and "used full" in w for w in exp.warnings), target
+
+
+# DeepSeek-V3's attention (conf/model/deepseek_v3, the Hugging Face config.json): hidden 7168,
+# 128 heads, q_lora_rank 1536, kv_lora_rank 512, qk_nope 128, qk_rope 64, v 128; dense blocks.
+DSV3_MLA = dict(
+    name="mla",
+    hidden=7168,
+    layers=2,
+    heads=128,
+    ffn_hidden=18432,
+    vocab=129280,
+    seq_len=4096,
+    attention="mla",
+    q_lora_rank=1536,
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    activation="swiglu",
+    norm="rmsnorm",
+    bias=False,
+    position="rope",
+    dropout=False,
+)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_mla_up_proj_drops_q_k_v_and_reruns_the_up_projections(tp):
+    """Megatron-Core's ``mla_up_proj`` recompute module (``multi_latent_attention.py``: the
+    up-projections and RoPE under ``CheckpointWithoutOutput``, discarded after the attention
+    core): a DeepSeek-V3 block keeps no Q, K (``128 x 192`` each) nor V (``128 x 128``), bf16,
+    split over ``t``, 4,096 tokens; the backward reruns ``q_up`` (``1536 -> 128 x 192``) and
+    ``kv_up`` (``512 -> 128 x (128 + 128)``): ``2 x tokens x (1536 x 24576 + 512 x 32768) / t``
+    FLOPs more than ``none``."""
+    spec = ModelSpec(**DSV3_MLA)
+    cost = block_cost(spec, Shard(tp=tp, sp=tp > 1))
+    tokens = 4096
+    act, flops = cost.act_bytes, cost.recompute_flops
+    dropped = 2 * (2 * 128 * 192 + 128 * 128) * tokens / tp
+    assert act[Recompute.NONE] - act[Recompute.MLA_UP] == pytest.approx(dropped, rel=1e-12)
+    rerun = 2 * tokens * (1536 * 128 * 192 + 512 * 128 * 256) / tp
+    assert flops[Recompute.MLA_UP] - flops[Recompute.NONE] == pytest.approx(rerun, rel=1e-12)
+    assert cost.recompute_s[Recompute.MLA_UP] > cost.recompute_s[Recompute.NONE]
+
+
+def test_mla_up_proj_is_none_on_other_blocks():
+    """A block without MLA has nothing for ``mla_up_proj`` to recompute: it stores and reruns
+    what ``none`` does."""
+    cost = block_cost(ModelSpec(**LLAMA3_8B), Shard(tp=2, sp=True))
+    assert cost.act_bytes[Recompute.MLA_UP] == cost.act_bytes[Recompute.NONE]
+    assert cost.recompute_s[Recompute.MLA_UP] == cost.recompute_s[Recompute.NONE]
+
+
+def test_megatron_exports_mla_up_proj_as_its_recompute_module():
+    """``mla_up_proj`` is a Megatron-Core module: ``--recompute-granularity selective
+    --recompute-modules mla_up_proj`` (``TransformerConfig.recompute_modules``), no warning."""
+    mla = dict(attention="mla", q_lora_rank=64, kv_lora_rank=32)
+    problem = _dense_problem(qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, **mla)
+    plan = FixedPlanner(tp=1, pp=2, dp=4, microbatch_size=1, recompute="mla_up_proj").solve(problem)
+    exp = export_plan(problem, plan, "megatron")
+    assert exp.exported_plan["recompute"] == ["mla_up_proj", "mla_up_proj"]
+    assert "--recompute-granularity selective" in exp.text
+    assert "--recompute-modules mla_up_proj" in exp.text
+    assert not any("used full" in w for w in exp.warnings)
