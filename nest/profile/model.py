@@ -29,7 +29,8 @@ answers them from measurements. The semantics:
   keeps only each layer's input), and one more forward pass (``fwd_s``, its FLOPs ``fwd_flops``).
   mlp and selective_mlp: a profile does not measure the MLP's share, so ``mlp`` equals none and
   ``selective_mlp`` equals selective (no saving, no cost); nor the op-level share, so ``op``
-  equals none.
+  equals none, nor what JAX's dots policy or MLA's up-projections keep, so ``dots`` and
+  ``mla_up_proj`` equal none.
 - **Microbatch size.** The measurement at the requested microbatch size when there is one; else
   (``microbatch_scaling: linear``) the nearest measured one (largest below, else smallest above)
   scaled linearly (times, activations, boundary, transient and FLOPs x ``b / b0``; parameters
