@@ -245,10 +245,13 @@ def check_memory_floor(problem: Problem, planner_name: str, offload: bool = Fals
 
 
 ZERO_STAGES = (0, 1, 2, 3)
-RECOMPUTE_MODES = tuple(r.value for r in Recompute if r is not Recompute.OP)
+RECOMPUTE_MODES = tuple(
+    r.value for r in Recompute if r not in (Recompute.OP, Recompute.DOTS, Recompute.MLA_UP)
+)
 """The recompute modes an infeasible search names as the space to widen to: the default space
-(``nest.dp.space.SpaceOptions.recompute``). ``op`` is opt-in (docs/plan/training.md) and never
-stores less than ``full``, so adding it cannot make a plan fit that the default space lacks."""
+(``nest.dp.space.SpaceOptions.recompute``). ``op``, ``dots`` and ``mla_up_proj`` are opt-in
+(docs/plan/training.md) and never store less than ``full``, so adding them cannot make a plan
+fit that the default space lacks."""
 
 
 def _stages_text(stages: Sequence[int]) -> str:

@@ -54,7 +54,7 @@ def test_the_in_step_share_is_the_calibrated_rate_over_h100s_ceiling():
     ceiling, as the preset stores it (one ceiling, two places)."""
     for preset in CALIBRATED_PRESETS:
         assert float(device_config(preset)["gemm_ceiling"]) == H100_GEMM_CEILING
-    assert IN_STEP_SHARE_OF_CEILING == pytest.approx(CALIBRATED_MATMUL_EFFICIENCY / 0.803, rel=1e-9)
+    assert pytest.approx(CALIBRATED_MATMUL_EFFICIENCY / 0.803, rel=1e-9) == IN_STEP_SHARE_OF_CEILING
     assert 0.0 < IN_STEP_SHARE_OF_CEILING < 1.0
 
 

@@ -180,6 +180,7 @@ def test_llama3_8b_on_h100_takes_op_where_it_beats_mlp_and_full():
     space = dict(tp=[1], cp=[1], pp=[1], zero_stages=[0, 1])
     without = NestPlanner(**space).solve(problem)
     old = NestPlanner(**space, recompute=["none", "selective", "full"]).solve(problem)
-    with_op = NestPlanner(**space, recompute=[r.value for r in Recompute]).solve(problem)
+    modes = [r.value for r in Recompute if r is not Recompute.DOTS]  # JAX's: its own tests
+    with_op = NestPlanner(**space, recompute=modes).solve(problem)
     assert {s.recompute for s in with_op.stages} == {Recompute.OP}
     assert with_op.objective_s < without.objective_s < old.objective_s

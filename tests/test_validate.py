@@ -16,30 +16,65 @@ CASES = ROOT / "experiments" / "validation" / "cases.csv"
 VISIBLE = ROOT.parent / "shared" / "validation" / "visible.csv"
 
 
+def _unmet(target: str, now: str, why: str):
+    return pytest.mark.xfail(strict=True, reason=f"target {target}; now {now}: {why}")
+
+
 @pytest.fixture(scope="module")
 def summary():
     return validate.run(CASES, None, echo=lambda _: None)
 
 
 def test_every_case_is_predicted_and_fits(summary):
-    """The configurations ran for real, so the memory model must let them fit: every case but
-    DeepSpeed's ZeRO-3 530B run on 640 GPUs with microbatch 4 (SC21 Table 2), whose memory use
-    DeepSpeed cuts with means the row cannot state (e.g. activation offloading), and
-    Megatron-Bridge 25.11's Qwen3-30B-A3B on 16 H100 (PP2 VP24, microbatch 2, FP8), which the
-    memory model puts 8 GiB over, dgxc-benchmarking's DeepSeek-V3 on 512 H100 (TP2 PP8 EP64 with
-    etp 1, BF16), which it puts 4.9 GiB over, and Megatron-Bridge 25.11's two Llama 3.1 405B runs on
-    Blackwell (256 GB200 TP4 PP16 VP4, 128 B200 TP4 PP8 CP2 VP8, FP8), which it puts 13 and
-    4 GiB over, and MaxText's five TPU v5p configurations with ``remat_policy=minimal`` (scored
-    as selective recompute at microbatches of 16-32), each on one slice and on two, which it puts
-    31-59 GiB over (the two-slice run holds what the one-slice run does: the state is sharded
-    within a slice either way): MaxText keeps only the weight GEMMs' outputs, fewer bytes than
-    the Megatron activation terms count. Every case is predicted: the 8 MoE runs whose experts
-    ran with etp 1 under tp > 1 (Megatron-Core's MoE parallel folding) and the 28 multislice
-    MaxText runs (ZeRO-3 within a slice, data parallel across slices: hybrid sharding)
-    included."""
+    """The configurations ran for real, so the memory model must let them fit, and it does for
+    every time row: DeepSpeed's ZeRO-3 530B run on 640 GPUs (SC21 Table 2) and the two
+    Megatron-Bridge 405B runs on Blackwell fit on the memory CUDA exposes (79.3 GiB of an A100
+    80GB, 178.4 of a B200, 187.3 of a GB200: conf/device), Megatron-Bridge 25.11's FP8 rows
+    with the FP8 primary weights its recipes set (Qwen3-30B-A3B on 16 H100 was 8 GiB over
+    without them), dgxc-benchmarking's DeepSeek-V3 on 512 H100 with the ``mla_up_proj``
+    recompute its launch script sets, MaxText's ten ``remat_policy=minimal`` runs on TPU v5p
+    with JAX's dots policy (``recompute=dots``; scored as Megatron's selective they were 31-59
+    GiB over). Every case is predicted: the 8 MoE runs whose experts ran with etp 1 under
+    tp > 1 (Megatron-Core's MoE parallel folding) and the 28 multislice MaxText runs (ZeRO-3
+    within a slice, data parallel across slices: hybrid sharding) included."""
     assert summary["cases"] == 199
     assert summary["predicted"] == 199
-    assert summary["out_of_memory"] == 15
+    assert summary["out_of_memory"] == 0
+
+
+OUT_OF_MEMORY_WHY = {  # (source, case): why the memory model calls this published run OOM
+    (
+        "DeepSpeed_issue5305_memory",
+        "dp2 + tp4, no recompute: 45.0 G (github:deepspeedai/DeepSpeed#5305)",
+    ): (
+        "the row lacks what the run kept: Megatron TP4 without recompute at 32,768 tokens keeps "
+        "66 GiB of activations by Korthikanti et al.'s inventory without sequence parallelism "
+        "(58.6 GiB in all with it, still above the 45 G measured in all); the issue states "
+        "neither sequence parallelism nor the ZeRO stage, so no setting is picked to fit"
+    ),
+}
+"""The published runs the memory model still calls out of memory, over every row (time and
+memory): 16 of 212 before issue 23's fixes (15 time rows, 1 memory row), 1 now."""
+
+
+def test_published_runs_called_out_of_memory_are_the_pinned_ones(summary):
+    """``nest.validate``'s fits verdict over all rows (``fits_verdict``): every row has one, and
+    the runs it calls out of memory are exactly those of OUT_OF_MEMORY_WHY, each with its
+    shortfall in the note."""
+    verdict = summary["fits_verdict"]
+    assert verdict["runs"] == 199 + summary["memory"]["n"] == 212
+    called = {(r["source"], r["case"]) for r in verdict["out_of_memory"]}
+    assert called == set(OUT_OF_MEMORY_WHY)
+    assert all("GiB short" in r["note"] for r in verdict["out_of_memory"])
+
+
+@_unmet(
+    "every published run fits",
+    f"{len(OUT_OF_MEMORY_WHY)} of 212 called out of memory",
+    "; ".join(OUT_OF_MEMORY_WHY.values()),
+)
+def test_accuracy_every_published_run_fits(summary):
+    assert not summary["fits_verdict"]["out_of_memory"]
 
 
 HYBRID = {  # source: multislice rows, ZeRO-3 sharded within a slice, replicated across slices
@@ -113,10 +148,6 @@ ORIGINAL = (SC21_T1, MEGATRON, LLAMA3, SC21_T2, AUTOMODEL)
 """The sources of the BF16 cost model (v2), before FP8 and the new shapes."""
 
 
-def _unmet(target: str, now: str, why: str):
-    return pytest.mark.xfail(strict=True, reason=f"target {target}; now {now}: {why}")
-
-
 LLAMA3_WHY = (
     "run as 1F1B since the paper's interleaving depth is unpublished, the 16-stage bubble the "
     "real schedule does not have under-predicts every row"
@@ -136,7 +167,7 @@ DSV3_WHY = (
     "TP1 PP8 VP2 EP64 on 1024 H100 predicted 60 % slow (the EP-64 exchange priced as a plain "
     "all-to-all: the rows do not state their dispatcher; priced as DeepEP the three rows read "
     "-25, -19 and +28 %, no better ranked); the two "
-    "folded rows (TP2 EP64 etp 1) -7.7 % (512 GPUs, 4.9 GiB over memory) and -1.1 % (1024)"
+    "folded rows (TP2 EP64 etp 1, mla_up_proj recompute) -6.9 % (512 GPUs) and -0.5 % (1024)"
 )
 MOEZOO_WHY = (
     "Megatron-Core FSDP row (TP2 EP8 DP128 ZeRO-3, full recompute) +26 %, cross-node EP32 rows "
@@ -157,7 +188,9 @@ BLACKWELL_WHY = (
     "the microbatch-4 recipe 27,136 in 26.04.01, predicted +19 %; no published host time per "
     "MoE layer to charge: docs/trust/fidelity.md, fine-grained small MoE); Qwen3-30B-A3B at "
     "microbatch 4 on GB200 +39 % (-19 % against the same layout's 40,706 in 26.06), "
-    "DeepSeek-V3 +17 %; the 8B, 405B and Qwen3-235B BF16 rows -4 to +9 %"
+    "DeepSeek-V3 +17 %, Llama 3.1 405B on 128 B200 +10.6 % (with the FP8 primary weights the "
+    "25.11 recipes set: one-byte weight gathers, no per-iteration weight cast); the 8B, 405B "
+    "on GB200 and Qwen3-235B BF16 rows -4 to +3 %"
 )
 MI355X_WHY = (
     "Llama 3.1 8B FP8 on 8 MI355X predicted 12.0 % slower than the MLPerf run at the derived "
@@ -171,12 +204,11 @@ TPU_WHY = (
     "the ici_tensor rows' TP collectives are charged as exposed"
 )
 MBRIDGE_WHY = (
-    "Qwen3-30B-A3B PP2 VP24 (25.11, dropless) predicted at 2.31x the measured throughput (and "
-    "8 GiB over memory): the same layout printed 10,494 tokens/s with capacity-padded "
-    "token-drop in 25.09 (predicted +16 %) and PP2 VP12 went from 5,113 to 9,058 between 26.02 "
-    "and 26.02.01, a release's host-bound MoE layer (docs/trust/fidelity.md, fine-grained small "
-    "MoE); the PP1 EP16 run (26.06) 14.1 % slow, the folded Qwen3-235B run (25.11, TP2 EP32 "
-    "etp 1) 13.7 % slow"
+    "Qwen3-30B-A3B PP2 VP24 (25.11, dropless) predicted at 2.31x the measured throughput: the "
+    "same layout printed 10,494 tokens/s with capacity-padded token-drop in 25.09 (predicted "
+    "+16 %) and PP2 VP12 went from 5,113 to 9,058 between 26.02 and 26.02.01, a release's "
+    "host-bound MoE layer (docs/trust/fidelity.md, fine-grained small MoE); the PP1 EP16 run "
+    "(26.06) 14.1 % slow, the folded Qwen3-235B run (25.11, TP2 EP32 etp 1) 13.7 % slow"
 )
 
 
@@ -193,9 +225,9 @@ MBRIDGE_WHY = (
         pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "14.1 %", MBRIDGE_WHY)),
         pytest.param(MOEZOO, marks=_unmet("source median <= 10 %", "23.0 %", MOEZOO_WHY)),
         GB200_PAIRS,
-        BLACKWELL,
+        pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "10.6 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "24.3 %", TPU_WHY)),
-        pytest.param(TPU_V5P, marks=_unmet("source median <= 10 %", "20.4 %", TPU_WHY)),
+        pytest.param(TPU_V5P, marks=_unmet("source median <= 10 %", "20.7 %", TPU_WHY)),
         pytest.param(MI355X, marks=_unmet("source median <= 10 %", "12.0 %", MI355X_WHY)),
         TORCHTITAN,
     ],
@@ -268,15 +300,15 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 def test_regression_split_errors_pin_the_current_model(summary):
     """Pins (not accuracy): calibration rows median 2.4 % / max 15.4 %; held-out rows median
-    9.4 % / max 239 %."""
+    9.5 % / max 239 %."""
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
     assert cal["median_abs_error"] == pytest.approx(0.024, abs=0.005)
     assert cal["max_abs_error"] == pytest.approx(0.154, abs=0.005)
-    assert held["median_abs_error"] == pytest.approx(0.094, abs=0.005)
+    assert held["median_abs_error"] == pytest.approx(0.095, abs=0.005)
     assert held["max_abs_error"] == pytest.approx(2.389, abs=0.005)
 
 
-@_unmet("held-out median <= 5 % (issue 22)", "9.4 %", HELD_OUT_WHY)
+@_unmet("held-out median <= 5 % (issue 22)", "9.5 %", HELD_OUT_WHY)
 def test_accuracy_held_out_median_within_5_percent(summary):
     assert summary["held_out_targets_met"]["median_abs_error"]
 
@@ -335,13 +367,13 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     SC21_T2: (12, 0.152, 2.081, 0.087),
     AUTOMODEL: (1, 0.058, 0.058, 0.058),
     PAIRS: (30, 0.039, 0.211, 0.015),
-    DSV3: (3, 0.077, 0.595, -0.011),
+    DSV3: (3, 0.070, 0.595, -0.005),
     MBRIDGE: (3, 0.141, 1.305, -0.137),
     MOEZOO: (5, 0.230, 0.455, -0.089),
     GB200_PAIRS: (30, 0.043, 0.196, -0.043),
-    BLACKWELL: (9, 0.091, 2.389, 0.091),
+    BLACKWELL: (9, 0.106, 2.389, 0.106),
     TPU_V5E: (24, 0.243, 0.350, -0.243),
-    TPU_V5P: (16, 0.204, 0.441, -0.204),
+    TPU_V5P: (16, 0.207, 0.441, -0.207),
     MI355X: (1, 0.120, 0.120, -0.120),
     TORCHTITAN: (5, 0.078, 0.091, 0.078),
 }
@@ -824,7 +856,7 @@ def test_accuracy_fp8_speedup_within_a_tenth_on_every_pair(pairs, label):
 FP8_GROUPS = {  # machine: (its sources, FP8 rows, median |error| today)
     "H100": ((PAIRS, MBRIDGE), 18, 0.049),
     "GB200 dgxc": ((GB200_PAIRS,), 15, 0.099),
-    "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.129),
+    "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.139),
     "MI355X MLPerf": ((MI355X,), 1, 0.120),
 }
 
@@ -843,7 +875,7 @@ def _fp8_median(summary, group: str) -> float:
         "GB200 dgxc",
         pytest.param(
             "B200/GB200 Megatron-Bridge",
-            marks=_unmet("FP8 median <= 10 %", "12.9 %", BLACKWELL_WHY),
+            marks=_unmet("FP8 median <= 10 %", "13.9 %", BLACKWELL_WHY),
         ),
         pytest.param("MI355X MLPerf", marks=_unmet("FP8 median <= 10 %", "12.0 %", MI355X_WHY)),
     ],

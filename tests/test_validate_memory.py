@@ -99,9 +99,11 @@ TORCHTITAN_WHY = (
 )
 DEEPSPEED_WHY = (
     "the issue states neither which memory figure it gives nor the TP rows' ZeRO stage or "
-    "sequence parallelism; DeepSpeed's ZeRO-3 measured above ZeRO-2 (its bucket and prefetch "
-    "buffers are not modelled) and the TP run without recompute ran in 45 G where the "
-    "Korthikanti inventory without sequence parallelism needs 66 GiB of activations"
+    "sequence parallelism; DeepSpeed's ZeRO-3 measured above ZeRO-2 (+9.0 GiB with recompute, "
+    "+12.9 without; modelled -10.7 and -11.1: about 20 GiB of stage-3 runtime buffers, its "
+    "live-parameter cache and buckets, are not modelled, so the Ulysses ZeRO-3 rows read -56 "
+    "and -28 %) and the TP run without recompute ran in 45 G where the Korthikanti inventory "
+    "without sequence parallelism needs 66 GiB of activations"
 )
 
 
@@ -110,7 +112,7 @@ DEEPSPEED_WHY = (
     [
         pytest.param(TORCHTITAN, 0.095, 0.260),  # met since its selective-AC rows run op
         pytest.param(
-            DEEPSPEED, 0.257, 0.974, marks=_unmet("median <= 10 %", "25.7 %", DEEPSPEED_WHY)
+            DEEPSPEED, 0.252, 0.980, marks=_unmet("median <= 10 %", "25.2 %", DEEPSPEED_WHY)
         ),
     ],
 )
@@ -120,7 +122,7 @@ def test_accuracy_memory_median_within_10_percent_per_source(memory, source, med
 
 @pytest.mark.xfail(
     strict=True,
-    reason=f"target max <= 20 %; now 97.4 %: {DEEPSPEED_WHY}; torchtitan: {TORCHTITAN_WHY}",
+    reason=f"target max <= 20 %; now 98.0 %: {DEEPSPEED_WHY}; torchtitan: {TORCHTITAN_WHY}",
 )
 def test_accuracy_memory_max_within_20_percent(memory):
     assert memory["max_abs_error"] <= 0.20
@@ -133,7 +135,7 @@ def test_accuracy_every_measured_run_fits(memory):
 
 CURRENT = {  # source: (n, median |error|, max |error|, median signed error, verdict right)
     TORCHTITAN: (7, 0.095, 0.260, -0.095, 7),
-    DEEPSPEED: (6, 0.257, 0.974, -0.098, 5),
+    DEEPSPEED: (6, 0.252, 0.980, -0.091, 5),
 }
 
 

@@ -45,6 +45,8 @@ Measured peak memory: ``peak_memory_allocated`` (``torch.cuda.max_memory_allocat
 ``" (rank k)"`` for one pipeline rank, with ``unit`` GiB, GB, MiB or MB; each is modelled from the
 evaluator's per-device total (:func:`predicted_memory_bytes`). These rows are summarised apart
 from the time rows (:func:`memory_summary`), with the fits verdict: a run that ran must fit.
+The verdict is also taken over every row, time and memory alike (:func:`out_of_memory_runs`):
+the summary counts and names the published runs the memory model calls out of memory.
 
 The GPU: ``gpu`` must be one of the names in :data:`GPUS` exactly (an unknown name is a one-line
 error listing them, never the nearest preset), or the row names its own device preset in
@@ -759,10 +761,26 @@ def memory_summary(outcomes: list[Outcome]) -> dict:
     }
 
 
+def out_of_memory_runs(outcomes: list[Outcome]) -> dict:
+    """The fits verdict over every predicted row, time and memory alike: each is a published run
+    that ran, so the memory model is wrong on every one it calls out of memory (``feasible``
+    False). ``runs``: the rows with a verdict; ``out_of_memory``: ``{"source", "case",
+    "note"}`` of each run called out of memory, in file order."""
+    judged = [o for o in outcomes if o.feasible is not None]
+    wrong = [o for o in judged if not o.feasible]
+    return {
+        "runs": len(judged),
+        "out_of_memory": [
+            {"source": o.row["source"], "case": o.row["case"], "note": o.note} for o in wrong
+        ],
+    }
+
+
 def summarise(outcomes: list[Outcome]) -> dict:
     """Totals, per source, per split (:data:`CALIBRATION_SPLIT`) and per source and split,
     the held-out targets (:data:`TARGETS`), the sweeps and the precision pairs."""
     memory = memory_summary(outcomes)
+    verdict = out_of_memory_runs(outcomes)
     outcomes = [o for o in outcomes if not is_memory_metric(o.metric)]
     errors = [abs(o.error) for o in outcomes if o.error is not None]
     by_source: dict[str, list[float]] = {}
@@ -790,6 +808,7 @@ def summarise(outcomes: list[Outcome]) -> dict:
     )
     return {
         "memory": memory,
+        "fits_verdict": verdict,
         "sweeps": sweeps(outcomes),
         "precision_pairs": precision_pairs(outcomes),
         "fp8_cases": len(fp8),
@@ -862,6 +881,13 @@ def _echo_summary(summary: dict, echo) -> None:
         f"\n{summary['predicted']} of {summary['cases']} cases predicted; {errors}; "
         f"{summary['out_of_memory']} cases the memory model says would not fit"
     )
+    verdict = summary["fits_verdict"]
+    echo(
+        f"fits verdict over all {verdict['runs']} published runs (time and memory rows): the "
+        f"memory model calls {len(verdict['out_of_memory'])} out of memory"
+    )
+    for run_ in verdict["out_of_memory"]:
+        echo(f"  {run_['source']}: {run_['case'][:60]}: {run_['note']}")
     echo(
         f"calibration split: {CALIBRATION_SPLIT.source} precision {CALIBRATION_SPLIT.precision} "
         "(python -m nest.calibrate fits matmul_efficiency on it; every other row is held out)"

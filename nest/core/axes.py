@@ -28,7 +28,11 @@ class Recompute(StrEnum):
     modes are Megatron-Core's ``--recompute-modules``, ``megatron/training/arguments.py``;
     ``op`` is torchtitan's op-level selective checkpointing, ``activation_checkpoint.mode =
     "selective"`` with ``selective_ac_option = "op"``, its default: the policy and what it
-    stores are :func:`nest.core.blocks.op_sac_inventory`)."""
+    stores are :func:`nest.core.blocks.op_sac_inventory`; ``dots`` is JAX's
+    ``jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims``, MaxText's
+    ``remat_policy=minimal``: what it stores is :func:`nest.core.blocks.dots_inventory`;
+    ``mla_up_proj`` is Megatron-Core's ``--recompute-modules mla_up_proj``: what it drops,
+    :func:`nest.core.blocks.block_tensors` with ``up_recomputed``)."""
 
     NONE = "none"
     SELECTIVE = "selective"  # recompute the attention core (softmax, dropout, attention over V)
@@ -36,6 +40,8 @@ class Recompute(StrEnum):
     SELECTIVE_MLP = "selective_mlp"  # both of the above
     OP = "op"  # keep the outputs of every other matmul and of attention; recompute the rest
     FULL = "full"  # keep only each layer's input; recompute its forward in the backward pass
+    DOTS = "dots"  # keep the input and the weight matmuls' outputs; recompute the rest (JAX)
+    MLA_UP = "mla_up_proj"  # recompute MLA's Q/K/V up-projections and RoPE (none on other blocks)
 
 
 BLOCK_RECOMPUTE = "block"

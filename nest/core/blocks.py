@@ -147,7 +147,7 @@ OUTSIDE, INSIDE = "outside", "inside"
 
 
 def block_tensors(
-    spec: ModelSpec, moe: bool, *, mlp_recomputed: bool = False
+    spec: ModelSpec, moe: bool, *, mlp_recomputed: bool = False, up_recomputed: bool = False
 ) -> list[tuple[float, str, bool]]:
     """Stored tensors per token, ``(elements, where, fp8_input)`` (module docstring), without
     the attention core's (:func:`attention_core`; the caller adds them by kernel) and the
@@ -160,7 +160,14 @@ def block_tensors(
     checkpoints the experts' activation function with output discarding, which drops each
     routed copy's FC2 input (the activation's output) and keeps the FC1 output it is
     recomputed from. The shared experts are not recomputed (Megatron's separate
-    ``shared_experts`` module)."""
+    ``shared_experts`` module).
+
+    ``up_recomputed``: Megatron-Core's ``mla_up_proj`` recompute module
+    (``megatron/core/transformer/multi_latent_attention.py``: the up-projections and RoPE run
+    under ``CheckpointWithoutOutput``, whose outputs are discarded once the attention core has
+    run and recomputed before its backward): an MLA block keeps no Q, K, V (Q only when it has
+    a query latent, ``q_lora_rank``; without one the query projection reads the hidden state);
+    the latents it recomputes them from are kept anyway. Other blocks are unchanged."""
     h, a = spec.hidden, spec.heads
     gate = gate_factor(spec)
     out = [
@@ -172,11 +179,10 @@ def block_tensors(
     if spec.attention == "mla":
         qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
         rq, rkv, rope = spec.q_lora_rank or 0, spec.kv_lora_rank, spec.qk_rope_head_dim
-        out += [
-            (a * qk, INSIDE, False),
-            (a * qk, INSIDE, False),
-            (a * spec.v_head_dim, INSIDE, False),
-        ]
+        if not (up_recomputed and rq):
+            out.append((a * qk, INSIDE, False))  # Q
+        if not up_recomputed:
+            out += [(a * qk, INSIDE, False), (a * spec.v_head_dim, INSIDE, False)]  # K, V
         out.append((a * spec.v_head_dim, INSIDE, True))  # output projection input
         # the latents: the down-projections' outputs on the local tokens (norm inputs), and
         # the gathered, normalised latents every tensor rank's up-projection reads
@@ -199,6 +205,46 @@ def block_tensors(
     elif not mlp_recomputed:
         f = spec.ffn_hidden
         out += [(gate * f, INSIDE, False), (f, INSIDE, True)]  # FC1 output, FC2 input
+    return out
+
+
+def dots_inventory(spec: ModelSpec, moe: bool) -> list[tuple[float, str, bool]]:
+    """Stored tensors per token, ``(elements, where, fp8_input)``, of a block under JAX's
+    ``jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims``
+    (:attr:`nest.core.axes.Recompute.DOTS`; MaxText's ``remat_policy: minimal``,
+    ``MaxText/layers/models.py`` at
+    github:AI-Hypercomputer/maxtext@76bd53b0f44caf989c88189afadeb1062f9254f0).
+
+    The policy lets the backward keep the outputs of ``dot_general`` calls without batch
+    dimensions (the weight matmuls; the attention's score and value products have batch and
+    head dimensions, the attention kernel is a custom call) and recompute everything else from
+    the block's input, which the layer scan carries. JAX keeps a saveable value only where the
+    backward reads it: Q, K and V (the attention core's inputs), the MLP's FC1 outputs (the
+    activation's inputs: two with a gate), MLA's down-projection outputs (its latent norms'
+    inputs) and its up-projections' Q, K, V. The outputs of the attention's output projection
+    and of FC2 feed only residual additions, whose backward reads nothing, so they are not
+    kept; the norms' outputs, the attention output and the activation's output are
+    recomputed. A MoE block keeps each routed copy's and the shared experts' FC1 outputs (the
+    caller adds the router's logits)."""
+    h, a = spec.hidden, spec.heads
+    gate = gate_factor(spec)
+    out = [(h, OUTSIDE, False)]  # the block's input (the scan's carry)
+    if spec.attention == "mla":
+        qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+        out += [(a * qk, INSIDE, False), (a * qk, INSIDE, False)]
+        out.append((a * spec.v_head_dim, INSIDE, False))
+        if spec.q_lora_rank:
+            out.append((spec.q_lora_rank, OUTSIDE, False))
+        out.append((spec.kv_lora_rank + spec.qk_rope_head_dim, OUTSIDE, False))
+    else:
+        out += [(a * spec.d_head, INSIDE, False), (spec.kv_dim, INSIDE, False)]
+        out.append((spec.kv_dim, INSIDE, False))
+    if moe:
+        out += [(gate * spec.expert_ffn, INSIDE, False)] * spec.top_k
+        if spec.shared_ffn:
+            out.append((gate * spec.shared_ffn, INSIDE, False))
+    else:
+        out.append((gate * spec.ffn_hidden, INSIDE, False))
     return out
 
 

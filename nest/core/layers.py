@@ -52,6 +52,7 @@ from nest.core.blocks import (
     attention_core,
     attention_linears,
     block_tensors,
+    dots_inventory,
     elementwise_bytes_per_token,
     elementwise_kernels,
     mlp_linears,
@@ -772,9 +773,12 @@ class AnalyticModel:
         fp8 = self.precision.fp8
         split = {OUTSIDE: sp_div, INSIDE: t, REP: 1}
 
-        def stored(mlp_recomputed: bool) -> float:
+        def stored(mlp_recomputed: bool, up_recomputed: bool = False) -> float:
             out = 0.0
-            for elems, where, fp8_input in block_tensors(m, ref.moe, mlp_recomputed=mlp_recomputed):
+            inventory = block_tensors(
+                m, ref.moe, mlp_recomputed=mlp_recomputed, up_recomputed=up_recomputed
+            )
+            for elems, where, fp8_input in inventory:
                 out += elems * tokens * (1 if fp8 and fp8_input else p) / split[where]
             if m.dropout:
                 out += 2 * hsb / sp_div  # the two dropout masks, one byte per element
@@ -783,6 +787,9 @@ class AnalyticModel:
             return out
 
         kept, kept_mlp = stored(False), stored(True)
+        dots = sum(e * tokens * p / split[where] for e, where, _ in dots_inventory(m, ref.moe))
+        if ref.moe:
+            dots += 4.0 * tokens * m.num_experts / sp_div  # the router's logits (a weight matmul)
         # Attention core: the softmax output (+ dropout mask and output) of every query against
         # every key (the full s x s matrix, masked) unfused; FlashAttention stores only the fp32
         # log-sum-exp per query and head and recomputes the scores in its backward (Dao et al.
@@ -797,6 +804,8 @@ class AnalyticModel:
             Recompute.SELECTIVE_MLP: kept_mlp,
             Recompute.OP: self._op_sac_activations(ref, shard),
             Recompute.FULL: p * hsb / sp_div,
+            Recompute.DOTS: dots,
+            Recompute.MLA_UP: stored(False, up_recomputed=True) + core / t,
         }
 
     def _op_sac_activations(self, ref: LayerRef, shard: Shard) -> float:
@@ -877,6 +886,16 @@ class AnalyticModel:
             kernels += 2
         stream_s = moved / device.achieved_hbm_bw_bytes_per_s + kernels * device.kernel_overhead_s
         return router_f + stream_s, router_b + stream_s
+
+    def _mla_up_recompute(self, device: Device, gemms: dict, fwd_of: dict) -> tuple[float, float]:
+        """(seconds, matmul FLOPs) of ``mla_up_proj``'s recompute: MLA's up-projection GEMMs
+        (``q_up``, ``kv_up``) forward again with their FP8 casts (0 for a block without them);
+        RoPE's elementwise work is left out, as for the other modes."""
+        up = {n: g for n, g in gemms.items() if n in ("q_up", "kv_up")}
+        if not up:
+            return 0.0, 0.0
+        seconds = sum(fwd_of[n][0] for n in up) + self._cast_s(up, device)[0]
+        return seconds, sum(2.0 * mm * n * k * g for mm, n, k, g in up.values())
 
     def _mlp_recompute(
         self, ref: LayerRef, shard: Shard, device: Device, gemms: dict, fwd_of: dict
@@ -1057,6 +1076,7 @@ class AnalyticModel:
         none_flops = 0.5 * core_flops if self.flash_attention else 0.0
         fwd_coll, bwd_coll, mlp_coll = self._block_collectives(ref, shard, device, fwd_of, attn_s)
         mlp_s, mlp_flops = self._mlp_recompute(ref, shard, device, gemms, fwd_of)
+        up_s, up_flops = self._mla_up_recompute(device, gemms, fwd_of)
         op_s, op_flops, op_coll = self._op_sac_recompute(
             ref, shard, device, fwd_of, gemms, fwd_coll, cast_fwd + ew_s + moe_fwd
         )
@@ -1069,6 +1089,11 @@ class AnalyticModel:
             Recompute.SELECTIVE_MLP: (core_s + mlp_s, core_flops + mlp_flops, mlp_coll),
             Recompute.OP: (none_s + op_s, none_flops + op_flops, op_coll),
             Recompute.FULL: (fwd_s + none_s, flops + none_flops, fwd_coll),
+            # the attention core and the memory-bound work (norms, activation) run again; the
+            # weight matmuls' outputs are kept (nest.core.blocks.dots_inventory); ew_s already
+            # holds the core's elementwise part, so the core adds its kernel alone
+            Recompute.DOTS: (attn_s + ew_s, core_flops, ()),
+            Recompute.MLA_UP: (none_s + up_s, none_flops + up_flops, ()),
         }
         dense_params = sharded / t + replicated
         expert_params = (exp_sharded / shard.expert_tp + exp_replicated) / ep if ref.moe else 0.0

@@ -102,7 +102,9 @@ LEAST_STORING_FIRST = (
     Recompute.SELECTIVE_MLP,
     Recompute.MLP,
     Recompute.OP,
+    Recompute.DOTS,
     Recompute.SELECTIVE,
+    Recompute.MLA_UP,
     Recompute.NONE,
 )
 """Recompute modes from the one that stores the least activations (``op`` as it ranks on a

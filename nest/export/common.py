@@ -24,9 +24,12 @@ RECOMPUTED = {
     Recompute.SELECTIVE_MLP: frozenset({"core_attn", "mlp"}),
     Recompute.OP: frozenset({"every_second_mm", "elementwise"}),
     Recompute.FULL: frozenset({"core_attn", "mlp", "rest"}),
+    Recompute.DOTS: frozenset({"core_attn", "elementwise"}),
+    Recompute.MLA_UP: frozenset({"mla_up_proj"}),
 }
 """What each mode recomputes (``rest``: everything else of the block, full recompute only;
-``op``: every second matmul and all elementwise work, :func:`nest.core.blocks.op_sac_inventory`)."""
+``op``: every second matmul and all elementwise work, :func:`nest.core.blocks.op_sac_inventory`;
+``dots``: the attention core and the elementwise work, :func:`nest.core.blocks.dots_inventory`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

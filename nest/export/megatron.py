@@ -220,30 +220,7 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     issues, changes = [], {}
     modes = [s.recompute for s in plan.stages]
     held = {m for m, n in zip(modes, blocks_per_chunk(problem, plan), strict=True) if n}
-    block = full_block_counts(problem, plan)
-    if block is not None:
-        _block_recompute(problem, plan, block, issues, changes)
-    elif any(s.full_blocks for s in plan.stages):
-        issues.append(
-            "every-n-blocks recompute over a recomputing mode (Megatron's --recompute-method "
-            "block keeps the other layers' activations whole; used full everywhere)"
-        )
-        changes["recompute"] = [Recompute.FULL] * len(modes)
-    elif len(held) > 1:  # a stage without blocks has nothing to recompute
-        strongest = strongest_recompute(plan)
-        counts = {str(m): modes.count(m) for m in dict.fromkeys(modes)}
-        shown = ", ".join(f"{m} on {n} of {len(modes)}" for m, n in counts.items())
-        issues.append(
-            f"per-stage recompute ({shown} stages; Megatron applies one mode to every stage; used "
-            f"{strongest} everywhere)"
-        )
-        changes["recompute"] = [strongest] * len(modes)
-    if held and strongest_recompute(plan) is Recompute.OP:
-        issues.append(
-            "recompute op (torchtitan's op-level selective checkpointing; Megatron-Core's "
-            "--recompute-modules names modules, not ops; used full everywhere, which stores less)"
-        )
-        changes["recompute"] = [Recompute.FULL] * len(modes)
+    _recompute_changes(problem, plan, held, issues, changes)
     if problem.training.numerics.param_gather and plan.zero_stage == 0 and plan.dp * plan.cp > 1:
         issues.append(
             "FP8 parameter gather with ZeRO-0 (Megatron accepts --fp8-param-gather only with the "
@@ -295,6 +272,37 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     if not changes:
         return plan, []
     return rebuild(plan, **changes), issues
+
+
+def _recompute_changes(problem: Problem, plan: Plan, held: set, issues: list, changes: dict):
+    """The recompute Megatron runs for ``plan`` (one mode for every stage, modules not ops, the
+    block method's one count), and why it differs; ``held``: the modes of stages with blocks."""
+    modes = [s.recompute for s in plan.stages]
+    block = full_block_counts(problem, plan)
+    if block is not None:
+        _block_recompute(problem, plan, block, issues, changes)
+    elif any(s.full_blocks for s in plan.stages):
+        issues.append(
+            "every-n-blocks recompute over a recomputing mode (Megatron's --recompute-method "
+            "block keeps the other layers' activations whole; used full everywhere)"
+        )
+        changes["recompute"] = [Recompute.FULL] * len(modes)
+    elif len(held) > 1:  # a stage without blocks has nothing to recompute
+        strongest = strongest_recompute(plan)
+        counts = {str(m): modes.count(m) for m in dict.fromkeys(modes)}
+        shown = ", ".join(f"{m} on {n} of {len(modes)}" for m, n in counts.items())
+        issues.append(
+            f"per-stage recompute ({shown} stages; Megatron applies one mode to every stage; used "
+            f"{strongest} everywhere)"
+        )
+        changes["recompute"] = [strongest] * len(modes)
+    if held and strongest_recompute(plan) in (Recompute.OP, Recompute.DOTS):
+        issues.append(
+            f"recompute {strongest_recompute(plan)} (torchtitan's op-level selective "
+            "checkpointing or JAX's dots policy; Megatron-Core's --recompute-modules names "
+            "modules, not ops; used full everywhere, which stores less)"
+        )
+        changes["recompute"] = [Recompute.FULL] * len(modes)
 
 
 def _schedule_issue(plan: Plan) -> str | None:
@@ -418,6 +426,8 @@ def megatron_args(problem: Problem, plan: Plan) -> list[str]:
         args.append("--recompute-granularity selective")
     elif mode in (Recompute.MLP, Recompute.SELECTIVE_MLP):
         args += _recompute_modules_args(problem, mode)
+    elif mode is Recompute.MLA_UP:
+        args += ["--recompute-granularity selective", "--recompute-modules mla_up_proj"]
     elif mode is Recompute.FULL:
         args += [
             "--recompute-granularity full",

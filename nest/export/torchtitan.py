@@ -279,10 +279,10 @@ def _recompute_changes(problem: Problem, plan: Plan, issues: list, changes: dict
             "option keeps the other blocks' activations whole; used full everywhere)"
         )
         changes["recompute"] = [Recompute.FULL] * len(modes)
-    elif strongest in (Recompute.MLP, Recompute.SELECTIVE_MLP):
+    elif strongest in (Recompute.MLP, Recompute.SELECTIVE_MLP, Recompute.DOTS, Recompute.MLA_UP):
         issues.append(
             f"recompute {strongest} (torchtitan recomputes whole blocks or by its op-level "
-            "policy, not the MLP alone; used full everywhere)"
+            "policy, not single modules nor by JAX's dots policy; used full everywhere)"
         )
         changes["recompute"] = [Recompute.FULL] * len(modes)
     elif len(set(modes)) > 1:

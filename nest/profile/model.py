@@ -29,7 +29,8 @@ answers them from measurements. The semantics:
   keeps only each layer's input), and one more forward pass (``fwd_s``, its FLOPs ``fwd_flops``).
   mlp and selective_mlp: a profile does not measure the MLP's share, so ``mlp`` equals none and
   ``selective_mlp`` equals selective (no saving, no cost); nor the op-level share, so ``op``
-  equals none.
+  equals none, nor what JAX's dots policy or MLA's up-projections keep, so ``dots`` and
+  ``mla_up_proj`` equal none.
 - **Microbatch size.** The measurement at the requested microbatch size when there is one; else
   (``microbatch_scaling: linear``) the nearest measured one (largest below, else smallest above)
   scaled linearly (times, activations, boundary, transient and FLOPs x ``b / b0``; parameters
@@ -262,6 +263,8 @@ class ProfileModel:
                 Recompute.SELECTIVE_MLP: sel_s,
                 Recompute.OP: 0.0,
                 Recompute.FULL: fwd_s,
+                Recompute.DOTS: 0.0,
+                Recompute.MLA_UP: 0.0,
             },
             recompute_flops={
                 Recompute.NONE: 0.0,
@@ -270,6 +273,8 @@ class ProfileModel:
                 Recompute.SELECTIVE_MLP: 0.0,
                 Recompute.OP: 0.0,
                 Recompute.FULL: flops,
+                Recompute.DOTS: 0.0,
+                Recompute.MLA_UP: 0.0,
             },
             act_bytes={
                 Recompute.NONE: act_none,
@@ -278,6 +283,8 @@ class ProfileModel:
                 Recompute.SELECTIVE_MLP: act_sel,
                 Recompute.OP: act_none,
                 Recompute.FULL: act_full,
+                Recompute.DOTS: act_none,
+                Recompute.MLA_UP: act_none,
             },
             transient_bytes=layer.transient_bytes * k,
             boundary_bytes=layer.boundary_bytes * k,
@@ -290,5 +297,7 @@ class ProfileModel:
                 Recompute.SELECTIVE_MLP: (),
                 Recompute.OP: (),
                 Recompute.FULL: fwd_coll,
+                Recompute.DOTS: (),
+                Recompute.MLA_UP: (),
             },
         )
