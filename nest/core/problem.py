@@ -143,7 +143,8 @@ class Training:
     moe_routing: str = "dropless"
     """How a MoE router's tokens reach the experts: ``dropless`` (every token goes to the experts
     it chose, so each step waits for the most loaded expert rank:
-    :data:`nest.core.layers.DROPLESS_LOAD_FACTOR`) or ``balanced`` (every expert rank gets the
+    :func:`nest.core.layers.dropless_load_factor` of the expert-parallel degree and the local
+    experts) or ``balanced`` (every expert rank gets the
     mean share: Megatron-Core's ``--moe-router-force-load-balancing`` of the published
     benchmarks, or a capacity factor that pads every expert to the same load)."""
     moe_dispatcher: str = "alltoall"
