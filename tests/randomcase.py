@@ -203,3 +203,23 @@ def assert_nest_equals_brute(problem, options: dict, what):
         oracle.objective_s,
     )
     return oracle
+
+
+def nest_equals_brute_over_seeds(case, recompute: list, seeds=range(60), max_plans=20_000):
+    """:func:`assert_nest_equals_brute` on ``case(seed)``'s problems (a ``(problem, options)``
+    maker) with ``recompute`` as the searched modes, skipping spaces of more than ``max_plans``
+    plans; returns how many agreed with a plan and the modes their optimal stages use."""
+    from baselines.brute import count_plans
+    from nest.dp.space import SpaceOptions
+
+    used, agreed = set(), 0
+    for seed in seeds:
+        problem, options = case(seed)
+        options = {**options, "recompute": recompute}
+        if count_plans(problem, SpaceOptions(**options)) > max_plans:
+            continue
+        oracle = assert_nest_equals_brute(problem, options, (seed, options))
+        if oracle is not None:
+            agreed += 1
+            used |= {s.recompute for s in oracle.stages}
+    return agreed, used

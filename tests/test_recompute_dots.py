@@ -11,7 +11,7 @@ from nest.core.layers import Shard
 from nest.core.model import ModelSpec
 from nest.export import export_plan
 
-from .randomcase import assert_nest_equals_brute
+from .randomcase import nest_equals_brute_over_seeds
 from .test_nest_dp import tiny_case
 from .test_recompute_modes import LLAMA3_8B, _dense_problem, block_cost
 
@@ -79,19 +79,7 @@ def test_dots_lies_between_full_and_none(seed):
 def test_nest_equals_brute_with_dots_in_the_space():
     """``nest`` equals ``brute`` on random small problems searching none, dots and full, and
     some optimal plans use dots."""
-    from baselines.brute import count_plans
-    from nest.dp.space import SpaceOptions
-
-    used, agreed = set(), 0
-    for seed in range(60):
-        problem, options = tiny_case(seed)
-        options = {**options, "recompute": ["none", "dots", "full"]}
-        if count_plans(problem, SpaceOptions(**options)) > 20000:
-            continue
-        oracle = assert_nest_equals_brute(problem, options, (seed, options))
-        if oracle is not None:
-            agreed += 1
-            used |= {s.recompute for s in oracle.stages}
+    agreed, used = nest_equals_brute_over_seeds(tiny_case, ["none", "dots", "full"])
     assert agreed >= 30, agreed
     assert Recompute.DOTS in used, used
 

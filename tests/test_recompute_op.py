@@ -15,7 +15,7 @@ from nest.core.model import ModelSpec
 from nest.export import export_plan
 from nest.export.common import strongest_recompute
 
-from .randomcase import assert_nest_equals_brute
+from .randomcase import nest_equals_brute_over_seeds
 from .test_nest_dp import tiny_case
 from .test_recompute_modes import LLAMA3_8B, _dense_problem, block_cost
 
@@ -127,19 +127,7 @@ def test_nest_equals_brute_with_op_in_the_space():
     fastest-fitting-mode rule needs op to differ from the others only in the backward, which
     ``test_modes_of_one_stage_differ_only_in_the_backward`` checks for every mode), and some
     optimal plans use op."""
-    from baselines.brute import count_plans
-    from nest.dp.space import SpaceOptions
-
-    used, agreed = set(), 0
-    for seed in range(60):
-        problem, options = tiny_case(seed)
-        options = {**options, "recompute": ["none", "op", "full"]}
-        if count_plans(problem, SpaceOptions(**options)) > 20000:
-            continue
-        oracle = assert_nest_equals_brute(problem, options, (seed, options))
-        if oracle is not None:
-            agreed += 1
-            used |= {s.recompute for s in oracle.stages}
+    agreed, used = nest_equals_brute_over_seeds(tiny_case, ["none", "op", "full"])
     assert agreed >= 30, agreed
     assert Recompute.OP in used, used
 

@@ -9,42 +9,26 @@ import random
 
 import pytest
 
-from nest.analysis.simulate import plot_timeline, rank_order, simulate, simulate_schedule
-from nest.core.axes import MEGATRON_RANK_ORDER, Recompute, Schedule
+from nest.analysis.simulate import plot_timeline, rank_order, simulate
+from nest.core.axes import Schedule
 from nest.core.errors import UserError
-from nest.core.plan import ParallelConfig, chunk_rank, make_structured_plan
+from nest.core.plan import ParallelConfig, chunk_rank
 from nest.cost import evaluate
 from nest.cost.pipeline import zb_v_exposed_sync_s, zb_v_pipeline_s
 from nest.dp.space import SpaceOptions, configurations
 
 from .conftest import make_problem, make_spec
+from .test_zero_bubble import bare_plan as zero_bubble_plan
+from .test_zero_bubble import simulated as zero_bubble_simulated
 
 
 def bare_plan(pp, m):
-    config = ParallelConfig(
-        pp=pp, schedule=Schedule.ZB_V, virtual_stages=2, rank_order=MEGATRON_RANK_ORDER
-    )
-    return make_structured_plan(
-        config,
-        layer_counts=[1] * (2 * pp),
-        recompute=[Recompute.NONE] * (2 * pp),
-        num_microbatches=m,
-        sequence_parallel=False,
-    )
+    return zero_bubble_plan(pp, m, "zb_v")
 
 
 def simulated(f, b, w, m, sync=None, overlap=False):
     """The simulated ZB-V iteration on per-chunk forward ``f``, B pass ``b`` and W pass ``w``."""
-    pp = len(f) // 2
-    return simulate_schedule(
-        bare_plan(pp, m),
-        fwd_s=f,
-        bwd_s=[br + wr for br, wr in zip(b, w, strict=True)],
-        wgrad_s=w,
-        sync_s=sync or [0.0] * pp,
-        optimizer_s=[0.0] * pp,
-        overlap_grad_sync=overlap,
-    )
+    return zero_bubble_simulated(f, b, w, m, sync, overlap, "zb_v")
 
 
 def analytic(f, b, w, m):

@@ -27,13 +27,15 @@ from .test_nest_dp import tiny_case
 
 
 def bare_plan(pp, m, schedule="zb_h1"):
+    """A plan of ``pp`` ranks and one layer per chunk (two chunks per rank for ZB-V)."""
+    v = 2 if Schedule(schedule).v_shaped else 1
     config = ParallelConfig(
-        pp=pp, schedule=Schedule(schedule), virtual_stages=1, rank_order=MEGATRON_RANK_ORDER
+        pp=pp, schedule=Schedule(schedule), virtual_stages=v, rank_order=MEGATRON_RANK_ORDER
     )
     return make_structured_plan(
         config,
-        layer_counts=[1] * pp,
-        recompute=[Recompute.NONE] * pp,
+        layer_counts=[1] * (pp * v),
+        recompute=[Recompute.NONE] * (pp * v),
         num_microbatches=m,
         sequence_parallel=False,
     )
@@ -56,7 +58,8 @@ def analytic_s(f, b, w, m, schedule=Schedule.ZB_H1) -> float:
 
 
 def simulated(f, b, w, m, sync=None, overlap=False, schedule="zb_h1"):
-    pp = len(f)
+    """The simulated iteration on per-chunk forward ``f``, B pass ``b`` and W pass ``w``."""
+    pp = len(f) // (2 if Schedule(schedule).v_shaped else 1)
     return simulate_schedule(
         bare_plan(pp, m, schedule),
         fwd_s=f,
