@@ -313,7 +313,7 @@ def solve_interleaved(
     pp, v, m = sm.config.pp, sm.config.virtual_stages, sm.m
     s_coef, m_coef = pipeline_coefficients(m, Schedule.INTERLEAVED, v)
     floors = _rank_floors(sm, modes)
-    caps = later_sync_caps_s(sm)
+    caps = None  # built on the first front (most configurations stop at rank 0's bound)
     labels = [Label(0.0, 0.0, 0.0, 0.0, 0.0)]
     for r in range(pp):
         rc = RankChunks(sm, r, modes)
@@ -339,7 +339,11 @@ def solve_interleaved(
             return None
         options, _ = rank_options(sm, rc)
         stats.stages_scored += len(modes) * len(rc.cost)
-        front = Front(m_coef, s_coef, caps[r]) if exact else GreedyFront(m_coef, s_coef)
+        if exact:
+            caps = later_sync_caps_s(sm) if caps is None else caps
+            front = Front(m_coef, s_coef, caps[r])
+        else:
+            front = GreedyFront(m_coef, s_coef)
         for opt in options:
             for lab in labels:
                 total = lab.total_s + opt.t_s
