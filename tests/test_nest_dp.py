@@ -271,17 +271,73 @@ def test_front_keeps_exactly_the_labels_worse_by_at_most_admits():
     from nest.dp.recurrence import DPStats, Front, Label, worse_by_at_most
 
     rng = random.Random(7)
-    for _ in range(200):
+    for trial in range(400):
         m, v = rng.randint(1, 9), rng.choice([1, 2, 3, 4])
         s_coef, m_coef = (1.0, m - 1.0) if v == 1 else (1 / v, m - 1 / v)
-        front, stats = Front(m_coef, s_coef), DPStats()
+        # half the trials with the interleaved DP's later-sync cap (later_sync_caps_s)
+        cap = float("inf") if trial % 2 else rng.choice([0.0, 1.0, 2.0, 3 * rng.random()])
+        front, stats = Front(m_coef, s_coef, None if trial % 2 else cap), DPStats()
         kept: list[Label] = []
+
+        def worse(a, b):
+            return worse_by_at_most(a, b, m_coef, s_coef, cap)  # noqa: B023
+
         for _ in range(12):
             lab = Label(*(rng.choice([0.0, 1.0, 2.0, rng.random()]) for _ in range(5)))
-            if not any(worse_by_at_most(o, lab, m_coef, s_coef) <= 0.0 for o in kept):
-                kept = [o for o in kept if worse_by_at_most(lab, o, m_coef, s_coef) > 0.0] + [lab]
+            if not any(worse(o, lab) <= 0.0 for o in kept):
+                kept = [o for o in kept if worse(lab, o) > 0.0] + [lab]
             front.insert(lab, stats)
             assert front.labels == kept
+
+
+def _interleaved_final_s(lab, ranks, s_coef, m_coef, overlap):
+    """The interleaved objective ``s S + m M + E + O`` of a label extended by later ranks
+    ``(t, b, sync, opt)``, written from nest.dp.interleaved's module docstring (rank ``q``
+    exposes ``max(0, sync_q - B_q [- b_q])``, ``B_q`` the backward prefix)."""
+    total, mx, bwd, exposed, opt = lab.total_s, lab.max_s, lab.bwd_sum_s, lab.exposed_s, lab.opt_s
+    for t, b, sync, step in ranks:
+        exposed = max(exposed, max(0.0, sync - bwd - (b if overlap else 0.0)))
+        total, mx, bwd, opt = total + t, max(mx, t), bwd + b, max(opt, step)
+    return s_coef * total + m_coef * mx + exposed + opt
+
+
+def test_later_sync_cap_bounds_every_completion():
+    """worse_by_at_most with the cap ``sigma`` (every later sync at most ``sigma``) is an upper
+    bound on ``F(a + c) - F(b + c)`` for random labels and random completions (so a label it
+    drops is never needed), never above the plain rule, and strictly below it in some cases
+    (the cap is what lets the interleaved fronts collapse)."""
+    from nest.dp.recurrence import Label, worse_by_at_most
+
+    rng = random.Random(11)
+    tighter = 0
+    for _ in range(3000):
+        m, v = rng.randint(2, 9), rng.choice([2, 3, 4])
+        s_coef, m_coef = 1 / v, m - 1 / v
+        sigma = rng.choice([0.0, 0.5, 2.0, 4 * rng.random()])
+        a, b = (
+            Label(*(rng.choice([0.0, 1.0, 2.0, 3 * rng.random()]) for _ in range(5)))
+            for _ in range(2)
+        )
+        bound = worse_by_at_most(a, b, m_coef, s_coef, sigma)
+        plain = worse_by_at_most(a, b, m_coef, s_coef)
+        assert bound <= plain
+        tighter += bound < plain
+        for _ in range(10):
+            later = [
+                (
+                    rng.random() * 3,
+                    rng.choice([0.0, rng.random()]),
+                    sigma * rng.random(),
+                    rng.random(),
+                )
+                for _ in range(rng.randint(0, 4))
+            ]
+            overlap = rng.random() < 0.5
+            gap = _interleaved_final_s(a, later, s_coef, m_coef, overlap) - _interleaved_final_s(
+                b, later, s_coef, m_coef, overlap
+            )
+            assert gap <= bound + 1e-12, (a, b, later, sigma)
+    assert tighter >= 100, tighter
 
 
 # ------------------------------------------------------------------ the space (nest.dp.space)

@@ -153,20 +153,35 @@ class DPStats:
         }
 
 
-def worse_by_at_most(a: Label, b: Label, m_coef: float, s_coef: float = 1.0) -> float:
+def worse_by_at_most(
+    a: Label, b: Label, m_coef: float, s_coef: float = 1.0, sync_cap_s: float = float("inf")
+) -> float:
     """An upper bound on ``F(a + c) - F(b + c)`` over every completion ``c`` of the same state,
     for ``F = s_coef S + m_coef M + X + E + O`` (1F1B and ZB-H1: ``1, m - 1``; interleaved:
-    ``1/v, m - 1/v``): ``s_coef dS + m_coef max(0, dM) + max(dE, max(0, -dB)) + max(0, dO)
-    + max(0, dX)`` with ``d = a - b``.
+    ``1/v, m - 1/v``): ``s_coef dS + m_coef max(0, dM) + max(dE, g) + max(0, dO)
+    + max(0, dX)`` with ``d = a - b`` and ``g = max(0, -dB)``, or, given ``sync_cap_s =
+    sigma``, ``g = min(max(0, -dB), max(0, sigma - B_a) - E_b)``.
 
     Each term bounds its part of the objective: the sum adds ``dS``; ``max(x, .)`` grows by at
     most ``max(0, d)``; later ranks' exposed sync is non-increasing and 1-Lipschitz in the
     backward prefix ``B``. When it is <= 0, ``a`` is at least as good as ``b`` whatever follows.
+
+    **The cap** (interleaved, :func:`nest.dp.interleaved.later_sync_cap_s`): ``sigma`` is a
+    number such that every later rank's exposed sync after a label of prefix ``B`` is at most
+    ``max(0, sigma - B)`` whatever the completion. Write ``G_x`` for the largest later exposed
+    sync after label ``x``, so the final term is ``max(E_x, G_x)``. Either ``a``'s is ``E_a``,
+    and the difference is at most ``dE``; or it is ``G_a``, and the difference is at most
+    ``G_a - max(E_b, G_b) <= min(G_a - G_b, G_a - E_b) <= min(max(0, -dB), max(0, sigma -
+    B_a) - E_b)`` (the first by the Lipschitz property, the second by the cap). So the
+    difference is at most ``max(dE, g)``, which is never above the plain rule's.
     """
+    gap = max(0.0, b.bwd_sum_s - a.bwd_sum_s)
+    if gap > 0.0:
+        gap = min(gap, max(0.0, sync_cap_s - a.bwd_sum_s) - b.exposed_s)
     return (
         s_coef * (a.total_s - b.total_s)
         + m_coef * max(0.0, a.max_s - b.max_s)
-        + max(a.exposed_s - b.exposed_s, max(0.0, b.bwd_sum_s - a.bwd_sum_s))
+        + max(a.exposed_s - b.exposed_s, gap)
         + max(0.0, a.opt_s - b.opt_s)
         + max(0.0, a.tail_s - b.tail_s)
     )
@@ -180,43 +195,62 @@ class Front:
     """The labels of one state no other label of the state is sure to beat (dominance by
     :func:`worse_by_at_most` <= 0, which contains Pareto dominance)."""
 
-    __slots__ = ("labels", "k", "s")
+    __slots__ = ("labels", "k", "s", "sync_cap_s")
 
-    def __init__(self, m_coef: float, s_coef: float = 1.0) -> None:
+    def __init__(
+        self, m_coef: float, s_coef: float = 1.0, later_sync_cap_s: float | None = None
+    ) -> None:
         self.labels: list[Label] = []
         self.k, self.s = m_coef, s_coef
+        self.sync_cap_s = float("inf") if later_sync_cap_s is None else later_sync_cap_s
+        """``sigma`` of :func:`worse_by_at_most` (inf: no cap, the plain rule)."""
 
     def insert(self, label: Label, stats: DPStats) -> None:
         # worse_by_at_most inlined (the search's hottest loop); same arithmetic
-        k, w = self.k, self.s
+        k, w, cap = self.k, self.s, self.sync_cap_s
         s, mx, b, e, o = label.total_s, label.max_s, label.bwd_sum_s, label.exposed_s, label.opt_s
         x = label.tail_s
         for other in self.labels:
             d_m = other.max_s - mx
             d_b = b - other.bwd_sum_s
+            if d_b > 0.0:  # the later exposed sync other may add: at most its own cap less e
+                room = cap - other.bwd_sum_s
+                room = (room if room > 0.0 else 0.0) - e
+                if room < d_b:
+                    d_b = room
+            else:
+                d_b = 0.0
             d_e = other.exposed_s - e
             d_o = other.opt_s - o
             d_x = other.tail_s - x
             if (
                 w * (other.total_s - s)
                 + (k * d_m if d_m > 0.0 else 0.0)
-                + (d_e if d_e > (d_b if d_b > 0.0 else 0.0) else (d_b if d_b > 0.0 else 0.0))
+                + (d_e if d_e > d_b else d_b)
                 + (d_o if d_o > 0.0 else 0.0)
                 + (d_x if d_x > 0.0 else 0.0)
             ) <= 0.0:
                 stats.labels_dominated += 1
                 return
+        room_new = cap - b
+        room_new = room_new if room_new > 0.0 else 0.0
         kept = []
         for other in self.labels:
             d_m = mx - other.max_s
             d_b = other.bwd_sum_s - b
+            if d_b > 0.0:
+                room = room_new - other.exposed_s
+                if room < d_b:
+                    d_b = room
+            else:
+                d_b = 0.0
             d_e = e - other.exposed_s
             d_o = o - other.opt_s
             d_x = x - other.tail_s
             if (
                 w * (s - other.total_s)
                 + (k * d_m if d_m > 0.0 else 0.0)
-                + (d_e if d_e > (d_b if d_b > 0.0 else 0.0) else (d_b if d_b > 0.0 else 0.0))
+                + (d_e if d_e > d_b else d_b)
                 + (d_o if d_o > 0.0 else 0.0)
                 + (d_x if d_x > 0.0 else 0.0)
             ) > 0.0:
