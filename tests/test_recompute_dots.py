@@ -12,6 +12,7 @@ from nest.core.model import ModelSpec
 from nest.export import export_plan
 
 from .randomcase import nest_equals_brute_over_seeds
+from .test_model_shapes import DSV3
 from .test_nest_dp import tiny_case
 from .test_recompute_modes import LLAMA3_8B, _dense_problem, block_cost
 
@@ -97,26 +98,21 @@ def test_exports_of_dots():
 
 # DeepSeek-V3's attention (conf/model/deepseek_v3, the Hugging Face config.json): hidden 7168,
 # 128 heads, q_lora_rank 1536, kv_lora_rank 512, qk_nope 128, qk_rope 64, v 128; dense blocks.
-DSV3_MLA = dict(
-    name="mla",
-    hidden=7168,
-    layers=2,
-    heads=128,
-    ffn_hidden=18432,
-    vocab=129280,
-    seq_len=4096,
-    attention="mla",
-    q_lora_rank=1536,
-    kv_lora_rank=512,
-    qk_nope_head_dim=128,
-    qk_rope_head_dim=64,
-    v_head_dim=128,
-    activation="swiglu",
-    norm="rmsnorm",
-    bias=False,
-    position="rope",
-    dropout=False,
+DSV3_MOE_FIELDS = (
+    "num_experts",
+    "top_k",
+    "moe_ffn_hidden",
+    "shared_experts",
+    "first_dense_layers",
+    "mtp_layers",
 )
+DSV3_MLA = {
+    **{k: v for k, v in DSV3.items() if k not in DSV3_MOE_FIELDS},
+    "name": "mla",
+    "layers": 2,
+    "dropout": False,
+}
+"""DeepSeek-V3's dense MLA block (the shape of :data:`tests.test_model_shapes.DSV3`, no experts)."""
 
 
 @pytest.mark.parametrize("tp", [1, 2])
