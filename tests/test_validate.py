@@ -36,10 +36,12 @@ def test_every_case_is_predicted_and_fits(summary):
     with JAX's dots policy (``recompute=dots``; scored as Megatron's selective they were 31-59
     GiB over). Every case is predicted: the 8 MoE runs whose experts ran with etp 1 under
     tp > 1 (Megatron-Core's MoE parallel folding) and the 28 multislice MaxText runs (ZeRO-3
-    within a slice, data parallel across slices: hybrid sharding) included."""
+    within a slice, data parallel across slices: hybrid sharding) included. One time row is
+    called out of memory, by 3.6 %: Llama 3 405B on 8,192 H100 under Megatron's interleaved
+    warm-up (OUT_OF_MEMORY_WHY)."""
     assert summary["cases"] == 199
     assert summary["predicted"] == 199
-    assert summary["out_of_memory"] == 0
+    assert summary["out_of_memory"] == 1
 
 
 OUT_OF_MEMORY_WHY = {  # (source, case): why the memory model calls this published run OOM
@@ -52,9 +54,24 @@ OUT_OF_MEMORY_WHY = {  # (source, case): why the memory model calls this publish
         "(58.6 GiB in all with it, still above the 45 G measured in all); the issue states "
         "neither sequence parallelism nor the ZeRO stage, so no setting is picked to fit"
     ),
+    (
+        "Dubey2024_Llama3_Table4",
+        "Llama 3 405B, 8192 GPUs, TP8 CP1 PP16 DP64, seq 8192, 32 seqs per DP rank (Table 4 of "
+        "'The Llama 3 Herd of Models'; the same table in Balaji, SC'24 talk, as quoted at "
+        "glennklockwood.com/garden/llama-3.1)",
+    ): (
+        "run as Megatron's interleaved schedule (8 one-layer chunks per rank, N = PP: the "
+        "paper's N is flexible and unstated), pipeline rank 1 holds 141 chunk activations at 32 "
+        "microbatches (Megatron's warm-up: 17.6 stages' worth against 1F1B's 15): 82.1 GiB of "
+        "79.2, 3.6 % over; the paper trains these 8K sequences without activation "
+        "checkpointing by deallocating each stage's input and output tensors and choosing N "
+        "for memory (arXiv 2407.21783 §3.3.2), which the model does not express; the same "
+        "layout at 16 microbatches (16,384 GPUs) fits"
+    ),
 }
 """The published runs the memory model still calls out of memory, over every row (time and
-memory): 16 of 212 before issue 23's fixes (15 time rows, 1 memory row), 1 now."""
+memory): 16 of 212 before issue 23's fixes (15 time rows, 1 memory row), 1 after them, 2 since
+the Llama 3 rows run the interleaved schedule Meta describes (issue 22)."""
 
 
 def test_published_runs_called_out_of_memory_are_the_pinned_ones(summary):
@@ -149,8 +166,13 @@ ORIGINAL = (SC21_T1, MEGATRON, LLAMA3, SC21_T2, AUTOMODEL)
 
 
 LLAMA3_WHY = (
-    "run as 1F1B since the paper's interleaving depth is unpublished, the 16-stage bubble the "
-    "real schedule does not have under-predicts every row"
+    "run as the interleaved schedule of arXiv 2407.21783 §3.3.2 in the one layout its sentence "
+    "allows (8 one-layer chunks per rank, the first only the embedding, the last only the "
+    "output and loss), the 8K rows are +6.1 % (8,192 GPUs) and +5.0 % (16,384) and the 128K "
+    "CP16 row +34.3 %: there the attention scores, counted in full as Megatron counts them, "
+    "are 57 % of the model FLOPs, and the paper states neither its FLOP convention (with the "
+    "causal half counted the row would read -4.1 %; not adopted, no source) nor its document "
+    "masks' share"
 )
 SC21_T2_WHY = (
     "ZeRO-3 rows over-predicted up to 3x (+208 % on 1536 GPUs): the measured step (66 s) is 4x "
@@ -217,7 +239,7 @@ MBRIDGE_WHY = (
     [
         SC21_T1,
         MEGATRON,
-        pytest.param(LLAMA3, marks=_unmet("source median <= 10 %", "19.4 %", LLAMA3_WHY)),
+        LLAMA3,
         pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "15.2 %", SC21_T2_WHY)),
         AUTOMODEL,
         PAIRS,
@@ -251,7 +273,7 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
                 "gradient reduce-scatter shares the SMs, the host-side (CPU dispatch) time",
             ),
         ),
-        pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "34.6 %", LLAMA3_WHY)),
+        pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "34.3 %", LLAMA3_WHY)),
         pytest.param(SC21_T2, marks=_unmet("max <= 15 %", "208 %", SC21_T2_WHY)),
         AUTOMODEL,
         pytest.param(PAIRS, marks=_unmet("max <= 15 %", "21.1 %", PAIRS_WHY)),
@@ -272,7 +294,7 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
 
 @_unmet(
     "median <= 5 % over all cases",
-    "9.0 %",
+    "8.9 %",
     f"the GB200 pairs: {GB200_WHY}; the TPU rows: {TPU_WHY}; the MoE sources: {BLACKWELL_WHY}",
 )
 def test_accuracy_median_within_5_percent(summary):
@@ -300,15 +322,15 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 def test_regression_split_errors_pin_the_current_model(summary):
     """Pins (not accuracy): calibration rows median 2.4 % / max 15.4 %; held-out rows median
-    9.5 % / max 239 %."""
+    9.3 % / max 239 %."""
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
     assert cal["median_abs_error"] == pytest.approx(0.024, abs=0.005)
     assert cal["max_abs_error"] == pytest.approx(0.154, abs=0.005)
-    assert held["median_abs_error"] == pytest.approx(0.095, abs=0.005)
+    assert held["median_abs_error"] == pytest.approx(0.093, abs=0.005)
     assert held["max_abs_error"] == pytest.approx(2.389, abs=0.005)
 
 
-@_unmet("held-out median <= 5 % (issue 22)", "9.5 %", HELD_OUT_WHY)
+@_unmet("held-out median <= 5 % (issue 22)", "9.3 %", HELD_OUT_WHY)
 def test_accuracy_held_out_median_within_5_percent(summary):
     assert summary["held_out_targets_met"]["median_abs_error"]
 
@@ -363,7 +385,7 @@ def test_accuracy_3d_parallelism_ranked_above_zero3_at_every_scale():
 CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     SC21_T1: (30, 0.068, 0.124, -0.068),
     MEGATRON: (27, 0.082, 0.236, -0.073),
-    LLAMA3: (3, 0.194, 0.346, -0.194),
+    LLAMA3: (3, 0.061, 0.343, 0.061),
     SC21_T2: (12, 0.152, 2.081, 0.087),
     AUTOMODEL: (1, 0.058, 0.058, 0.058),
     PAIRS: (30, 0.039, 0.211, 0.015),
@@ -489,23 +511,20 @@ def test_fine_grained_moe_releases_bracket_the_prediction():
 def test_at_the_micro_benchmark_ceiling_every_source_is_over_predicted():
     """Why the presets' GEMM level is an assumption below the cited ceiling: with every kernel at
     its isolated micro-benchmark rate (``--matmul-efficiency ceiling``) the model predicts more
-    throughput than measured for every Megatron or DeepSpeed source but Llama 3 (median signed
-    error: SC21 Table 1 +13.3 %, Megatron-Core H100 +16.1 %, SC21 Table 2 +35.1 %, the FSDP2 row
-    +27.2 % with its gathers prefetched), so kernels inside a training step run slower than in
-    isolation; Llama 3's three rows, run as 1F1B with a 16-stage bubble the real interleaved
-    schedule does not have (LLAMA3_WHY), come to -0.3 % at the ceiling (-17.1 % at the default):
-    within 1 % of the measurement, never above it by more. At the assumed level no source is
+    throughput than measured for every Megatron, DeepSpeed or Meta source (median signed error:
+    SC21 Table 1 +13.1 %, Megatron-Core H100 +15.5 %, SC21 Table 2 +35.0 %, the FSDP2 row
+    +26.9 % with its gathers prefetched, Llama 3's Table 4 +30.0 %), so kernels inside a training
+    step run slower than in isolation. Llama 3 joins the others since its rows run the
+    interleaved schedule Meta describes (LLAMA3_WHY); as 1F1B, with a 16-stage bubble that
+    schedule does not have, they came to -0.3 % at the ceiling. At the assumed level no source is
     over-predicted by more than 12 % at the median. The claim is about the BF16 sources it was
     made on (``ORIGINAL``); the FP8 and new-shape sources score step times, whose error has the
     other sign."""
     at_ceiling = validate.run(CASES, None, echo=lambda _: None, matmul_efficiency="ceiling")
-    kernel_bound = {k: at_ceiling["by_source"][k] for k in ORIGINAL if k != LLAMA3}
-    assert len(kernel_bound) == 4
+    kernel_bound = {k: at_ceiling["by_source"][k] for k in ORIGINAL}
+    assert len(kernel_bound) == 5
     assert all(s["median_error"] > 0 for s in kernel_bound.values())
     default = validate.run(CASES, None, echo=lambda _: None)
-    llama3 = at_ceiling["by_source"][LLAMA3]["median_error"]
-    assert default["by_source"][LLAMA3]["median_error"] < llama3 < 0.01
-    assert abs(llama3) < 0.01
     assert all(default["by_source"][k]["median_error"] < 0.12 for k in ORIGINAL)
 
 
