@@ -228,7 +228,7 @@ ZBV_T6_WHY = (
     "ZB-V reads -5.3 to -11.3 %: the paper ran it with optimizer post-validation (§4; the "
     "fork's --enable-optimizer-post-validation), where consecutive iterations overlap and its "
     "bubble is near zero, and the cost model's ZB-V keeps the synchronised step's floor "
-    "(p - 1) T_F; and the 28.3B runs on 32 GPUs (4 nodes) at microbatch 2 read -6 to -11 % for "
+    "(p - 1) T_F; and the 28.3B runs on 32 GPUs (4 nodes) at microbatch 2 read -5.8 to -11.3 % for "
     "every schedule, 1F1B included (-7.6 to -8.9 %; the same model at microbatch 1 in Table 4 "
     "-1.4 to -2.9 %), a per-microbatch cost rather than a schedule's"
 )
@@ -237,7 +237,7 @@ ZB_ORDER_WHY = (
     "neighbours: 1F1B-I above ZB-1p where the two were measured within 2 % (1.5B m 32 and 64, "
     "6.2B m 64; 1F1B-I reads +7.5 to +8 % on 1.5B), ZB-2p below 1F1B-I on 6.2B (measured 4.32 "
     f"against 4.01 at m 24: {ZB2P_WHY}) and, in Table 6, ZB-V below ZB-2p* where ZB-V was "
-    f"measured 0.5 to 4 % above it ({ZBV_T6_WHY})"
+    f"measured 0.5 to 5 % above it ({ZBV_T6_WHY})"
 )
 
 
