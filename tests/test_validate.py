@@ -36,11 +36,12 @@ def test_every_case_is_predicted_and_fits(summary):
     with JAX's dots policy (``recompute=dots``; scored as Megatron's selective they were 31-59
     GiB over). Every case is predicted: the 8 MoE runs whose experts ran with etp 1 under
     tp > 1 (Megatron-Core's MoE parallel folding) and the 28 multislice MaxText runs (ZeRO-3
-    within a slice, data parallel across slices: hybrid sharding) included. One time row is
-    called out of memory, by 3.6 %: Llama 3 405B on 8,192 H100 under Megatron's interleaved
+    within a slice, data parallel across slices: hybrid sharding) included, and the 84 runs of
+    the zero-bubble paper's Tables 4 and 6 (1F1B, interleaved, ZB-1p, ZB-2p, ZB-V). One time row
+    is called out of memory, by 3.6 %: Llama 3 405B on 8,192 H100 under Megatron's interleaved
     warm-up (OUT_OF_MEMORY_WHY)."""
-    assert summary["cases"] == 199
-    assert summary["predicted"] == 199
+    assert summary["cases"] == 283
+    assert summary["predicted"] == 283
     assert summary["out_of_memory"] == 1
 
 
@@ -71,7 +72,8 @@ OUT_OF_MEMORY_WHY = {  # (source, case): why the memory model calls this publish
 }
 """The published runs the memory model still calls out of memory, over every row (time and
 memory): 16 of 212 before issue 23's fixes (15 time rows, 1 memory row), 1 after them, 2 since
-the Llama 3 rows run the interleaved schedule Meta describes (issue 22)."""
+the Llama 3 rows run the interleaved schedule Meta describes (issue 22); of 324 with the
+zero-bubble paper's 112 rows."""
 
 
 def test_published_runs_called_out_of_memory_are_the_pinned_ones(summary):
@@ -79,7 +81,7 @@ def test_published_runs_called_out_of_memory_are_the_pinned_ones(summary):
     the runs it calls out of memory are exactly those of OUT_OF_MEMORY_WHY, each with its
     shortfall in the note."""
     verdict = summary["fits_verdict"]
-    assert verdict["runs"] == 199 + summary["memory"]["n"] == 212
+    assert verdict["runs"] == 283 + summary["memory"]["n"] == 324
     called = {(r["source"], r["case"]) for r in verdict["out_of_memory"]}
     assert called == set(OUT_OF_MEMORY_WHY)
     assert all("GiB short" in r["note"] for r in verdict["out_of_memory"])
@@ -87,7 +89,7 @@ def test_published_runs_called_out_of_memory_are_the_pinned_ones(summary):
 
 @_unmet(
     "every published run fits",
-    f"{len(OUT_OF_MEMORY_WHY)} of 212 called out of memory",
+    f"{len(OUT_OF_MEMORY_WHY)} of 324 called out of memory",
     "; ".join(OUT_OF_MEMORY_WHY.values()),
 )
 def test_accuracy_every_published_run_fits(summary):
@@ -161,6 +163,8 @@ TPU_V5E = "MaxText_TPU_v5e_README"
 TPU_V5P = "MaxText_TPU_v5p_README"
 MI355X = "MLPerf_Training_v5.1_AMD_MI355X"
 TORCHTITAN = "torchtitan_performance_A100_FSDP2"
+ZB_T4 = "Qi2024_ZeroBubble_Table4"
+ZB_T6 = "Qi2024_ZeroBubble_Table6"
 ORIGINAL = (SC21_T1, MEGATRON, LLAMA3, SC21_T2, AUTOMODEL)
 """The sources of the BF16 cost model (v2), before FP8 and the new shapes."""
 
@@ -233,6 +237,31 @@ MBRIDGE_WHY = (
     "(26.06) 14.1 % slow, the folded Qwen3-235B run (25.11, TP2 EP32 etp 1) 13.7 % slow"
 )
 
+ZB2P_WHY = (
+    "ZB-2p is the paper's searched schedule (activation limit 2p M_B) run with optimizer "
+    "post-validation (§4), scored as ZB-H2, the handcrafted schedule of that memory, under a "
+    "synchronised optimizer step: on the paper's own profiled T_F, T_B, T_W (Table 9) the "
+    "cost model's ZB-H2 bubble is 9.9 % at 6.2B m 24 (the synchronised floor (p - 1) T_F), the "
+    "paper's post-validated ZB-H2 6.98 % and its ZB-2p 0.29 % (Table 5), so the rows of ZB-2p "
+    "read -10.1 % (6.2B m 24), -11.6 and -10.3 % (28.3B m 96, 128) while ZB-1p, whose bubble the "
+    "paper gives as ZB-H1's, reads -2.7 to +6.0 %"
+)
+ZBV_T6_WHY = (
+    "ZB-V reads -5.3 to -11.3 %: the paper ran it with optimizer post-validation (§4; the "
+    "fork's --enable-optimizer-post-validation), where consecutive iterations overlap and its "
+    "bubble is near zero, and the cost model's ZB-V keeps the synchronised step's floor "
+    "(p - 1) T_F; and the 28.3B runs on 32 GPUs (4 nodes) at microbatch 2 read -5.8 to -11.3 % for "
+    "every schedule, 1F1B included (-7.6 to -8.9 %; the same model at microbatch 1 in Table 4 "
+    "-1.4 to -2.9 %), a per-microbatch cost rather than a schedule's"
+)
+ZB_ORDER_WHY = (
+    "9 of 21 sweeps are ordered as measured and 1F1B is last in all 21; the other 12 swap "
+    "neighbours: 1F1B-I above ZB-1p where the two were measured within 2 % (1.5B m 32 and 64, "
+    "6.2B m 64; 1F1B-I reads +7.5 to +8 % on 1.5B), ZB-2p below 1F1B-I on 6.2B (measured 4.32 "
+    f"against 4.01 at m 24: {ZB2P_WHY}) and, in Table 6, ZB-V below ZB-2p* where ZB-V was "
+    f"measured 0.5 to 5 % above it ({ZBV_T6_WHY})"
+)
+
 
 @pytest.mark.parametrize(
     "source",
@@ -252,6 +281,8 @@ MBRIDGE_WHY = (
         pytest.param(TPU_V5P, marks=_unmet("source median <= 10 %", "20.7 %", TPU_WHY)),
         pytest.param(MI355X, marks=_unmet("source median <= 10 %", "12.0 %", MI355X_WHY)),
         TORCHTITAN,
+        ZB_T4,
+        ZB_T6,
     ],
 )
 def test_accuracy_no_source_median_above_10_percent(summary, source):
@@ -286,6 +317,8 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "44.1 %", TPU_WHY)),
         MI355X,
         TORCHTITAN,
+        ZB_T4,
+        ZB_T6,
     ],
 )
 def test_accuracy_every_source_max_within_15_percent(summary, source):
@@ -294,7 +327,7 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
 
 @_unmet(
     "median <= 5 % over all cases",
-    "8.9 %",
+    "7.2 %",
     f"the GB200 pairs: {GB200_WHY}; the TPU rows: {TPU_WHY}; the MoE sources: {BLACKWELL_WHY}",
 )
 def test_accuracy_median_within_5_percent(summary):
@@ -309,7 +342,7 @@ HELD_OUT_WHY = (
 
 def test_every_row_is_calibration_or_held_out(summary):
     """The declared split (``validate.CALIBRATION_SPLIT``, the only rows ``python -m
-    nest.calibrate`` fits on) is the 15 BF16 rows of the dgxc H100 pairs; the 184 other
+    nest.calibrate`` fits on) is the 15 BF16 rows of the dgxc H100 pairs; the 268 other
     predicted rows are held out, their FP8 twins included."""
     splits = summary["by_split"]
     assert splits["calibration"]["n"] == 15
@@ -322,15 +355,15 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 def test_regression_split_errors_pin_the_current_model(summary):
     """Pins (not accuracy): calibration rows median 2.4 % / max 15.4 %; held-out rows median
-    9.3 % / max 239 %."""
+    7.5 % / max 239 % (9.3 % before the zero-bubble paper's 84 rows)."""
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
     assert cal["median_abs_error"] == pytest.approx(0.024, abs=0.005)
     assert cal["max_abs_error"] == pytest.approx(0.154, abs=0.005)
-    assert held["median_abs_error"] == pytest.approx(0.093, abs=0.005)
+    assert held["median_abs_error"] == pytest.approx(0.075, abs=0.005)
     assert held["max_abs_error"] == pytest.approx(2.389, abs=0.005)
 
 
-@_unmet("held-out median <= 5 % (issue 22)", "9.3 %", HELD_OUT_WHY)
+@_unmet("held-out median <= 5 % (issue 22)", "7.5 %", HELD_OUT_WHY)
 def test_accuracy_held_out_median_within_5_percent(summary):
     assert summary["held_out_targets_met"]["median_abs_error"]
 
@@ -398,6 +431,8 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     TPU_V5P: (16, 0.207, 0.441, -0.207),
     MI355X: (1, 0.120, 0.120, -0.120),
     TORCHTITAN: (5, 0.078, 0.091, 0.078),
+    ZB_T4: (48, 0.041, 0.116, -0.014),
+    ZB_T6: (36, 0.054, 0.113, -0.054),
 }
 
 
@@ -442,9 +477,109 @@ def test_regression_sweep_kendall_taus_pin_the_current_model(summary):
     assert taus[f"{DSV3}:deepseek_v3:seq4096:bf16"] == (3, pytest.approx(-1 / 3))
     assert taus[MOEZOO_SWEEP][0] == 5
     gb200 = {k: v for k, v in taus.items() if k.startswith(GB200_PAIRS)}
-    assert len(gb200) == 8 and len(taus) == 12 + 6
+    assert len(gb200) == 8 and len(taus) == 12 + 6 + len(ZB_TAUS)
     assert taus[f"{GB200_PAIRS}:314B:seq8192:bf16"] == (3, pytest.approx(1 / 3))
     assert sorted(t for _, t in gb200.values()) == [pytest.approx(1 / 3)] + [1.0] * 7
+
+# --------------------------------------------------------------- pipeline schedules (issue 24)
+# The zero-bubble paper's Tables 4 and 6 (Qi et al. ICLR 2024, arXiv 2401.10241; the version
+# committed as paper.pdf at sail-sg/zero-bubble-pipeline-parallelism@6574e0ea): one sweep per
+# (model, microbatch count) over 1F1B, 1F1B-I (interleaved), ZB-1p, ZB-2p (Table 4) and 1F1B,
+# ZB-1p, ZB-2p*, ZB-V (Table 6). Issue 24's target: the schedules ordered as measured and every
+# row within 10 % where the layout is stated.
+ZB_TAUS = {  # sweep: Kendall tau-b of the predicted against the measured order, today
+    **{f"Qi2024_ZB_{k}": 1.0 for k in ("1.5B_m24", "14.6B_m48", "14.6B_m64", "14.6B_m128")},
+    **{f"Qi2024_ZB_{k}": 1.0 for k in ("28.3B_m96", "28.3B_m128", "28.3B_m256")},
+    "Qi2024_ZB_1.5B_m32": 0.913,  # 1F1B-I 13.4 = ZB-1p 13.4 measured (a tie), 14.45 > 14.12
+    "Qi2024_ZB_1.5B_m64": 2 / 3,
+    "Qi2024_ZB_6.2B_m24": 2 / 3,
+    "Qi2024_ZB_6.2B_m32": 2 / 3,
+    "Qi2024_ZB_6.2B_m64": 1 / 3,
+    "Qi2024_ZBV_6.2B_m48": 1.0,
+    "Qi2024_ZBV_6.2B_m64": 1.0,
+    "Qi2024_ZBV_6.2B_m128": 1 / 3,
+    "Qi2024_ZBV_14.6B_m72": 2 / 3,
+    "Qi2024_ZBV_14.6B_m96": 2 / 3,
+    "Qi2024_ZBV_14.6B_m192": 1 / 3,
+    "Qi2024_ZBV_28.3B_m96": 2 / 3,
+    "Qi2024_ZBV_28.3B_m128": 2 / 3,
+    "Qi2024_ZBV_28.3B_m256": 1 / 3,
+}
+
+
+def test_regression_zero_bubble_sweep_taus_pin_the_current_model(summary):
+    """Pins (not accuracy) the ranking of the four schedules in each of the 21 sweeps."""
+    got = {k: s["kendall_tau"] for k, s in summary["sweeps"].items() if k.startswith("Qi2024")}
+    assert got.keys() == ZB_TAUS.keys()
+    assert all(summary["sweeps"][k]["n"] == 4 for k in got)
+    for sweep, tau in ZB_TAUS.items():
+        assert got[sweep] == pytest.approx(tau, abs=0.001), sweep
+
+
+@_unmet("every schedule sweep ordered as measured (issue 24)", "9 of 21", ZB_ORDER_WHY)
+def test_accuracy_zero_bubble_schedules_ordered_as_measured(summary):
+    assert all(summary["sweeps"][k]["kendall_tau"] == pytest.approx(1.0) for k in ZB_TAUS)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param(ZB_T4, marks=_unmet("max <= 10 % (issue 24)", "11.6 %", ZB2P_WHY)),
+        pytest.param(ZB_T6, marks=_unmet("max <= 10 % (issue 24)", "11.3 %", ZBV_T6_WHY)),
+    ],
+)
+def test_accuracy_zero_bubble_throughput_within_10_percent(summary, source):
+    assert summary["by_source"][source]["max_abs_error"] <= 0.10
+
+
+# Qi et al. arXiv 2401.10241 Table 9: profiled T_F, T_B, T_W (ms; T_B the input-gradient pass)
+# of ZB-2p, and Table 5: the bubble rates (cost - m (T_F + T_B + T_W)) / cost the paper computes
+# from them for 1F1B, ZB-1p (equal to ZB-H1's at every setting) and ZB-2p.
+ZB_PROFILES = {  # (model, stages p, microbatches m): (T_F, T_B, T_W), (1F1B, ZB-1p, ZB-2p) bubble
+    ("1.5B", 8, 24): ((18.522, 18.086, 9.337), (0.2431, 0.1585, 0.0433)),
+    ("1.5B", 8, 32): ((18.513, 18.086, 9.331), (0.1985, 0.1242, 0.0039)),
+    ("1.5B", 8, 64): ((18.546, 18.097, 9.321), (0.1240, 0.0674, 0.0026)),
+    ("6.2B", 8, 24): ((29.718, 29.444, 19.927), (0.2347, 0.1323, 0.0029)),
+    ("6.2B", 8, 32): ((29.802, 29.428, 19.530), (0.1898, 0.1045, 0.0022)),
+    ("6.2B", 8, 64): ((29.935, 29.621, 19.388), (0.1091, 0.0554, 0.0010)),
+    ("14.6B", 16, 48): ((11.347, 11.248, 8.132), (0.2552, 0.1397, 0.0066)),
+    ("14.6B", 16, 64): ((11.307, 11.254, 8.101), (0.2082, 0.1088, 0.0054)),
+    ("14.6B", 16, 128): ((11.325, 11.308, 8.109), (0.1251, 0.0576, 0.0028)),
+    ("28.3B", 32, 96): ((10.419, 10.207, 7.715), (0.2646, 0.1421, 0.0038)),
+    ("28.3B", 32, 128): ((10.408, 10.204, 7.703), (0.2168, 0.1106, 0.0029)),
+    ("28.3B", 32, 256): ((10.402, 10.248, 7.698), (0.1352, 0.0594, 0.0018)),
+}
+
+
+def _equal_stage_throughput(schedule: Schedule, p: int, m: int, f: float, b: float, w: float):
+    """``m (T_F + T_B + T_W) / T``: one minus the bubble rate of the cost model's pipeline time
+    ``T`` (:mod:`nest.cost.pipeline`) on ``p`` equal stages."""
+    from nest.cost.pipeline import pipeline_time_s, rank_pipeline_terms
+
+    u, t, e = rank_pipeline_terms(f, b + w, w, schedule)
+    total = pipeline_time_s([t] * p, m, schedule, 1, sum_terms_s=[u] * p, tail_terms_s=[e] * p)
+    return m * (f + b + w) / total
+
+
+@pytest.mark.parametrize("setting", sorted(ZB_PROFILES))
+def test_zero_bubble_papers_profile_puts_the_zb2p_gap_in_the_schedule(setting):
+    """Why the ZB-2p rows are under-predicted (ZB2P_WHY) while ZB-1p's are not: on the paper's
+    own profiled passes (Table 9, no stage cost of ours involved) the cost model's pipeline
+    formulas give ZB-1p's throughput as the paper's Table 5 does (ZB-H1's formula, within 2 %,
+    the remainder the paper's T_comm on the critical path) and 1F1B's (within 3.5 %), but
+    ZB-2p's 3.5 to 11 % lower: ZB-2p is the paper's searched schedule under optimizer
+    post-validation (§3.1, §4), scored as the handcrafted ZB-H2 under a synchronised step,
+    whose floor (p - 1) T_F alone is 9.9 to 10.6 % of these iterations at the smallest m."""
+    _, p, m = setting
+    (f, b, w), (bubble_1f1b, bubble_1p, bubble_2p) = ZB_PROFILES[setting]
+    one_f_one_b = _equal_stage_throughput(Schedule.ONE_F_ONE_B, p, m, f, b, w)
+    assert one_f_one_b / (1 - bubble_1f1b) - 1 == pytest.approx(0.0175, abs=0.0175)
+    zb_h1 = _equal_stage_throughput(Schedule.ZB_H1, p, m, f, b, w)
+    assert zb_h1 / (1 - bubble_1p) - 1 == pytest.approx(0.0, abs=0.02)
+    zb_h2 = _equal_stage_throughput(Schedule.ZB_H2, p, m, f, b, w)
+    assert -0.11 < zb_h2 / (1 - bubble_2p) - 1 < -0.035
+    assert zb_h2 == pytest.approx(m * (f + b + w) / (m * (f + b + w) + (p - 1) * f))
+
 
 
 def test_sweeps_are_auto_detected_per_source_model_metric_and_precision():
@@ -997,10 +1132,11 @@ def test_a_gpu_is_scored_only_under_its_exact_name():
 
 def test_a_row_may_name_its_own_device_preset():
     """``gpu_preset`` names any conf/device preset (``gpu`` is then a label): an H200 row is scored
-    with the H200's 141 GB, an unknown preset is a one-line error listing them."""
+    with the H200's memory (the 143,156 MiB CUDA exposes of its "141 GB", conf/device/h200_sxm.yaml),
+    an unknown preset is a one-line error listing them."""
     row = dict(_mixtral_row(), gpu="H200 SXM (our cluster)", gpu_preset="h200_sxm")
     problem, _ = validate.problem_and_plan(row)
-    assert problem.cluster.device.hbm_bytes == 141e9
+    assert problem.cluster.device.hbm_bytes == pytest.approx(143156 * 2**20, rel=1e-6)
     outcome = validate.predict(dict(row, gpu_preset="b300"))
     assert (
         outcome.predicted is None

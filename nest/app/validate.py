@@ -37,7 +37,8 @@ sequence parallelism "on when tp > 1".
 ``tokens_per_s_per_gpu`` (training tokens, ``global_batch_seqs x seq`` per iteration, per second
 per GPU) needs no FLOP count, so it is the metric of sources whose FLOP convention differs;
 ``step_time_s`` (seconds per iteration, the ``train_step_timing`` NeMo logs) needs none either, and
-is the metric of FP8 runs whose sources report MFU against the FP8 peak. For a time the error
+is the metric of FP8 runs whose sources report MFU against the FP8 peak; ``samples_per_s_per_gpu``
+(sequences, ``global_batch_seqs`` per iteration, per second per GPU) is the zero-bubble papers'. For a time the error
 ``predicted / measured - 1`` is positive when the prediction is slower than the run.
 
 Measured peak memory: ``peak_memory_allocated`` (``torch.cuda.max_memory_allocated``),
@@ -522,6 +523,8 @@ def predict(row: dict, matmul_efficiency: float | str | None = None) -> Outcome:
     elif metric.startswith("tokens_per_s_per_gpu"):
         tokens = problem.training.global_batch * problem.model.seq_len
         value = tokens / report.iteration_time_s / gpus
+    elif metric.startswith("samples_per_s_per_gpu"):
+        value = problem.training.global_batch / report.iteration_time_s / gpus
     elif metric.startswith("aggregate_pflops"):
         value = per_s / 1e15
     elif metric.startswith("pct_of_312TF_peak"):
