@@ -36,9 +36,9 @@ from .test_planners import SOLVERS, planner_from_config
 # sheet and MI355X specifications, cloud.google.com/tpu/docs/v5p, v5e and v6e (v5p lists FP8 at
 # its BF16 rate, 459; v5e and v6e list BF16 and int8 only). The B200's and GB200's HBM is what
 # CUDA exposes of their datasheets' 180 and 186 GB (conf/device/b200.yaml, gb200.yaml: 182,631 MiB
-# and 187.28 GiB, as PyTorch and torchtitan print them); the MI300X's is what the HIP runtime exposes
-# (conf/device/mi300x.yaml: 196,592 MiB, as PyTorch on ROCm prints it, ROCm/ROCm#4203). TPU v5e's
-# and v6e's "16 GB" and "32 GB" are JAX's hardware table's 17.2e9 and 34.4e9 bytes
+# and 187.28 GiB, as PyTorch and torchtitan print them); the MI300X's is what the HIP runtime
+# exposes (conf/device/mi300x.yaml: 196,592 MiB, as PyTorch on ROCm prints it, ROCm/ROCm#4203).
+# TPU v5e's and v6e's "16 GB" and "32 GB" are JAX's hardware table's 17.2e9 and 34.4e9 bytes
 # (jax-ml/jax@cec06d1:jax/_src/tpu_info.py).
 PUBLISHED = {
     "b200": dict(bf16=2250, fp8=4500, hbm_bytes=191.5 * GB, hbm_gbps=8000, mxfp8=True),
