@@ -59,10 +59,10 @@ def test_the_in_step_share_is_the_calibrated_rate_over_h100s_ceiling():
 
 
 def test_every_other_preset_with_a_ceiling_runs_at_the_derived_rate():
-    """A GPU preset with a published GEMM ceiling and no calibration split of its own stores
-    ``derived_matmul_efficiency(gemm_ceiling)`` (nest.core.kernels); it goes stale, and fails
-    here, when the calibrated constant moves. The rest (no ceiling: TPUs, the NEST paper's
-    devices) keep the stated 0.65."""
+    """A preset with a published GEMM ceiling and no calibration split of its own (the other
+    GPUs, TPU v5e and v6e) stores ``derived_matmul_efficiency(gemm_ceiling)``
+    (nest.core.kernels); it goes stale, and fails here, when the calibrated constant moves. The
+    rest (no ceiling: TPU v4 and v5p, the NEST paper's devices) keep the stated 0.65."""
     derived = []
     for path in sorted((ROOT / "conf" / "device").glob("*.yaml")):
         data = yaml.safe_load(path.read_text())
@@ -78,6 +78,46 @@ def test_every_other_preset_with_a_ceiling_runs_at_the_derived_rate():
         assert data["matmul_efficiency"] < data["gemm_ceiling"]
         derived.append(path.stem)
     assert {"a100_80gb", "b200", "gb200", "mi300x", "mi355x", "h100_96gb"} <= set(derived)
+    assert {"tpu_v5e", "tpu_v6e"} <= set(derived)
+
+
+@pytest.mark.parametrize(
+    ("preset", "seconds", "printed"),
+    [
+        # JAX's Pallas TPU guide "Matrix Multiplication", section "Performance of pipelined
+        # kernels", XLA's jnp.matmul on TPU v5e, printed as "FLOP/s utilization: 92.2960%"
+        # (github:jax-ml/jax@cec06d116c05f0d52adfceee3d3b730fdbcb0ce5:
+        # docs/pallas/tpu/matmul.ipynb)
+        ("tpu_v5e", 0.006047147869830951, 181.823175395037e12),
+        # Google's tpu-recipes micro-benchmark on one v6e chip, device time from the profiler
+        # trace, printed as "TFLOPS: 827.474382048629" (github:AI-Hypercomputer/tpu-recipes@
+        # c8cfe2f689081d36701a101cd73a70965d80926b:microbenchmarks/README.md)
+        ("tpu_v6e", 1.328756094e-3, 827.474382048629e12),
+    ],
+)
+def test_tpu_ceiling_is_the_published_8192_cubed_matmul_rate(preset, seconds, printed):
+    """A TPU preset's ``gemm_ceiling`` is its published bf16 matmul of 8192 x 8192 x 8192 (the
+    sources above): ``2 m n k`` FLOPs over the published time is the printed rate, and that
+    over the preset's peak, rounded, is the ceiling; its in-step rate is the derived share of
+    it, below it."""
+    m = n = k = 8192
+    data = device_config(preset)
+    achieved_flops_per_s = 2 * m * n * k / seconds
+    assert achieved_flops_per_s == pytest.approx(printed, rel=1e-9)
+    assert data["gemm_ceiling"] == round(achieved_flops_per_s / (data["peak_tflops"] * 1e12), 3)
+    assert data["matmul_efficiency"] == derived_matmul_efficiency(data["gemm_ceiling"])
+    assert data["matmul_efficiency"] < data["gemm_ceiling"]
+
+
+def test_tpu_v6e_hbm_efficiency_is_the_published_copy_rate():
+    """``hbm_efficiency`` of TPU v6e: Google's tpu-recipes HBM micro-benchmark copies 33,554,432
+    bytes (read and written) in 0.049359414 ms, printed as 1359.5960438266143 GB/s
+    (github:AI-Hypercomputer/tpu-recipes@c8cfe2f689081d36701a101cd73a70965d80926b:
+    microbenchmarks/README.md), of the preset's nameplate 1,640 GB/s."""
+    data = device_config("tpu_v6e")
+    achieved_gb_per_s = 2 * 33_554_432 / 0.049359414e-3 / 1e9
+    assert achieved_gb_per_s == pytest.approx(1359.5960438266143, rel=1e-6)
+    assert data["hbm_efficiency"] == round(achieved_gb_per_s / data["hbm_bw_gbps"], 3)
 
 
 def test_stored_constant_equals_a_fresh_fit(rows):

@@ -224,9 +224,12 @@ MI355X_WHY = (
     "ran at its ceiling"
 )
 TPU_WHY = (
-    "every row predicted slow (v5e -8 to -35 %, v5p -8 to -44 %): the published MFU is 46-71 "
-    "%, above the assumed in-step GEMM rate of 0.65 of the peak (the TPU presets cite no GEMM "
-    "micro-benchmark, so their ceiling is the peak: at it the medians are 13.2 and 15.0 %), and "
+    "every row but one predicted slow (v5e -31 to +0.2 %, v5p -9 to -44 %): the published MFU "
+    "is 46-71 %, with full recompute a hardware FLOP utilisation up to 89 % (v5e 32B); v5e runs "
+    "at the derived in-step GEMM rate 0.709 (H100's calibrated 0.768 share of its micro-benchmark "
+    "ceiling x v5e's 0.923, JAX's Pallas TPU matmul guide), v5p at the assumed 0.65 (no v5p GEMM "
+    "micro-benchmark is published); at their ceilings (v5e 0.923, v5p the peak) the medians are "
+    "7.8 and 14.1 %: no published source gives XLA's TPU programs their own in-step share, and "
     "the ici_tensor rows' TP collectives are charged as exposed"
 )
 MBRIDGE_WHY = (
@@ -277,7 +280,7 @@ ZB_ORDER_WHY = (
         pytest.param(MOEZOO, marks=_unmet("source median <= 10 %", "23.0 %", MOEZOO_WHY)),
         GB200_PAIRS,
         pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "10.6 %", BLACKWELL_WHY)),
-        pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "24.3 %", TPU_WHY)),
+        pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "17.7 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("source median <= 10 %", "20.7 %", TPU_WHY)),
         pytest.param(MI355X, marks=_unmet("source median <= 10 %", "12.0 %", MI355X_WHY)),
         TORCHTITAN,
@@ -313,7 +316,7 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         pytest.param(MOEZOO, marks=_unmet("max <= 15 %", "45.5 %", MOEZOO_WHY)),
         pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "19.6 %", GB200_WHY)),
         pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "239 %", BLACKWELL_WHY)),
-        pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "35.0 %", TPU_WHY)),
+        pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "30.6 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "44.1 %", TPU_WHY)),
         MI355X,
         TORCHTITAN,
@@ -327,7 +330,7 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
 
 @_unmet(
     "median <= 5 % over all cases",
-    "7.2 %",
+    "7.0 %",
     f"the GB200 pairs: {GB200_WHY}; the TPU rows: {TPU_WHY}; the MoE sources: {BLACKWELL_WHY}",
 )
 def test_accuracy_median_within_5_percent(summary):
@@ -355,15 +358,15 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 def test_regression_split_errors_pin_the_current_model(summary):
     """Pins (not accuracy): calibration rows median 2.4 % / max 15.4 %; held-out rows median
-    7.5 % / max 239 % (9.3 % before the zero-bubble paper's 84 rows)."""
+    7.3 % / max 239 % (9.0 % before the zero-bubble paper's 84 rows)."""
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
     assert cal["median_abs_error"] == pytest.approx(0.024, abs=0.005)
     assert cal["max_abs_error"] == pytest.approx(0.154, abs=0.005)
-    assert held["median_abs_error"] == pytest.approx(0.075, abs=0.005)
+    assert held["median_abs_error"] == pytest.approx(0.073, abs=0.005)
     assert held["max_abs_error"] == pytest.approx(2.389, abs=0.005)
 
 
-@_unmet("held-out median <= 5 % (issue 22)", "7.5 %", HELD_OUT_WHY)
+@_unmet("held-out median <= 5 % (issue 22)", "7.3 %", HELD_OUT_WHY)
 def test_accuracy_held_out_median_within_5_percent(summary):
     assert summary["held_out_targets_met"]["median_abs_error"]
 
@@ -375,7 +378,7 @@ def test_accuracy_held_out_max_within_25_percent(summary):
 
 @_unmet(
     "no held-out source median above 10 % (issue 22)",
-    "24.3 % (MaxText TPU v5e)",
+    "23.0 % (Megatron-MoE-ModelZoo Qwen3-235B)",
     HELD_OUT_WHY,
 )
 def test_accuracy_no_held_out_source_median_above_10_percent(summary):
@@ -427,7 +430,7 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     MOEZOO: (5, 0.230, 0.455, -0.089),
     GB200_PAIRS: (30, 0.043, 0.196, -0.043),
     BLACKWELL: (9, 0.106, 2.389, 0.106),
-    TPU_V5E: (24, 0.243, 0.350, -0.243),
+    TPU_V5E: (24, 0.177, 0.306, -0.177),
     TPU_V5P: (16, 0.207, 0.441, -0.207),
     MI355X: (1, 0.120, 0.120, -0.120),
     TORCHTITAN: (5, 0.078, 0.091, 0.078),

@@ -22,7 +22,7 @@ micro-benchmark isolates. It is fitted here, and only here, on :data:`CALIBRATIO
   ``h200_sxm.yaml``: the same GH100 compute); ``tests/test_calibrate.py`` fails when the stored
   value and a fresh fit differ by more than :data:`STALE_TOLERANCE`, so it cannot go stale
   silently. After any cost-model change: run ``python -m nest.calibrate``, store the printed
-  value in the three places and the derived rates it prints in the other GPU presets
+  value in the three places and the derived rates it prints in the other presets with a ceiling
   (:func:`nest.core.kernels.derived_matmul_efficiency`, the same share of each one's measured
   ceiling), re-pin ``tests/test_validate.py``.
 """
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         f"stored {CALIBRATED_MATMUL_EFFICIENCY:.3f}"
     )
     print(
-        f"the other GPU presets at the fitted share of their ceilings ({rate / ceiling:.3f}): "
+        f"the other presets at the fitted share of their ceilings ({rate / ceiling:.3f}): "
         + ", ".join(
             f"{name} {derived_matmul_efficiency(c, rate / ceiling):.3f}"
             for name, c in _ceilings_of_derived_presets()
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ceilings_of_derived_presets() -> list[tuple[str, float]]:
-    """``(preset, gemm_ceiling)`` of the GPU presets whose in-step rate is derived
+    """``(preset, gemm_ceiling)`` of the presets whose in-step rate is derived
     (:func:`nest.core.kernels.derived_matmul_efficiency`): those with a published ceiling
     other than the calibrated H100 and H200."""
     out = []

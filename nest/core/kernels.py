@@ -32,9 +32,14 @@ Two models, chosen per device preset (``compute_model``):
   best rate a training step keeps: the same share the FP8 level and the attention kernels
   already use, :attr:`Device.sustained_fraction`); every other GPU preset with a published
   ceiling runs at that share of *its own* ceiling (:func:`derived_matmul_efficiency`: A100,
-  B200, GB200, MI300X, MI355X, H100 96GB), a transfer of the one fitted number through a
-  micro-benchmark, not a second fit. Presets without a published ceiling (the TPUs, the NEST
-  paper's devices) keep the first cost model's stated assumption, 0.65. At the ceiling instead
+  B200, GB200, MI300X, MI355X, H100 96GB; and TPU v5e and v6e, whose ceilings are published
+  8192-cubed bf16 matmuls, 0.923 in JAX's Pallas TPU matmul guide and 0.901 in Google's
+  tpu-recipes micro-benchmark: ``conf/device/tpu_v5e.yaml``, ``tpu_v6e.yaml``), a transfer of
+  the one fitted number through a micro-benchmark, not a second fit. No published source gives
+  XLA's whole-step TPU programs a share of their own, so the TPUs take the GPU one; the MaxText
+  v5e runs validated against keep more (docs/trust/fidelity.md, TPU). Presets without a
+  published ceiling (TPU v4 and v5p, the NEST paper's devices) keep the first cost model's
+  stated assumption, 0.65. At the ceiling instead
   (``matmul_efficiency`` = ``gemm_ceiling``) the model over-predicts every published run it is
   validated against (docs/trust/fidelity.md). The shape model's job is the *relative*
   cost of shapes: small, ragged and grouped GEMMs lose against large ones as the tiles, waves
