@@ -1076,7 +1076,10 @@ def test_moe_dispatcher_is_exported_or_re_scored(dispatcher):
     "settings, runs",
     [
         (dict(tp=1, pp=1, dp=16, ep=4, zero_stage=1), True),
-        (dict(tp=1, pp=2, dp=8, ep=4, zero_stage=1, schedule="interleaved", virtual_stages=2), True),
+        (
+            dict(tp=1, pp=2, dp=8, ep=4, zero_stage=1, schedule="interleaved", virtual_stages=2),
+            True,
+        ),
         (dict(tp=1, pp=2, dp=8, ep=4, zero_stage=1), False),  # 1F1B: no virtual pipeline
         (dict(tp=1, pp=1, dp=16, ep=4, zero_stage=1, recompute="full"), False),
         (dict(tp=1, pp=1, dp=16, ep=4, zero_stage=1, recompute="full1+none"), False),

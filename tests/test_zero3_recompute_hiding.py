@@ -22,10 +22,10 @@ import pytest
 from baselines.brute import plans_to_score
 from nest.app import validate
 from nest.core.axes import LayerKind, Recompute
+from nest.core.model import ModelSpec
 from nest.cost import evaluate
 from nest.cost.compute import hiding_bwd_s
 from nest.cost.evaluate import shard_of
-from nest.core.model import ModelSpec
 from nest.dp.planner import NestPlanner
 from nest.dp.rows import stage_row
 from nest.dp.space import SpaceOptions
