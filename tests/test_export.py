@@ -363,7 +363,8 @@ def torchtitan_fp8(t: dict, *, tp: int, dp_shard: int) -> dict:
 
 
 def megatron_runs(flags: dict, world: int) -> dict:
-    """What Megatron-LM @ 000c4ac24f61 runs from its arguments on ``world`` ranks.
+    """What Megatron-LM @ 000c4ac24f61 runs from its arguments on ``world`` ranks (the EP
+    all-to-all overlap's rules: ``TransformerConfig.__post_init__``).
 
     ``validate_args``: ``world % (tp pp cp) == 0``, ``dp = world / (tp pp cp)``; ``--seq-length``
     a multiple of ``2 cp`` when ``cp > 1``. ``num_microbatches_calculator.py``: ``global % (micro
@@ -401,6 +402,13 @@ def megatron_runs(flags: dict, world: int) -> dict:
     assert "--bf16" in flags
     if "--tp-comm-overlap" in flags:
         assert "--sequence-parallel" in flags
+    # TransformerConfig.__post_init__ with --overlap-moe-expert-parallel-comm: ep > 1, a virtual
+    # pipeline when pp > 1, recompute_granularity != 'full', no recompute_method.
+    if "--overlap-moe-expert-parallel-comm" in flags:
+        assert ep > 1
+        assert pp == 1 or "--num-layers-per-virtual-pipeline-stage" in flags or stages > pp
+        assert flags.get("--recompute-granularity") != "full"
+        assert "--recompute-method" not in flags
     settings = dict(
         grad_bytes=2 if "--grad-reduce-in-bf16" in flags else 4,
         overlap_grad_sync="--overlap-grad-reduce" in flags,
@@ -1062,3 +1070,37 @@ def test_moe_dispatcher_is_exported_or_re_scored(dispatcher):
     assert "moe_dispatcher" not in megatron.framework_differences
     titan = check_scored(moe, "torchtitan", dict(settings, zero_stage=3))
     assert ("moe_dispatcher" in titan.framework_differences) == (dispatcher == "deepep")
+
+
+@pytest.mark.parametrize(
+    "settings, runs",
+    [
+        (dict(tp=1, pp=1, dp=16, ep=4, zero_stage=1), True),
+        (
+            dict(tp=1, pp=2, dp=8, ep=4, zero_stage=1, schedule="interleaved", virtual_stages=2),
+            True,
+        ),
+        (dict(tp=1, pp=2, dp=8, ep=4, zero_stage=1), False),  # 1F1B: no virtual pipeline
+        (dict(tp=1, pp=1, dp=16, ep=4, zero_stage=1, recompute="full"), False),
+        (dict(tp=1, pp=1, dp=16, ep=4, zero_stage=1, recompute="full1+none"), False),
+    ],
+    ids=["pp1", "interleaved", "1f1b-pp2", "full", "block"],
+)
+def test_ep_overlap_is_exported_where_megatron_runs_it_and_re_scored_elsewhere(settings, runs):
+    """``--overlap-moe-expert-parallel-comm`` (Megatron-LM 000c4ac24f61,
+    ``TransformerConfig.__post_init__``) needs a virtual pipeline when ``pp > 1`` and refuses
+    full and ``--recompute-method`` recompute: a plan scored with the overlap gets the flag
+    where Megatron accepts it; elsewhere the flag is left out and the plan is re-scored without
+    the overlap, the difference named."""
+    moe = make_problem(
+        make_spec(layers=4, heads=8, num_experts=4, top_k=2, seq_len=128),
+        make_cluster(fanouts=(4, 4)),
+        global_batch=32,
+        grad_bytes=4,
+        ep_comm_overlap=True,
+    )
+    exp = check_scored(moe, "megatron", settings)
+    assert ("--overlap-moe-expert-parallel-comm" in exp.text) == runs
+    assert ("ep_comm_overlap" in exp.framework_differences) == (not runs)
+    if not runs:
+        assert exp.exported_iteration_time_s > exp.plan_iteration_time_s

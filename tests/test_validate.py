@@ -196,9 +196,19 @@ DSV3_WHY = (
     "folded rows (TP2 EP64 etp 1, mla_up_proj recompute) -6.9 % (512 GPUs) and -0.5 % (1024)"
 )
 MOEZOO_WHY = (
-    "Megatron-Core FSDP row (TP2 EP8 DP128 ZeRO-3, full recompute) +26 %, cross-node EP32 rows "
-    "with DeepEP's node-deduplicated dispatch -4 and -9 %, TP2 PP32 -23 % and TP4 PP8 -46 % "
-    "(predicted fastest, measured slowest)"
+    "TP4 PP8 VP4 EP8 (no recompute) predicted 45 % fast and the fastest of the five, measured "
+    "the slowest (29.0 s); TP2 PP32 VP3 EP8 23 % fast. Every flag was checked against the "
+    "published commands (Megatron-MoE-ModelZoo 8017e11 examples/qwen3/run_235b.sh, the "
+    "table's commit): etp 1, so each tensor rank dispatches its own sequence shard (no "
+    "TP-duplicated tokens, Megatron-LM 1e057005 token_dispatcher.py), and none of the "
+    "modelled terms of either layout (TP collectives, the p2p of 96 one-layer chunks, the "
+    "31 / (3 x 512) bubble) comes near the gap. Both ran on Megatron-LM main (1e057005) with "
+    "the smallest expert GEMMs (512 and 1,024 tokens per expert per microbatch, 4,096 in the "
+    "other three) and the most schedule steps per rank (3,072 block-microbatches; 1,536 "
+    "one-layer chunk-microbatches against 512 three-layer ones), which points at host time "
+    "per MoE layer and per step (the dispatcher's host sync, per-expert launches) that no "
+    "published figure gives; the cross-node EP32 rows with DeepEP -3 and -9 %, the "
+    "Megatron-FSDP row +7 %"
 )
 GB200_WHY = (
     "every row predicted fast (BF16 -0.2 to -10 %, FP8 -2 to -20 %) at the derived in-step GEMM "
@@ -277,7 +287,7 @@ ZB_ORDER_WHY = (
         PAIRS,
         DSV3,
         pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "14.1 %", MBRIDGE_WHY)),
-        pytest.param(MOEZOO, marks=_unmet("source median <= 10 %", "23.0 %", MOEZOO_WHY)),
+        MOEZOO,
         GB200_PAIRS,
         pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "10.6 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "17.7 %", TPU_WHY)),
@@ -313,7 +323,7 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         pytest.param(PAIRS, marks=_unmet("max <= 15 %", "21.1 %", PAIRS_WHY)),
         pytest.param(DSV3, marks=_unmet("max <= 15 %", "59.5 %", DSV3_WHY)),
         pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "131 %", MBRIDGE_WHY)),
-        pytest.param(MOEZOO, marks=_unmet("max <= 15 %", "45.5 %", MOEZOO_WHY)),
+        pytest.param(MOEZOO, marks=_unmet("max <= 15 %", "45.0 %", MOEZOO_WHY)),
         pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "19.6 %", GB200_WHY)),
         pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "239 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "30.6 %", TPU_WHY)),
@@ -358,15 +368,15 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 def test_regression_split_errors_pin_the_current_model(summary):
     """Pins (not accuracy): calibration rows median 2.4 % / max 15.4 %; held-out rows median
-    7.3 % / max 239 % (9.0 % before the zero-bubble paper's 84 rows)."""
+    7.2 % / max 239 % (9.0 % before the zero-bubble paper's 84 rows)."""
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
     assert cal["median_abs_error"] == pytest.approx(0.024, abs=0.005)
     assert cal["max_abs_error"] == pytest.approx(0.154, abs=0.005)
-    assert held["median_abs_error"] == pytest.approx(0.073, abs=0.005)
+    assert held["median_abs_error"] == pytest.approx(0.072, abs=0.005)
     assert held["max_abs_error"] == pytest.approx(2.389, abs=0.005)
 
 
-@_unmet("held-out median <= 5 % (issue 22)", "7.3 %", HELD_OUT_WHY)
+@_unmet("held-out median <= 5 % (issue 22)", "7.2 %", HELD_OUT_WHY)
 def test_accuracy_held_out_median_within_5_percent(summary):
     assert summary["held_out_targets_met"]["median_abs_error"]
 
@@ -378,7 +388,7 @@ def test_accuracy_held_out_max_within_25_percent(summary):
 
 @_unmet(
     "no held-out source median above 10 % (issue 22)",
-    "23.0 % (Megatron-MoE-ModelZoo Qwen3-235B)",
+    "20.7 % (MaxText TPU v5p)",
     HELD_OUT_WHY,
 )
 def test_accuracy_no_held_out_source_median_above_10_percent(summary):
@@ -427,7 +437,7 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     PAIRS: (30, 0.039, 0.211, 0.015),
     DSV3: (3, 0.070, 0.595, -0.005),
     MBRIDGE: (3, 0.141, 1.305, -0.137),
-    MOEZOO: (5, 0.230, 0.455, -0.089),
+    MOEZOO: (5, 0.088, 0.450, -0.088),
     GB200_PAIRS: (30, 0.043, 0.196, -0.043),
     BLACKWELL: (9, 0.106, 2.389, 0.106),
     TPU_V5E: (24, 0.177, 0.306, -0.177),
@@ -456,7 +466,7 @@ def test_regression_sweep_kendall_taus_pin_the_current_model(summary):
     target): SC21 Table 2's two six-configuration sweeps +0.20 (175B: 9 of 15 pairs ordered as
     measured) and +0.47 (530B: 11 of 15), the eight GB200 scaling sweeps, all +1 but
     Grok-1's BF16 (+0.33: measured 7.33 / 7.39 / 7.32 s on 128 / 256 / 512 GPUs, a 1 % spread,
-    predicted flat to 0.01 s), Megatron-MoE-ModelZoo's five Qwen3-235B layouts (-0.53, pinned
+    predicted flat to 0.01 s), Megatron-MoE-ModelZoo's five Qwen3-235B layouts (-0.32, pinned
     below) and dgxc-benchmarking's three DeepSeek-V3 runs on H100, auto-detected now that the
     folded ones are scored (-0.33: measured 48.9 / 52.0 / 36.2 s for TP2 PP8 on 512, TP2 PP16 on
     1024 and TP1 PP8 VP2 on 1024 GPUs, predicted 43.5 / 48.7 / 56.0 s: the fastest run predicted
@@ -607,13 +617,14 @@ def test_sweeps_are_auto_detected_per_source_model_metric_and_precision():
 def test_regression_moezoo_qwen3_layout_ranking_pins_the_current_model(summary):
     """Pins (not a target) Kendall tau-b of Megatron-MoE-ModelZoo's five Qwen3-235B layouts on 256
     H100 (step times 17.6, 17.6, 19.7, 24.2, 29.0 s; one pair tied in the measured order): of the
-    9 untied pairs 2 are ordered as measured and 7 reversed, (2 - 7) / sqrt(9 x 10) = -0.53."""
+    9 untied pairs 3 are ordered as measured and 6 reversed, (3 - 6) / sqrt(9 x 10) = -0.32
+    (-0.53 before ZeRO-3's traffic hid under the Megatron-FSDP row's recomputation)."""
     sweep = summary["sweeps"][MOEZOO_SWEEP]
     assert sweep["n"] == 5
-    assert sweep["kendall_tau"] == pytest.approx(-5 / 90**0.5)
+    assert sweep["kendall_tau"] == pytest.approx(-3 / 90**0.5)
 
 
-@_unmet("Kendall tau >= 0.8", "-0.53", MOEZOO_WHY)
+@_unmet("Kendall tau >= 0.8", "-0.32", MOEZOO_WHY)
 def test_accuracy_moezoo_qwen3_layouts_ranked_as_measured(summary):
     """The issue's target: the five Qwen3-235B layouts ranked in the measured order."""
     assert summary["sweeps"][MOEZOO_SWEEP]["kendall_tau"] >= 0.8

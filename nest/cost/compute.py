@@ -36,14 +36,21 @@ def recompute_s(cost: LayerCost, mode: Recompute, is_block: bool) -> float:
     return cost.recompute_s.get(mode, 0.0) if is_block else 0.0
 
 
-def hiding_bwd_s(cost: LayerCost, is_block: bool) -> float:
+def hiding_bwd_s(cost: LayerCost, mode: Recompute, is_block: bool) -> float:
     """Backward seconds of this layer under which ZeRO-3's re-gather of the next layer and
     reduce-scatter of the previous one run (:class:`nest.cost.fsdp.OverlapChain`): its backward
-    plus the recomputation every mode performs (:data:`Recompute.NONE`'s share, FlashAttention's
-    ``S = QK^T`` inside the attention backward kernel, which each mode's recompute includes). A
-    mode's further recomputation is not counted as hiding: the chain is the same for every mode,
-    so the overlap is a floor of what a recomputing stage hides."""
-    return cost.bwd_s + recompute_s(cost, Recompute.NONE, is_block)
+    plus its recomputation in ``mode`` (FlashAttention's ``S = QK^T`` in every mode; the whole
+    forward again under full recompute). The recomputation belongs to the layer's backward:
+    FSDP issues the next unit's gather from the layer's pre-backward hook and the previous
+    unit's reduce-scatter after its post-backward hook, and the checkpointed forward runs
+    between the two (Megatron-Core ``custom_fsdp/fully_sharded_data_parallel.py`` at
+    1e057005, ``_pre_backward`` all-gathers with ``PrefetchOrder.BACKWARD_PASS_ORDER`` and
+    ``_pre_forward_param_unshard`` only cancels the *forward* prefetch inside the
+    recomputation). Each layer's hiding time is at least its ``none`` one, and a stage's
+    exposed ZeRO-3 time falls by at most the recompute seconds it adds
+    (:class:`nest.cost.fsdp.OverlapChain`: each layer hides in exactly one term), so more
+    recomputation never shortens a stage."""
+    return cost.bwd_s + recompute_s(cost, mode, is_block)
 
 
 def hardware_flops(cost: LayerCost, mode: Recompute, is_block: bool) -> float:

@@ -240,7 +240,7 @@ def zero3_chunk_s(state: ModelState, groups: RankGroups, chunk: Chunk) -> tuple:
         [c.dense_params for c in layers],
         [c.expert_params for c in layers],
         [c.fwd_s for c in layers],
-        [hiding_bwd_s(c, blk) for c, _, blk in chunk.layers],
+        [hiding_bwd_s(c, mode, blk) for c, mode, blk in chunk.layers],
     )
     last = len(layers) - 1
     return float(chain.fwd_s(0, last)), float(chain.bwd_s(0, last)), float(chain.total_s(0, last))

@@ -35,8 +35,9 @@ gathers in it (reduce-scatters stay fully hideable: DeepSpeed's ``overlap_comm``
 gives the formulas above.
 
 Only compute hides communication here (``f_l``, ``b_l``: the layers' GEMM and attention
-kernels; a recomputed forward is not counted as hiding time, which keeps the term independent of
-the recompute mode). Each hiding term is at most the communication it hides, so
+kernels; ``b_l`` with the layer's recomputation in the stage's mode, which runs between the
+hooks that issue the gather and the reduce-scatter: :func:`nest.cost.compute.hiding_bwd_s`).
+Each hiding term is at most the communication it hides, so
 ``0 <= exposed <= sum of all gathers and reduce-scatters`` (a property test checks both).
 
 :class:`OverlapChain` tabulates the sums as prefix sums over a chain, so that the evaluator (one

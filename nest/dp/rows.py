@@ -54,17 +54,17 @@ def _comm(sm: StageModel, r: int, i: int, direction: str, mode: Recompute) -> np
 
 def stage_common(sm: StageModel, r: int, i: int) -> tuple:
     """The mode-independent terms of 1F1B stage ``r`` from layer ``i``, for every last layer:
-    forward, backward without recompute and backward collectives, DP sync, optimizer step."""
+    forward (with ZeRO-3's exposed gathers), backward without recompute, backward collectives
+    and ZeRO-3's backward traffic (which hides under the mode's recomputation:
+    :func:`stage_row`), DP sync, optimizer step."""
     c, n, ch = sm.config, sm.n_layers, sm.chain
     cluster = sm.problem.cluster
     fwd = (ch.fwd_s[i + 1 :] - ch.fwd_s[i]) + _comm(sm, r, i, "f", Recompute.NONE)
     bwd = ch.bwd_s[i + 1 :] - ch.bwd_s[i]
     dense_c = ch.dense_params[i + 1 :] - ch.dense_params[i]
     expert = ch.expert_params[i + 1 :] - ch.expert_params[i]
-    if sm.state.zero_stage >= 3:
-        z3, last = sm.zero3_chain(r), np.arange(i, n)
-        fwd = fwd + z3.fwd_s(i, last)
-        bwd = bwd + z3.bwd_s(i, last)
+    if sm.state.zero_stage >= 3:  # the forward's gathers hide under no recomputation
+        fwd = fwd + sm.zero3_chain(r, Recompute.NONE).fwd_s(i, np.arange(i, n))
     if r + 1 < c.pp:
         fwd = fwd + pair_p2p_time_s(ch.boundary_bytes[i:n], sm.p2p_levels(r, r + 1), cluster)
     if r > 0:
@@ -116,6 +116,8 @@ def stage_row(
     ch = sm.chain
     redo = ch.recompute_s[mode][i + 1 :] - ch.recompute_s[mode][i]
     bwd = bwd + redo + _comm(sm, r, i, "b", mode)
+    if sm.state.zero_stage >= 3:  # the backward's hide under the mode's recomputation too
+        bwd = bwd + sm.zero3_chain(r, mode, i, full_blocks).bwd_s(i, np.arange(i, sm.n_layers))
     if full_blocks:
         bwd = bwd + _block_extra(sm, r, i, mode, full_blocks)
     if sm.config.activation_offload:

@@ -436,7 +436,7 @@ class StageModel:
             + self._comm_s(r, i, j, "b", mode)
         )
         if self.state.zero_stage >= 3:
-            z3 = self.zero3_chain(r)
+            z3 = self.zero3_chain(r, mode)
             fwd += float(z3.fwd_s(i, j))
             bwd += float(z3.bwd_s(i, j))
         bwd += self.offload_exposed_s(i, j, mode)
@@ -462,20 +462,40 @@ class StageModel:
             moved, fwd, bwd, self.problem.cluster.device.host_link_bw_bytes_per_s
         )
 
-    def zero3_chain(self, r: int):
-        """Rank ``r``'s per-layer ZeRO-3 overlap terms over the whole chain
-        (:meth:`ModelState.zero3_chain`; a stage ``i..j`` reads its interval)."""
-        key = ("zero3", r)
+    def zero3_chain(self, r: int, mode: Recompute, first: int = 0, full_blocks: int = 0):
+        """Rank ``r``'s per-layer ZeRO-3 overlap terms over the whole chain with its blocks in
+        ``mode`` (:meth:`ModelState.zero3_chain`; a stage ``i..j`` reads its interval); with
+        ``full_blocks``, the first that many blocks from layer ``first`` fully recomputed (each
+        layer's backward hides under its own recomputation:
+        :func:`nest.cost.compute.hiding_bwd_s`)."""
+        key = ("zero3", r, mode)
         got = self._rank_cache.get(key)
         if got is None:
+            hiding = [
+                hiding_bwd_s(x, mode, b) for x, b in zip(self.costs, self.is_block, strict=True)
+            ]
             got = self._rank_cache[key] = self.state.zero3_chain(
                 self.groups[r],
                 [x.dense_params for x in self.costs],
                 [x.expert_params for x in self.costs],
                 [x.fwd_s for x in self.costs],
-                [hiding_bwd_s(x, b) for x, b in zip(self.costs, self.is_block, strict=True)],
+                hiding,
             )
-        return got
+        if not full_blocks:
+            return got
+        b0 = self.block_span(first, self.n_layers - 1)[0]
+        full = range(b0, b0 + full_blocks)
+        hiding = got.bwd_compute_s.copy()
+        hiding[b0 : b0 + full_blocks] = [
+            hiding_bwd_s(self.costs[k], Recompute.FULL, bool(self.is_block[k])) for k in full
+        ]
+        return self.state.zero3_chain(
+            self.groups[r],
+            [x.dense_params for x in self.costs],
+            [x.expert_params for x in self.costs],
+            [x.fwd_s for x in self.costs],
+            hiding,
+        )
 
     def rank_sync_opt(self, r: int, dense, expert) -> tuple:
         """DP sync and optimizer-step seconds of a rank holding these parameters (dense with

@@ -75,7 +75,11 @@ defaults are off for every one of them):
   ``--sequence-parallel`` (the cost model, too, overlaps only sequence-parallel collectives).
 - ``cp_comm_overlap``: Megatron's default ``--cp-comm-type p2p`` overlaps the ring (nothing to
   emit); a run scored without it is re-scored with it.
-- ``ep_comm_overlap`` with ``ep > 1``: ``--overlap-moe-expert-parallel-comm``.
+- ``ep_comm_overlap`` with ``ep > 1``: ``--overlap-moe-expert-parallel-comm`` where Megatron-Core
+  runs it (``TransformerConfig.__post_init__`` at 000c4ac24f61 asserts a virtual pipeline when
+  ``pp > 1``, no full recompute, no ``--recompute-method`` and at most one MTP layer); a plan
+  it cannot run so (1F1B with ``pp > 1``, full or every-n-blocks recompute, deeper MTP) is
+  re-scored without it.
 - ``ep > 1``: ``--moe-token-dispatcher-type alltoall``, or ``flex`` with
   ``--moe-flex-dispatcher-backend deepep`` under ``moe_dispatcher: deepep``
   (:func:`dispatcher_args`; Megatron-Core's default dispatcher is ``allgather``).
@@ -460,6 +464,23 @@ def _tp_overlap_runs(problem: Problem, plan: Plan) -> bool:
     return t.tp_comm_overlap and plan.tp > 1 and plan.sequence_parallel
 
 
+def ep_overlap_runs(problem: Problem, plan: Plan) -> str | None:
+    """None when ``--overlap-moe-expert-parallel-comm`` is emitted for the plan, else why not
+    (Megatron-Core 000c4ac24f61 ``TransformerConfig.__post_init__``: with ``pp > 1`` the
+    virtual pipeline must be set; ``recompute_granularity != 'full'``, ``recompute_method`` and
+    ``recompute_num_layers`` None; ``mtp_num_layers`` None or 1); ``""`` when the plan was not
+    scored with it or has no expert parallelism."""
+    if not problem.training.ep_comm_overlap or plan.ep == 1:
+        return ""
+    if plan.pp > 1 and plan.virtual_stages == 1:
+        return "it needs a virtual pipeline when pp > 1 (interleaved schedule)"
+    if any(s.recompute is Recompute.FULL or s.full_blocks for s in plan.stages):
+        return "it refuses full recompute and --recompute-method"
+    if getattr(getattr(problem.model, "spec", None), "mtp_layers", 0) > 1:
+        return "it supports at most one MTP layer"
+    return None
+
+
 def dispatcher_args(dispatcher: str) -> list[str]:
     """The token dispatcher the plan was scored with (``TransformerConfig``'s default,
     ``allgather``, is neither): ``alltoall``, or DeepEP through the flex dispatcher
@@ -479,7 +500,7 @@ def training_args(problem: Problem, plan: Plan) -> list[str]:
         args.append("--overlap-grad-reduce")
     if _tp_overlap_runs(problem, plan):
         args.append("--tp-comm-overlap")
-    if t.ep_comm_overlap and plan.ep > 1:
+    if ep_overlap_runs(problem, plan) is None:
         args.append("--overlap-moe-expert-parallel-comm")
     if t.moe_routing == "balanced" and plan.ep > 1:
         args.append("--moe-router-force-load-balancing")
@@ -508,6 +529,9 @@ def framework_runs(problem: Problem, plan: Plan) -> dict:
     runs = {}
     if plan.cp > 1:
         runs["cp_comm_overlap"] = (True, "Megatron's default --cp-comm-type p2p overlaps the ring")
+    why = ep_overlap_runs(problem, plan)
+    if why:
+        runs["ep_comm_overlap"] = (False, f"--overlap-moe-expert-parallel-comm is left out: {why}")
     return runs
 
 
