@@ -385,6 +385,13 @@ class NestPlanner(SpacePlanner):
         **space,
     ) -> None:
         super().__init__(name=name, **space)
+        if "dualpipe_v" in (self.schedules or ()):
+            # DualPipeV's time is a list schedule of every chunk's passes (nest.cost.dualpipe):
+            # no decomposition for an exact DP here yet
+            raise UserError(
+                f"solver.schedules={list(self.schedules)} lists dualpipe_v, which solver={name} "
+                "does not search exactly; drop it, or use solver=brute on a small problem"
+            )
         self.export_runnable = export_runnable
         """Keep the search inside what an export target runs (:data:`RUNNABLE_ORDERS`)."""
         self.seed_configs = seed_configs
