@@ -3,7 +3,7 @@
 ``ScheduleDualPipeV``, pytorch/pytorch@1fd7abc2f521:torch/distributed/pipelining/schedules.py):
 its order against a hand-run of ``DualPipeV.step``, the overlapped F&B rule, the README's bubble
 and activation count, the evaluator against the simulator, the memory, the space, the refusals,
-brute, the exports and the timeline."""
+nest == brute, the exports and the timeline."""
 
 import random
 
@@ -236,16 +236,52 @@ def test_a_listed_dualpipe_v_has_zb_v_chunks_and_is_not_in_the_default_space():
     assert {c.pp for c in listed} <= {c.pp for c in zb_v}
 
 
-def test_nest_and_the_exact_models_refuse_dualpipe_v_in_one_line():
-    from nest.dp.planner import NestPlanner
+def test_the_exact_models_refuse_dualpipe_v():
     from nest.exact.planner import ExactPlanner
 
-    with pytest.raises(UserError, match="dualpipe_v.*solver=brute") as err:
-        NestPlanner(schedules=["1f1b", "dualpipe_v"])
-    assert "\n" not in str(err.value)
     for backend in ("cpsat", "milp"):
         with pytest.raises(UserError, match="dualpipe_v"):
             ExactPlanner(name=backend, backend=backend, schedules=["1f1b", "dualpipe_v"])
+
+
+def test_nest_equals_brute_force_with_dualpipe_v_on_random_problems():
+    """``nest`` (nest/dp/dualpipe_v.py: branch and bound over each rank's undominated pairs of
+    modes) and ``brute`` agree to 1e-9 on random small problems searched with DualPipeV alone,
+    beside 1F1B, or beside the zero-bubble schedules; some of them with memory tight enough
+    that a rank keeps several undominated pairs (the search branches)."""
+    import nest.dp.dualpipe_v as search
+
+    from .randomcase import assert_nest_equals_brute
+    from .test_nest_dp import tiny_case
+
+    widths = []
+    undominated = search._undominated
+
+    def counted(options):
+        out = undominated(options)
+        widths.append(len(out))
+        return out
+
+    agreed = alone = 0
+    search._undominated = counted
+    try:
+        for seed in range(90):
+            problem, options = tiny_case(3100 + seed)
+            schedules = (
+                ["dualpipe_v"], ["1f1b", "dualpipe_v"], ["1f1b", "zb_h2", "zb_v", "dualpipe_v"]
+            )[seed % 3]  # fmt: skip
+            options = {**options, "schedules": schedules}
+            try:
+                oracle = assert_nest_equals_brute(problem, options, (seed, options))
+            except UserError:
+                continue  # no configuration of the restricted space (e.g. m < 2 pp)
+            if oracle is not None:
+                agreed += 1
+                alone += oracle.schedule is Schedule.DUALPIPE_V
+    finally:
+        search._undominated = undominated
+    assert agreed >= 40 and alone >= 3, (agreed, alone)
+    assert sum(w > 1 for w in widths) >= 5, widths
 
 
 def test_brute_searches_dualpipe_v_beside_the_others():

@@ -110,6 +110,10 @@ stage takes at least the sum of its layers' floors.
   floors over ``2 pp``) and ``E >= 0``; its ranks' chunks hold every layer once and at least
   ``2 (pp - 1)`` hops, so ``M_floor`` is 1F1B's, and its ``O`` has no tied copy of the word
   embedding (rank 0 holds the embedding and the head; the memory floor likewise).
+- DualPipeV: ``O`` (as ZB-V's, without the tied copy) alone: its overlapped steps hide
+  transfers the floors count, so neither ``m M_floor`` nor a lag bounds its pipeline from
+  below, and ``T, E >= 0``; :mod:`nest.dp.dualpipe_v` bounds each configuration itself (one
+  schedule with every chunk at its least backward) before it branches.
 
 **Memory floor** (:meth:`Floors.memory_floor_bytes`; configurations above the device's memory are
 skipped, as no plan of theirs fits). A rank needs ``state(D_r, X_r) + f_r A_r + T_r + reserve``
@@ -685,7 +689,10 @@ class Floors:
             else:
                 sync = self._sync_floor_s(family, sync_dense, sync_expert, zero)
             pipeline = total + (m - 1) * top
-            if kind.v_shaped:  # its own optimizer term, without the tied copy
+            if kind is Schedule.DUALPIPE_V:  # O alone (module docstring)
+                pipeline = self._zb_v_bound_s(f, sf, zero, offload, 0.0, with_pipeline=False)
+                sync = optimizer = 0.0
+            elif kind.v_shaped:  # its own optimizer term, without the tied copy
                 pipeline, sync, optimizer = self._zb_v_bound_s(f, sf, zero, offload, top), 0.0, 0.0
             elif kind is Schedule.ZB_H2:
                 # ZB-H2: sum_r u_r >= sum_r max(t_r - 3 w_r, f_r) and sum_r u_r + max_r e_r >=
@@ -701,16 +708,21 @@ class Floors:
             out.append(pipeline + sync + optimizer)
         return out
 
-    def _zb_v_bound_s(self, f: Family, sf: ShardFloors, zero: int, offload, top: float) -> float:
+    def _zb_v_bound_s(
+        self, f: Family, sf: ShardFloors, zero: int, offload, top: float, with_pipeline=True
+    ) -> float:
         """ZB-V (module docstring): ``m M_floor + (pp - 1) F_chunk + O`` with ``F_chunk`` the
         layers' forward floors over ``2 pp`` (the largest chunk forward is at least the
         average; the last rank's lag has the path ``(pp - 1) F``,
         :func:`nest.cost.pipeline.zb_v_lag_coefficients`), ``E >= 0``, and ``O`` without the
-        tied copy (rank 0 holds the embedding and the head)."""
+        tied copy (rank 0 holds the embedding and the head); ``O`` alone without the pipeline
+        (DualPipeV)."""
         pp = f.pp
         forwards = sf.base_sum_s - self._backward_floor_s(sf)
         opt_d, opt_x = self.per_param(f, zero, offload.optimizer).optimizer_s
         optimizer = (opt_d * sf.dense_sum + opt_x * sf.expert_sum) / pp
+        if not with_pipeline:
+            return optimizer
         return f.m * top + (pp - 1) * forwards / (2 * pp) + optimizer
 
     def _backward_floor_s(self, sf: ShardFloors) -> float:

@@ -57,12 +57,13 @@ from operator import itemgetter
 
 import numpy as np
 
-from nest.core.axes import Axis, Recompute, parse_rank_order
+from nest.core.axes import Axis, Recompute, Schedule, parse_rank_order
 from nest.core.errors import Infeasible, UserError
 from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.core.problem import Problem
 from nest.cost import evaluate
 from nest.dp.bounds import Floors
+from nest.dp.dualpipe_v import solve_dualpipe_v
 from nest.dp.interleaved import smallest_peak_interleaved, solve_interleaved
 from nest.dp.recurrence import DPStats, solve_config
 from nest.dp.space import SpaceOptions, SpacePlanner, families
@@ -127,8 +128,11 @@ def least_memory_plan(problem: Problem, config: ParallelConfig, n_layers: int, m
 
 
 def _solver_of(config: ParallelConfig):
-    """The exact solver of a configuration's plans: ZB-V's (:mod:`nest.dp.zb_v`), the
-    interleaved DP (:mod:`nest.dp.interleaved`) or the stage DP (:mod:`nest.dp.recurrence`)."""
+    """The exact solver of a configuration's plans: DualPipeV's (:mod:`nest.dp.dualpipe_v`),
+    ZB-V's (:mod:`nest.dp.zb_v`), the interleaved DP (:mod:`nest.dp.interleaved`) or the stage
+    DP (:mod:`nest.dp.recurrence`)."""
+    if config.schedule is Schedule.DUALPIPE_V:
+        return solve_dualpipe_v
     if config.schedule.v_shaped:
         return solve_zb_v
     return solve_interleaved if config.interleaved else solve_config
@@ -385,13 +389,6 @@ class NestPlanner(SpacePlanner):
         **space,
     ) -> None:
         super().__init__(name=name, **space)
-        if "dualpipe_v" in (self.schedules or ()):
-            # DualPipeV's time is a list schedule of every chunk's passes (nest.cost.dualpipe):
-            # no decomposition for an exact DP here yet
-            raise UserError(
-                f"solver.schedules={list(self.schedules)} lists dualpipe_v, which solver={name} "
-                "does not search exactly; drop it, or use solver=brute on a small problem"
-            )
         self.export_runnable = export_runnable
         """Keep the search inside what an export target runs (:data:`RUNNABLE_ORDERS`)."""
         self.seed_configs = seed_configs
