@@ -689,11 +689,8 @@ class Floors:
             else:
                 sync = self._sync_floor_s(family, sync_dense, sync_expert, zero)
             pipeline = total + (m - 1) * top
-            if kind is Schedule.DUALPIPE_V:  # O alone (module docstring)
-                pipeline = self._zb_v_bound_s(f, sf, zero, offload, 0.0, with_pipeline=False)
-                sync = optimizer = 0.0
-            elif kind.v_shaped:  # its own optimizer term, without the tied copy
-                pipeline, sync, optimizer = self._zb_v_bound_s(f, sf, zero, offload, top), 0.0, 0.0
+            if kind.v_shaped:  # its own optimizer term, without the tied copy
+                pipeline, sync, optimizer = self._v_bound_s(f, sf, zero, offload, top, kind)
             elif kind is Schedule.ZB_H2:
                 # ZB-H2: sum_r u_r >= sum_r max(t_r - 3 w_r, f_r) and sum_r u_r + max_r e_r >=
                 # max_r t_r (nest.cost.pipeline); any rank's sync may be hidden: E >= 0
@@ -708,22 +705,22 @@ class Floors:
             out.append(pipeline + sync + optimizer)
         return out
 
-    def _zb_v_bound_s(
-        self, f: Family, sf: ShardFloors, zero: int, offload, top: float, with_pipeline=True
-    ) -> float:
-        """ZB-V (module docstring): ``m M_floor + (pp - 1) F_chunk + O`` with ``F_chunk`` the
-        layers' forward floors over ``2 pp`` (the largest chunk forward is at least the
-        average; the last rank's lag has the path ``(pp - 1) F``,
+    def _v_bound_s(
+        self, f: Family, sf: ShardFloors, zero: int, offload, top: float, kind: Schedule
+    ) -> tuple[float, float, float]:
+        """``(bound, 0, 0)``: ZB-V (module docstring): ``m M_floor + (pp - 1) F_chunk + O`` with
+        ``F_chunk`` the layers' forward floors over ``2 pp`` (the largest chunk forward is at
+        least the average; the last rank's lag has the path ``(pp - 1) F``,
         :func:`nest.cost.pipeline.zb_v_lag_coefficients`), ``E >= 0``, and ``O`` without the
-        tied copy (rank 0 holds the embedding and the head); ``O`` alone without the pipeline
-        (DualPipeV)."""
+        tied copy (rank 0 holds the embedding and the head); DualPipeV ``O`` alone (module
+        docstring)."""
         pp = f.pp
         forwards = sf.base_sum_s - self._backward_floor_s(sf)
         opt_d, opt_x = self.per_param(f, zero, offload.optimizer).optimizer_s
         optimizer = (opt_d * sf.dense_sum + opt_x * sf.expert_sum) / pp
-        if not with_pipeline:
-            return optimizer
-        return f.m * top + (pp - 1) * forwards / (2 * pp) + optimizer
+        if kind is Schedule.DUALPIPE_V:
+            return optimizer, 0.0, 0.0
+        return f.m * top + (pp - 1) * forwards / (2 * pp) + optimizer, 0.0, 0.0
 
     def _backward_floor_s(self, sf: ShardFloors) -> float:
         """The sum of the layers' backward floors (``ShardFloors.bwd_s``), cached per shard;

@@ -86,6 +86,13 @@ def solve_dualpipe_v(
     stats.stages_scored += len(modes) * n
     ranks = [sm.interleaved_rank(r) for r in range(pp)]
     sync, opt = [x[0] for x in ranks], max(x[1] for x in ranks)
+    # each rank runs m forwards and m full backwards of both chunks, an F&B at least the two
+    # computes: T >= m sum of its chunks' least compute (module docstring), and I >= T + O
+    least_compute = [t[0][1] + min(x[3] for x in t) for t in terms]
+    busy = max(least_compute[r] + least_compute[n - 1 - r] for r in range(pp))
+    if m * busy + opt > incumbent_s:
+        stats.labels_bounded += 1
+        return None
     fwd = [t[0][0] for t in terms]
     fwd_compute = [t[0][1] for t in terms]
     wgrad = [t[0][4] for t in terms]

@@ -51,7 +51,7 @@ partition and the recompute modes:
   (:func:`nest.core.plan.chunk_rank`) and a recompute mode per chunk; ``nest`` searches it
   exactly (:mod:`nest.dp.zb_v`). ``(dualpipe_v, 2)`` (DeepSeek's DualPipeV,
   :mod:`nest.cost.dualpipe`) likewise, with ``m >= 2 pp``: ZB-V's chunks and placement;
-  ``brute`` searches it, ``nest`` refuses it (:mod:`nest.dp.planner`).
+  ``nest`` searches it exactly (:mod:`nest.dp.dualpipe_v`).
 
 **Its plans**:
 
