@@ -73,6 +73,77 @@ def _undominated(options: list[tuple]) -> list[tuple]:
     return out
 
 
+def _rank_pairs(sm: StageModel, terms, state_bytes: float, r: int, modes) -> list[tuple]:
+    """Rank ``r``'s undominated fitting pairs of modes: ``((c_b, x_b) of its first chunk and
+    of its second, first mode, second mode)`` (module docstring)."""
+    n = len(terms)
+    fits = []
+    for (a, ta), (b, tb) in product(enumerate(terms[r]), enumerate(terms[n - 1 - r])):
+        memory = rank_memory_bytes(
+            state_bytes, ta[5] + tb[5], sm.in_flight[r], max(ta[6], tb[6]), sm.reserve_bytes
+        )
+        if memory <= sm.capacity_bytes:
+            fits.append(((ta[3], ta[2] - ta[3], tb[3], tb[2] - tb[3]), modes[a], modes[b]))
+    return _undominated(fits)
+
+
+class _Search:
+    """The branch and bound of one configuration (module docstring): :meth:`value` prices the
+    ranks' ``(c_b, x_b)`` keys, :meth:`visit` branches rank by rank."""
+
+    def __init__(self, sm: StageModel, terms, ranks, pairs, incumbent_s: float, stats) -> None:
+        self.sm, self.pairs, self.stats = sm, pairs, stats
+        self.pp, self.n = sm.config.pp, len(terms)
+        self.fwd = [t[0][0] for t in terms]
+        self.fwd_compute = [t[0][1] for t in terms]
+        self.wgrad = [t[0][4] for t in terms]
+        self.sync, self.opt = [x[0] for x in ranks], max(x[1] for x in ranks)
+        self.least = [tuple(min(p[0][i] for p in rank) for i in range(4)) for rank in pairs]
+        self.best: list = [incumbent_s, None]
+        self.runs = 0
+        # ranks with one undominated pair are fixed; branch on the widest of the others first
+        self.fixed = {r: pairs[r][0] for r in range(self.pp) if len(pairs[r]) == 1}
+        self.branch = sorted(
+            (r for r in range(self.pp) if r not in self.fixed), key=lambda r: -len(pairs[r])
+        )
+
+    def value(self, keys) -> float:
+        self.runs += 1
+        if self.runs > MAX_SCHEDULES:
+            raise UserError(
+                f"solver=nest: DualPipeV's exact search on pp={self.pp} ran past {MAX_SCHEDULES} "
+                "schedules for one configuration; drop dualpipe_v, or narrow solver.recompute"
+            )
+        n = self.n
+        bwd, bwd_compute = [0.0] * n, [0.0] * n
+        for r, key in enumerate(keys):
+            for k, (cb, xb) in ((r, key[:2]), (n - 1 - r, key[2:])):
+                bwd[k], bwd_compute[k] = cb + xb, cb
+        t_pipe, hidden, last_w = dualpipe_v_pipeline_s(
+            self.pp, self.sm.m, self.fwd, self.fwd_compute, bwd, bwd_compute, self.wgrad
+        )
+        exposed = zb_v_exposed_sync_s(self.sync, hidden, last_w, self.sm.overlap)
+        return t_pipe + max(exposed) + self.opt
+
+    def visit(self, depth: int, chosen: dict) -> None:
+        best = self.best
+        keys = [chosen[r][0] if r in chosen else self.least[r] for r in range(self.pp)]
+        bound = self.value(keys)  # exact once every rank is chosen
+        self.stats.labels_created += 1
+        if depth == len(self.branch):
+            if bound < best[0] or (best[1] is None and bound <= best[0]):
+                best[0], best[1] = bound, dict(chosen)
+            return
+        if bound > best[0] or (best[1] is not None and bound >= best[0]):
+            self.stats.labels_bounded += 1
+            return
+        r = self.branch[depth]
+        for pair in sorted(self.pairs[r], key=lambda p: sum(p[0])):
+            chosen[r] = pair
+            self.visit(depth + 1, chosen)
+            del chosen[r]
+
+
 def solve_dualpipe_v(
     sm: StageModel, modes, incumbent_s: float, stats: DPStats, *, exact: bool = True
 ):
@@ -85,77 +156,21 @@ def solve_dualpipe_v(
     terms = [[chunk_terms(sm, k, c) for c in modes] for k in range(n)]
     stats.stages_scored += len(modes) * n
     ranks = [sm.interleaved_rank(r) for r in range(pp)]
-    sync, opt = [x[0] for x in ranks], max(x[1] for x in ranks)
     # each rank runs m forwards and m full backwards of both chunks, an F&B at least the two
     # computes: T >= m sum of its chunks' least compute (module docstring), and I >= T + O
     least_compute = [t[0][1] + min(x[3] for x in t) for t in terms]
     busy = max(least_compute[r] + least_compute[n - 1 - r] for r in range(pp))
-    if m * busy + opt > incumbent_s:
+    if m * busy + max(x[1] for x in ranks) > incumbent_s:
         stats.labels_bounded += 1
         return None
-    fwd = [t[0][0] for t in terms]
-    fwd_compute = [t[0][1] for t in terms]
-    wgrad = [t[0][4] for t in terms]
-    pairs = []  # per rank: ((c_b, x_b) x 2, first mode, second mode)
-    for r in range(pp):
-        first, second = terms[r], terms[n - 1 - r]
-        fits = []
-        for (a, ta), (b, tb) in product(enumerate(first), enumerate(second)):
-            memory = rank_memory_bytes(
-                ranks[r][2], ta[5] + tb[5], sm.in_flight[r], max(ta[6], tb[6]), sm.reserve_bytes
-            )
-            if memory <= sm.capacity_bytes:
-                key = (ta[3], ta[2] - ta[3], tb[3], tb[2] - tb[3])
-                fits.append((key, modes[a], modes[b]))
-        if not fits:
-            return None
-        pairs.append(_undominated(fits))
-    least = [tuple(min(p[0][i] for p in rank) for i in range(4)) for rank in pairs]
-    runs = 0
-
-    def value(keys) -> float:
-        nonlocal runs
-        runs += 1
-        if runs > MAX_SCHEDULES:
-            raise UserError(
-                f"solver=nest: DualPipeV's exact search on pp={pp} ran past {MAX_SCHEDULES} "
-                "schedules for one configuration; drop dualpipe_v, or narrow solver.recompute"
-            )
-        bwd, bwd_compute = [0.0] * n, [0.0] * n
-        for r, key in enumerate(keys):
-            for k, (cb, xb) in ((r, key[:2]), (n - 1 - r, key[2:])):
-                bwd[k], bwd_compute[k] = cb + xb, cb
-        t_pipe, hidden, last_w = dualpipe_v_pipeline_s(
-            pp, m, fwd, fwd_compute, bwd, bwd_compute, wgrad
-        )
-        return t_pipe + max(zb_v_exposed_sync_s(sync, hidden, last_w, sm.overlap)) + opt
-
-    best = [incumbent_s, None]
-    # ranks with one undominated pair are fixed; branch on the widest of the others first
-    fixed = {r: pairs[r][0] for r in range(pp) if len(pairs[r]) == 1}
-    branch = sorted((r for r in range(pp) if r not in fixed), key=lambda r: -len(pairs[r]))
-
-    def visit(depth: int, chosen: dict) -> None:
-        keys = [chosen[r][0] if r in chosen else least[r] for r in range(pp)]
-        bound = value(keys)  # exact once every rank is chosen
-        stats.labels_created += 1
-        if depth == len(branch):
-            if bound < best[0] or (best[1] is None and bound <= best[0]):
-                best[0], best[1] = bound, dict(chosen)
-            return
-        if bound > best[0] or (best[1] is not None and bound >= best[0]):
-            stats.labels_bounded += 1
-            return
-        r = branch[depth]
-        for pair in sorted(pairs[r], key=lambda p: sum(p[0])):
-            chosen[r] = pair
-            visit(depth + 1, chosen)
-            del chosen[r]
-
-    visit(0, dict(fixed))
-    if best[1] is None:
+    pairs = [_rank_pairs(sm, terms, ranks[r][2], r, modes) for r in range(pp)]
+    if not all(pairs):
+        return None
+    search = _Search(sm, terms, ranks, pairs, incumbent_s, stats)
+    search.visit(0, dict(search.fixed))
+    if search.best[1] is None:
         return None
     per_chunk = {}
-    for r, (_, a, b) in best[1].items():
+    for r, (_, a, b) in search.best[1].items():
         per_chunk[r], per_chunk[n - 1 - r] = a, b
-    return best[0], [(i, j, per_chunk[k]) for k, (i, j) in enumerate(sm.chunks)]
+    return search.best[0], [(i, j, per_chunk[k]) for k, (i, j) in enumerate(sm.chunks)]
