@@ -110,10 +110,13 @@ stage takes at least the sum of its layers' floors.
   floors over ``2 pp``) and ``E >= 0``; its ranks' chunks hold every layer once and at least
   ``2 (pp - 1)`` hops, so ``M_floor`` is 1F1B's, and its ``O`` has no tied copy of the word
   embedding (rank 0 holds the embedding and the head; the memory floor likewise).
-- DualPipeV: ``O`` (as ZB-V's, without the tied copy) alone: its overlapped steps hide
-  transfers the floors count, so neither ``m M_floor`` nor a lag bounds its pipeline from
-  below, and ``T, E >= 0``; :mod:`nest.dp.dualpipe_v` bounds each configuration itself (one
-  schedule with every chunk at its least backward) before it branches.
+- DualPipeV: ``m C / pp + O`` (``O`` as ZB-V's, without the tied copy; ``E >= 0``), ``C`` the
+  chain's compute alone (every layer's forward and backward and its cheapest allowed
+  recomputation, no collective): its overlapped steps hide transfers the other floors count,
+  but each rank runs its chunks' ``m`` forwards and backwards, every task at least its compute
+  (an F&B at least both, :func:`nest.cost.dualpipe.overlapped_s`), so its busy time, and ``T``,
+  is at least ``m`` times its chunks' compute, at least the average ``m C / pp``;
+  :mod:`nest.dp.dualpipe_v` bounds each configuration again, and branches.
 
 **Memory floor** (:meth:`Floors.memory_floor_bytes`; configurations above the device's memory are
 skipped, as no plan of theirs fits). A rank needs ``state(D_r, X_r) + f_r A_r + T_r + reserve``
@@ -243,6 +246,9 @@ class ShardFloors:
     cheapest forward collectives)."""
     wgrad_sum_s: float = 0.0
     """The chain's weight-gradient seconds (W passes), the same in every plan of the shard."""
+    compute_sum_s: float = 0.0
+    """The chain's compute alone: every layer's forward and backward and its cheapest allowed
+    recomputation, without any collective (DualPipeV's floor, module docstring)."""
 
 
 class Floors:
@@ -458,11 +464,19 @@ class Floors:
         splits = self._tp_splits[shard.tp]
         per_cost: dict = {}
         base, dense, expert, boundary, act, transient, bwd = [], [], [], [], [], [], []
-        wgrad = 0.0
+        wgrad = compute = 0.0
         for ref in model.chain:
             x = model.layer_cost(ref, shard, cluster.device)
             wgrad += x.wgrad_s
             is_block = ref.kind is LayerKind.BLOCK
+            compute += (
+                x.fwd_s
+                + x.bwd_s
+                + min(
+                    recompute_s(x, md, is_block)
+                    for md in (self.modes if is_block else (Recompute.NONE,))
+                )
+            )
             key = (id(x), is_block)  # layers of one cost object share their floors
             got_layer = per_cost.get(key)
             if got_layer is None:
@@ -501,6 +515,7 @@ class Floors:
             tuple(sorted(set(zip(dense, expert, act, transient, strict=True)))),
             np.array(bwd),
             wgrad,
+            compute,
         )
         self._shards[shard] = got
         return got
@@ -712,14 +727,14 @@ class Floors:
         ``F_chunk`` the layers' forward floors over ``2 pp`` (the largest chunk forward is at
         least the average; the last rank's lag has the path ``(pp - 1) F``,
         :func:`nest.cost.pipeline.zb_v_lag_coefficients`), ``E >= 0``, and ``O`` without the
-        tied copy (rank 0 holds the embedding and the head); DualPipeV ``O`` alone (module
+        tied copy (rank 0 holds the embedding and the head); DualPipeV ``m C / pp + O`` (module
         docstring)."""
         pp = f.pp
         forwards = sf.base_sum_s - self._backward_floor_s(sf)
         opt_d, opt_x = self.per_param(f, zero, offload.optimizer).optimizer_s
         optimizer = (opt_d * sf.dense_sum + opt_x * sf.expert_sum) / pp
-        if kind is Schedule.DUALPIPE_V:
-            return optimizer, 0.0, 0.0
+        if kind is Schedule.DUALPIPE_V:  # the average rank's compute, m times
+            return f.m * sf.compute_sum_s / pp + optimizer, 0.0, 0.0
         return f.m * top + (pp - 1) * forwards / (2 * pp) + optimizer, 0.0, 0.0
 
     def _backward_floor_s(self, sf: ShardFloors) -> float:
