@@ -282,6 +282,16 @@ def test_nest_equals_brute_force_with_dualpipe_v_on_random_problems():
         search._undominated = undominated
     assert agreed >= 40 and alone >= 3, (agreed, alone)
     assert sum(w > 1 for w in widths) >= 5, widths
+    # DualPipeV alone, where every plan found is one of its own
+    agreed = 0
+    for seed in range(60):
+        problem, options = tiny_case(5000 + seed)
+        options = {**options, "schedules": ["dualpipe_v"]}
+        try:
+            agreed += assert_nest_equals_brute(problem, options, (seed, options)) is not None
+        except UserError:
+            continue
+    assert agreed >= 8, agreed
 
 
 def test_brute_searches_dualpipe_v_beside_the_others():
