@@ -619,7 +619,8 @@ class Floors:
         same expression on ``F0, top0``. Interleaved: the ranks' floors sum over all chunks,
         i.e. every layer once plus non-negative p2p and ZeRO terms, so their sum ``S`` is at
         least the layer floors' sum ``F`` and their largest at least ``S / pp``; with
-        ``m - 1/v >= 0`` the bound is at least ``F / v + (m - 1/v) F / pp``. The least of these
+        ``m - 1/v >= 0`` the bound is at least ``F / v + (m - 1/v) F / pp``. DualPipeV's bound is
+        ``m C / pp`` plus a non-negative optimizer term. The least of these
         over the family's schedules is a floor of every entry's bound; a schedule not named here
         (one added later, whose bound may be lower) gets the floor 0, which is always one."""
         sf = self._shard_of(family)
@@ -634,6 +635,8 @@ class Floors:
                 got = max(total - 2.0 * sf.wgrad_sum_s, top) + (m - 1) * top
             elif kind is Schedule.ONE_F_ONE_B:
                 got = total + (m - 1) * top
+            elif kind is Schedule.DUALPIPE_V:
+                got = m * sf.compute_sum_s / pp
             else:  # a schedule this floor was not proved for: no floor (bounded at once)
                 got = 0.0
             least = min(least, got)
