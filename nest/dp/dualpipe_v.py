@@ -28,7 +28,9 @@ product of the ranks' undominated pairs depth first, rank by rank; a partial ass
 bounded below by the schedule with every unassigned chunk at the least ``c_b`` and the least
 ``x_b`` of its rank's undominated pairs (each at most any real choice's, so by monotonicity at
 most any completion's value), and pruned when that bound is not below the best found or the
-incumbent. Where every rank has one undominated pair (everything fits without recomputation,
+incumbent. Before any schedule runs, ``m`` times the largest rank's least compute (each of its
+tasks takes at least its compute, an F&B both computes) plus ``O`` bounds the configuration
+from below. Where every rank has one undominated pair (everything fits without recomputation,
 the usual case) the search is one schedule. It stops with a one-line error past
 :data:`MAX_SCHEDULES` schedules rather than return a plan it has not proved best
 (``tests/test_dualpipe_v.py``: ``nest == brute`` on random small problems).
