@@ -92,3 +92,17 @@ def test_nest_equals_brute_with_zb_v_offload_hsdp_and_deepep_at_once():
     optima = list(_oracles(7200, options))
     assert len(optima) >= 12, len(optima)
     assert sum(o.schedule == "zb_v" for o in optima) >= 2
+
+
+def test_nest_equals_brute_with_dualpipe_v_offload_hsdp_and_deepep_at_once():
+    """DualPipeV (nest/dp/dualpipe_v.py: undominated pairs of modes, branch and bound, its own
+    family bound on the compute alone) beside ZB-V and 1F1B, with offload (its exposed copies
+    are transfers an overlapped step may hide), every hybrid shard degree and DeepEP, on 25
+    random small problems (a third pinned to DualPipeV): ``nest`` equals ``brute`` to 1e-9."""
+
+    def options(seed):
+        return {"schedules": ["dualpipe_v"] if seed % 3 == 0 else ["1f1b", "zb_v", "dualpipe_v"]}
+
+    optima = list(_oracles(7300, options))
+    assert len(optima) >= 12, len(optima)
+    assert sum(o.schedule == "dualpipe_v" for o in optima) >= 1  # (it needs m >= 2 pp)

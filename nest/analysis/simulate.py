@@ -21,7 +21,11 @@ including the blocking send of its output):
   last B, filling the cool-down bubble) or ZB-H2 (§2.2, Figure 3 bottom: ``2 (pp - r) - 1``
   warm-up forwards, then B, W and F in turn with the W passes of the first ``2 r``
   microbatches postponed past the last B) or ZB-V (two chunks per rank in a V,
-  :func:`zb_v_order`).
+  :func:`zb_v_order`) or DualPipeV (the same V; DeepSeek's order with full backwards and
+  overlapped forward-and-backward tasks, :func:`nest.cost.dualpipe.dualpipe_v_order`, run by
+  the cost model's :func:`~nest.cost.dualpipe.run_dualpipe_v`: a full backward is drawn as its
+  B then its W, an overlapped one as its forward, B and W in proportion to their lone times,
+  and hands its outputs on at its end).
   A task starts when its rank is free and its dependencies are done (list scheduling).
 - After its last backward a rank synchronises its gradients (``dp_sync_s`` of the report); with
   ``overlap_grad_sync`` the sync may start when that last backward starts. The optimizer step
@@ -43,6 +47,7 @@ from nest.core.problem import Problem
 from nest.core.progress import Progress
 from nest.core.report import Report
 from nest.cost import evaluate
+from nest.cost.dualpipe import run_dualpipe_v
 
 
 class Task(NamedTuple):
@@ -220,6 +225,8 @@ def simulate(problem: Problem, plan: Plan, report: Report | None = None) -> SimR
         optimizer_s=[rk.optimizer_s for rk in report.ranks],
         overlap_grad_sync=problem.training.overlap_grad_sync,
         analytic_s=report.iteration_time_s,
+        fwd_compute_s=[s.compute_fwd_s for s in report.stages],
+        bwd_compute_s=[s.compute_bwd_s + s.recompute_s for s in report.stages],
     )
 
 
@@ -270,6 +277,34 @@ def _list_schedule(plan: Plan, orders, fwd: list[float], bwd: list[float], wgrad
     return raw, free_at
 
 
+def _dualpipe_v_tasks(plan: Plan, fwd, bwd, wgrad, fwd_compute, bwd_compute):
+    """DualPipeV's tasks as ``(rank, kind, chunk, microbatch, start, end)`` and each rank's end
+    (module docstring): the cost model's list schedule, a full backward split into its B and
+    W, an overlapped task into its forward, B and W in proportion to their lone times."""
+    fwd_compute = fwd if fwd_compute is None else [float(x) for x in fwd_compute]
+    bwd_compute = bwd if bwd_compute is None else [float(x) for x in bwd_compute]
+    ops, free_at = run_dualpipe_v(
+        plan.pp, plan.num_microbatches, fwd, fwd_compute, bwd, bwd_compute, wgrad
+    )
+    raw = []
+    for r, op, start, end in ops:
+        if op[0] in ("F", "B", "W"):
+            raw.append((r, op[0], op[1], op[2], start, end))
+            continue
+        parts = [
+            ("B", op[-2], op[-1], bwd[op[-2]] - wgrad[op[-2]]),
+            ("W", op[-2], op[-1], wgrad[op[-2]]),
+        ]
+        if op[0] == "FB":
+            parts.insert(0, ("F", op[1], op[2], fwd[op[1]]))
+        scale, at = (end - start) / (sum(p[3] for p in parts) or 1.0), start
+        for i, (kind, k, j, length) in enumerate(parts):
+            stop = end if i == len(parts) - 1 else at + length * scale
+            raw.append((r, kind, k, j, at, stop))
+            at = stop
+    return raw, free_at
+
+
 def _busy_and_peak(raw, pp: int, zero_bubble: bool) -> tuple[list[float], list[int]]:
     """Per rank: seconds busy computing, and the most microbatches' activations held at once."""
     busy = [0.0] * pp
@@ -302,10 +337,14 @@ def simulate_schedule(
     wgrad_s=None,
     overlap_grad_sync: bool = False,
     analytic_s: float = float("nan"),
+    fwd_compute_s=None,
+    bwd_compute_s=None,
 ) -> SimResult:
     """The simulation on given per-chunk forward/backward and per-rank sync/step seconds
     (``wgrad_s``: the weight-gradient part of each chunk's backward, run as its own W task
-    under a zero-bubble schedule; ignored otherwise).
+    under a zero-bubble schedule; ignored otherwise; ``fwd_compute_s``, ``bwd_compute_s``: the
+    compute in each chunk's passes, which DualPipeV's overlapped tasks need,
+    :func:`nest.cost.dualpipe.overlapped_s`; default the whole pass, nothing to hide).
 
     List scheduling, round by round: each rank runs its next tasks in order until one waits for
     a task of another rank. A task's start is the latest of its rank's free time and its
@@ -315,10 +354,13 @@ def simulate_schedule(
     fwd, bwd = [float(x) for x in fwd_s], [float(x) for x in bwd_s]
     zero_bubble = plan.schedule.splits_backward
     wgrad = [float(x) for x in wgrad_s] if wgrad_s is not None else [0.0] * len(fwd)
-    if zero_bubble:
-        bwd = [b - w for b, w in zip(bwd, wgrad, strict=True)]  # the B passes
-    orders = [rank_order(plan, r) for r in range(pp)]
-    raw, free_at = _list_schedule(plan, orders, fwd, bwd, wgrad)
+    if plan.schedule is Schedule.DUALPIPE_V:
+        raw, free_at = _dualpipe_v_tasks(plan, fwd, bwd, wgrad, fwd_compute_s, bwd_compute_s)
+    else:
+        if zero_bubble:
+            bwd = [b - w for b, w in zip(bwd, wgrad, strict=True)]  # the B passes
+        orders = [rank_order(plan, r) for r in range(pp)]
+        raw, free_at = _list_schedule(plan, orders, fwd, bwd, wgrad)
     tasks = list(map(Task._make, raw))
     pipeline_s = max(free_at)
     last = {}

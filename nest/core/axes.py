@@ -76,26 +76,33 @@ class Schedule(StrEnum):
     ZB_H1 = "zb_h1"  # zero bubble, handcrafted 1 (Qi et al. ICLR 2024 §2.1): 1F1B memory
     ZB_H2 = "zb_h2"  # zero bubble, handcrafted 2 (Qi et al. ICLR 2024 §2.2): 2p - 1 in flight
     ZB_V = "zb_v"  # zero bubble V (Qi et al. arXiv 2405.15362 §3): 2 chunks per rank in a V
+    DUALPIPE_V = "dualpipe_v"  # DeepSeek's DualPipeV (deepseek-ai/DualPipe): V, overlapped F&B
 
     @property
     def splits_backward(self) -> bool:
         """Whether the schedule runs the backward as B (input gradient) and W (weight
-        gradient) passes (Qi et al. 2024 §2)."""
-        return self in (Schedule.ZB_H1, Schedule.ZB_H2, Schedule.ZB_V)
+        gradient) passes (Qi et al. 2024 §2); DualPipeV does for part of its backwards
+        (deepseek-ai/DualPipe@3da1bbe:dualpipe/dualpipev.py, ``enable_zb``)."""
+        return self in (Schedule.ZB_H1, Schedule.ZB_H2, Schedule.ZB_V, Schedule.DUALPIPE_V)
 
     @property
     def v_shaped(self) -> bool:
         """Whether the schedule places its two chunks per rank in a V (rank ``r`` holds chunk
-        ``r`` and chunk ``2 pp - 1 - r``; :func:`nest.core.plan.chunk_rank`)."""
-        return self is Schedule.ZB_V
+        ``r`` and chunk ``2 pp - 1 - r``; :func:`nest.core.plan.chunk_rank`): ZB-V and
+        DualPipeV (whose ``module[0]`` and ``module[1]`` are those chunks)."""
+        return self in (Schedule.ZB_V, Schedule.DUALPIPE_V)
 
     def min_microbatches(self, pp: int) -> int:
         """The fewest microbatches the schedule runs on ``pp`` stages: ZB-H1 ``pp`` (its
         ``pp - r`` in flight, Qi et al. 2024 §2.1), ZB-H2 ``2 pp - 1`` (rank 0's warm-up
         forwards, §2.2), ZB-V ``2 pp - 1`` (rank 0's ``2 pp - 1`` warm-up forwards of its first
         chunk: PyTorch's ``ScheduleZBVZeroBubble`` pads fewer with idle slots,
-        pytorch/pytorch@1fd7abc2f521:torch/distributed/pipelining/schedules.py); 1 for the
-        others."""
+        pytorch/pytorch@1fd7abc2f521:torch/distributed/pipelining/schedules.py), DualPipeV
+        ``2 pp`` (``DualPipeV.step`` asserts ``num_chunks >= num_ranks * 2``,
+        deepseek-ai/DualPipe@3da1bbe:dualpipe/dualpipev.py; PyTorch's ``ScheduleDualPipeV``
+        asks as many microbatches as stages); 1 for the others."""
+        if self is Schedule.DUALPIPE_V:
+            return 2 * pp
         if self is Schedule.ZB_H1:
             return pp
         if self in (Schedule.ZB_H2, Schedule.ZB_V):

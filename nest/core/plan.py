@@ -7,7 +7,8 @@ placement.
 
 Interleaved schedules: ``stages`` holds ``pp * virtual_stages`` model chunks in chain order; chunk
 ``k`` runs on pipeline rank ``k % pp`` (Megatron's interleaved assignment), so chunks of one rank
-share its devices. ZB-V (``schedule=zb_v``) holds two chunks per rank in a V instead: chunk ``k``
+share its devices. ZB-V (``schedule=zb_v``) and DualPipeV (``schedule=dualpipe_v``) hold two
+chunks per rank in a V instead: chunk ``k``
 on rank ``k`` for ``k < pp`` and ``2 pp - 1 - k`` after (:func:`chunk_rank`).
 """
 
@@ -202,7 +203,7 @@ class ParallelConfig:
         self._check_zero_shard()
         if self.schedule.v_shaped and self.virtual_stages != 2:
             raise UserError(
-                f"schedule=zb_v holds 2 chunks per rank (got virtual_stages="
+                f"schedule={self.schedule} holds 2 chunks per rank (got virtual_stages="
                 f"{self.virtual_stages}); set virtual_stages=2"
             )
         if (

@@ -48,6 +48,7 @@ from nest.cost.compute import (
     hiding_bwd_s,
     recompute_s,
 )
+from nest.cost.dualpipe import dualpipe_v_pipeline_s
 from nest.cost.groups import AXES, RankGroups, rank_groups
 from nest.cost.memory import host_bytes, rank_memory
 from nest.cost.offload import offload_exposed_s
@@ -152,13 +153,13 @@ def _check_schedule(plan: Plan) -> None:
                 f"by pp({plan.pp}) (Megatron-LM's requirement)"
             )
     if plan.schedule.v_shaped and plan.pp < 2:
-        raise UserError("schedule=zb_v needs pp >= 2 (its V spans two chunks per rank)")
+        raise UserError(f"schedule={plan.schedule} needs pp >= 2 (its V spans two chunks per rank)")
     _check_zero_bubble_microbatches(plan)
 
 
 def _check_zero_bubble_microbatches(plan: Plan) -> None:
     """ZB-H1 needs ``m >= pp`` (Qi et al. 2024 §2.1), ZB-H2 ``m >= 2 pp - 1`` (§2.2), ZB-V
-    ``m >= 2 pp - 1`` (:meth:`Schedule.min_microbatches`)."""
+    ``m >= 2 pp - 1``, DualPipeV ``m >= 2 pp`` (:meth:`Schedule.min_microbatches`)."""
     need, m = plan.schedule.min_microbatches(plan.pp), plan.num_microbatches
     if m >= need:
         return
@@ -166,6 +167,7 @@ def _check_zero_bubble_microbatches(plan: Plan) -> None:
         Schedule.ZB_H1: ("pp", "Qi et al. 2024 §2.1", "1f1b"),
         Schedule.ZB_H2: ("2*pp-1", "Qi et al. 2024 §2.2", "zb_h1"),
         Schedule.ZB_V: ("2*pp-1", "PyTorch's ScheduleZBVZeroBubble", "zb_h1"),
+        Schedule.DUALPIPE_V: ("2*pp", "DeepSeek's DualPipeV.step", "zb_v"),
     }[plan.schedule]
     raise UserError(
         f"schedule={plan.schedule} needs num_microbatches({m}) >= {rule}({need}) "
@@ -384,6 +386,10 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
     ranks = [
         _rank_report(problem, plan, r, chunks, stages, groups[r], state) for r in range(plan.pp)
     ]
+    if plan.schedule is Schedule.DUALPIPE_V:
+        return _report(
+            problem, plan, chunks, stages, *_dualpipe_v_times(problem, plan, stages, ranks)
+        )
     if plan.schedule.v_shaped:
         return _report(problem, plan, chunks, stages, *_zb_v_times(problem, plan, stages, ranks))
     # Rank r's last backward is on chunk r (its first chunk, also under interleaving); after it
@@ -423,6 +429,30 @@ def _zb_v_times(problem: Problem, plan: Plan, stages, ranks) -> tuple[list, floa
         [st.wgrad_s for st in stages],
     )
     last_w = [stages[len(stages) - 1 if r == 0 else r].wgrad_s for r in range(plan.pp)]
+    exposed = zb_v_exposed_sync_s(
+        [rk.dp_sync_s for rk in ranks], hidden, last_w, problem.training.overlap_grad_sync
+    )
+    ranks = [replace(rk, dp_sync_exposed_s=e) for rk, e in zip(ranks, exposed, strict=True)]
+    return ranks, t_pipe, exposed
+
+
+def _dualpipe_v_times(
+    problem: Problem, plan: Plan, stages, ranks
+) -> tuple[list, float, list[float]]:
+    """DualPipeV's ranks (their exposed sync filled in), pipeline time and exposed syncs: the
+    list schedule of its order on the chunks' passes
+    (:func:`nest.cost.dualpipe.dualpipe_v_pipeline_s`); each rank's sync is hidden by how long
+    before the pipeline's end it finishes and, with overlap, by its last task (a W pass), as
+    under ZB-V."""
+    t_pipe, hidden, last_w = dualpipe_v_pipeline_s(
+        plan.pp,
+        plan.num_microbatches,
+        [st.fwd_s for st in stages],
+        [st.compute_fwd_s for st in stages],
+        [st.bwd_s for st in stages],
+        [st.compute_bwd_s + st.recompute_s for st in stages],
+        [st.wgrad_s for st in stages],
+    )
     exposed = zb_v_exposed_sync_s(
         [rk.dp_sync_s for rk in ranks], hidden, last_w, problem.training.overlap_grad_sync
     )

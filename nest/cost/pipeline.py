@@ -97,7 +97,8 @@ of ``b_r`` (:attr:`nest.core.layers.LayerCost.wgrad_s`) and ``b'_r = b_r - w_r``
   ZB-V: every rank holds ``2p`` chunk-microbatches between a chunk's F and its W at its peak
   (counted on the order above; :mod:`nest.analysis.simulate` measures it), ``p`` whole-rank
   microbatches: 1F1B's rank 0, the V-ZB peak of arXiv 2405.15362 §4 ("the same peak memory
-  as 1F1B").
+  as 1F1B"). DualPipeV: ``2p + 1`` chunk-microbatches, ``p + 1/2`` whole-rank ones
+  (:mod:`nest.cost.dualpipe`, which also gives its pipeline time and exposed sync).
 - Exposed DP synchronisation under ZB-V: rank ``r`` ends ``max_s l_s - l_r`` before the pipeline
   (exact on equal chunks), which hides that much of its sync; with overlap its last task, a W
   pass (of chunk ``2p - 1`` on rank 0, of chunk ``r`` elsewhere), hides it too.
@@ -125,6 +126,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from nest.core.axes import Schedule
+from nest.cost.dualpipe import in_flight_chunks
 
 
 def pipeline_coefficients(
@@ -204,6 +206,8 @@ def in_flight_microbatches(
         return float(min(2 * pp - 1, num_microbatches))
     if schedule is Schedule.ZB_V:
         return float(min(pp, num_microbatches))
+    if schedule is Schedule.DUALPIPE_V:  # 2 pp + 1 chunk-microbatches (nest.cost.dualpipe)
+        return in_flight_chunks(pp, num_microbatches, rank) / 2.0
     return float(min(pp - rank, num_microbatches))
 
 

@@ -110,6 +110,13 @@ stage takes at least the sum of its layers' floors.
   floors over ``2 pp``) and ``E >= 0``; its ranks' chunks hold every layer once and at least
   ``2 (pp - 1)`` hops, so ``M_floor`` is 1F1B's, and its ``O`` has no tied copy of the word
   embedding (rank 0 holds the embedding and the head; the memory floor likewise).
+- DualPipeV: ``m C / pp + O`` (``O`` as ZB-V's, without the tied copy; ``E >= 0``), ``C`` the
+  chain's compute alone (every layer's forward and backward and its cheapest allowed
+  recomputation, no collective): its overlapped steps hide transfers the other floors count,
+  but each rank runs its chunks' ``m`` forwards and backwards, every task at least its compute
+  (an F&B at least both, :func:`nest.cost.dualpipe.overlapped_s`), so its busy time, and ``T``,
+  is at least ``m`` times its chunks' compute, at least the average ``m C / pp``;
+  :mod:`nest.dp.dualpipe_v` bounds each configuration again, and branches.
 
 **Memory floor** (:meth:`Floors.memory_floor_bytes`; configurations above the device's memory are
 skipped, as no plan of theirs fits). A rank needs ``state(D_r, X_r) + f_r A_r + T_r + reserve``
@@ -239,6 +246,9 @@ class ShardFloors:
     cheapest forward collectives)."""
     wgrad_sum_s: float = 0.0
     """The chain's weight-gradient seconds (W passes), the same in every plan of the shard."""
+    compute_sum_s: float = 0.0
+    """The chain's compute alone: every layer's forward and backward and its cheapest allowed
+    recomputation, without any collective (DualPipeV's floor, module docstring)."""
 
 
 class Floors:
@@ -454,11 +464,19 @@ class Floors:
         splits = self._tp_splits[shard.tp]
         per_cost: dict = {}
         base, dense, expert, boundary, act, transient, bwd = [], [], [], [], [], [], []
-        wgrad = 0.0
+        wgrad = compute = 0.0
         for ref in model.chain:
             x = model.layer_cost(ref, shard, cluster.device)
             wgrad += x.wgrad_s
             is_block = ref.kind is LayerKind.BLOCK
+            compute += (
+                x.fwd_s
+                + x.bwd_s
+                + min(
+                    recompute_s(x, md, is_block)
+                    for md in (self.modes if is_block else (Recompute.NONE,))
+                )
+            )
             key = (id(x), is_block)  # layers of one cost object share their floors
             got_layer = per_cost.get(key)
             if got_layer is None:
@@ -497,6 +515,7 @@ class Floors:
             tuple(sorted(set(zip(dense, expert, act, transient, strict=True)))),
             np.array(bwd),
             wgrad,
+            compute,
         )
         self._shards[shard] = got
         return got
@@ -600,7 +619,8 @@ class Floors:
         same expression on ``F0, top0``. Interleaved: the ranks' floors sum over all chunks,
         i.e. every layer once plus non-negative p2p and ZeRO terms, so their sum ``S`` is at
         least the layer floors' sum ``F`` and their largest at least ``S / pp``; with
-        ``m - 1/v >= 0`` the bound is at least ``F / v + (m - 1/v) F / pp``. The least of these
+        ``m - 1/v >= 0`` the bound is at least ``F / v + (m - 1/v) F / pp``. DualPipeV's bound is
+        ``m C / pp`` plus a non-negative optimizer term. The least of these
         over the family's schedules is a floor of every entry's bound; a schedule not named here
         (one added later, whose bound may be lower) gets the floor 0, which is always one."""
         sf = self._shard_of(family)
@@ -615,6 +635,8 @@ class Floors:
                 got = max(total - 2.0 * sf.wgrad_sum_s, top) + (m - 1) * top
             elif kind is Schedule.ONE_F_ONE_B:
                 got = total + (m - 1) * top
+            elif kind is Schedule.DUALPIPE_V:
+                got = m * sf.compute_sum_s / pp
             else:  # a schedule this floor was not proved for: no floor (bounded at once)
                 got = 0.0
             least = min(least, got)
@@ -686,7 +708,7 @@ class Floors:
                 sync = self._sync_floor_s(family, sync_dense, sync_expert, zero)
             pipeline = total + (m - 1) * top
             if kind.v_shaped:  # its own optimizer term, without the tied copy
-                pipeline, sync, optimizer = self._zb_v_bound_s(f, sf, zero, offload, top), 0.0, 0.0
+                pipeline, sync, optimizer = self._v_bound_s(f, sf, zero, offload, top, kind)
             elif kind is Schedule.ZB_H2:
                 # ZB-H2: sum_r u_r >= sum_r max(t_r - 3 w_r, f_r) and sum_r u_r + max_r e_r >=
                 # max_r t_r (nest.cost.pipeline); any rank's sync may be hidden: E >= 0
@@ -701,17 +723,22 @@ class Floors:
             out.append(pipeline + sync + optimizer)
         return out
 
-    def _zb_v_bound_s(self, f: Family, sf: ShardFloors, zero: int, offload, top: float) -> float:
-        """ZB-V (module docstring): ``m M_floor + (pp - 1) F_chunk + O`` with ``F_chunk`` the
-        layers' forward floors over ``2 pp`` (the largest chunk forward is at least the
-        average; the last rank's lag has the path ``(pp - 1) F``,
+    def _v_bound_s(
+        self, f: Family, sf: ShardFloors, zero: int, offload, top: float, kind: Schedule
+    ) -> tuple[float, float, float]:
+        """``(bound, 0, 0)``: ZB-V (module docstring): ``m M_floor + (pp - 1) F_chunk + O`` with
+        ``F_chunk`` the layers' forward floors over ``2 pp`` (the largest chunk forward is at
+        least the average; the last rank's lag has the path ``(pp - 1) F``,
         :func:`nest.cost.pipeline.zb_v_lag_coefficients`), ``E >= 0``, and ``O`` without the
-        tied copy (rank 0 holds the embedding and the head)."""
+        tied copy (rank 0 holds the embedding and the head); DualPipeV ``m C / pp + O`` (module
+        docstring)."""
         pp = f.pp
         forwards = sf.base_sum_s - self._backward_floor_s(sf)
         opt_d, opt_x = self.per_param(f, zero, offload.optimizer).optimizer_s
         optimizer = (opt_d * sf.dense_sum + opt_x * sf.expert_sum) / pp
-        return f.m * top + (pp - 1) * forwards / (2 * pp) + optimizer
+        if kind is Schedule.DUALPIPE_V:  # the average rank's compute, m times
+            return f.m * sf.compute_sum_s / pp + optimizer, 0.0, 0.0
+        return f.m * top + (pp - 1) * forwards / (2 * pp) + optimizer, 0.0, 0.0
 
     def _backward_floor_s(self, sf: ShardFloors) -> float:
         """The sum of the layers' backward floors (``ShardFloors.bwd_s``), cached per shard;

@@ -57,12 +57,13 @@ from operator import itemgetter
 
 import numpy as np
 
-from nest.core.axes import Axis, Recompute, parse_rank_order
+from nest.core.axes import Axis, Recompute, Schedule, parse_rank_order
 from nest.core.errors import Infeasible, UserError
 from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.core.problem import Problem
 from nest.cost import evaluate
 from nest.dp.bounds import Floors
+from nest.dp.dualpipe_v import solve_dualpipe_v
 from nest.dp.interleaved import smallest_peak_interleaved, solve_interleaved
 from nest.dp.recurrence import DPStats, solve_config
 from nest.dp.space import SpaceOptions, SpacePlanner, families
@@ -127,8 +128,11 @@ def least_memory_plan(problem: Problem, config: ParallelConfig, n_layers: int, m
 
 
 def _solver_of(config: ParallelConfig):
-    """The exact solver of a configuration's plans: ZB-V's (:mod:`nest.dp.zb_v`), the
-    interleaved DP (:mod:`nest.dp.interleaved`) or the stage DP (:mod:`nest.dp.recurrence`)."""
+    """The exact solver of a configuration's plans: DualPipeV's (:mod:`nest.dp.dualpipe_v`),
+    ZB-V's (:mod:`nest.dp.zb_v`), the interleaved DP (:mod:`nest.dp.interleaved`) or the stage
+    DP (:mod:`nest.dp.recurrence`)."""
+    if config.schedule is Schedule.DUALPIPE_V:
+        return solve_dualpipe_v
     if config.schedule.v_shaped:
         return solve_zb_v
     return solve_interleaved if config.interleaved else solve_config

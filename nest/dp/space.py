@@ -48,8 +48,10 @@ partition and the recompute modes:
   ``(zb_v, 2)`` (ZB-V, Qi et al. arXiv 2405.15362 §3) when listed, with ``pp >= 2``,
   ``m >= 2 pp - 1`` and an even split of the blocks into ``2 pp`` chunks; its plans are
   interleaved ``v = 2``'s partition with the chunks placed in a V
-  (:func:`nest.core.plan.chunk_rank`) and a recompute mode per chunk. ``brute`` searches it;
-  ``nest`` refuses it (:mod:`nest.dp.planner`).
+  (:func:`nest.core.plan.chunk_rank`) and a recompute mode per chunk; ``nest`` searches it
+  exactly (:mod:`nest.dp.zb_v`). ``(dualpipe_v, 2)`` (DeepSeek's DualPipeV,
+  :mod:`nest.cost.dualpipe`) likewise, with ``m >= 2 pp``: ZB-V's chunks and placement;
+  ``nest`` searches it exactly (:mod:`nest.dp.dualpipe_v`).
 
 **Its plans**:
 
@@ -276,6 +278,7 @@ class SpaceOptions:
             Schedule.ZB_H1,
             Schedule.ZB_H2,
             Schedule.ZB_V,
+            Schedule.DUALPIPE_V,
         )
         out = []
         for s in self.schedules:
@@ -372,15 +375,17 @@ def _schedules(kinds, blocks: int, pp: int, m: int):
     for kind in (Schedule.ZB_H1, Schedule.ZB_H2):
         if kind in kinds and pp >= 2 and m >= kind.min_microbatches(pp):
             out.append((kind, 1))
-    zb_v = Schedule.ZB_V
-    if zb_v in kinds and pp >= 2 and m >= zb_v.min_microbatches(pp) and chunk_split(blocks, 2 * pp):
-        out.append((zb_v, 2))
+    for kind in (Schedule.ZB_V, Schedule.DUALPIPE_V):
+        fits = pp >= 2 and m >= kind.min_microbatches(pp) and chunk_split(blocks, 2 * pp)
+        if kind in kinds and fits:
+            out.append((kind, 2))
     return tuple(out)
 
 
 def fixed_chunks(config: ParallelConfig, n_layers: int) -> list[tuple[int, int]] | None:
     """The one partition the space gives a configuration whose chunks are fixed (interleaved
-    ``v``, and ZB-V: :func:`interleaved_chunks` of ``2 pp`` chunks, two per rank in a V), or
+    ``v``, and ZB-V and DualPipeV: :func:`interleaved_chunks` of ``2 pp`` chunks, two per rank
+    in a V), or
     None when the partition is searched (1F1B and the single-chunk zero-bubble schedules)."""
     if config.interleaved or config.schedule.v_shaped:
         return interleaved_chunks(n_layers, config.pp, config.virtual_stages)

@@ -324,6 +324,12 @@ def _schedule_issue(plan: Plan) -> str | None:
             else "1F1B with each pair of consecutive chunks as one stage (interleaving needs "
             f"num_microbatches({plan.num_microbatches}) divisible by pp({plan.pp}))"
         )
+        if plan.schedule is Schedule.DUALPIPE_V:
+            return (
+                "the DualPipeV schedule (upstream Megatron-LM has no V placement nor DeepSeek's "
+                "overlapped forward-and-backward; deepseek-ai/DualPipe runs it in plain PyTorch; "
+                f"used {used})"
+            )
         return (
             "the ZB-V schedule (Megatron-LM has no V placement; the authors' fork "
             "sail-sg/zero-bubble-pipeline-parallelism runs it with --zero-bubble-v-schedule; "
@@ -342,9 +348,9 @@ def _schedule_issue(plan: Plan) -> str | None:
 
 def _schedule_changes(plan: Plan, modes) -> dict:
     """The schedule Megatron-LM runs for a plan it cannot run as is (:func:`_schedule_issue`):
-    1F1B, or for ZB-V the nearest: looped interleaving of the same chunks where Megatron's
-    ``m % pp == 0`` holds, else 1F1B on the chunks merged in consecutive pairs (each pair's
-    first recompute mode: by then one mode holds for every chunk)."""
+    1F1B, or for ZB-V and DualPipeV the nearest: looped interleaving of the same chunks where
+    Megatron's ``m % pp == 0`` holds, else 1F1B on the chunks merged in consecutive pairs (each
+    pair's first recompute mode: by then one mode holds for every chunk)."""
     if not plan.schedule.v_shaped:
         return {"schedule": Schedule.ONE_F_ONE_B}
     if plan.num_microbatches % plan.pp == 0:

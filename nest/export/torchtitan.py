@@ -17,7 +17,14 @@ at commit 000204a4a8bf (2025):
   plan is exported as ``ZBVZeroBubble`` with its ``2 pp`` chunks as stages: torchtitan places
   the stages of that schedule in a V, two per rank (``stage_ids_this_rank(..., style="v")``
   asserts ``stages_per_rank == 2``; pytorch/torchtitan@fb3b230e2a05:
-  torchtitan/distributed/pipeline_parallel.py), as :func:`nest.core.plan.chunk_rank` does),
+  torchtitan/distributed/pipeline_parallel.py), as :func:`nest.core.plan.chunk_rank` does);
+  a DualPipeV plan as ``DualPipeV`` (PyTorch's ``ScheduleDualPipeV``, DeepSeek's order,
+  pytorch/pytorch@1fd7abc2f521:torch/distributed/pipelining/schedules.py), which torchtitan
+  places in the same V from pytorch/torchtitan@b5bcd76c66d0 on (``style = "v"`` for
+  ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV``; at fb3b230e2a05 only for the first),
+  with a warning: PyTorch's runtime runs an ``OVERLAP_F_B`` action's forward and backward one
+  after the other unless a function is registered for it (``register_custom_function``, which
+  torchtitan's ``graph_trainer`` experiment does), and the plan's time counts them overlapped),
   ``pipeline_parallel_microbatch_size``; ``[training]``
   ``local_batch_size``, ``global_batch_size``, ``seq_len``; ``[activation_checkpoint]`` ``mode``
   (``none|selective|full``) and ``selective_ac_option``.
@@ -154,6 +161,7 @@ SCHEDULES = {
     Schedule.INTERLEAVED: "Interleaved1F1B",
     Schedule.GPIPE: "GPipe",
     Schedule.ZB_V: "ZBVZeroBubble",
+    Schedule.DUALPIPE_V: "DualPipeV",
 }
 REPLICATE, SHARD, RESHARD = (
     "data_parallel_replicate_degree",
@@ -622,6 +630,14 @@ def export_torchtitan(problem: Problem, plan: Plan, report=None, replan=None):
         "the same settings in a Python config",
     ]
     warnings = fp8_warnings(problem)
+    if exported.schedule is Schedule.DUALPIPE_V:
+        warnings.append(
+            "DualPipeV: torch.distributed.pipelining runs each OVERLAP_F_B action's forward and "
+            "backward one after the other unless a function is registered for it "
+            "(schedule.register_custom_function; torchtitan's graph_trainer experiment does); "
+            "the evaluated plan counts them overlapped, and needs torchtitan from b5bcd76c66d0 "
+            "on to place the stages in a V"
+        )
     m = exported.num_microbatches
     if exported.pp == 1 and m > 1 and exported.dp * exported.cp > 1 and exported.zero_stage < 3:
         warnings.append(
