@@ -1146,8 +1146,8 @@ def test_a_gpu_is_scored_only_under_its_exact_name():
 
 def test_a_row_may_name_its_own_device_preset():
     """``gpu_preset`` names any conf/device preset (``gpu`` is then a label): an H200 row is scored
-    with the H200's memory (the 143,156 MiB CUDA exposes of its "141 GB", conf/device/h200_sxm.yaml),
-    an unknown preset is a one-line error listing them."""
+    with the H200's memory (the 143,156 MiB CUDA exposes of its "141 GB",
+    conf/device/h200_sxm.yaml), an unknown preset is a one-line error listing them."""
     row = dict(_mixtral_row(), gpu="H200 SXM (our cluster)", gpu_preset="h200_sxm")
     problem, _ = validate.problem_and_plan(row)
     assert problem.cluster.device.hbm_bytes == pytest.approx(143156 * 2**20, rel=1e-6)

@@ -38,8 +38,9 @@ sequence parallelism "on when tp > 1".
 per GPU) needs no FLOP count, so it is the metric of sources whose FLOP convention differs;
 ``step_time_s`` (seconds per iteration, the ``train_step_timing`` NeMo logs) needs none either, and
 is the metric of FP8 runs whose sources report MFU against the FP8 peak; ``samples_per_s_per_gpu``
-(sequences, ``global_batch_seqs`` per iteration, per second per GPU) is the zero-bubble papers'. For a time the error
-``predicted / measured - 1`` is positive when the prediction is slower than the run.
+(sequences, ``global_batch_seqs`` per iteration, per second per GPU) is the zero-bubble papers'.
+For a time the error ``predicted / measured - 1`` is positive when the prediction is slower than
+the run.
 
 Measured peak memory: ``peak_memory_allocated`` (``torch.cuda.max_memory_allocated``),
 ``peak_memory_reserved`` (``max_memory_reserved``) or ``peak_memory_nvidia_smi``, optionally
