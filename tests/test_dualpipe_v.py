@@ -24,6 +24,7 @@ from nest.cost.dualpipe import (
 from nest.dp.space import SpaceOptions, configurations
 
 from .conftest import make_problem, make_spec
+from .test_zb_v import _plan as _fixed_plan
 from .test_zero_bubble import bare_plan
 
 
@@ -158,14 +159,8 @@ def test_the_simulator_respects_every_dependency():
 
 
 def _plan(problem, pp=2, schedule="dualpipe_v", m=None):
-    from baselines.fixed import FixedPlanner
-
-    v = 1 if schedule in ("1f1b", "zb_h1", "zb_h2") else 2
-    counts = [8 // (pp * v)] * (pp * v)
-    return FixedPlanner(
-        tp=1, pp=pp, dp=1, microbatch_size=1, layer_partition=counts, schedule=schedule,
-        virtual_stages=v,
-    ).solve(problem)  # fmt: skip
+    """ZB-V's fixed plan of 8 blocks in ``pp`` ranks (tests/test_zb_v.py), DualPipeV by default."""
+    return _fixed_plan(problem, pp=pp, schedule=schedule, m=m)
 
 
 def _moe_problem(**train):
