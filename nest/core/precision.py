@@ -145,8 +145,19 @@ class Precision:
 
     @property
     def gathered_param_bytes(self) -> float | None:
-        """Bytes per parameter the distributed optimizer all-gathers, when not the weight's."""
-        return 1.0 if self.fp8 and self.param_gather else None
+        """Bytes per parameter the distributed optimizer all-gathers, when not the weight's: one
+        with FP8 primary weights, except under ``mxfp8``, whose weights Megatron-Core gathers in
+        BF16 and quantises after the gather: with the distributed optimizer and MXFP8
+        parameters the parameter buffer is a bf16 view of the gradient buffer ("For FP32 weight
+        grads, only half of the buffer is used to store params in bf16"), and after the
+        all-gather ``param.data.copy_`` quantises each weight
+        (github:NVIDIA/Megatron-LM@0d8e0714cd29c01e164fe6de9f532182bdffa942, the Megatron-LM of
+        Megatron-Bridge v0.2.0 / 25.11: ``megatron/core/distributed/param_and_grad_buffer.py``
+        l. 303-318 and 695-712; Megatron-Bridge's ``bf16_with_mxfp8_mixed`` sets
+        ``reuse_grad_buf_for_mxfp8_param_ag=True``). None: the weight's own bytes."""
+        if not (self.fp8 and self.param_gather) or self.recipe is Fp8Recipe.MXFP8:
+            return None
+        return 1.0
 
     def weight_cast_bytes_per_param(self, any_layout: bool = False) -> float:
         """Bytes the once-per-iteration weight cast moves per parameter (read BF16, write
