@@ -35,7 +35,6 @@ from enum import StrEnum
 
 from nest.core.errors import UserError
 
-
 MXFP8_SCALE_BYTES_PER_ELEMENT = 1.0 / 32.0
 """MXFP8's scale: one E8M0 byte per 32-element block (Transformer Engine
 github:NVIDIA/TransformerEngine@c55e425ac5751c72bfa656560fc7c65ab7d895e9 (v2.2):
