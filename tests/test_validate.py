@@ -218,8 +218,8 @@ GB200_WHY = (
     "FP8-only cost Transformer Engine pays is charged from its source (casts 1.2 % of the 405B "
     "FP8 step, without the transposed copy Blackwell's any-layout FP8 GEMMs do not need; "
     "docs/plan/precision.md) and none is near the gap, so the FP8 GEMM itself runs slower in "
-    "the step than the square-shape micro-benchmark says (the measured pairs imply about 1.77x "
-    "on the dense models) and no published FP8 GEMM benchmark at these shapes sets it"
+    "the step than the shape-sweep micro-benchmark's best says (the measured pairs imply "
+    "about 1.76x on the dense models) and no published FP8 GEMM benchmark at these shapes sets it"
 )
 BLACKWELL_WHY = (
     "Qwen3-30B-A3B on 8 B200 at microbatch 1 predicted +239 % and Qwen3-235B-A22B on 64 B200 "
