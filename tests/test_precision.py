@@ -12,6 +12,7 @@ FP8. Speed: the FP8 peak times the FP8 GEMM ceiling of the same micro-benchmark 
 import pytest
 
 from baselines.fixed import FixedPlanner
+from nest.app.config import build_device, load_preset
 from nest.core.axes import LayerKind, Recompute
 from nest.core.blocks import attention_linears, block_tensors, mlp_linears
 from nest.core.errors import UserError
@@ -51,14 +52,61 @@ def test_fp8_gemm_runs_at_the_fp8_peak_times_its_ceiling():
 
 
 @pytest.mark.parametrize(
-    "recipe,bytes_per_element",
-    [("delayed", 4.0), ("blockwise", 4.0), ("tensorwise", 6.0)],
+    "recipe,any_layout,bytes_per_element",
+    [
+        ("delayed", False, 2 + 1 + 1),
+        ("tensorwise", False, 2 + 1 + 1 + 2),
+        ("delayed", True, 2 + 1),
+        ("tensorwise", True, 2 + 1 + 2),
+        ("mxfp8", True, 2 + 2 * (1 + 1 / 32)),
+        ("blockwise", False, 2 + 2 * (1 + 4 / 128)),
+        ("blockwise", True, 2 + 2 * (1 + 4 / 128)),
+    ],
 )
-def test_cast_reads_bf16_writes_fp8_and_its_transpose(recipe, bytes_per_element):
-    """Read 2 bytes, write the FP8 byte and its transposed byte; current scaling (tensorwise)
-    reads the tensor once more for its amax."""
-    assert Precision.parse("fp8", recipe, False).cast_bytes_per_element == bytes_per_element
-    assert Precision.parse("bf16", recipe, False).cast_bytes_per_element == 0.0
+def test_cast_writes_the_copies_transformer_engine_writes(recipe, any_layout, bytes_per_element):
+    """Transformer Engine's quantizers (github:NVIDIA/TransformerEngine v2.2 c55e425,
+    ``pytorch/csrc/extensions/quantizer.cpp``: ``create_transpose = columnwise_usage &&
+    !non_tn_fp8_gemm_supported()``; ``pytorch/tensor/mxfp8_tensor.py``; v2.3 5de3e14
+    ``float8_blockwise_tensor.py``): read the BF16 tensor (2 bytes), write the FP8 byte, its
+    transposed byte only where FP8 GEMMs are TN-only (Hopper; not on Blackwell); MXFP8 a
+    row-wise and a column-wise byte each with one E8M0 scale byte per 32 elements, blockwise
+    the same with one fp32 scale per 128; current scaling (tensorwise) reads the tensor once
+    more for its amax."""
+    fp8 = Precision.parse("fp8", recipe, False)
+    assert fp8.cast_bytes_per_element(any_layout) == pytest.approx(bytes_per_element, rel=1e-12)
+    assert Precision.parse("bf16", recipe, False).cast_bytes_per_element(any_layout) == 0.0
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_blackwell_casts_skip_the_transpose(recipe):
+    """Worked example, a dense GELU block (h 128, ffn 512, 8 heads, seq 64, microbatch 1, tp 1)
+    on a device streaming 1000 GB/s: the forward casts the inputs no norm produced (the
+    attention projection's, 64 x 128, and FC2's, 64 x 512: 40,960 elements), the backward every
+    output gradient (QKV 64 x 384, projection 64 x 128, FC1 64 x 512, FC2 64 x 128: 73,728).
+    Where FP8 GEMMs take any layout (Blackwell) each cast writes one byte less (no transpose),
+    so the block is 40,960 and 73,728 bytes / 1e12 B/s faster, and its cached FP8 weight
+    copies take one byte per weight instead of two; the GEMMs are unchanged."""
+    spec = make_spec(dropout=False)
+    hopper = make_cluster(fanouts=(4,), **FP8_DEVICE)
+    blackwell = make_cluster(fanouts=(4,), fp8_any_layout=True, **FP8_DEVICE)
+    a = blocks_of(make_problem(spec, hopper, precision="fp8", fp8_recipe=recipe))[0]
+    b = blocks_of(make_problem(spec, blackwell, precision="fp8", fp8_recipe=recipe))[0]
+    bw = 1000e9
+    assert a.fwd_s - b.fwd_s == pytest.approx(64 * (128 + 512) / bw, rel=1e-9)
+    assert a.bwd_s - b.bwd_s == pytest.approx(64 * (384 + 128 + 512 + 128) / bw, rel=1e-9)
+    assert a.wgrad_s == b.wgrad_s
+    assert b.resident_bytes == pytest.approx(a.resident_bytes / 2, rel=1e-12)
+
+
+def test_mxfp8_with_fp8_primary_weights_gathers_bf16():
+    """Megatron-Core (github:NVIDIA/Megatron-LM@0d8e071, ``param_and_grad_buffer.py``) gathers
+    MXFP8 weights into a bf16 view of the gradient buffer and quantises after the gather, so
+    ``--fp8-param-gather`` saves the all-gather's bytes only for the per-tensor and blockwise
+    recipes."""
+    assert Precision.parse("fp8", "mxfp8", True).gathered_param_bytes is None
+    assert Precision.parse("fp8", "delayed", True).gathered_param_bytes == 1.0
+    assert Precision.parse("fp8", "blockwise", True).gathered_param_bytes == 1.0
+    assert Precision.parse("fp8", "mxfp8", False).gathered_param_bytes is None
 
 
 def test_fp8_weight_copies_are_two_bytes_per_block_linear_weight():
@@ -76,6 +124,7 @@ def test_fp8_weight_copies_are_two_bytes_per_block_linear_weight():
     moe_ref = next(ref for ref in problem.model.chain if ref.moe)
     cost = problem.model.layer_cost(moe_ref, shard, problem.cluster.device)
     assert cost.resident_bytes == 2 * weights
+    assert Precision.parse("fp8", "delayed", False).weight_cache_bytes_per_param() == 2.0
     gathered = fp8_problem(spec, fp8_param_gather=True)
     cost = gathered.model.layer_cost(moe_ref, shard, gathered.cluster.device)
     assert cost.resident_bytes == 0.0
@@ -143,3 +192,13 @@ def test_bad_precision_options_are_one_line(train, match):
 
 def test_recipes_are_megatrons_choices():
     assert {r.value for r in Fp8Recipe} == {"delayed", "tensorwise", "blockwise", "mxfp8"}
+
+
+@pytest.mark.parametrize(
+    "preset,any_layout",
+    [("h100_sxm", False), ("h200_sxm", False), ("b200", True), ("gb200", True)],
+)
+def test_presets_state_whether_fp8_gemms_take_any_layout(preset, any_layout):
+    """Transformer Engine's ``non_tn_fp8_gemm_supported``: compute capability 10.0 and up
+    (Blackwell B200 / GB200), not Hopper (9.0)."""
+    assert build_device(load_preset("device", preset)).fp8_any_layout is any_layout

@@ -73,6 +73,9 @@ class DeviceConfig:
     micro-benchmark); needed with ``fp8_peak_tflops``."""
     mxfp8: bool = False
     """The tensor cores take MXFP8 (Blackwell)."""
+    fp8_any_layout: bool = False
+    """Per-tensor-scaled FP8 GEMMs take any operand layout: no transposed FP8 copies
+    (Transformer Engine ``non_tn_fp8_gemm_supported``, compute capability >= 10.0)."""
     kernel_figures_peak_tflops: float | None = None
     """``shape``: the peak of the chip the four figures above were published for; a device whose
     ``peak_tflops`` differs (e.g. another chip given by overrides) does not use them."""
@@ -542,7 +545,7 @@ def _fp8_figures(where: str, c: dict) -> dict:
     """The FP8 fields of a device: none, or a peak inside the physical range with its GEMM
     ceiling."""
     if c.get("fp8_peak_tflops") is None:
-        return {"mxfp8": bool(c.get("mxfp8", False))}
+        return {"mxfp8": bool(c.get("mxfp8", False))}  # no FP8 GEMMs: no layout to state
     peak = _physical(where, c, "fp8_peak_tflops")
     if c.get("fp8_gemm_ceiling") is None:
         raise UserError(
@@ -556,6 +559,7 @@ def _fp8_figures(where: str, c: dict) -> dict:
         "fp8_peak_flops_per_s": units.tflops_to_flops_per_s(peak),
         "fp8_gemm_ceiling": ceiling,
         "mxfp8": bool(c.get("mxfp8", False)),
+        "fp8_any_layout": bool(c.get("fp8_any_layout", False)),
     }
 
 

@@ -57,6 +57,11 @@ class Device:
     micro-benchmark (the FP8 counterpart of ``gemm_ceiling``)."""
     mxfp8: bool = False
     """The tensor cores take MXFP8 (32-element blocks with shared scales): Blackwell."""
+    fp8_any_layout: bool = False
+    """Per-tensor-scaled FP8 GEMMs take any operand layout, so no transposed FP8 copy is written
+    (Transformer Engine ``non_tn_fp8_gemm_supported``: compute capability 10.0 and up,
+    Blackwell); False: TN only (Hopper). See
+    :meth:`nest.core.precision.Precision.quantized_bytes_per_element`."""
     host_link_bw_bytes_per_s: float | None = None
     """Bandwidth of the link between the device and its host's memory, bytes/s per direction
     (PCIe Gen5 x16: 64e9; GB200: 225e9, its share of the NVLink-C2C that one Grace shares with

@@ -1051,7 +1051,7 @@ class AnalyticModel:
         """Forward and backward seconds of the FP8 casts of a block's GEMMs
         (:mod:`nest.core.precision`): the inputs no norm produced, forward; every output
         gradient, backward; memory-bound."""
-        per_elem = self.precision.cast_bytes_per_element
+        per_elem = self.precision.cast_bytes_per_element(device.fp8_any_layout)
         if not per_elem:
             return 0.0, 0.0
         fwd = sum(mm * k * g for name, (mm, _, k, g) in gemms.items() if name not in NORM_FED)
@@ -1151,7 +1151,7 @@ class AnalyticModel:
         }
         dense_params = sharded / t + replicated
         expert_params = (exp_sharded / shard.expert_tp + exp_replicated) / ep if ref.moe else 0.0
-        fp8_weights = sum(n * k * g for _, n, k, g in gemms.values()) if fp8 else 0.0
+        cache = self.precision.weight_cache_bytes_per_param(device.fp8_any_layout)
         return LayerCost(
             dense_params=dense_params,
             expert_params=expert_params,
@@ -1165,7 +1165,7 @@ class AnalyticModel:
             recompute_s={mode: e[0] for mode, e in extra.items()},
             recompute_flops={mode: e[1] for mode, e in extra.items()},
             act_bytes=self._block_activations(ref, shard),
-            resident_bytes=self.precision.weight_cache_bytes_per_param * fp8_weights,
+            resident_bytes=cache * sum(n * k * g for _, n, k, g in gemms.values()),
             boundary_bytes=p * hsb / sp_div,
             fwd_collectives=fwd_coll,
             bwd_collectives=bwd_coll,

@@ -175,7 +175,9 @@ class ModelState:
             grad_bytes=training.grad_bytes,
             optimizer_bytes_per_param=training.optimizer_state_bytes_per_param,
             gather_bytes=numerics.gathered_param_bytes,
-            cast_bytes_per_param=numerics.weight_cast_bytes_per_param,
+            cast_bytes_per_param=numerics.weight_cast_bytes_per_param(
+                problem.cluster.device.fp8_any_layout
+            ),
             reshard_after_forward=training.reshard_after_forward,
             prefetch_params=training.zero3_prefetch_params,
         )
