@@ -661,13 +661,18 @@ def test_fine_grained_moe_releases_bracket_the_prediction():
     docs/performance-summary-archive.md): 8 GB200 EP8 MBS 4 GBS 512 MXFP8, 23,766 in 25.11
     (L571) and 40,706 in 26.06 (L130); 8 B200 EP8 GBS 512 MXFP8 at MBS 4, 27,136 in 26.04.01
     (L247); 16 H100 PP2 VP24 EP8 MBS 2 GBS 512, 10,494 with capacity-padded token-drop in 25.09
-    (L632), the expert FLOPs of the forced-balance dropless 25.11 row. Against the later or
-    token-drop releases the prediction is within issue 22's held-out max (25 %)."""
+    (L632), the expert FLOPs of the forced-balance dropless 25.11 row, without the EP all-to-all
+    overlap the 25.11 recipe adds (25.09, Megatron-Bridge 6725f704: ``scripts/performance/
+    run_script.py`` sets ``overlap_moe_expert_parallel_comm`` for DeepSeek-V3 on H100 only).
+    Against the later or token-drop releases the prediction is within issue 22's held-out max
+    (25 %)."""
     gb200 = validate.predict(_row("Qwen3-30B-A3B 8xGB200")).predicted
     assert 23_766 < gb200 < 40_706
     b200_mbs4 = validate.predict(_row("Qwen3-30B-A3B 8xB200", microbatch="4")).predicted
     assert abs(b200_mbs4 / 27_136 - 1) <= 0.25
-    h100 = validate.predict(_row("Qwen3-30B-A3B 16xH100 FP8-CS TP1 PP2 VP24")).predicted
+    h100 = validate.predict(
+        _row("Qwen3-30B-A3B 16xH100 FP8-CS TP1 PP2 VP24", ep_comm_overlap="false")
+    ).predicted
     assert abs(h100 / 10_494 - 1) <= 0.25
 
 
