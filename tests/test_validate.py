@@ -206,9 +206,11 @@ MOEZOO_WHY = (
     "the smallest expert GEMMs (512 and 1,024 tokens per expert per microbatch, 4,096 in the "
     "other three) and the most schedule steps per rank (3,072 block-microbatches; 1,536 "
     "one-layer chunk-microbatches against 512 three-layer ones), which points at host time "
-    "per MoE layer and per step (the dispatcher's host sync, per-expert launches) that no "
-    "published figure gives; the cross-node EP32 rows with DeepEP -3 and -9 %, the "
-    "Megatron-FSDP row +7 %"
+    "per MoE layer and per step (the dispatcher's host sync, per-expert launches; the commands "
+    "capture no CUDA graphs: model_configs/benchmarking/Qwen3-235B-A22B.yaml at 8017e11) that "
+    "no published figure gives: the issue time of the kernels the model lists, at the 5-20 us "
+    "per launch of HolisticTraceAnalysis's docs, is at most 0.29x the modelled device time; "
+    "the cross-node EP32 rows with DeepEP -3 and -9 %, the Megatron-FSDP row +7 %"
 )
 GB200_WHY = (
     "every row predicted fast (BF16 -0.2 to -10 %, FP8 -2.7 to -20 %) at the derived in-step "
@@ -227,8 +229,10 @@ BLACKWELL_WHY = (
     "all-to-all dispatcher syncs the host before each MoE layer's exchange; the same B200 layout "
     "printed 18,066 tokens/s with capacity-padded token-drop in 25.09 against 9,299 dropless, "
     "the microbatch-4 recipe 27,136 in 26.04.01, predicted +19 %; no published host time per "
-    "MoE layer to charge: docs/trust/fidelity.md, fine-grained small MoE); Qwen3-30B-A3B at "
-    "microbatch 4 on GB200 +39 % (-19 % against the same layout's 40,706 in 26.06), "
+    "MoE layer to charge: docs/trust/fidelity.md, fine-grained small MoE; the issue time of "
+    "the 32 kernels per block the model lists, at 20 us per launch, is 0.34x its device time); "
+    "Qwen3-30B-A3B at microbatch 4 on GB200 with its recipe's HybridEP dispatcher +39 % (-19 % "
+    "against the same layout's 40,706 in 26.06), "
     "DeepSeek-V3 +17 %, Llama 3.1 405B on 128 B200 +11.0 % (with the FP8 primary weights the "
     "25.11 recipes set: one-byte weight gathers, no per-iteration weight cast); the 8B, 405B "
     "on GB200 and Qwen3-235B BF16 rows -3 to +3 %"
@@ -248,11 +252,19 @@ TPU_WHY = (
     "the ici_tensor rows' TP collectives are charged as exposed"
 )
 MBRIDGE_WHY = (
-    "Qwen3-30B-A3B PP2 VP24 (25.11, dropless) predicted at 2.31x the measured throughput: the "
-    "same layout printed 10,494 tokens/s with capacity-padded token-drop in 25.09 (predicted "
-    "+16 %) and PP2 VP12 went from 5,113 to 9,058 between 26.02 and 26.02.01, a release's "
-    "host-bound MoE layer (docs/trust/fidelity.md, fine-grained small MoE); the PP1 EP16 run "
-    "(26.06) 14.1 % slow, the folded Qwen3-235B run (25.11, TP2 EP32 etp 1) 13.7 % slow"
+    "Qwen3-30B-A3B PP2 VP24 (25.11, dropless) predicted at 2.67x the measured throughput with "
+    "the EP all-to-all overlap its recipe sets (moe_a2a_overlap, Megatron-Bridge 7af9601c): the "
+    "same layout printed 10,494 tokens/s with capacity-padded token-drop in 25.09 and PP2 VP12 "
+    "went from 5,113 to 9,058 between 26.02 and 26.02.01, a release's host-bound MoE layer "
+    "(docs/trust/fidelity.md, fine-grained small MoE); the PP1 EP16 run (26.06) 52.8 % fast "
+    "with its recipe's HybridEP dispatcher (priced as deepep; 14.1 % slow as a plain "
+    "all-to-all): at microbatch 1 it takes 0.46 s per 4,096-token microbatch, as the B200 "
+    "microbatch-1 runs do (0.42-0.44 s) on a GPU with 2.3x its FP8 peak; the folded Qwen3-235B "
+    "run (25.11, TP2 EP32 etp 1) 13.7 % slow. The host time that would explain them is not "
+    "charged: the issue time of the kernels the model lists (32-50 per block and microbatch, "
+    "at the 5-20 us per launch of HolisticTraceAnalysis's docs) is at most 0.22x the modelled "
+    "device time of these rows, and no published profile counts a Transformer Engine MoE "
+    "block's launches"
 )
 
 ZB2P_WHY = (
@@ -291,7 +303,7 @@ ZB_ORDER_WHY = (
         AUTOMODEL,
         PAIRS,
         DSV3,
-        pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "14.1 %", MBRIDGE_WHY)),
+        pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "52.8 %", MBRIDGE_WHY)),
         MOEZOO,
         GB200_PAIRS,
         pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "11.0 %", BLACKWELL_WHY)),
@@ -319,7 +331,9 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
                 "1.7B over-predicted by 23 % and 7.1B by 11 % with the per-kernel time, the "
                 "achieved HBM bandwidth and the loss over the 131k-vocabulary logits counted; "
                 "32B under-predicted by 23 %. Not modelled: the compute slowdown while the DP "
-                "gradient reduce-scatter shares the SMs, the host-side (CPU dispatch) time",
+                "gradient reduce-scatter shares the SMs, the host-side (CPU dispatch) time (the "
+                "29 kernels per block the model lists, at 20 us per launch, 0.16x the device "
+                "time: it would not bind)",
             ),
         ),
         pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "34.3 %", LLAMA3_WHY)),
@@ -327,7 +341,7 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         AUTOMODEL,
         pytest.param(PAIRS, marks=_unmet("max <= 15 %", "21.1 %", PAIRS_WHY)),
         pytest.param(DSV3, marks=_unmet("max <= 15 %", "59.5 %", DSV3_WHY)),
-        pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "131 %", MBRIDGE_WHY)),
+        pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "167 %", MBRIDGE_WHY)),
         pytest.param(MOEZOO, marks=_unmet("max <= 15 %", "45.0 %", MOEZOO_WHY)),
         pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "19.9 %", GB200_WHY)),
         pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "239 %", BLACKWELL_WHY)),
@@ -441,7 +455,7 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     AUTOMODEL: (1, 0.058, 0.058, 0.058),
     PAIRS: (30, 0.039, 0.211, 0.015),
     DSV3: (3, 0.070, 0.595, -0.005),
-    MBRIDGE: (3, 0.141, 1.305, -0.137),
+    MBRIDGE: (3, 0.528, 1.668, 0.528),
     MOEZOO: (5, 0.088, 0.450, -0.088),
     GB200_PAIRS: (30, 0.045, 0.199, -0.045),
     BLACKWELL: (9, 0.110, 2.387, 0.110),
@@ -652,13 +666,18 @@ def test_fine_grained_moe_releases_bracket_the_prediction():
     docs/performance-summary-archive.md): 8 GB200 EP8 MBS 4 GBS 512 MXFP8, 23,766 in 25.11
     (L571) and 40,706 in 26.06 (L130); 8 B200 EP8 GBS 512 MXFP8 at MBS 4, 27,136 in 26.04.01
     (L247); 16 H100 PP2 VP24 EP8 MBS 2 GBS 512, 10,494 with capacity-padded token-drop in 25.09
-    (L632), the expert FLOPs of the forced-balance dropless 25.11 row. Against the later or
-    token-drop releases the prediction is within issue 22's held-out max (25 %)."""
+    (L632), the expert FLOPs of the forced-balance dropless 25.11 row, without the EP all-to-all
+    overlap the 25.11 recipe adds (25.09, Megatron-Bridge 6725f704: ``scripts/performance/
+    run_script.py`` sets ``overlap_moe_expert_parallel_comm`` for DeepSeek-V3 on H100 only).
+    Against the later or token-drop releases the prediction is within issue 22's held-out max
+    (25 %)."""
     gb200 = validate.predict(_row("Qwen3-30B-A3B 8xGB200")).predicted
     assert 23_766 < gb200 < 40_706
     b200_mbs4 = validate.predict(_row("Qwen3-30B-A3B 8xB200", microbatch="4")).predicted
     assert abs(b200_mbs4 / 27_136 - 1) <= 0.25
-    h100 = validate.predict(_row("Qwen3-30B-A3B 16xH100 FP8-CS TP1 PP2 VP24")).predicted
+    h100 = validate.predict(
+        _row("Qwen3-30B-A3B 16xH100 FP8-CS TP1 PP2 VP24", ep_comm_overlap="false")
+    ).predicted
     assert abs(h100 / 10_494 - 1) <= 0.25
 
 
@@ -1246,3 +1265,79 @@ def test_a_head_dim_column_must_agree_with_the_model_preset():
     outcome = validate.predict(dict(row, head_dim="64"))
     assert outcome.predicted is None
     assert "head_dim='64' but model preset 'llama4_maverick' has 128" in outcome.note
+
+
+QWEN3_30B_RECIPES = {  # case prefix: (moe_dispatcher, ep_comm_overlap) its recipe sets
+    # 25.11 (Megatron-Bridge v0.2.0, 7af9601c, scripts/performance/configs/qwen3/
+    # workload_base_configs.py): QWEN3_30B_A3B_H100_FP8_CS_BASE_CONFIG moe_a2a_overlap=True,
+    # turned by utils/helpers.py set_moe_a2a_overlap_overrides into
+    # overlap_moe_expert_parallel_comm = True; no flex backend
+    "Qwen3-30B-A3B 16xH100 FP8-CS TP1 PP2 VP24": ("alltoall", "true"),
+    # 26.06 (4ab94dfa, src/megatron/bridge/perf_recipes/qwen/h100/qwen3_moe.py,
+    # qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs_config): moe_flex_dispatcher_backend = "hybridep",
+    # moe_a2a_overlap = False
+    "Qwen3-30B-A3B 16xH100 FP8 TP1 PP1 EP16": ("deepep", "false"),
+    # 25.11: QWEN3_30B_A3B_GB200_FP8_MX_BASE_CONFIG moe_flex_dispatcher_backend="hybridep"
+    "Qwen3-30B-A3B 8xGB200 FP8-MX TP1 PP1 EP8": ("deepep", "false"),
+    # 25.11: QWEN3_30B_A3B_B200_FP8_MX_BASE_CONFIG sets no flex backend, no a2a overlap
+    "Qwen3-30B-A3B 8xB200 FP8-MX TP1 PP1 EP8": ("alltoall", "false"),
+}
+
+
+def test_the_qwen3_30b_rows_run_the_dispatcher_and_overlap_their_recipes_set():
+    """Megatron-Bridge's Qwen3-30B-A3B rows carry their recipe's dispatcher (HybridEP, DeepEP's
+    hybrid-ep branch behind the flex dispatcher, is priced as ``deepep``) and EP all-to-all
+    overlap, as the recipes of the rows' releases set them (QWEN3_30B_RECIPES)."""
+    rows = [r for r in _rows() if r["case"].startswith("Qwen3-30B-A3B")]
+    assert len(rows) == len(QWEN3_30B_RECIPES)
+    for prefix, (dispatcher, overlap) in QWEN3_30B_RECIPES.items():
+        (row,) = [r for r in rows if r["case"].startswith(prefix)]
+        assert (row.get("moe_dispatcher") or "alltoall") == dispatcher, prefix
+        assert (row.get("ep_comm_overlap") or "false") == overlap, prefix
+
+
+HOST_LAUNCH_HIGH_S = 20e-6
+"""The top of the CPU time per kernel launch "usually" seen in PyTorch traces, 5-20 us
+(HolisticTraceAnalysis, ``docs/source/features/cuda_kernel_launch_stats.rst`` at 0c2146a8, "Short
+GPU kernels"): a range from a trace tool's docs, not a micro-benchmark, so no cost term."""
+
+
+def _listed_kernels_host_share(row: dict) -> float:
+    """The largest, over a row's pipeline stages, of (kernels the cost model charges a fixed
+    per-kernel time for) x HOST_LAUNCH_HIGH_S / (the stage's modelled device compute per
+    microbatch). The count is the derivative of the stage's compute in the device's
+    ``kernel_overhead_s``, which every listed kernel adds once."""
+    import dataclasses
+
+    def stages(bump_s):
+        problem, plan = validate.problem_and_plan(row)
+        device = problem.cluster.device
+        device = dataclasses.replace(device, kernel_overhead_s=device.kernel_overhead_s + bump_s)
+        problem = dataclasses.replace(
+            problem, cluster=dataclasses.replace(problem.cluster, device=device)
+        )
+        return {
+            s.index: s.compute_fwd_s + s.compute_bwd_s + s.recompute_s
+            for s in evaluate(problem, plan).stages
+        }
+
+    base, bumped = stages(0.0), stages(1e-6)
+    shares = [(bumped[i] - t) / 1e-6 * HOST_LAUNCH_HIGH_S / t for i, t in base.items()]
+    assert min(shares) > 0  # every stage launches kernels the model lists
+    return max(shares)
+
+
+@pytest.mark.parametrize(
+    "source, case, most",
+    [(MBRIDGE, "", 0.22), (BLACKWELL, "Qwen3-30B", 0.34), (MOEZOO, "", 0.29), (MEGATRON, "", 0.16)],
+)
+def test_host_issue_time_of_the_listed_kernels_would_not_bind(source, case, most):
+    """Why no host-time term (docs/trust/fidelity.md, fine-grained small MoE): a step is at
+    least its kernels' CPU issue time, but for the kernels the model lists even 20 us per launch
+    stays under the modelled device time of every stage of the over-predicted rows (the
+    Megatron-Core small GPTs and the MoE sources: at most ``most`` of it, as the WHY texts
+    say), so ``max(device, host)`` would move none of them."""
+    rows = {r["case"]: r for r in _rows() if r["source"] == source and case in r["case"]}
+    assert rows
+    share = max(_listed_kernels_host_share(r) for r in rows.values())
+    assert share == pytest.approx(most, abs=0.005)
