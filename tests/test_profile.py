@@ -267,7 +267,8 @@ def test_profile_of_the_analytic_model_evaluates_identically_on_random_plans():
         if problem.model.spec.is_moe or planner.tp != 1 or planner.cp != 1:
             continue
         modes = [planner.recompute] if isinstance(planner.recompute, str) else planner.recompute
-        if {"mlp", "selective_mlp", "op", "dots", "mla_up_proj"} & set(modes):
+        unmeasured = {"mlp", "selective_mlp", "op", "dots", "mla_up_proj", "mlp_moe"}
+        if (unmeasured | {"mla_up_proj_mlp_moe"}) & set(modes):
             continue  # a profile does not measure these modes' shares (its docstring)
         prof = profile_of(
             problem.model,
@@ -365,6 +366,8 @@ def test_recompute_semantics():
         Recompute.FULL: 1.0,
         Recompute.DOTS: 0.0,  # unknown: dots = none
         Recompute.MLA_UP: 0.0,  # unknown: mla_up_proj = none
+        Recompute.MLP_MOE: 0.0,  # unknown whole-MLP share: mlp_moe = none
+        Recompute.MLA_UP_MLP_MOE: 0.0,
     }
     assert cost.act_bytes[Recompute.MLP] == cost.act_bytes[Recompute.NONE]
     model = _one_block_profile(act_selective_bytes=40, recompute_selective_ms=300, act_full_bytes=9)

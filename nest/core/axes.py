@@ -32,7 +32,13 @@ class Recompute(StrEnum):
     ``jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims``, MaxText's
     ``remat_policy=minimal``: what it stores is :func:`nest.core.blocks.dots_inventory`;
     ``mla_up_proj`` is Megatron-Core's ``--recompute-modules mla_up_proj``: what it drops,
-    :func:`nest.core.blocks.block_tensors` with ``up_recomputed``)."""
+    :func:`nest.core.blocks.block_tensors` with ``up_recomputed``; ``mlp_moe`` is
+    ``--recompute-modules mlp moe``, every block's whole MLP under normal checkpointing (the
+    dense MLP's ``mlp``, the MoE layer's ``moe``: router, permutations, dispatch and combine,
+    routed and shared experts; Megatron-LM@84cf979c766f72dfdc7af73d6b4add5ae952c2da
+    ``transformer_config.py``, ``transformer_layer.py``, ``moe/moe_layer.py``): what it drops,
+    :func:`nest.core.blocks.block_tensors` with ``mlp_whole``; ``mla_up_proj_mlp_moe`` is
+    both, dgxc-benchmarking's DeepSeek-V3 H100 setting)."""
 
     NONE = "none"
     SELECTIVE = "selective"  # recompute the attention core (softmax, dropout, attention over V)
@@ -42,6 +48,8 @@ class Recompute(StrEnum):
     FULL = "full"  # keep only each layer's input; recompute its forward in the backward pass
     DOTS = "dots"  # keep the input and the weight matmuls' outputs; recompute the rest (JAX)
     MLA_UP = "mla_up_proj"  # recompute MLA's Q/K/V up-projections and RoPE (none on other blocks)
+    MLP_MOE = "mlp_moe"  # recompute every block's whole MLP: dense MLP or MoE layer (a2a included)
+    MLA_UP_MLP_MOE = "mla_up_proj_mlp_moe"  # both of the above
 
 
 BLOCK_RECOMPUTE = "block"

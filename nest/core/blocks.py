@@ -147,7 +147,12 @@ OUTSIDE, INSIDE = "outside", "inside"
 
 
 def block_tensors(
-    spec: ModelSpec, moe: bool, *, mlp_recomputed: bool = False, up_recomputed: bool = False
+    spec: ModelSpec,
+    moe: bool,
+    *,
+    mlp_recomputed: bool = False,
+    up_recomputed: bool = False,
+    mlp_whole: bool = False,
 ) -> list[tuple[float, str, bool]]:
     """Stored tensors per token, ``(elements, where, fp8_input)`` (module docstring), without
     the attention core's (:func:`attention_core`; the caller adds them by kernel) and the
@@ -167,7 +172,14 @@ def block_tensors(
     under ``CheckpointWithoutOutput``, whose outputs are discarded once the attention core has
     run and recomputed before its backward): an MLA block keeps no Q, K, V (Q only when it has
     a query latent, ``q_lora_rank``; without one the query projection reads the hidden state);
-    the latents it recomputes them from are kept anyway. Other blocks are unchanged."""
+    the latents it recomputes them from are kept anyway. Other blocks are unchanged.
+
+    ``mlp_whole``: Megatron-Core's ``mlp`` and ``moe`` modules together (normal checkpointing
+    of the whole dense MLP, ``transformer_layer.py``, and of the whole MoE layer,
+    ``moe/moe_layer.py`` ``MoELayer.forward``: router, dispatch, routed and shared experts,
+    combine; Megatron-LM@84cf979c): the block keeps the MLP's input and nothing of the MLP,
+    no routed copy, no FC1 output, no shared-expert tensor (the router's logits are the
+    caller's, which drops them too)."""
     h, a = spec.hidden, spec.heads
     gate = gate_factor(spec)
     out = [
@@ -194,6 +206,8 @@ def block_tensors(
         out += [(q, INSIDE, False), (kv, INSIDE, False), (kv, INSIDE, False), (q, INSIDE, True)]
         if spec.qk_norm:
             out += [(q + kv, INSIDE, False)]  # Q and K before their norms
+    if mlp_whole:
+        return out
     if moe:
         fe, fs = spec.expert_ffn, spec.shared_ffn
         for _ in range(spec.top_k):  # each token's copy sent to an expert

@@ -90,6 +90,8 @@ at commit ``1d263f15``, Table 1, EP32, 8 experts per rank, no EPLB) give an expe
 EXPERT_FC1 = "efc1"
 EXPERT_LINEARS = frozenset((EXPERT_FC1, "efc2"))
 """The routed experts' linears (:func:`nest.core.blocks.mlp_linears`)."""
+SHARED_LINEARS = frozenset(("sh_fc1", "sh_fc2"))
+"""The shared experts' linears (:func:`nest.core.blocks.mlp_linears`)."""
 
 ROUTER_BYTES_PER_LOGIT = 12
 """HBM bytes per router logit of the router's memory-bound kernels, each way: the softmax reads
@@ -826,16 +828,20 @@ class AnalyticModel:
         fp8 = self.precision.fp8
         split = {OUTSIDE: sp_div, INSIDE: t, REP: 1}
 
-        def stored(mlp_recomputed: bool, up_recomputed: bool = False) -> float:
+        def stored(mlp_recomputed: bool, up_recomputed: bool = False, whole=False) -> float:
             out = 0.0
             inventory = block_tensors(
-                m, ref.moe, mlp_recomputed=mlp_recomputed, up_recomputed=up_recomputed
+                m,
+                ref.moe,
+                mlp_recomputed=mlp_recomputed,
+                up_recomputed=up_recomputed,
+                mlp_whole=whole,
             )
             for elems, where, fp8_input in inventory:
                 out += elems * tokens * (1 if fp8 and fp8_input else p) / split[where]
             if m.dropout:
                 out += 2 * hsb / sp_div  # the two dropout masks, one byte per element
-            if ref.moe:
+            if ref.moe and not whole:
                 out += 4.0 * tokens * m.num_experts / sp_div  # fp32 router logits
             return out
 
@@ -859,6 +865,8 @@ class AnalyticModel:
             Recompute.FULL: p * hsb / sp_div,
             Recompute.DOTS: dots,
             Recompute.MLA_UP: stored(False, up_recomputed=True) + core / t,
+            Recompute.MLP_MOE: stored(False, whole=True) + core / t,
+            Recompute.MLA_UP_MLP_MOE: stored(False, up_recomputed=True, whole=True) + core / t,
         }
 
     def _op_sac_activations(self, ref: LayerRef, shard: Shard) -> float:
@@ -970,6 +978,34 @@ class AnalyticModel:
         seconds += sum(fwd_of[name][0] for name in mlp) + self._cast_s(mlp, device)[0]
         flops = sum(2.0 * mm * n * k * g for mm, n, k, g in mlp.values())
         return seconds, flops
+
+    def _whole_mlp_recompute(
+        self,
+        ref: LayerRef,
+        shard: Shard,
+        device: Device,
+        gemms: dict,
+        fwd_of: dict,
+        moe_fwd_s: float,
+    ) -> tuple[float, float]:
+        """(seconds, matmul FLOPs) of recomputing the whole MLP as :func:`block_tensors` with
+        ``mlp_whole`` stores it (Megatron-Core's ``mlp`` and ``moe`` modules): a dense MLP's
+        forward again (:meth:`_mlp_recompute`'s); a MoE layer's whole forward: the routed
+        experts' GEMMs (the most loaded rank's, as the forward times them) and activation, the
+        shared experts' GEMMs and activation, their FP8 casts, and the router and permutations
+        (``moe_fwd_s``, :meth:`_moe_kernels_s`'s forward). The dispatch and combine are the
+        caller's collectives."""
+        seconds, flops = self._mlp_recompute(ref, shard, device, gemms, fwd_of)
+        if not ref.moe:
+            return seconds, flops
+        m = self.spec
+        t, _, _, _, p, b, _, _, s_loc, _, _ = self._dims(shard)
+        mlp = {n: g for n, g in gemms.items() if n in EXPERT_LINEARS or n in SHARED_LINEARS}
+        seconds += sum(fwd_of[n][0] for n in mlp) + self._cast_s(mlp, device)[0] + moe_fwd_s
+        if m.shared_ffn:  # the shared experts' activation function, as _mlp_recompute streams it
+            act = 3 if m.activation == "swiglu" else 2
+            seconds += p * m.shared_ffn * act * b * s_loc / t / device.achieved_hbm_bw_bytes_per_s
+        return seconds, sum(2.0 * mm * n * k * g for mm, n, k, g in mlp.values())
 
     def _op_sac_recompute(
         self,
@@ -1091,6 +1127,21 @@ class AnalyticModel:
         ew_core = (2 * p + ((2 * p + 1) if m.dropout else 0)) * core_elems
         return attn_s, core_flops, ew_core / t / device.achieved_hbm_bw_bytes_per_s
 
+    def _elementwise_s(self, ref: LayerRef, shard: Shard, device: Device) -> float:
+        """Seconds of a block's memory-bound elementwise work outside the attention core
+        (norms, residual adds, activation function, dropout, RoPE): it streams its inputs and
+        outputs through HBM once at the achieved bandwidth (roofline model, Williams et al.,
+        CACM 2009); the operator list is Korthikanti et al.'s §4.1; each of its kernels pays the
+        fixed per-kernel time."""
+        m = self.spec
+        t, _, _, sp_div, p, b, _, _, s_loc, hsb, _ = self._dims(shard)
+        ew = elementwise_bytes_per_token(m, ref.moe, p)
+        ew_bytes = s_loc * b * (ew[OUTSIDE] / sp_div + ew[INSIDE] / t + ew[REP])
+        if m.dropout:
+            ew_bytes += 2 * (2 * p + 1) * hsb / sp_div
+        launch_s = elementwise_kernels(m) * device.kernel_overhead_s
+        return ew_bytes / device.achieved_hbm_bw_bytes_per_s + launch_s
+
     def _block_cost(self, ref: LayerRef, shard: Shard, device: Device) -> LayerCost:
         m = self.spec
         t, c, sp, sp_div, p, b, s, h, s_loc, hsb, x_bytes = self._dims(shard)
@@ -1108,18 +1159,7 @@ class AnalyticModel:
         gemm_bwd = sum(b_ for _, b_ in fwd_of.values())
         cast_fwd, cast_bwd = self._cast_s(gemms, device)
         attn_s, core_flops, core_ew_s = self._attention_s(ref, shard, device)
-        # Memory-bound elementwise work (norms, residual adds, activation function, dropout,
-        # RoPE, softmax) streams its inputs and outputs through HBM once at the achieved
-        # bandwidth (roofline model, Williams et al., CACM 2009); the operator list is
-        # Korthikanti et al.'s §4.1; each of its kernels pays the fixed per-kernel time.
-        ew = elementwise_bytes_per_token(m, ref.moe, p)
-        tokens = s_loc * b
-        ew_bytes = tokens * (ew[OUTSIDE] / sp_div + ew[INSIDE] / t + ew[REP])
-        if m.dropout:
-            ew_bytes += 2 * (2 * p + 1) * hsb / sp_div
-        hbm = device.achieved_hbm_bw_bytes_per_s
-        launch_s = elementwise_kernels(m) * device.kernel_overhead_s
-        ew_s = ew_bytes / hbm + core_ew_s + launch_s
+        ew_s = self._elementwise_s(ref, shard, device) + core_ew_s
         moe_fwd, moe_bwd = self._moe_kernels_s(ref, shard, device) if ref.moe else (0.0, 0.0)
         fwd_s = gemm_fwd + cast_fwd + attn_s + ew_s + moe_fwd
         bwd_s = gemm_bwd + cast_bwd + 2.0 * attn_s + 2.0 * ew_s + moe_bwd
@@ -1128,8 +1168,11 @@ class AnalyticModel:
         # is why its backward costs 2.5x its forward rather than 2x (Dao 2023, FlashAttention-2).
         none_s = 0.5 * core_s if self.flash_attention else 0.0
         none_flops = 0.5 * core_flops if self.flash_attention else 0.0
-        fwd_coll, bwd_coll, mlp_coll = self._block_collectives(ref, shard, device, fwd_of, attn_s)
+        fwd_coll, bwd_coll, mlp_coll, whole_coll = self._block_collectives(
+            ref, shard, device, fwd_of, attn_s
+        )
         mlp_s, mlp_flops = self._mlp_recompute(ref, shard, device, gemms, fwd_of)
+        whole_s, whole_flops = self._whole_mlp_recompute(ref, shard, device, gemms, fwd_of, moe_fwd)
         up_s, up_flops = self._mla_up_recompute(device, gemms, fwd_of)
         op_s, op_flops, op_coll = self._op_sac_recompute(
             ref, shard, device, fwd_of, gemms, fwd_coll, cast_fwd + ew_s + moe_fwd
@@ -1148,6 +1191,13 @@ class AnalyticModel:
             # holds the core's elementwise part, so the core adds its kernel alone
             Recompute.DOTS: (attn_s + ew_s, core_flops, ()),
             Recompute.MLA_UP: (none_s + up_s, none_flops + up_flops, ()),
+            # the MLP's (a MoE layer's: its tensor-parallel ones and the dispatch and combine)
+            Recompute.MLP_MOE: (none_s + whole_s, none_flops + whole_flops, whole_coll),
+            Recompute.MLA_UP_MLP_MOE: (
+                none_s + up_s + whole_s,
+                none_flops + up_flops + whole_flops,
+                whole_coll,
+            ),
         }
         dense_params = sharded / t + replicated
         expert_params = (exp_sharded / shard.expert_tp + exp_replicated) / ep if ref.moe else 0.0
@@ -1227,9 +1277,17 @@ class AnalyticModel:
             op = deepep_op(m.top_k) if self.moe_dispatcher == "deepep" else CollectiveOp.ALL_TO_ALL
             ep_fwd = [coll(op, GroupKind.EP, a2a_bytes, hide_f)] * 2  # dispatch, combine
             ep_bwd = [coll(op, GroupKind.EP, a2a_bytes, hide_b)] * 2
-        # _tp_collectives lists the attention's, then the MLP's (as many each)
-        mlp_fwd = () if ref.moe else tuple(tp_fwd[len(tp_fwd) // 2 :])
-        return tuple(tp_fwd + cp_fwd + ep_fwd), tuple(tp_bwd + cp_bwd + ep_bwd), mlp_fwd
+        # _tp_collectives lists the attention's (two with sequence parallelism, else one),
+        # then the MLP's, if any
+        attn_count = (2 if sp else 1) if t > 1 else 0
+        mlp_fwd = () if ref.moe else tuple(tp_fwd[attn_count:])
+        whole_fwd = tuple(tp_fwd[attn_count:] + ep_fwd)
+        return (
+            tuple(tp_fwd + cp_fwd + ep_fwd),
+            tuple(tp_bwd + cp_bwd + ep_bwd),
+            mlp_fwd,
+            whole_fwd,
+        )
 
     def _tp_collectives(self, ref: LayerRef, shard: Shard, coll, attention, mlp):
         """The block's tensor-parallel collectives, forward and backward: with sequence

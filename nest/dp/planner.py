@@ -100,6 +100,8 @@ def plan_from_choices(problem: Problem, config: ParallelConfig, choices) -> Plan
 
 LEAST_STORING_FIRST = (
     Recompute.FULL,
+    Recompute.MLA_UP_MLP_MOE,
+    Recompute.MLP_MOE,
     Recompute.SELECTIVE_MLP,
     Recompute.MLP,
     Recompute.OP,
@@ -109,8 +111,8 @@ LEAST_STORING_FIRST = (
     Recompute.NONE,
 )
 """Recompute modes from the one that stores the least activations (``op`` as it ranks on a
-gated-MLP block like Llama's: below ``selective``, above ``mlp``; the memory fix only starts
-from it)."""
+gated-MLP block like Llama's: below ``selective``, above ``mlp``; ``mlp_moe`` as it ranks on a
+MoE block, where it keeps nothing of the experts; the memory fix only starts from it)."""
 
 
 def least_memory_plan(problem: Problem, config: ParallelConfig, n_layers: int, modes) -> Plan:

@@ -26,10 +26,13 @@ RECOMPUTED = {
     Recompute.FULL: frozenset({"core_attn", "mlp", "rest"}),
     Recompute.DOTS: frozenset({"core_attn", "elementwise"}),
     Recompute.MLA_UP: frozenset({"mla_up_proj"}),
+    Recompute.MLP_MOE: frozenset({"mlp", "moe"}),
+    Recompute.MLA_UP_MLP_MOE: frozenset({"mla_up_proj", "mlp", "moe"}),
 }
 """What each mode recomputes (``rest``: everything else of the block, full recompute only;
 ``op``: every second matmul and all elementwise work, :func:`nest.core.blocks.op_sac_inventory`;
-``dots``: the attention core and the elementwise work, :func:`nest.core.blocks.dots_inventory`)."""
+``dots``: the attention core and the elementwise work, :func:`nest.core.blocks.dots_inventory`;
+``mlp``/``moe``: Megatron-Core's modules of those names, the whole dense MLP / MoE layer)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -438,6 +438,9 @@ def megatron_args(problem: Problem, plan: Plan) -> list[str]:
         args += _recompute_modules_args(problem, mode)
     elif mode is Recompute.MLA_UP:
         args += ["--recompute-granularity selective", "--recompute-modules mla_up_proj"]
+    elif mode in (Recompute.MLP_MOE, Recompute.MLA_UP_MLP_MOE):
+        up = "mla_up_proj " if mode is Recompute.MLA_UP_MLP_MOE else ""
+        args += ["--recompute-granularity selective", f"--recompute-modules {up}mlp moe"]
     elif mode is Recompute.FULL:
         args += [
             "--recompute-granularity full",

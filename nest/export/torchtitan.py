@@ -266,6 +266,17 @@ def _best_data_parallel(problem: Problem, plan: Plan, changes: dict) -> tuple[in
     return zero, ep, hybrid
 
 
+MODULE_MODES = (
+    Recompute.MLP,
+    Recompute.SELECTIVE_MLP,
+    Recompute.DOTS,
+    Recompute.MLA_UP,
+    Recompute.MLP_MOE,
+    Recompute.MLA_UP_MLP_MOE,
+)
+"""Modes torchtitan cannot run (single modules, JAX's dots policy): exported as full."""
+
+
 def _recompute_changes(problem: Problem, plan: Plan, issues: list, changes: dict) -> None:
     """The recompute torchtitan runs for ``plan`` (module docstring), and why it differs."""
     modes = [s.recompute for s in plan.stages]
@@ -287,7 +298,7 @@ def _recompute_changes(problem: Problem, plan: Plan, issues: list, changes: dict
             "option keeps the other blocks' activations whole; used full everywhere)"
         )
         changes["recompute"] = [Recompute.FULL] * len(modes)
-    elif strongest in (Recompute.MLP, Recompute.SELECTIVE_MLP, Recompute.DOTS, Recompute.MLA_UP):
+    elif strongest in MODULE_MODES:
         issues.append(
             f"recompute {strongest} (torchtitan recomputes whole blocks or by its op-level "
             "policy, not single modules nor by JAX's dots policy; used full everywhere)"

@@ -29,8 +29,8 @@ answers them from measurements. The semantics:
   keeps only each layer's input), and one more forward pass (``fwd_s``, its FLOPs ``fwd_flops``).
   mlp and selective_mlp: a profile does not measure the MLP's share, so ``mlp`` equals none and
   ``selective_mlp`` equals selective (no saving, no cost); nor the op-level share, so ``op``
-  equals none, nor what JAX's dots policy or MLA's up-projections keep, so ``dots`` and
-  ``mla_up_proj`` equal none.
+  equals none, nor what JAX's dots policy, MLA's up-projections or the whole MLP keep, so
+  ``dots``, ``mla_up_proj``, ``mlp_moe`` and ``mla_up_proj_mlp_moe`` equal none.
 - **Microbatch size.** The measurement at the requested microbatch size when there is one; else
   (``microbatch_scaling: linear``) the nearest measured one (largest below, else smallest above)
   scaled linearly (times, activations, boundary, transient and FLOPs x ``b / b0``; parameters
@@ -256,48 +256,22 @@ class ProfileModel:
             fwd_s=fwd_s,
             bwd_s=layer.bwd_s * k,
             wgrad_s=(layer.wgrad_s or 0.0) * k,
-            recompute_s={
-                Recompute.NONE: 0.0,
-                Recompute.SELECTIVE: sel_s,
-                Recompute.MLP: 0.0,
-                Recompute.SELECTIVE_MLP: sel_s,
-                Recompute.OP: 0.0,
-                Recompute.FULL: fwd_s,
-                Recompute.DOTS: 0.0,
-                Recompute.MLA_UP: 0.0,
-            },
-            recompute_flops={
-                Recompute.NONE: 0.0,
-                Recompute.SELECTIVE: 0.0,
-                Recompute.MLP: 0.0,
-                Recompute.SELECTIVE_MLP: 0.0,
-                Recompute.OP: 0.0,
-                Recompute.FULL: flops,
-                Recompute.DOTS: 0.0,
-                Recompute.MLA_UP: 0.0,
-            },
-            act_bytes={
-                Recompute.NONE: act_none,
-                Recompute.SELECTIVE: act_sel,
-                Recompute.MLP: act_none,
-                Recompute.SELECTIVE_MLP: act_sel,
-                Recompute.OP: act_none,
-                Recompute.FULL: act_full,
-                Recompute.DOTS: act_none,
-                Recompute.MLA_UP: act_none,
-            },
+            recompute_s=_by_mode(0.0, sel_s, fwd_s),
+            recompute_flops=_by_mode(0.0, 0.0, flops),
+            act_bytes=_by_mode(act_none, act_sel, act_full),
             transient_bytes=layer.transient_bytes * k,
             boundary_bytes=layer.boundary_bytes * k,
             fwd_collectives=fwd_coll,
             bwd_collectives=fwd_coll,
-            recompute_collectives={
-                Recompute.NONE: (),
-                Recompute.SELECTIVE: (),
-                Recompute.MLP: (),
-                Recompute.SELECTIVE_MLP: (),
-                Recompute.OP: (),
-                Recompute.FULL: fwd_coll,
-                Recompute.DOTS: (),
-                Recompute.MLA_UP: (),
-            },
+            recompute_collectives=_by_mode((), (), fwd_coll),
         )
+
+
+def _by_mode(none, selective, full) -> dict:
+    """A profiled layer's value per recompute mode (module docstring): ``selective`` and
+    ``selective_mlp`` take ``selective``'s, ``full`` its own, every other mode ``none``'s (a
+    profile does not measure what they keep)."""
+    out = {mode: none for mode in Recompute}
+    out[Recompute.SELECTIVE] = out[Recompute.SELECTIVE_MLP] = selective
+    out[Recompute.FULL] = full
+    return out
