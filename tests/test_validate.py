@@ -179,10 +179,13 @@ LLAMA3_WHY = (
     "masks' share"
 )
 SC21_T2_WHY = (
-    "ZeRO-3 rows over-predicted up to 3x (+208 % on 1536 GPUs): the measured step (66 s) is 4x "
-    "its compute (16 s) while the modelled gathers and reduce-scatters take 10 s even with "
-    "DeepSpeed's 5e7-element prefetch bucket leaving most of each gather exposed; DeepSpeed "
-    "2021's ZeRO-3 ran slower than the bandwidth-bound collectives modelled"
+    "ZeRO-3 rows over-predicted up to 2.7x (+167 % on 1536 GPUs, +151 % on 2240) with every "
+    "gather and reduce-scatter exposed, as DeepSpeed 2021's device-wide synchronise around each "
+    "parameter's gather runs them (zero3_runtime=synchronous): the measured step (67 s) is 4x its "
+    "compute (15 s) while the modelled collectives take 10 s (108 GB/s per GPU over NVLink and "
+    "the node's 8 NICs). One collective per weight tensor on NCCL's flat ring adds at most 7 s "
+    "(2240 GPUs). The measured floors match each GPU moving its whole share over its own "
+    "200 Gb/s NIC (all six rows within 21 % so), which no source found explains"
 )
 PAIRS_WHY = (
     "Nemotron4 340B FP8 on 256 GPUs predicted 21.1 % slow (its BF16 row 15.4 %); Grok-1's FP8 "
@@ -294,7 +297,7 @@ ZB_ORDER_WHY = (
         SC21_T1,
         MEGATRON,
         LLAMA3,
-        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "15.2 %", SC21_T2_WHY)),
+        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "12.3 %", SC21_T2_WHY)),
         AUTOMODEL,
         PAIRS,
         DSV3,
@@ -332,7 +335,7 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
             ),
         ),
         pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "34.3 %", LLAMA3_WHY)),
-        pytest.param(SC21_T2, marks=_unmet("max <= 15 %", "208 %", SC21_T2_WHY)),
+        pytest.param(SC21_T2, marks=_unmet("max <= 15 %", "167 %", SC21_T2_WHY)),
         AUTOMODEL,
         pytest.param(PAIRS, marks=_unmet("max <= 15 %", "21.1 %", PAIRS_WHY)),
         DSV3,
@@ -417,9 +420,9 @@ def test_accuracy_max_within_15_percent(summary):
 @_unmet(
     "3D parallelism predicted above ZeRO-3 at every scale, as measured "
     "(docs/trust/fidelity.md, Ranking)",
-    "ZeRO-3 predicted above at every 175B scale (384 GPUs: 173.3 vs 141.4 TFLOP/s, measured 144 "
-    "vs 153; 768: 142.9 vs 137.0, measured 88 vs 149; 1536: 133.1 vs 129.2, measured 44 vs 141) "
-    "and at 530B's smallest (176.7 on 640 vs 157.5 on 560, measured 138 vs 171)",
+    "ZeRO-3 predicted above at each model's smallest scale (175B on 384 GPUs: 169.0 vs 144.2 "
+    "TFLOP/s, measured 144 vs 153; 530B: 172.4 on 640 vs 161.0 on 560, measured 138 vs 171); "
+    "at the four larger scales 3D is ranked above, as measured",
     SC21_T2_WHY,
 )
 def test_accuracy_3d_parallelism_ranked_above_zero3_at_every_scale():
@@ -446,7 +449,7 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     SC21_T1: (30, 0.068, 0.124, -0.068),
     MEGATRON: (27, 0.082, 0.236, -0.073),
     LLAMA3: (3, 0.061, 0.343, 0.061),
-    SC21_T2: (12, 0.152, 2.081, 0.087),
+    SC21_T2: (12, 0.123, 1.666, 0.058),
     AUTOMODEL: (1, 0.058, 0.058, 0.058),
     PAIRS: (30, 0.039, 0.211, 0.015),
     DSV3: (3, 0.070, 0.595, -0.005),
@@ -477,8 +480,8 @@ def test_regression_errors_per_source_pin_the_current_model(summary, source):
 
 def test_regression_sweep_kendall_taus_pin_the_current_model(summary):
     """Pins the current model's ranking of every sweep (named or auto-detected; not an accuracy
-    target): SC21 Table 2's two six-configuration sweeps +0.20 (175B: 9 of 15 pairs ordered as
-    measured) and +0.47 (530B: 11 of 15), the eight GB200 scaling sweeps, all +1 but
+    target): SC21 Table 2's two six-configuration sweeps +0.73 (175B: 13 of 15 pairs ordered as
+    measured) and +0.60 (530B: 12 of 15), the eight GB200 scaling sweeps, all +1 but
     Grok-1's BF16 (+0.33: measured 7.33 / 7.39 / 7.32 s on 128 / 256 / 512 GPUs, a 1 % spread,
     predicted flat to 0.01 s), Megatron-MoE-ModelZoo's five Qwen3-235B layouts (-0.32, pinned
     below) and dgxc-benchmarking's three DeepSeek-V3 runs on H100, auto-detected now that the
@@ -501,8 +504,8 @@ def test_regression_sweep_kendall_taus_pin_the_current_model(summary):
     assert maxtext[f"{TPU_V5P}:1031.47B:seq2048:bf16"] == (4, pytest.approx(1.0))
     assert maxtext[f"{TPU_V5P}:129.19B:seq2048:bf16"] == (4, pytest.approx(1 / 3))
     assert len(maxtext) == 6
-    assert taus["SC21_Table2_174.6B"] == (6, pytest.approx(3 / 15))
-    assert taus["SC21_Table2_529.6B"] == (6, pytest.approx(7 / 15))
+    assert taus["SC21_Table2_174.6B"] == (6, pytest.approx(11 / 15))
+    assert taus["SC21_Table2_529.6B"] == (6, pytest.approx(9 / 15))
     assert taus[f"{DSV3}:deepseek_v3:seq4096:bf16"] == (3, pytest.approx(1.0))
     assert taus[MOEZOO_SWEEP][0] == 5
     gb200 = {k: v for k, v in taus.items() if k.startswith(GB200_PAIRS)}
@@ -682,7 +685,7 @@ def test_at_the_micro_benchmark_ceiling_every_source_is_over_predicted():
     """Why the presets' GEMM level is an assumption below the cited ceiling: with every kernel at
     its isolated micro-benchmark rate (``--matmul-efficiency ceiling``) the model predicts more
     throughput than measured for every Megatron, DeepSpeed or Meta source (median signed error:
-    SC21 Table 1 +13.1 %, Megatron-Core H100 +15.5 %, SC21 Table 2 +35.0 %, the FSDP2 row
+    SC21 Table 1 +13.1 %, Megatron-Core H100 +15.5 %, SC21 Table 2 +30.6 %, the FSDP2 row
     +26.9 % with its gathers prefetched, Llama 3's Table 4 +30.0 %), so kernels inside a training
     step run slower than in isolation. Llama 3 joins the others since its rows run the
     interleaved schedule Meta describes (LLAMA3_WHY); as 1F1B, with a 16-stage bubble that

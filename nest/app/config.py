@@ -190,6 +190,7 @@ class TrainingConfig:
     ep_comm_overlap: bool = TRAINING_DEFAULTS["ep_comm_overlap"]
     reshard_after_forward: bool = TRAINING_DEFAULTS["reshard_after_forward"]
     zero3_prefetch_params: float | None = TRAINING_DEFAULTS["zero3_prefetch_params"]
+    zero3_runtime: str = TRAINING_DEFAULTS["zero3_runtime"]
     moe_routing: str = TRAINING_DEFAULTS["moe_routing"]
     moe_dispatcher: str = TRAINING_DEFAULTS["moe_dispatcher"]
     precision: str = TRAINING_DEFAULTS["precision"]
@@ -911,6 +912,7 @@ def build_training(cfg: Any) -> Training:
         precision=str(c.get("precision", TRAINING_DEFAULTS["precision"])),
         fp8_recipe=str(c.get("fp8_recipe", TRAINING_DEFAULTS["fp8_recipe"])),
         zero3_prefetch_params=_prefetch_params(c.get("zero3_prefetch_params")),
+        zero3_runtime=str(c.get("zero3_runtime", TRAINING_DEFAULTS["zero3_runtime"])),
         moe_routing=str(c.get("moe_routing", TRAINING_DEFAULTS["moe_routing"])),
         moe_dispatcher=str(c.get("moe_dispatcher", TRAINING_DEFAULTS["moe_dispatcher"])),
         cpu_adam_params_per_s=_number(

@@ -95,6 +95,10 @@ Columns appended for precision and model shapes (blank: the default):
 - ``zero3_prefetch_params``: ZeRO-3's prefetch depth in parameter elements
   (:attr:`nest.core.problem.Training.zero3_prefetch_params`): DeepSpeed runs set its
   ``stage3_prefetch_bucket_size`` (default ``5e7``); blank: a whole layer, as FSDP2.
+- ``zero3_runtime``: ``prefetch`` when blank (FSDP2, DeepSpeed from v0.6.0), or
+  ``synchronous`` for a run on DeepSpeed ZeRO-3 v0.3.13 to v0.5.x, whose device-wide
+  synchronise around every parameter's gather leaves no ZeRO-3 collective under compute
+  (:attr:`nest.core.problem.Training.zero3_runtime`).
 
 Rows of one source and configuration that differ only in ``precision`` / ``fp8_recipe`` /
 ``fp8_param_gather`` (and their ``case`` text and measured value) are a precision pair: the summary
@@ -439,6 +443,7 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         fp8_recipe=(row.get("fp8_recipe") or "delayed").strip(),
         fp8_param_gather=_flag(row.get("fp8_param_gather"), False),
         zero3_prefetch_params=_prefetch(row),
+        zero3_runtime=(row.get("zero3_runtime") or "prefetch").strip(),
         moe_routing=(row.get("moe_routing") or "balanced").strip(),
         moe_dispatcher=(row.get("moe_dispatcher") or "alltoall").strip(),
     )

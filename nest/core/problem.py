@@ -92,6 +92,9 @@ MOE_ROUTINGS = ("dropless", "balanced")
 MOE_DISPATCHERS = ("alltoall", "deepep")
 """The values of :attr:`Training.moe_dispatcher`."""
 
+ZERO3_RUNTIMES = ("prefetch", "synchronous")
+"""The values of :attr:`Training.zero3_runtime`."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Training:
@@ -140,6 +143,13 @@ class Training:
     """ZeRO-3: parameter elements a rank fetches ahead of use. None (the default): a whole layer,
     as FSDP2 prefetches a unit; DeepSpeed ZeRO-3 fetches at most ``stage3_prefetch_bucket_size``
     (default ``5e7``), less than a large model's layer (:mod:`nest.cost.fsdp`)."""
+    zero3_runtime: str = "prefetch"
+    """ZeRO-3: how the runtime orders its collectives with compute (:mod:`nest.cost.fsdp`).
+    ``prefetch`` (the default): gathers and reduce-scatters on their own stream under the
+    neighbouring layers' compute, as FSDP2 and DeepSpeed from v0.6.0 run them. ``synchronous``:
+    DeepSpeed ZeRO-3 v0.3.13 to v0.5.x (2021), which calls ``torch.cuda.synchronize()`` before
+    every parameter's all-gather and after every fetch, so no collective runs under compute and
+    every gather and reduce-scatter is charged in full."""
     moe_routing: str = "dropless"
     """How a MoE router's tokens reach the experts: ``dropless`` (every token goes to the experts
     it chose, so each step waits for the most loaded expert rank:
@@ -192,6 +202,10 @@ class Training:
             raise UserError(
                 f"training.zero3_prefetch_params={prefetch!r} must be a positive integer "
                 "(parameter elements) or null for a whole layer (FSDP2)"
+            )
+        if self.zero3_runtime not in ZERO3_RUNTIMES:
+            raise UserError(
+                f"training.zero3_runtime={self.zero3_runtime!r}; use one of {list(ZERO3_RUNTIMES)}"
             )
         for b in self.microbatch_sizes:
             if self.global_batch % b:

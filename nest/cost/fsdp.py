@@ -34,6 +34,20 @@ Each hiding term above becomes ``max(u, comm - compute)`` with ``u`` the unhidea
 gathers in it (reduce-scatters stay fully hideable: DeepSpeed's ``overlap_comm``); ``q = 1``
 gives the formulas above.
 
+**Synchronous runtime** (:attr:`nest.core.problem.Training.zero3_runtime` ``synchronous``).
+DeepSpeed's first ZeRO-3 releases (v0.3.13, 2021-03-16, to v0.5.x; the version SC21 Table 2,
+arXiv 2104.04473 §5.4, compared against) issue one all-gather per parameter tensor and call
+``torch.cuda.synchronize()`` before each (``_allgather_param`` in
+``deepspeed/runtime/zero/partition_parameters.py`` at v0.3.15, 2c2a7f31); every submodule's
+fetch ends in ``_synchronize_communication``, which calls ``torch.cuda.synchronize()`` again
+(``deepspeed/runtime/zero/stage3.py``, same commit). A device-wide synchronise waits for every
+stream, so no gather runs under compute, and a reduce-scatter issued in the backward is drained
+by the next fetch's synchronise before the next layer's backward starts. DeepSpeed PR #1453
+(commit 4912e0ad, 2022-01-20, in v0.6.0) replaced this with "more fine grained synchronization
+for communication that allows blocking on less work" and batched gathers. Here the chain then
+sees no compute (``f = b = 0``: :meth:`nest.cost.state.ModelState.zero3_chain`), so every term
+above equals its communication and ``exposed = sum of all gathers and reduce-scatters``.
+
 Only compute hides communication here (``f_l``, ``b_l``: the layers' GEMM and attention
 kernels; ``b_l`` with the layer's recomputation in the stage's mode, which runs between the
 hooks that issue the gather and the reduce-scatter: :func:`nest.cost.compute.hiding_bwd_s`).

@@ -127,6 +127,9 @@ class ModelState:
     prefetch_params: float | None = None
     """ZeRO-3: parameter elements fetched ahead of use (DeepSpeed ``stage3_prefetch_bucket_size``;
     None: a whole unit, FSDP2); :mod:`nest.cost.fsdp`."""
+    zero3_overlap: bool = True
+    """ZeRO-3's collectives may run under compute (:attr:`nest.core.problem.Training.
+    zero3_runtime` ``prefetch``); False: none does (``synchronous``, :mod:`nest.cost.fsdp`)."""
     zero_replicas: int = 1
     """Hybrid sharding: the copies of each shard, ``dp / zero_shard`` (1: the state is sharded
     over all ``dp x cp`` ranks). Above 1, :attr:`dense_replicas` and :attr:`expert_replicas`
@@ -180,6 +183,7 @@ class ModelState:
             ),
             reshard_after_forward=training.reshard_after_forward,
             prefetch_params=training.zero3_prefetch_params,
+            zero3_overlap=training.zero3_runtime != "synchronous",
         )
 
     @property
@@ -370,8 +374,12 @@ class ModelState:
         self, groups: RankGroups, dense, expert, fwd_compute_s, bwd_compute_s
     ) -> OverlapChain:
         """The per-layer ZeRO-3 overlap terms of a chain of layers (arrays of their parameters
-        and compute seconds, one entry per layer): :class:`nest.cost.fsdp.OverlapChain`."""
+        and compute seconds, one entry per layer): :class:`nest.cost.fsdp.OverlapChain`. Without
+        :attr:`zero3_overlap` no compute hides them: the chain sees zero compute, so every
+        gather and reduce-scatter is exposed (:mod:`nest.cost.fsdp`, synchronous runtime)."""
         dense, expert = np.asarray(dense, dtype=float), np.asarray(expert, dtype=float)
+        if not self.zero3_overlap:
+            fwd_compute_s = bwd_compute_s = np.zeros(len(fwd_compute_s))
         gather, scatter = self.zero3_layer_s(groups, dense, expert)
         n = len(fwd_compute_s)
         share = 1.0

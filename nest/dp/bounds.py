@@ -535,7 +535,8 @@ class Floors:
         traffic that every stage pays at least: 0. Prefetching hides a layer's gather and
         reduce-scatter under its neighbours' compute (:mod:`nest.cost.fsdp`), so the exposed
         part can be 0 for any layer but a stage's first; ``0 <= exposed`` is the only floor
-        that holds per layer."""
+        that holds per layer. It holds under the synchronous runtime too, whose exposed part is
+        all of the traffic (:attr:`nest.core.problem.Training.zero3_runtime`)."""
         return 0.0, 0.0
 
     def _z3_chunk_floor_s(self, f: Family, sf: ShardFloors, zero: int) -> float:
