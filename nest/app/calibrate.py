@@ -39,13 +39,18 @@ import yaml
 from nest.app.validate import (
     CALIBRATION_SPLIT,
     CONF_DIR,
+    TPU_CALIBRATION_SPLIT,
     CalibrationSplit,
     device_config,
     predict,
     presets,
 )
 from nest.core.errors import UserError
-from nest.core.kernels import CALIBRATED_MATMUL_EFFICIENCY, derived_matmul_efficiency
+from nest.core.kernels import (
+    CALIBRATED_MATMUL_EFFICIENCY,
+    CALIBRATED_TPU_MATMUL_EFFICIENCY,
+    derived_matmul_efficiency,
+)
 
 DEFAULT_CSV = Path("experiments/validation/cases.csv")
 FIT_LOW = 0.45
@@ -72,13 +77,15 @@ def objective(rows: list[dict], matmul_efficiency: float) -> float:
     return statistics.median(logs)
 
 
-def fit(rows: list[dict], ceiling: float) -> tuple[float, float]:
+def fit(
+    rows: list[dict], ceiling: float, split: CalibrationSplit = CALIBRATION_SPLIT
+) -> tuple[float, float]:
     """``(rate, objective)``: the grid minimum of :func:`objective` in ``[FIT_LOW, ceiling]``
-    (module docstring)."""
+    (module docstring); ``split`` names the rows in the error when there are none."""
     if not rows:
         raise UserError(
-            f"no rows of the calibration split ({CALIBRATION_SPLIT.source}, "
-            f"{CALIBRATION_SPLIT.precision}); give the CSV that holds them"
+            f"no rows of the calibration split ({split.source}, "
+            f"{split.precision}); give the CSV that holds them"
         )
 
     def grid(low: float, high: float, step: float) -> list[float]:
@@ -96,11 +103,19 @@ def fit(rows: list[dict], ceiling: float) -> tuple[float, float]:
     return best_of(grid(low, high, FIT_STEP))
 
 
+CALIBRATIONS = (
+    (CALIBRATION_SPLIT, "h100_sxm", ("h100_sxm", "h200_sxm"), CALIBRATED_MATMUL_EFFICIENCY, False),
+    (TPU_CALIBRATION_SPLIT, "tpu_v5e", ("tpu_v5e",), CALIBRATED_TPU_MATMUL_EFFICIENCY, True),
+)
+"""Each calibrated constant: ``(split, preset whose ceiling bounds the fit, presets that store
+the fitted rate, stored value, whether it is the TPU one)`` (module docstring)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m nest.calibrate",
-        description="Fit the in-step GEMM rate (matmul_efficiency) on the declared calibration "
-        "split and print it.",
+        description="Fit the in-step GEMM rates (matmul_efficiency, GPU and TPU) on their declared "
+        "calibration splits and print them.",
     )
     parser.add_argument(
         "csv", type=Path, nargs="?", default=DEFAULT_CSV, help=f"default: {DEFAULT_CSV}"
@@ -110,48 +125,71 @@ def main(argv: list[str] | None = None) -> int:
         if not args.csv.is_file():
             raise UserError(f"{args.csv} does not exist; give the validation CSV")
         with open(args.csv, newline="", encoding="utf-8-sig") as fh:
-            rows = split_rows(list(csv.DictReader(fh)))
-        ceiling = float(device_config("h100_sxm")["gemm_ceiling"])
-        rate, value = fit(rows, ceiling)
+            all_rows = list(csv.DictReader(fh))
+        fits = []
+        for split, preset, _, _, _ in CALIBRATIONS:
+            rows = split_rows(all_rows, split)
+            ceiling = float(device_config(preset)["gemm_ceiling"])
+            fits.append((rows, ceiling, *fit(rows, ceiling, split)))
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for (split, _, stores, stored, tpu), (rows, ceiling, rate, value) in zip(
+        CALIBRATIONS, fits, strict=True
+    ):
+        _report(split, stores, stored, tpu, rows, ceiling, rate, value)
+    return 0
+
+
+def _report(split, stores, stored, tpu, rows, ceiling, rate, value) -> None:
+    """Print one calibrated constant's fit (:func:`main`)."""
+    kind = "TPU" if tpu else "GPU"
+    counts = f", {'/'.join(map(str, split.gpus))} devices" if split.gpus else ""
     print(
-        f"calibration split: {CALIBRATION_SPLIT.source}, precision {CALIBRATION_SPLIT.precision}"
+        f"{kind} calibration split: {split.source}, precision {split.precision}{counts}"
         f" ({len(rows)} rows)"
     )
     for row in rows:
         o = predict(row, rate)
-        print(f"  {row['case'].split(' (')[0]:<44} error {100 * o.error:+6.1f} %")
+        name = f"{row['case'].split(' (')[0][:34]} on {row['gpus']}"
+        print(f"  {name:<44} error {100 * o.error:+6.1f} %")
+    at_bound = " (at its bound, the ceiling)" if rate >= ceiling else ""
     print(
-        f"fitted matmul_efficiency {rate:.3f} (median |log error| {100 * value:.2f} %); "
-        f"stored {CALIBRATED_MATMUL_EFFICIENCY:.3f}"
+        f"fitted {kind} matmul_efficiency {rate:.3f}{at_bound} (median |log error| "
+        f"{100 * value:.2f} %); stored {stored:.3f}"
     )
     print(
-        f"the other presets at the fitted share of their ceilings ({rate / ceiling:.3f}): "
+        f"the other {kind} presets at the fitted share of their ceilings ({rate / ceiling:.3f}): "
         + ", ".join(
             f"{name} {derived_matmul_efficiency(c, rate / ceiling):.3f}"
-            for name, c in _ceilings_of_derived_presets()
+            for name, c in _ceilings_of_derived_presets(tpu)
         )
     )
-    if abs(rate - CALIBRATED_MATMUL_EFFICIENCY) > STALE_TOLERANCE:
+    if abs(rate - stored) > STALE_TOLERANCE:
+        constant = "CALIBRATED_TPU_MATMUL_EFFICIENCY" if tpu else "CALIBRATED_MATMUL_EFFICIENCY"
         print(
-            "stale: store the fitted value in nest/core/kernels.py CALIBRATED_MATMUL_EFFICIENCY "
-            "and conf/device/h100_sxm.yaml, h200_sxm.yaml matmul_efficiency, and the line above "
-            "in the other presets' matmul_efficiency"
+            f"stale: store the fitted value in nest/core/kernels.py {constant} and the "
+            f"matmul_efficiency of conf/device/{', '.join(f'{p}.yaml' for p in stores)}, and the "
+            "line above in those presets' matmul_efficiency"
         )
-    return 0
 
 
-def _ceilings_of_derived_presets() -> list[tuple[str, float]]:
+def _ceilings_of_derived_presets(tpu: bool = False) -> list[tuple[str, float]]:
     """``(preset, gemm_ceiling)`` of the presets whose in-step rate is derived
     (:func:`nest.core.kernels.derived_matmul_efficiency`): those with a published ceiling
-    other than the calibrated H100 and H200."""
+    other than the calibrated ones, the TPUs (``tpu``) or the others."""
+    calibrated = {p for _, _, stores, _, _ in CALIBRATIONS for p in stores}
     out = []
     for name in presets("device"):
         ceiling = yaml.safe_load((CONF_DIR / "device" / f"{name}.yaml").read_text()).get(
             "gemm_ceiling"
         )
-        if name not in ("h100_sxm", "h200_sxm") and ceiling is not None:
-            out.append((name, float(ceiling)))
+        if name in calibrated or ceiling is None or is_tpu_preset(name) != tpu:
+            continue
+        out.append((name, float(ceiling)))
     return out
+
+
+def is_tpu_preset(name: str) -> bool:
+    """Whether a device preset is a TPU (its in-step share is the TPU one)."""
+    return name.startswith("tpu")
