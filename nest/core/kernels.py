@@ -101,8 +101,9 @@ guide, ``conf/device/tpu_v5e.yaml``): the ceiling of the preset the TPU rate is 
 
 TPU_IN_STEP_SHARE_OF_CEILING = CALIBRATED_TPU_MATMUL_EFFICIENCY / TPU_V5E_GEMM_CEILING
 """The share of its micro-benchmark ceiling a GEMM keeps inside an XLA TPU training step, as
-fitted on v5e (0.900 / 0.923 = 0.975, against the GPUs' 0.768). The other TPU presets with a ceiling run at this share
-of theirs (:func:`derived_matmul_efficiency` with ``tpu=True``: v5p, v6e)."""
+fitted on v5e (0.900 / 0.923 = 0.975, against the GPUs' 0.768). The other TPU presets with a
+ceiling run at this share of theirs (:func:`derived_matmul_efficiency` with ``tpu=True``: v5p,
+v6e)."""
 
 
 def derived_matmul_efficiency(
