@@ -188,7 +188,8 @@ TPU_CALIBRATION_SPLIT = CalibrationSplit(
 chips (every other slice count of each model's sweep of 1, 2, 4, 8, 16, 32 slices: 12 of its 24
 rows, every model size in both halves), the only rows the TPU in-step rate
 (:data:`nest.core.kernels.CALIBRATED_TPU_MATMUL_EFFICIENCY`) is fitted on
-(:mod:`nest.app.calibrate` says why). The rule was set before the fit, by slice count alone."""
+(:mod:`nest.app.calibrate` says why). The rule, by slice count alone, was fixed before the fit
+and no other split was tried."""
 
 CALIBRATION_SPLITS = (CALIBRATION_SPLIT, TPU_CALIBRATION_SPLIT)
 """Every declared split; a row of none of them is held out."""
