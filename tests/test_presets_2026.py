@@ -38,14 +38,14 @@ from .test_planners import SOLVERS, planner_from_config
 # CUDA exposes of their datasheets' 180 and 186 GB (conf/device/b200.yaml, gb200.yaml: 182,631 MiB
 # and 187.28 GiB, as PyTorch and torchtitan print them); the MI300X's is what the HIP runtime
 # exposes (conf/device/mi300x.yaml: 196,592 MiB, as PyTorch on ROCm prints it, ROCm/ROCm#4203).
-# TPU v5e's and v6e's "16 GB" and "32 GB" are JAX's hardware table's 17.2e9 and 34.4e9 bytes
-# (jax-ml/jax@cec06d1:jax/_src/tpu_info.py).
+# TPU v5e's and v6e's "16 GB" and "32 GB" and v5p's "95 GiB" are JAX's hardware table's 17.2e9,
+# 34.4e9 and 103e9 bytes (jax-ml/jax@cec06d1:jax/_src/tpu_info.py; 103e9 bytes = 95.9 GiB).
 PUBLISHED = {
     "b200": dict(bf16=2250, fp8=4500, hbm_bytes=191.5 * GB, hbm_gbps=8000, mxfp8=True),
     "gb200": dict(bf16=2500, fp8=5000, hbm_bytes=201.1 * GB, hbm_gbps=8000, mxfp8=True),
     "mi300x": dict(bf16=1307.4, fp8=2614.9, hbm_bytes=196592 * 2**20, hbm_gbps=5300, mxfp8=False),
     "mi355x": dict(bf16=2500, fp8=5000, hbm_bytes=288 * GB, hbm_gbps=8000, mxfp8=True),
-    "tpu_v5p": dict(bf16=459, fp8=None, hbm_bytes=95 * GiB, hbm_gbps=2765, mxfp8=False),
+    "tpu_v5p": dict(bf16=459, fp8=None, hbm_bytes=103 * GB, hbm_gbps=2765, mxfp8=False),
     "tpu_v5e": dict(bf16=197, fp8=None, hbm_bytes=17.2 * GB, hbm_gbps=819, mxfp8=False),
     "tpu_v6e": dict(bf16=918, fp8=None, hbm_bytes=34.4 * GB, hbm_gbps=1640, mxfp8=False),
 }

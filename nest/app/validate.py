@@ -15,8 +15,9 @@ evaluator, and the prediction is compared with the measured number:
 
 No per-case factor is fitted. Every constant of the device and cluster presets is cited or derived
 from a published micro-benchmark, except ``matmul_efficiency`` (the rate a large GEMM keeps inside
-a training step: calibrated on the H100 and H200 presets on :data:`CALIBRATION_SPLIT` only, by
-:mod:`nest.app.calibrate`; assumed on the others; see :mod:`nest.core.kernels`) and the latencies
+a training step: calibrated on the H100 and H200 presets on :data:`CALIBRATION_SPLIT` only and on
+the TPU presets on :data:`TPU_CALIBRATION_SPLIT` only, by :mod:`nest.app.calibrate`; derived or
+assumed on the others; see :mod:`nest.core.kernels`) and the latencies
 across the fabric. Every row is tagged ``calibration`` or ``held-out`` and summarised per split.
 Optional columns and their defaults when absent:
 ``activation`` gelu, ``norm`` layernorm, ``bias`` true, ``position`` learned, ``tied_embeddings``
@@ -163,23 +164,45 @@ REQUIRED_COLUMNS = (
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CalibrationSplit:
-    """The rows a calibrated constant may be fitted on: one source, one precision
-    (:mod:`nest.app.calibrate`)."""
+    """The rows a calibrated constant may be fitted on: one source, one precision and, where
+    ``gpus`` is given, only the rows of those device counts (:mod:`nest.app.calibrate`)."""
 
     source: str
     precision: str
+    gpus: tuple[int, ...] = ()
 
     def holds(self, row: dict) -> bool:
         """Whether a validation CSV row belongs to the split."""
-        return (row.get("source") or "").strip() == self.source and (
-            row.get("precision") or "bf16"
-        ).strip() == self.precision
+        if (row.get("source") or "").strip() != self.source:
+            return False
+        if (row.get("precision") or "bf16").strip() != self.precision:
+            return False
+        return not self.gpus or int(float(row.get("gpus") or 0)) in self.gpus
 
 
 CALIBRATION_SPLIT = CalibrationSplit(source="NVIDIA_dgxc_benchmarking_H100_pairs", precision="bf16")
-"""The declared calibration split: the BF16 half of NVIDIA's dgxc-benchmarking H100 pairs, the
+"""The declared GPU calibration split: the BF16 half of NVIDIA's dgxc-benchmarking H100 pairs, the
 only rows ``matmul_efficiency`` (:data:`nest.core.kernels.CALIBRATED_MATMUL_EFFICIENCY`) is
-fitted on (:mod:`nest.app.calibrate` says why); every other row is held out."""
+fitted on (:mod:`nest.app.calibrate` says why)."""
+
+TPU_CALIBRATION_SPLIT = CalibrationSplit(
+    source="MaxText_TPU_v5e_README", precision="bf16", gpus=(256, 1024, 4096)
+)
+"""The declared TPU calibration split: the MaxText v5e README runs on 1, 4 and 16 slices of 256
+chips (every other slice count of each model's sweep of 1, 2, 4, 8, 16, 32 slices: 12 of its 24
+rows, every model size in both halves), the only rows the TPU in-step rate
+(:data:`nest.core.kernels.CALIBRATED_TPU_MATMUL_EFFICIENCY`) is fitted on
+(:mod:`nest.app.calibrate` says why). The rule, by slice count alone, was fixed before the fit
+and no other split was tried."""
+
+CALIBRATION_SPLITS = (CALIBRATION_SPLIT, TPU_CALIBRATION_SPLIT)
+"""Every declared split; a row of none of them is held out."""
+
+
+def in_calibration_split(row: dict) -> bool:
+    """Whether a validation CSV row belongs to one of :data:`CALIBRATION_SPLITS`."""
+    return any(split.holds(row) for split in CALIBRATION_SPLITS)
+
 
 CALIBRATION, HELD_OUT = "calibration", "held-out"
 
@@ -198,8 +221,8 @@ class Outcome:
 
     @property
     def split(self) -> str:
-        """``calibration`` for a row of :data:`CALIBRATION_SPLIT`, ``held-out`` otherwise."""
-        return CALIBRATION if CALIBRATION_SPLIT.holds(self.row) else HELD_OUT
+        """``calibration`` for a row of :data:`CALIBRATION_SPLITS`, ``held-out`` otherwise."""
+        return CALIBRATION if in_calibration_split(self.row) else HELD_OUT
 
     @property
     def error(self) -> float | None:
@@ -786,7 +809,7 @@ def out_of_memory_runs(outcomes: list[Outcome]) -> dict:
 
 
 def summarise(outcomes: list[Outcome]) -> dict:
-    """Totals, per source, per split (:data:`CALIBRATION_SPLIT`) and per source and split,
+    """Totals, per source, per split (:data:`CALIBRATION_SPLITS`) and per source and split,
     the held-out targets (:data:`TARGETS`), the sweeps and the precision pairs."""
     memory = memory_summary(outcomes)
     verdict = out_of_memory_runs(outcomes)
@@ -897,10 +920,13 @@ def _echo_summary(summary: dict, echo) -> None:
     )
     for run_ in verdict["out_of_memory"]:
         echo(f"  {run_['source']}: {run_['case'][:60]}: {run_['note']}")
-    echo(
-        f"calibration split: {CALIBRATION_SPLIT.source} precision {CALIBRATION_SPLIT.precision} "
-        "(python -m nest.calibrate fits matmul_efficiency on it; every other row is held out)"
-    )
+    for split_, fitted in zip(CALIBRATION_SPLITS, ("GPU", "TPU"), strict=True):
+        counts = f" on {'/'.join(map(str, split_.gpus))} devices" if split_.gpus else ""
+        echo(
+            f"calibration split ({fitted} in-step matmul_efficiency, python -m nest.calibrate): "
+            f"{split_.source} precision {split_.precision}{counts}"
+        )
+    echo("  every other row is held out")
     for split, st in summary["by_split"].items():
         echo(
             f"  [{split}] {st['n']} cases, median |error| {100 * st['median_abs_error']:.1f} %, "

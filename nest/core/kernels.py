@@ -24,23 +24,31 @@ Two models, chosen per device preset (``compute_model``):
   = 0.803, A100 SXM 271.2 of 312 = 0.869; S. Bekman, ml-engineering, "Maximum Achievable
   Matmul FLOPS", ``mamf-finder.py``): an upper bound. ``matmul_efficiency`` is the rate a
   large GEMM keeps *inside a training step* (clocks under sustained power, launch gaps, the
-  kernels this model does not list); no published micro-benchmark isolates it, so it is the
-  one *calibrated* constant: fitted on a declared split only (:mod:`nest.app.calibrate`, the
-  BF16 half of NVIDIA's dgxc-benchmarking H100 pairs) and stored as
-  :data:`CALIBRATED_MATMUL_EFFICIENCY` in the H100 and H200 presets. The fitted rate is
-  0.768 of H100's ceiling (:data:`IN_STEP_SHARE_OF_CEILING`, the share of an isolated GEMM's
-  best rate a training step keeps: the same share the FP8 level and the attention kernels
-  already use, :attr:`Device.sustained_fraction`); every other GPU preset with a published
-  ceiling runs at that share of *its own* ceiling (:func:`derived_matmul_efficiency`: A100,
-  B200, GB200, MI300X, MI355X, H100 96GB; and TPU v5e and v6e, whose ceilings are published
-  8192-cubed bf16 matmuls, 0.923 in JAX's Pallas TPU matmul guide and 0.901 in Google's
-  tpu-recipes micro-benchmark: ``conf/device/tpu_v5e.yaml``, ``tpu_v6e.yaml``), a transfer of
-  the one fitted number through a micro-benchmark, not a second fit. No published source gives
-  XLA's whole-step TPU programs a share of their own, so the TPUs take the GPU one; the MaxText
-  v5e runs validated against keep more (docs/trust/fidelity.md, TPU). Presets without a
-  published ceiling (TPU v4 and v5p, the NEST paper's devices) keep the first cost model's
-  stated assumption, 0.65. At the ceiling instead
-  (``matmul_efficiency`` = ``gemm_ceiling``) the model over-predicts every published run it is
+  kernels this model does not list); no published micro-benchmark isolates it, so it is
+  *calibrated*, each of its two constants on a declared split only (:mod:`nest.app.calibrate`):
+
+  - GPUs: the BF16 half of NVIDIA's dgxc-benchmarking H100 pairs, stored as
+    :data:`CALIBRATED_MATMUL_EFFICIENCY` in the H100 and H200 presets; 0.768 of H100's ceiling
+    (:data:`IN_STEP_SHARE_OF_CEILING`, the share of an isolated GEMM's best rate a training step
+    keeps: the same share the FP8 level and the attention kernels already use,
+    :attr:`Device.sustained_fraction`). Every other GPU preset with a published ceiling runs at
+    that share of *its own* ceiling (:func:`derived_matmul_efficiency`: A100, B200, GB200,
+    MI300X, MI355X, H100 96GB), a transfer of the fitted number through a micro-benchmark, not
+    a further fit.
+  - TPUs: MaxText's v5e README runs on 1, 4 and 16 slices, stored as
+    :data:`CALIBRATED_TPU_MATMUL_EFFICIENCY` in the v5e preset; 0.975 of v5e's ceiling
+    (:data:`TPU_IN_STEP_SHARE_OF_CEILING`). The GPU share does not carry over: MaxText's
+    published whole-step MFUs are above 0.768 x the TPU ceilings, which no GEMM-bound step can
+    be (a likely reason, not measured here: XLA runs the step as one compiled program, without
+    the CUDA launch gaps and power-capped clocks the GPU share absorbs). The other
+    TPU presets run at the TPU share of their ceilings: v6e (0.901, Google's tpu-recipes
+    8192-cubed matmul, ``conf/device/tpu_v6e.yaml``) and v5p (no published v5p micro-benchmark:
+    v5e's 0.923 ASSUMED, the two chips having the same TensorCore matrix units, four 128-wide
+    MXUs each, in JAX's per-chip hardware table; ``conf/device/tpu_v5p.yaml``).
+
+  Presets without a ceiling (TPU v4, the NEST paper's devices) keep the first cost model's
+  stated assumption, 0.65. At the ceiling instead (``matmul_efficiency`` = ``gemm_ceiling``)
+  the GPU model over-predicts every published GPU run it is
   validated against (docs/trust/fidelity.md). The shape model's job is the *relative*
   cost of shapes: small, ragged and grouped GEMMs lose against large ones as the tiles, waves
   and overheads say, at whatever level.
@@ -78,13 +86,38 @@ H100 (0.617 / 0.803 = 0.768): what sustained clocks, launch gaps and the unliste
 an isolated GEMM's best rate. Derived from the one calibrated constant, not fitted again."""
 
 
-def derived_matmul_efficiency(gemm_ceiling: float, share: float | None = None) -> float:
+CALIBRATED_TPU_MATMUL_EFFICIENCY = 0.900
+"""The TPU in-step GEMM rate, TPU v5e's, fitted by ``python -m nest.calibrate`` on its own
+declared split (:data:`nest.app.validate.TPU_CALIBRATION_SPLIT`: MaxText's v5e README runs on 1, 4
+and 16 slices), by the same procedure as :data:`CALIBRATED_MATMUL_EFFICIENCY`;
+``conf/device/tpu_v5e.yaml`` carries it and ``tests/test_calibrate.py`` checks it against a fresh
+fit. A second calibrated constant because the GPU share does not transfer to XLA's TPU programs:
+MaxText's published whole-step MFUs (v5p 32B 71.5 %, v5e 16B 61.1 %) are above 0.768 x the TPU
+ceilings (v5e 0.709), impossible for GEMM-bound steps (module docstring)."""
+
+TPU_V5E_GEMM_CEILING = 0.923
+"""TPU v5e's best bf16 GEMM, XLA's 8192-cubed ``jnp.matmul`` at 92.3 % of peak (JAX Pallas TPU
+guide, ``conf/device/tpu_v5e.yaml``): the ceiling of the preset the TPU rate is fitted on."""
+
+TPU_IN_STEP_SHARE_OF_CEILING = CALIBRATED_TPU_MATMUL_EFFICIENCY / TPU_V5E_GEMM_CEILING
+"""The share of its micro-benchmark ceiling a GEMM keeps inside an XLA TPU training step, as
+fitted on v5e (0.900 / 0.923 = 0.975, against the GPUs' 0.768). The other TPU presets with a
+ceiling run at this share of theirs (:func:`derived_matmul_efficiency` with ``tpu=True``: v5p,
+v6e)."""
+
+
+def derived_matmul_efficiency(
+    gemm_ceiling: float, share: float | None = None, tpu: bool = False
+) -> float:
     """The in-step GEMM rate of a preset whose ``gemm_ceiling`` is measured but whose in-step
-    rate no calibration split covers: :data:`IN_STEP_SHARE_OF_CEILING` of its own ceiling,
-    rounded to the presets' three decimals (module docstring). The device presets store the
-    result (``conf/device/*.yaml``), ``tests/test_calibrate.py`` checks each against this.
-    ``share``: another share than the stored one (a fresh fit's, ``python -m nest.calibrate``)."""
-    return round((IN_STEP_SHARE_OF_CEILING if share is None else share) * gemm_ceiling, 3)
+    rate no calibration split covers: :data:`IN_STEP_SHARE_OF_CEILING` of its own ceiling
+    (:data:`TPU_IN_STEP_SHARE_OF_CEILING` for a TPU, ``tpu``), rounded to the presets' three
+    decimals (module docstring). The device presets store the result (``conf/device/*.yaml``),
+    ``tests/test_calibrate.py`` checks each against this. ``share``: another share than the
+    stored one (a fresh fit's, ``python -m nest.calibrate``)."""
+    if share is None:
+        share = TPU_IN_STEP_SHARE_OF_CEILING if tpu else IN_STEP_SHARE_OF_CEILING
+    return round(share * gemm_ceiling, 3)
 
 
 def gemm_time_s(
