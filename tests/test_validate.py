@@ -173,7 +173,7 @@ LLAMA3_WHY = (
     "run as the interleaved schedule of arXiv 2407.21783 §3.3.2 in the one layout its sentence "
     "allows (8 one-layer chunks per rank, the first only the embedding, the last only the "
     "output and loss), the 8K rows are +6.1 % (8,192 GPUs) and +5.0 % (16,384) and the 128K "
-    "CP16 row +34.3 %: there the attention scores, counted in full as Megatron counts them, "
+    "CP16 row +34.4 %: there the attention scores, counted in full as Megatron counts them, "
     "are 57 % of the model FLOPs, and the paper states neither its FLOP convention (with the "
     "causal half counted the row would read -4.1 %; not adopted, no source) nor its document "
     "masks' share"
@@ -185,7 +185,7 @@ SC21_T2_WHY = (
     "2021's ZeRO-3 ran slower than the bandwidth-bound collectives modelled"
 )
 PAIRS_WHY = (
-    "Nemotron4 340B FP8 on 256 GPUs predicted 21.1 % slow (its BF16 row 15.4 %); Grok-1's FP8 "
+    "Nemotron4 340B FP8 on 256 GPUs predicted 20.9 % slow (its BF16 row 15.2 %); Grok-1's FP8 "
     "rows predicted 14-16 % fast (its BF16 rows 4-5 %): the model's FP8 speed-up of the MoE "
     "blocks is larger than measured"
 )
@@ -289,7 +289,7 @@ ZB_ORDER_WHY = (
         pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "14.1 %", MBRIDGE_WHY)),
         MOEZOO,
         GB200_PAIRS,
-        pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "10.6 %", BLACKWELL_WHY)),
+        pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "10.7 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("source median <= 10 %", "17.7 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("source median <= 10 %", "20.7 %", TPU_WHY)),
         pytest.param(MI355X, marks=_unmet("source median <= 10 %", "12.0 %", MI355X_WHY)),
@@ -310,20 +310,22 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
             MEGATRON,
             marks=_unmet(
                 "max <= 15 %",
-                "23.6 %",
-                "1.7B over-predicted by 23 % and 7.1B by 11 % with the per-kernel time, the "
+                "23.3 %",
+                "1.7B over-predicted by 23 % and 7.1B by 16 % with the per-kernel time, the "
                 "achieved HBM bandwidth and the loss over the 131k-vocabulary logits counted; "
-                "32B under-predicted by 23 %. Not modelled: the compute slowdown while the DP "
-                "gradient reduce-scatter shares the SMs, the host-side (CPU dispatch) time",
+                "32B under-predicted by 19 % (TP8 DP48 at microbatch 1, the README's unpublished "
+                "microbatch: its fp32 gradient reduce-scatter alone outlasts the last backward "
+                "2.6 times). Not modelled: the compute slowdown while the DP gradient "
+                "reduce-scatter shares the SMs, the host-side (CPU dispatch) time",
             ),
         ),
-        pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "34.3 %", LLAMA3_WHY)),
+        pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "34.4 %", LLAMA3_WHY)),
         pytest.param(SC21_T2, marks=_unmet("max <= 15 %", "208 %", SC21_T2_WHY)),
         AUTOMODEL,
-        pytest.param(PAIRS, marks=_unmet("max <= 15 %", "21.1 %", PAIRS_WHY)),
+        pytest.param(PAIRS, marks=_unmet("max <= 15 %", "20.9 %", PAIRS_WHY)),
         pytest.param(DSV3, marks=_unmet("max <= 15 %", "59.5 %", DSV3_WHY)),
         pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "131 %", MBRIDGE_WHY)),
-        pytest.param(MOEZOO, marks=_unmet("max <= 15 %", "45.0 %", MOEZOO_WHY)),
+        pytest.param(MOEZOO, marks=_unmet("max <= 15 %", "45.1 %", MOEZOO_WHY)),
         pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "19.6 %", GB200_WHY)),
         pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "239 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "30.6 %", TPU_WHY)),
@@ -340,7 +342,7 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
 
 @_unmet(
     "median <= 5 % over all cases",
-    "7.0 %",
+    "6.8 %",
     f"the GB200 pairs: {GB200_WHY}; the TPU rows: {TPU_WHY}; the MoE sources: {BLACKWELL_WHY}",
 )
 def test_accuracy_median_within_5_percent(summary):
@@ -367,16 +369,17 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 
 def test_regression_split_errors_pin_the_current_model(summary):
-    """Pins (not accuracy): calibration rows median 2.4 % / max 15.4 %; held-out rows median
-    7.2 % / max 239 % (9.0 % before the zero-bubble paper's 84 rows)."""
+    """Pins (not accuracy): calibration rows median 2.4 % / max 15.2 %; held-out rows median
+    6.8 % / max 239 % (7.2 % before the weight all-gather was split from the gradient sync,
+    9.0 % before the zero-bubble paper's 84 rows)."""
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
     assert cal["median_abs_error"] == pytest.approx(0.024, abs=0.005)
-    assert cal["max_abs_error"] == pytest.approx(0.154, abs=0.005)
-    assert held["median_abs_error"] == pytest.approx(0.072, abs=0.005)
+    assert cal["max_abs_error"] == pytest.approx(0.152, abs=0.005)
+    assert held["median_abs_error"] == pytest.approx(0.068, abs=0.005)
     assert held["max_abs_error"] == pytest.approx(2.389, abs=0.005)
 
 
-@_unmet("held-out median <= 5 % (issue 22)", "7.2 %", HELD_OUT_WHY)
+@_unmet("held-out median <= 5 % (issue 22)", "6.8 %", HELD_OUT_WHY)
 def test_accuracy_held_out_median_within_5_percent(summary):
     assert summary["held_out_targets_met"]["median_abs_error"]
 
@@ -430,16 +433,16 @@ def test_accuracy_3d_parallelism_ranked_above_zero3_at_every_scale():
 # made on purpose updates this table together with docs/trust/fidelity.md.
 CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     SC21_T1: (30, 0.068, 0.124, -0.068),
-    MEGATRON: (27, 0.082, 0.236, -0.073),
-    LLAMA3: (3, 0.061, 0.343, 0.061),
+    MEGATRON: (27, 0.075, 0.233, -0.037),
+    LLAMA3: (3, 0.061, 0.344, 0.061),
     SC21_T2: (12, 0.152, 2.081, 0.087),
     AUTOMODEL: (1, 0.058, 0.058, 0.058),
-    PAIRS: (30, 0.039, 0.211, 0.015),
+    PAIRS: (30, 0.039, 0.209, 0.015),
     DSV3: (3, 0.070, 0.595, -0.005),
     MBRIDGE: (3, 0.141, 1.305, -0.137),
-    MOEZOO: (5, 0.088, 0.450, -0.088),
-    GB200_PAIRS: (30, 0.043, 0.196, -0.043),
-    BLACKWELL: (9, 0.106, 2.389, 0.106),
+    MOEZOO: (5, 0.089, 0.451, -0.089),
+    GB200_PAIRS: (30, 0.045, 0.196, -0.045),
+    BLACKWELL: (9, 0.107, 2.389, 0.107),
     TPU_V5E: (24, 0.177, 0.306, -0.177),
     TPU_V5P: (16, 0.207, 0.441, -0.207),
     MI355X: (1, 0.120, 0.120, -0.120),
