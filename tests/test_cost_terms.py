@@ -301,13 +301,11 @@ def test_zero1_weight_gather_hides_only_under_the_first_forward(overlap):
     psi = [counts["embedding"] + counts["block"], counts["block"] + counts["head"]]
     rs = [G * n / 2 / 4e9 + 10e-6 for n in psi]
     ag = [P * n / 2 / 4e9 + 10e-6 for n in psi]
-    assert [rk.dp_sync_s for rk in r.ranks] == [approx(x + y) for x, y in zip(rs, ag)]
+    assert [rk.dp_sync_s for rk in r.ranks] == [approx(x + y) for x, y in zip(rs, ag, strict=True)]
     assert [rk.dp_gather_s for rk in r.ranks] == [approx(x) for x in ag]
     hidden = [b0, b0 + b1] if overlap else [0.0, b0]
     window = [f0, f1] if overlap else [0.0, 0.0]
-    exposed = [
-        max(0.0, rs[k] - hidden[k]) + max(0.0, ag[k] - window[k]) for k in range(2)
-    ]
+    exposed = [max(0.0, rs[k] - hidden[k]) + max(0.0, ag[k] - window[k]) for k in range(2)]
     assert [rk.dp_sync_exposed_s for rk in r.ranks] == [approx(x) for x in exposed]
     assert r.dp_sync_exposed_s == approx(max(exposed))
     # the case is sized so that each part is partly exposed: the rule is what the numbers show

@@ -14,9 +14,9 @@ from nest.core.model import ModelSpec
 from nest.core.plan import place
 from nest.cost import evaluate
 from nest.cost.collectives import collective_time_s
-from nest.cost.pipeline import gather_exposed_s
 from nest.cost.groups import RankGroups
 from nest.cost.memory import rank_memory_bytes
+from nest.cost.pipeline import gather_exposed_s
 from nest.dp.bounds import Floors
 from nest.dp.interleaved import RankChunks
 from nest.dp.planner import NestPlanner, plan_from_choices

@@ -136,9 +136,7 @@ def stage_row(
     time = (fwd + bwd).tolist()
     if not schedule.splits_backward:
         zeros = [0.0] * len(time)
-        return StageRow(
-            time, bwd.tolist(), sync, opt, time, zeros, bwd.tolist(), zeros, gathered
-        )
+        return StageRow(time, bwd.tolist(), sync, opt, time, zeros, bwd.tolist(), zeros, gathered)
     wgrad = ch.wgrad_s[i + 1 :] - ch.wgrad_s[i]
     u, _, e = rank_pipeline_terms(fwd, bwd, wgrad, schedule)
     drain = rank_drain_s(fwd, bwd, wgrad, schedule).tolist()

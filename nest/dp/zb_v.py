@@ -10,10 +10,11 @@ mode per chunk. The shared evaluator charges (:func:`nest.cost.pipeline.zb_v_pip
 with ``t_r`` the forward and backward of rank ``r``'s two chunks, ``F``, ``B``, ``W`` the
 chunks' largest forward, B pass (backward less W) and W pass, ``sync_r`` (the gradient part),
 ``w_r`` (its last W), ``g_r`` its exposed weight all-gather (under its first chunk's forward,
-which no mode changes) and ``O`` the optimizer step. A chunk's forward, backward and W pass depend on its own layers
-and mode only (its hops go to fixed ranks, the neighbours' boundary bytes do not depend on
-their modes), a rank's memory on its two chunks' modes only, and ``F``, ``W``, the syncs and
-``O`` on no mode at all (recomputation and activation offload add to the backward's B part).
+which no mode changes) and ``O`` the optimizer step. A chunk's forward, backward and W pass
+depend on its own layers and mode only (its hops go to fixed ranks, the neighbours' boundary
+bytes do not depend on their modes), a rank's memory on its two chunks' modes only, and
+``F``, ``W``, the syncs and ``O`` on no mode at all (recomputation and activation offload add to
+the backward's B part).
 
 **Exactness.** Write ``G(beta)`` for the terms after ``m max_r t_r`` with ``B = beta``. Every
 assignment has ``B`` equal to one of the chunks' B passes under one of the modes, so ``min T =
@@ -54,7 +55,8 @@ class ZbvTables:
         n = len(self.chunks)
         # per chunk, per mode: (fwd, bwd, W, stored bytes, transient bytes)
         self.terms = [[sm.v_chunk_terms(k, c) for c in self.modes] for k in range(n)]
-        self.ranks = [sm.interleaved_rank(r) for r in range(self.pp)]  # (sync, opt, state, gathered)
+        # (sync, opt, state, gathered)
+        self.ranks = [sm.interleaved_rank(r) for r in range(self.pp)]
 
     def fastest_s(self, k: int) -> float:
         return min(f + b for f, b, *_ in self.terms[k])
