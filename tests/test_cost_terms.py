@@ -264,6 +264,54 @@ def test_overlapped_dp_sync_by_hand(overlap):
     assert [st.bwd_s for st in r.stages] == [approx(b0), approx(b1)]
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_zero1_weight_gather_hides_only_under_the_first_forward(overlap):
+    """ZeRO-1 (Megatron-Core's distributed optimizer) on the case above: the sync is a gradient
+    reduce-scatter, ``(1/2) G Psi_r / B1 + a1`` per DP pair, which must end before the optimizer
+    step, and an all-gather of the updated weights, ``(1/2) P Psi_r / B1 + a1``, which follows
+    it. Megatron-Core launches that all-gather after the step and, with
+    ``--overlap-param-gather``, waits for it bucket by bucket in the forward pre-hook of the next
+    iteration (NVIDIA/Megatron-LM@baf94af3c667, core_r0.8.0,
+    ``megatron/core/optimizer/distrib_optimizer.py``: ``zero_grad`` dispatches the first
+    bucket "before forward compute is initiated"). So the backward left hides only the
+    reduce-scatter, ``max(0, rs_r - sum_{j<r} b_j [- b_r])``, and only the rank's forward
+    ``f_r`` hides the gather, ``max(0, ag_r [- f_r])``: the two add."""
+    spec = make_spec(layers=2, seq_len=256)
+    cluster = make_cluster(fanouts=(2, 2), bws_gbps=(100, 4), lat_us=(1, 10))
+    problem = make_problem(spec, cluster, global_batch=16, overlap_grad_sync=overlap)
+    plan = FixedPlanner(
+        tp=1,
+        pp=2,
+        dp=2,
+        microbatch_size=2,
+        layer_partition=[2, 2],
+        rank_order="tp,cp,pp,dp",
+        zero_stage=1,
+    ).solve(problem)
+    r = evaluate(problem, plan)
+    model, device = problem.model, cluster.device
+    cost = [model.layer_cost(ref, Shard(mbs=2), device) for ref in model.chain]
+    s, b, h = spec.seq_len, 2, spec.hidden
+    p2p = P * s * b * h / 100e9 + 1e-6
+    b0 = cost[0].bwd_s + cost[1].bwd_s
+    b1 = cost[2].bwd_s + cost[3].bwd_s + p2p
+    f0 = cost[0].fwd_s + cost[1].fwd_s + p2p  # the block's output sent to rank 1
+    f1 = cost[2].fwd_s + cost[3].fwd_s
+    counts = gpt_params(spec, padded(spec.vocab, 1))
+    psi = [counts["embedding"] + counts["block"], counts["block"] + counts["head"]]
+    rs = [G * n / 2 / 4e9 + 10e-6 for n in psi]
+    ag = [P * n / 2 / 4e9 + 10e-6 for n in psi]
+    assert [rk.dp_sync_s for rk in r.ranks] == [approx(x + y) for x, y in zip(rs, ag, strict=True)]
+    assert [rk.dp_gather_s for rk in r.ranks] == [approx(x) for x in ag]
+    hidden = [b0, b0 + b1] if overlap else [0.0, b0]
+    window = [f0, f1] if overlap else [0.0, 0.0]
+    exposed = [max(0.0, rs[k] - hidden[k]) + max(0.0, ag[k] - window[k]) for k in range(2)]
+    assert [rk.dp_sync_exposed_s for rk in r.ranks] == [approx(x) for x in exposed]
+    assert r.dp_sync_exposed_s == approx(max(exposed))
+    # the case is sized so that each part is partly exposed: the rule is what the numbers show
+    assert all(ag[k] > window[k] for k in range(2)) and rs[1] > hidden[1]
+
+
 # ---------------------------------------------------------------- pipeline schedules
 
 

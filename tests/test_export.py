@@ -55,6 +55,7 @@ MEGATRON_FLAGS = {
     "--bf16",
     "--grad-reduce-in-bf16",
     "--overlap-grad-reduce",
+    "--overlap-param-gather",
     "--tp-comm-overlap",
     "--overlap-moe-expert-parallel-comm",
     "--moe-router-force-load-balancing",
@@ -402,6 +403,9 @@ def megatron_runs(flags: dict, world: int) -> dict:
     assert "--bf16" in flags
     if "--tp-comm-overlap" in flags:
         assert "--sequence-parallel" in flags
+    if "--overlap-param-gather" in flags:  # validate_args @ 000c4ac24f61
+        assert "--overlap-grad-reduce" in flags
+        assert "--use-distributed-optimizer" in flags or "--use-megatron-fsdp" in flags
     # TransformerConfig.__post_init__ with --overlap-moe-expert-parallel-comm: ep > 1, a virtual
     # pipeline when pp > 1, recompute_granularity != 'full', no recompute_method.
     if "--overlap-moe-expert-parallel-comm" in flags:

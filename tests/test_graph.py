@@ -31,6 +31,7 @@ from nest.graph.placements import graph_assignments
 from .conftest import assert_not_faster_than_peak, make_device, make_problem, make_spec
 from .graphcase import graph_case, random_graph
 from .randomcase import assert_nest_equals_brute, random_case
+from .test_nest_dp import assert_sync_terms_equal
 
 DEVICE = make_device()
 ROOT = __import__("pathlib").Path(__file__).parents[1]
@@ -263,7 +264,7 @@ def test_stage_model_equals_the_evaluator_on_graphs(seed):
         terms = sm.stage(r, stage.first_layer, stage.last_layer, stage.recompute)
         assert terms.fwd_s == pytest.approx(report.stages[r].fwd_s, rel=1e-9, abs=1e-18)
         assert terms.bwd_s == pytest.approx(report.stages[r].bwd_s, rel=1e-9, abs=1e-18)
-        assert terms.sync_s == pytest.approx(report.ranks[r].dp_sync_s, rel=1e-9, abs=1e-18)
+        assert_sync_terms_equal(problem, terms, report, r)
 
 
 def test_graph_floors_are_below_every_plan():

@@ -12,6 +12,7 @@ from nest.core.axes import Optimizer, Recompute
 from nest.core.errors import Infeasible
 from nest.core.model import ModelSpec
 from nest.cost import evaluate
+from nest.cost.pipeline import gather_exposed_s
 from nest.dp.planner import NestPlanner
 from nest.dp.space import SpaceOptions
 from nest.dp.stages import StageModel
@@ -45,9 +46,20 @@ def assert_stage_model_equals_the_evaluator(problem, plan) -> None:
         rank = report.ranks[r]
         assert terms.fwd_s == pytest.approx(report.stages[r].fwd_s, rel=1e-9, abs=1e-18)
         assert terms.bwd_s == pytest.approx(report.stages[r].bwd_s, rel=1e-9, abs=1e-18)
-        assert terms.sync_s == pytest.approx(rank.dp_sync_s, rel=1e-9, abs=1e-18)
+        assert_sync_terms_equal(problem, terms, report, r)
         assert terms.optimizer_s == pytest.approx(rank.optimizer_s, rel=1e-9, abs=1e-18)
         assert terms.memory_bytes == pytest.approx(rank.memory.total_bytes, rel=1e-9)
+
+
+def assert_sync_terms_equal(problem, terms, report, r: int) -> None:
+    """The DP's sync terms of rank ``r`` (gradient part and exposed weight all-gather under the
+    stage's forward) equal the evaluator's (``dp_sync_s`` less ``dp_gather_s``; 1e-9)."""
+    rank = report.ranks[r]
+    reduce_s = rank.dp_sync_s - rank.dp_gather_s
+    assert terms.sync_s == pytest.approx(reduce_s, rel=1e-9, abs=1e-15)
+    overlap = problem.training.overlap_grad_sync
+    gathered = float(gather_exposed_s(rank.dp_gather_s, report.stages[r].fwd_s, overlap))
+    assert terms.gather_exposed_s == pytest.approx(gathered, rel=1e-9, abs=1e-15)
 
 
 def shape_compute(rng: random.Random) -> dict:
@@ -276,11 +288,13 @@ def test_front_keeps_exactly_the_labels_worse_by_at_most_admits():
         s_coef, m_coef = (1.0, m - 1.0) if v == 1 else (1 / v, m - 1 / v)
         # half the trials with the interleaved DP's later-sync cap (later_sync_caps_s)
         cap = float("inf") if trial % 2 else rng.choice([0.0, 1.0, 2.0, 3 * rng.random()])
-        front, stats = Front(m_coef, s_coef, None if trial % 2 else cap), DPStats()
+        # and, half of those, the later ranks' exposed weight all-gather (gather cap gamma)
+        gam = 0.0 if trial % 4 < 2 else rng.choice([0.5, 1.0, rng.random()])
+        front, stats = Front(m_coef, s_coef, None if trial % 2 else cap, gam), DPStats()
         kept: list[Label] = []
 
         def worse(a, b):
-            return worse_by_at_most(a, b, m_coef, s_coef, cap)  # noqa: B023
+            return worse_by_at_most(a, b, m_coef, s_coef, cap, gam)  # noqa: B023
 
         for _ in range(12):
             lab = Label(*(rng.choice([0.0, 1.0, 2.0, rng.random()]) for _ in range(5)))
@@ -292,17 +306,19 @@ def test_front_keeps_exactly_the_labels_worse_by_at_most_admits():
 
 def _interleaved_final_s(lab, ranks, s_coef, m_coef, overlap):
     """The interleaved objective ``s S + m M + E + O`` of a label extended by later ranks
-    ``(t, b, sync, opt)``, written from nest.dp.interleaved's module docstring (rank ``q``
-    exposes ``max(0, sync_q - B_q [- b_q])``, ``B_q`` the backward prefix)."""
+    ``(t, b, sync, opt, g)``, written from nest.dp.interleaved's module docstring (rank ``q``
+    exposes ``max(0, sync_q - B_q [- b_q]) + g_q``, ``B_q`` the backward prefix, ``g_q`` its
+    exposed weight all-gather)."""
     total, mx, bwd, exposed, opt = lab.total_s, lab.max_s, lab.bwd_sum_s, lab.exposed_s, lab.opt_s
-    for t, b, sync, step in ranks:
-        exposed = max(exposed, max(0.0, sync - bwd - (b if overlap else 0.0)))
+    for t, b, sync, step, g in ranks:
+        exposed = max(exposed, max(0.0, sync - bwd - (b if overlap else 0.0)) + g)
         total, mx, bwd, opt = total + t, max(mx, t), bwd + b, max(opt, step)
     return s_coef * total + m_coef * mx + exposed + opt
 
 
 def test_later_sync_cap_bounds_every_completion():
-    """worse_by_at_most with the cap ``sigma`` (every later sync at most ``sigma``) is an upper
+    """worse_by_at_most with the caps ``sigma`` (every later sync's gradient part at most
+    ``sigma``) and ``gamma`` (every later exposed weight all-gather at most ``gamma``) is an upper
     bound on ``F(a + c) - F(b + c)`` for random labels and random completions (so a label it
     drops is never needed), never above the plain rule, and strictly below it in some cases
     (the cap is what lets the interleaved fronts collapse)."""
@@ -314,11 +330,12 @@ def test_later_sync_cap_bounds_every_completion():
         m, v = rng.randint(2, 9), rng.choice([2, 3, 4])
         s_coef, m_coef = 1 / v, m - 1 / v
         sigma = rng.choice([0.0, 0.5, 2.0, 4 * rng.random()])
+        gamma = rng.choice([0.0, 0.0, 0.5, rng.random()])  # later exposed all-gathers' cap
         a, b = (
             Label(*(rng.choice([0.0, 1.0, 2.0, 3 * rng.random()]) for _ in range(5)))
             for _ in range(2)
         )
-        bound = worse_by_at_most(a, b, m_coef, s_coef, sigma)
+        bound = worse_by_at_most(a, b, m_coef, s_coef, sigma, gamma)
         plain = worse_by_at_most(a, b, m_coef, s_coef)
         assert bound <= plain
         tighter += bound < plain
@@ -329,6 +346,7 @@ def test_later_sync_cap_bounds_every_completion():
                     rng.choice([0.0, rng.random()]),
                     sigma * rng.random(),
                     rng.random(),
+                    gamma * rng.choice([0.0, 1.0, rng.random()]),
                 )
                 for _ in range(rng.randint(0, 4))
             ]
@@ -336,7 +354,7 @@ def test_later_sync_cap_bounds_every_completion():
             gap = _interleaved_final_s(a, later, s_coef, m_coef, overlap) - _interleaved_final_s(
                 b, later, s_coef, m_coef, overlap
             )
-            assert gap <= bound + 1e-12, (a, b, later, sigma)
+            assert gap <= bound + 1e-12, (a, b, later, sigma, gamma)
     assert tighter >= 100, tighter
 
 

@@ -16,6 +16,7 @@ from nest.cost import evaluate
 from nest.cost.collectives import collective_time_s
 from nest.cost.groups import RankGroups
 from nest.cost.memory import rank_memory_bytes
+from nest.cost.pipeline import gather_exposed_s
 from nest.dp.bounds import Floors
 from nest.dp.interleaved import RankChunks
 from nest.dp.planner import NestPlanner, plan_from_choices
@@ -151,8 +152,9 @@ def test_without_an_even_block_split_the_ends_count_as_layers():
 @pytest.mark.parametrize("seed", range(40))
 def test_interleaved_rank_terms_equal_the_evaluator(seed):
     """For a random interleaved plan (random recompute mode per chunk), each rank's time, first
-    chunk backward, DP sync, optimizer step and memory from the DP's per-rank model equal the
-    shared evaluator's (1e-9 relative)."""
+    chunk backward, DP sync (its gradient part and its exposed weight all-gather), optimizer
+    step and memory from the DP's per-rank model equal the shared evaluator's (1e-9
+    relative)."""
     problem, options = interleaved_case(seed)
     rng = random.Random(seed)
     space = SpaceOptions(**{**options, "schedules": ["interleaved"]})
@@ -176,7 +178,11 @@ def test_interleaved_rank_terms_equal_the_evaluator(seed):
         rank = report.ranks[r]
         assert t == pytest.approx(rank.fwd_s + rank.bwd_s, rel=1e-9)
         assert cost[r][idx[0], 1] == pytest.approx(report.stages[r].bwd_s, rel=1e-9)
-        assert rc.sync_s == pytest.approx(rank.dp_sync_s, rel=1e-9, abs=1e-18)
+        reduce_s = rank.dp_sync_s - rank.dp_gather_s
+        assert rc.sync_s == pytest.approx(reduce_s, rel=1e-9, abs=1e-15)
+        overlap = problem.training.overlap_grad_sync
+        gathered = gather_exposed_s(rank.dp_gather_s, report.stages[r].fwd_s, overlap)
+        assert rc.gathered_s == pytest.approx(float(gathered), rel=1e-9, abs=1e-15)
         assert rc.opt_s == pytest.approx(rank.optimizer_s, rel=1e-9)
         memory = rank_memory_bytes(rc.state_bytes, act, rc.in_flight, peak, sm.reserve_bytes)
         assert memory == pytest.approx(rank.memory.total_bytes, rel=1e-9)
@@ -400,7 +406,7 @@ def test_later_sync_cap_drops_labels_and_nest_still_equals_brute(monkeypatch):
         if oracle is None:
             continue
         runs = []
-        for caps in (capped, lambda sm: [math.inf] * sm.config.pp):
+        for caps in (capped, lambda sm: [(math.inf, 0.0)] * sm.config.pp):
             monkeypatch.setattr(interleaved, "later_sync_caps_s", caps)
             plan = NestPlanner(**options).solve(problem)
             runs.append((plan.search["labels_created"], plan.objective_s))

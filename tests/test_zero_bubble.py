@@ -380,7 +380,7 @@ def test_only_the_fastest_mode_extends_a_stage_unless_its_b_pass_is_the_credit()
 
     def row(f, b_pass, w):
         t = f + b_pass + w
-        return StageRow([t], [b_pass + w], [0.0], [0.0], [t], [0.0], [b_pass], [w])
+        return StageRow([t], [b_pass + w], [0.0], [0.0], [t], [0.0], [b_pass], [w], [0.0])
 
     fast, slow = row(1.0, 1.0, 0.5), row(1.0, 1.4, 0.5)
     fitting = [(3.4 - 0.0, "slow", slow), (2.5, "fast", fast)]
@@ -629,7 +629,7 @@ def test_zb_h2_extends_only_the_fastest_mode():
         t = f + b_pass + w
         u, _, e = rank_pipeline_terms(f, b_pass + w, w, Schedule.ZB_H2)
         h = max(0.0, b_pass - f, f + b_pass - 2 * w)
-        return StageRow([t], [b_pass + w], [0.0], [0.0], [u], [e], [h - f], [w])
+        return StageRow([t], [b_pass + w], [0.0], [0.0], [u], [e], [h - f], [w], [0.0])
 
     for fast, slow in (
         (row(1.0, 2.5, 1.0), row(1.0, 2.9, 1.0)),  # h = 1.5 >= f

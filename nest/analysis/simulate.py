@@ -27,10 +27,14 @@ including the blocking send of its output):
   B then its W, an overlapped one as its forward, B and W in proportion to their lone times,
   and hands its outputs on at its end).
   A task starts when its rank is free and its dependencies are done (list scheduling).
-- After its last backward a rank synchronises its gradients (``dp_sync_s`` of the report); with
-  ``overlap_grad_sync`` the sync may start when that last backward starts. The optimizer step
-  starts when every rank's sync is done (Megatron's global gradient-norm clipping) and lasts
-  the slowest rank's step.
+- After its last backward a rank synchronises its gradients (the gradient part of
+  ``dp_sync_s`` of the report); with ``overlap_grad_sync`` the sync may start when that last
+  backward starts. ZeRO-1/2's weight all-gather (``dp_gather_s``) runs after the step, under
+  the next iteration's first forward with overlap; its exposed part
+  (:func:`nest.cost.pipeline.gather_exposed_s`) is drawn, as the evaluator charges it, after
+  the rank's own sync or the pipeline's end, whichever is later. The optimizer step starts when
+  every rank's sync is done (Megatron's global gradient-norm clipping) and lasts the slowest
+  rank's step.
 
 Returns the makespan, each rank's busy and idle time, the task timeline and the peak number of
 in-flight microbatches per rank; :func:`plot_timeline` draws the timeline as in the 1F1B papers.
@@ -48,6 +52,7 @@ from nest.core.progress import Progress
 from nest.core.report import Report
 from nest.cost import evaluate
 from nest.cost.dualpipe import run_dualpipe_v
+from nest.cost.pipeline import gather_exposed_s
 
 
 class Task(NamedTuple):
@@ -216,14 +221,19 @@ def _split_backward_order(
 def simulate(problem: Problem, plan: Plan, report: Report | None = None) -> SimResult:
     """Run one iteration of ``plan`` event by event (see the module docstring)."""
     report = report or evaluate(problem, plan)
+    overlap = problem.training.overlap_grad_sync
     return simulate_schedule(
         plan,
         fwd_s=[s.fwd_s for s in report.stages],
         bwd_s=[s.bwd_s for s in report.stages],
         wgrad_s=[s.wgrad_s for s in report.stages],
-        sync_s=[rk.dp_sync_s for rk in report.ranks],
+        sync_s=[rk.dp_sync_s - rk.dp_gather_s for rk in report.ranks],
         optimizer_s=[rk.optimizer_s for rk in report.ranks],
         overlap_grad_sync=problem.training.overlap_grad_sync,
+        gather_s=[
+            float(gather_exposed_s(rk.dp_gather_s, report.stages[r].fwd_s, overlap))
+            for r, rk in enumerate(report.ranks)
+        ],
         analytic_s=report.iteration_time_s,
         fwd_compute_s=[s.compute_fwd_s for s in report.stages],
         bwd_compute_s=[s.compute_bwd_s + s.recompute_s for s in report.stages],
@@ -339,8 +349,10 @@ def simulate_schedule(
     analytic_s: float = float("nan"),
     fwd_compute_s=None,
     bwd_compute_s=None,
+    gather_s=None,
 ) -> SimResult:
     """The simulation on given per-chunk forward/backward and per-rank sync/step seconds
+    (``gather_s``: each rank's exposed weight all-gather, module docstring; default none)
     (``wgrad_s``: the weight-gradient part of each chunk's backward, run as its own W task
     under a zero-bubble schedule; ignored otherwise; ``fwd_compute_s``, ``bwd_compute_s``: the
     compute in each chunk's passes, which DualPipeV's overlapped tasks need,
@@ -367,10 +379,15 @@ def simulate_schedule(
     for t in tasks:
         last[t.rank] = t
     sync_end = []
+    gathers = [0.0] * pp if gather_s is None else [float(x) for x in gather_s]
     for r in range(pp):
         start = last[r].start_s if overlap_grad_sync else last[r].end_s
         end = max(last[r].end_s, start + sync_s[r])
         tasks.append(Task(r, "sync", -1, -1, start, start + sync_s[r]))
+        if gathers[r] > 0.0:
+            end = max(end, pipeline_s)
+            tasks.append(Task(r, "sync", -1, -1, end, end + gathers[r]))
+            end += gathers[r]
         sync_end.append(end)
     step_start = max(sync_end)
     for r in range(pp):

@@ -113,7 +113,8 @@ class Training:
     """Bytes per gradient element (2: bf16 gradients as in ZeRO's 16 bytes/param; 4: fp32)."""
     overlap_grad_sync: bool = True
     """DP gradient synchronisation of a stage may overlap its last backward pass (Megatron-Core
-    ``--overlap-grad-reduce``)."""
+    ``--overlap-grad-reduce``), and ZeRO-1/2's all-gather of the updated weights the next
+    iteration's first forward (``--overlap-param-gather``)."""
     sequence_parallel: bool = True
     """Use sequence parallelism whenever tp > 1 (Korthikanti et al.)."""
     flash_attention: bool = True

@@ -143,9 +143,14 @@ class RankReport:
     dp_sync_s: float
     """Gradient synchronisation of this rank's parameters over its data-parallel group."""
     dp_sync_exposed_s: float
-    """The part of ``dp_sync_s`` not hidden behind other ranks' remaining backward passes."""
+    """The part of ``dp_sync_s`` not hidden: its gradient part behind the backward left (other
+    ranks' and, with overlap, its own last), its weight all-gather behind its first forward of
+    the next iteration (with overlap; :func:`nest.cost.pipeline.rank_exposed_sync_s`)."""
     optimizer_s: float
     memory: MemoryReport
+    dp_gather_s: float = 0.0
+    """The ZeRO-1/2 weight all-gather part of ``dp_sync_s`` (after the optimizer step; the rest is
+    the gradient reduction, :meth:`nest.cost.state.ModelState.gather_s`)."""
 
     @property
     def time_s(self) -> float:

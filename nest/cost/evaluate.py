@@ -54,6 +54,7 @@ from nest.cost.memory import host_bytes, rank_memory
 from nest.cost.offload import offload_exposed_s
 from nest.cost.pipeline import (
     exposed_sync_s,
+    gather_exposed_s,
     in_flight_microbatches,
     pipeline_time_s,
     rank_pipeline_terms,
@@ -356,6 +357,7 @@ def _rank_report(
         bwd_s=sum(stages[k].bwd_s for k in ks),
         wgrad_s=sum(stages[k].wgrad_s for k in ks),
         dp_sync_s=state.sync_s(groups, dense, expert),
+        dp_gather_s=state.gather_s(groups, dense, expert),
         dp_sync_exposed_s=0.0,
         optimizer_s=state.optimizer_step_s(dense, expert, device.achieved_hbm_bw_bytes_per_s),
         memory=memory,
@@ -395,12 +397,13 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
     # Rank r's last backward is on chunk r (its first chunk, also under interleaving); after it
     # only chunks r-1 .. 0 still run, and their backward hides rank r's synchronisation.
     exposed = exposed_sync_s(
-        [rk.dp_sync_s for rk in ranks],
+        _reduce_s(ranks),
         [stages[r].bwd_s for r in range(plan.pp)],
         training.overlap_grad_sync,
         wgrad_s=[stages[r].wgrad_s for r in range(plan.pp)],
         fwd_s=[stages[r].fwd_s for r in range(plan.pp)],
         schedule=plan.schedule,
+        gather_exposed=_gather_exposed(problem, stages, ranks),
     )
     ranks = [replace(rk, dp_sync_exposed_s=e) for rk, e in zip(ranks, exposed, strict=True)]
     m = plan.num_microbatches
@@ -417,6 +420,21 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
     return _report(problem, plan, chunks, stages, ranks, t_pipe, exposed)
 
 
+def _reduce_s(ranks) -> list[float]:
+    """Each rank's gradient part of its DP sync (``dp_sync_s`` less its weight all-gather)."""
+    return [rk.dp_sync_s - rk.dp_gather_s for rk in ranks]
+
+
+def _gather_exposed(problem: Problem, stages, ranks) -> list[float]:
+    """Each rank's exposed weight all-gather: under the forward of its first chunk, chunk ``r``
+    under every schedule (:func:`nest.cost.pipeline.gather_exposed_s`)."""
+    overlap = problem.training.overlap_grad_sync
+    return [
+        float(gather_exposed_s(rk.dp_gather_s, stages[r].fwd_s, overlap))
+        for r, rk in enumerate(ranks)
+    ]
+
+
 def _zb_v_times(problem: Problem, plan: Plan, stages, ranks) -> tuple[list, float, list[float]]:
     """ZB-V's ranks (their exposed sync filled in), pipeline time and exposed syncs
     (:func:`nest.cost.pipeline.zb_v_pipeline_s`): rank 0's last task is the W pass of chunk
@@ -430,7 +448,11 @@ def _zb_v_times(problem: Problem, plan: Plan, stages, ranks) -> tuple[list, floa
     )
     last_w = [stages[len(stages) - 1 if r == 0 else r].wgrad_s for r in range(plan.pp)]
     exposed = zb_v_exposed_sync_s(
-        [rk.dp_sync_s for rk in ranks], hidden, last_w, problem.training.overlap_grad_sync
+        _reduce_s(ranks),
+        hidden,
+        last_w,
+        problem.training.overlap_grad_sync,
+        _gather_exposed(problem, stages, ranks),
     )
     ranks = [replace(rk, dp_sync_exposed_s=e) for rk, e in zip(ranks, exposed, strict=True)]
     return ranks, t_pipe, exposed
@@ -454,7 +476,11 @@ def _dualpipe_v_times(
         [st.wgrad_s for st in stages],
     )
     exposed = zb_v_exposed_sync_s(
-        [rk.dp_sync_s for rk in ranks], hidden, last_w, problem.training.overlap_grad_sync
+        _reduce_s(ranks),
+        hidden,
+        last_w,
+        problem.training.overlap_grad_sync,
+        _gather_exposed(problem, stages, ranks),
     )
     ranks = [replace(rk, dp_sync_exposed_s=e) for rk, e in zip(ranks, exposed, strict=True)]
     return ranks, t_pipe, exposed

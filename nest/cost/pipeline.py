@@ -119,6 +119,18 @@ of ``b_r`` (:attr:`nest.core.layers.LayerCost.wgrad_s`) and ``b'_r = b_r - w_r``
   :mod:`nest.dp.recurrence`, needs that). The positive parts keep the prefix sum at 0 while
   ``h < f``, the usual case (``T_B`` near ``T_F`` and ``T_W``), so the DP's labels do not
   multiply on a sum that hides nothing.
+- The ``sync`` above is the gradient part of the synchronisation (ZeRO-0's all-reduce,
+  ZeRO-1/2's reduce-scatter: :meth:`nest.cost.state.ModelState.reduce_s`), which must end
+  before the optimizer step. ZeRO-1/2's all-gather of the updated weights
+  (:meth:`nest.cost.state.ModelState.gather_s`, ``a_r``) follows the step, so no backward hides
+  it; with overlap it runs under the rank's first forward of the next iteration (Megatron-Core
+  ``--overlap-param-gather``: NVIDIA/Megatron-LM@baf94af3c667 (core_r0.8.0),
+  ``megatron/core/optimizer/distrib_optimizer.py``, the all-gather launched in ``zero_grad``
+  "before forward compute is initiated" and waited on bucket by bucket in the forward pre-hook).
+  Each rank adds ``g_r = max(0, a_r [- f_r])`` (:func:`gather_exposed_s`; ``f_r`` the forward
+  of its first chunk, one microbatch: the first work it runs) to its exposed sync:
+  ``max(0, sync_r - hidden_r [- own_r]) + g_r``. ``g_r`` depends on the rank's own stage only,
+  so the DP's dominance rule is unchanged.
 """
 
 from collections.abc import Sequence
@@ -211,11 +223,23 @@ def in_flight_microbatches(
     return float(min(pp - rank, num_microbatches))
 
 
-def rank_exposed_sync_s(sync_s: float, hidden_s: float, own_bwd_s: float, overlap: bool) -> float:
-    """The exposed part of one rank's DP synchronisation: ``max(0, sync - hidden [- own])``,
-    ``hidden`` the backward left on the ranks before it, ``own`` its own last backward (with
-    overlap)."""
-    return max(0.0, sync_s - hidden_s - (own_bwd_s if overlap else 0.0))
+def rank_exposed_sync_s(
+    sync_s: float, hidden_s: float, own_bwd_s: float, overlap: bool, gather_exposed: float = 0.0
+) -> float:
+    """The exposed part of one rank's DP synchronisation: ``max(0, sync - hidden [- own]) + g``,
+    ``sync`` its gradient part, ``hidden`` the backward left on the ranks before it, ``own`` its
+    own last backward (with overlap), ``g`` its weight all-gather's exposed part
+    (:func:`gather_exposed_s`; module docstring)."""
+    return max(0.0, sync_s - hidden_s - (own_bwd_s if overlap else 0.0)) + gather_exposed
+
+
+def gather_exposed_s(gather_s, first_fwd_s, overlap: bool):
+    """The part of a rank's ZeRO-1/2 weight all-gather (``gather_s``, after the optimizer step)
+    that the next iteration's first forward does not hide: ``max(0, gather - first_fwd)`` with
+    overlap, all of it without (module docstring). Scalars or numpy rows."""
+    if not overlap:
+        return gather_s + 0.0 * first_fwd_s
+    return np.maximum(0.0, gather_s - first_fwd_s)
 
 
 def sync_hidden_s(
@@ -248,22 +272,25 @@ def exposed_sync_s(
     wgrad_s: Sequence[float] | None = None,
     fwd_s: Sequence[float] | None = None,
     schedule: Schedule = Schedule.ONE_F_ONE_B,
+    gather_exposed: Sequence[float] | None = None,
 ) -> list[float]:
-    """Per-rank exposed part of the DP synchronisation (see the module docstring). ``bwd_s``:
-    each rank's last backward (its first chunk's); ``wgrad_s``: its W part (zero-bubble), which
-    is then the own work that overlaps the sync, the rest what drains past later ranks;
-    ``fwd_s``: its forward (ZB-H2's drain, :func:`rank_drain_s`; needed there)."""
+    """Per-rank exposed part of the DP synchronisation (see the module docstring). ``sync_s``:
+    each rank's gradient part; ``bwd_s``: its last backward (its first chunk's); ``wgrad_s``: its
+    W part (zero-bubble), which is then the own work that overlaps the sync, the rest what drains
+    past later ranks; ``fwd_s``: its forward (ZB-H2's drain, :func:`rank_drain_s`; needed there);
+    ``gather_exposed``: its weight all-gather's exposed part (:func:`gather_exposed_s`), added."""
     pp = len(sync_s)
     w = [0.0] * pp if wgrad_s is None or not schedule.splits_backward else wgrad_s
     f = [0.0] * pp if fwd_s is None else fwd_s
     if schedule is Schedule.ZB_H2 and fwd_s is None:
         raise ValueError("exposed_sync_s needs fwd_s under zb_h2")
+    g = [0.0] * pp if gather_exposed is None else gather_exposed
     out, drain = [], 0.0
-    for r, (sync, bwd, wr, fr) in enumerate(zip(sync_s, bwd_s, w, f, strict=True)):
+    for r, (sync, bwd, wr, fr, gr) in enumerate(zip(sync_s, bwd_s, w, f, g, strict=True)):
         own_drain = float(rank_drain_s(fr, bwd, wr, schedule))
         hidden = sync_hidden_s(r, drain, wr, schedule, pp=pp, own_drain_s=own_drain)
         own = wr if schedule.splits_backward else bwd
-        out.append(rank_exposed_sync_s(sync, hidden, own, overlap))
+        out.append(rank_exposed_sync_s(sync, hidden, own, overlap, float(gr)))
         drain += max(0.0, own_drain) if schedule is Schedule.ZB_H2 else own_drain
     return out
 
@@ -322,10 +349,16 @@ def zb_v_pipeline_s(
 
 
 def zb_v_exposed_sync_s(
-    sync_s: Sequence[float], hidden_s: Sequence[float], last_wgrad_s: Sequence[float], overlap: bool
+    sync_s: Sequence[float],
+    hidden_s: Sequence[float],
+    last_wgrad_s: Sequence[float],
+    overlap: bool,
+    gather_exposed: Sequence[float] | None = None,
 ) -> list[float]:
-    """ZB-V's exposed sync per rank: ``max(0, sync - hidden [- last W])`` (module docstring)."""
+    """ZB-V's exposed sync per rank: ``max(0, sync - hidden [- last W]) + g`` (module
+    docstring; ``g`` the weight all-gather's exposed part, :func:`gather_exposed_s`)."""
+    g = [0.0] * len(sync_s) if gather_exposed is None else gather_exposed
     return [
-        rank_exposed_sync_s(s, h, w, overlap)
-        for s, h, w in zip(sync_s, hidden_s, last_wgrad_s, strict=True)
+        rank_exposed_sync_s(s, h, w, overlap, float(a))
+        for s, h, w, a in zip(sync_s, hidden_s, last_wgrad_s, g, strict=True)
     ]

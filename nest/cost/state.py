@@ -14,7 +14,10 @@ the weights.
   (Megatron-Core's distributed optimizer); ZeRO-3 reduce-scatters every microbatch instead
   (:meth:`ModelState.zero3_traffic_s`), so its end-of-iteration sync is 0. Dense and expert
   weights sync over their own groups (:class:`nest.cost.groups.RankGroups`), the two one after
-  the other.
+  the other. The sync is two parts that hide under different compute: the gradient part
+  (:meth:`ModelState.reduce_s`) ends before the optimizer step, so only the backward can hide
+  it; the weight all-gather (:meth:`ModelState.gather_s`) follows the step and hides only under
+  the next iteration's forward (:func:`nest.cost.pipeline.rank_exposed_sync_s`).
 - **ZeRO-3 traffic** per microbatch: each layer's weights all-gathered before its forward and
   again before its backward (not again with ``reshard_after_forward`` off), its gradients
   reduce-scattered after it (:meth:`ModelState.zero3_layer_s`); what the stage time is charged
@@ -297,52 +300,64 @@ class ModelState:
 
     def sync_s(self, groups: RankGroups, dense, expert):
         """End-of-iteration data-parallel synchronisation of a rank holding these parameters
-        (dense including a tied-embedding copy), seconds."""
-        g, p = self.grad_bytes, self.all_gather_bytes
+        (dense including a tied-embedding copy), seconds: :meth:`reduce_s` then
+        :meth:`gather_s`."""
+        return self.reduce_s(groups, dense, expert) + self.gather_s(groups, dense, expert)
+
+    def reduce_s(self, groups: RankGroups, dense, expert):
+        """The gradient part of :meth:`sync_s`, seconds: ZeRO-0's all-reduce, ZeRO-1/2's
+        reduce-scatter (hybrid: and the replicate all-reduce of the shard; ZeRO-3 hybrid: that
+        all-reduce alone); 0 under plain ZeRO-3. It must end before the optimizer step, so it
+        hides only under the backward (:func:`nest.cost.pipeline.rank_exposed_sync_s`)."""
+        g = self.grad_bytes
         if self.hybrid:
-            return self.hybrid_sync_s(groups, dense, expert)
+            return self._hybrid_reduce_s(
+                groups, dense, self.dense_replicas, GroupKind.ZERO_SHARD, GroupKind.ZERO_REPLICATE
+            ) + self._hybrid_reduce_s(
+                groups,
+                expert,
+                self.expert_replicas,
+                GroupKind.EXPERT_ZERO_SHARD,
+                GroupKind.EXPERT_ZERO_REPLICATE,
+            )
         if self.zero_stage == 0:
             return groups.time_s(
                 CollectiveOp.ALL_REDUCE, g * dense, GroupKind.DENSE_DP
             ) + groups.time_s(CollectiveOp.ALL_REDUCE, g * expert, GroupKind.EXPERT_DP)
         if self.zero_stage in (1, 2):
-            return (
-                groups.time_s(CollectiveOp.REDUCE_SCATTER, g * dense, GroupKind.DENSE_DP)
-                + groups.time_s(CollectiveOp.ALL_GATHER, p * dense, GroupKind.DENSE_DP)
-                + groups.time_s(CollectiveOp.REDUCE_SCATTER, g * expert, GroupKind.EXPERT_DP)
-                + groups.time_s(CollectiveOp.ALL_GATHER, p * expert, GroupKind.EXPERT_DP)
-            )
+            return groups.time_s(
+                CollectiveOp.REDUCE_SCATTER, g * dense, GroupKind.DENSE_DP
+            ) + groups.time_s(CollectiveOp.REDUCE_SCATTER, g * expert, GroupKind.EXPERT_DP)
         return 0.0 * (dense + expert)  # ZeRO-3 reduce-scatters every microbatch
 
-    def hybrid_sync_s(self, groups: RankGroups, dense, expert):
-        """Hybrid sharding's end-of-iteration sync, seconds (module docstring): ZeRO-1/2
-        reduce-scatter the gradients in the shard group, all-reduce the reduced shard
-        (``1 / dense_replicas`` of them) over the replicate group and all-gather the updated
-        weights in the shard group; ZeRO-3 (its reduce-scatters run every microbatch) only
-        all-reduces the shard. Experts the same over their own shard and replicate groups, after
-        the dense weights (as :meth:`sync_s`)."""
-        return self._hybrid_sync_s(
-            groups, dense, self.dense_replicas, GroupKind.ZERO_SHARD, GroupKind.ZERO_REPLICATE
-        ) + self._hybrid_sync_s(
-            groups,
-            expert,
-            self.expert_replicas,
-            GroupKind.EXPERT_ZERO_SHARD,
-            GroupKind.EXPERT_ZERO_REPLICATE,
-        )
+    def gather_s(self, groups: RankGroups, dense, expert):
+        """The weight part of :meth:`sync_s`, seconds: ZeRO-1/2's all-gather of the updated
+        weights (in the shard group when hybrid), after the optimizer step; 0 for ZeRO-0 and
+        ZeRO-3. Megatron-Core's distributed optimizer launches it after the step and, with
+        ``--overlap-param-gather``, hides it under the next iteration's forward
+        (NVIDIA/Megatron-LM@baf94af3c667 (core_r0.8.0):
+        ``megatron/core/optimizer/distrib_optimizer.py``: ``zero_grad`` dispatches the first
+        bucket's all-gather "before forward compute is initiated", the forward pre-hook waits
+        for each bucket and launches the next; :func:`nest.cost.pipeline.rank_exposed_sync_s`)."""
+        if self.zero_stage not in (1, 2):
+            return 0.0 * (dense + expert)
+        p = self.all_gather_bytes
+        if self.hybrid:
+            return groups.time_s(
+                CollectiveOp.ALL_GATHER, p * dense, GroupKind.ZERO_SHARD
+            ) + groups.time_s(CollectiveOp.ALL_GATHER, p * expert, GroupKind.EXPERT_ZERO_SHARD)
+        return groups.time_s(
+            CollectiveOp.ALL_GATHER, p * dense, GroupKind.DENSE_DP
+        ) + groups.time_s(CollectiveOp.ALL_GATHER, p * expert, GroupKind.EXPERT_DP)
 
-    def _hybrid_sync_s(self, groups: RankGroups, params, shards: int, shard, replicate):
-        """:meth:`hybrid_sync_s` of one kind of parameters (dense or expert), their shard count
-        and their two group kinds."""
-        g, p = self.grad_bytes, self.all_gather_bytes
+    def _hybrid_reduce_s(self, groups: RankGroups, params, shards: int, shard, replicate):
+        """:meth:`reduce_s` of one kind of hybrid-sharded parameters (dense or expert), their
+        shard count and their two group kinds."""
+        g = self.grad_bytes
         across = groups.time_s(CollectiveOp.ALL_REDUCE, g * params / shards, replicate)
         if self.zero_stage >= 3:
             return across
-        return (
-            groups.time_s(CollectiveOp.REDUCE_SCATTER, g * params, shard)
-            + across
-            + groups.time_s(CollectiveOp.ALL_GATHER, p * params, shard)
-        )
+        return groups.time_s(CollectiveOp.REDUCE_SCATTER, g * params, shard) + across
 
     def zero3_layer_s(self, groups: RankGroups, dense, expert):
         """``(all-gather, reduce-scatter)`` seconds of ZeRO-3's per-microbatch traffic of one

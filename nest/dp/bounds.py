@@ -78,8 +78,10 @@ stage takes at least the sum of its layers' floors.
 - exposed sync ``E >= sync_0`` without overlap: rank 0 finishes its backward last
   (``B_0 = 0``), and it holds at least the embedding (all of the model when ``pp = 1``; its exact
   chunks when interleaved); the sync is monotone in bytes, so :meth:`ModelState.sync_s` of
-  those parameters on the floor groups bounds it. With overlap, ``E >= 0``;
-- interleaved, ZeRO below 3, sync overlapped: rank 0's exposed sync ``max(0, sync_0 - b_0)``
+  those parameters on the floor groups bounds it (the whole sync is exposed there: its
+  gradient part and, after the step, its weight all-gather). With overlap, ``E >= 0``;
+- interleaved, ZeRO below 3, sync overlapped: rank 0's exposed sync, at least
+  ``max(0, sync_0 - b_0)`` with ``sync_0`` its gradient part (:meth:`Floors._sync_raw_s`)
   (``b_0`` the backward of chunk 0) traded against the time ``b_0`` adds to rank 0, the least
   of a convex piecewise-linear function over ``b_0`` at or above its floor
   (:meth:`Floors._overlap_sync_bound_s`, proved there); the bound is the larger of the two;
@@ -839,8 +841,12 @@ class Floors:
         return best
 
     def _sync_raw_s(self, f: Family, dense, expert, zero: int) -> float:
-        """Least DP sync time of a rank holding ``dense[0]`` dense and ``expert[0]`` expert
-        parameters, overlap or not: :meth:`ModelState.sync_s` on the floor groups."""
+        """Least gradient part of the DP sync of a rank holding ``dense[0]`` dense and
+        ``expert[0]`` expert parameters, overlap or not: :meth:`ModelState.reduce_s` on the
+        floor groups. The exposed sync is ``max(0, reduce - hidden [- own]) + g`` with ``g >= 0``
+        the exposed weight all-gather (:func:`nest.cost.pipeline.rank_exposed_sync_s`), so
+        ``max(0, reduce - hidden [- own])`` bounds it from below, as the proofs that use this
+        need."""
         nd = f.dp * f.cp
         key = ("sync raw", dense[0], expert[0], nd, nd * f.fold // f.ep, zero > 0, f.cp)
         key += (f.zero_shard, f.tp)
@@ -848,7 +854,7 @@ class Floors:
         if got is None:
             groups = self.family_groups(f, with_latency=True)
             state = self.state(f, zero)
-            got = self._min_cache[key] = float(state.sync_s(groups, dense[0], expert[0]))
+            got = self._min_cache[key] = float(state.reduce_s(groups, dense[0], expert[0]))
         return got
 
     def _interleaved_ranks(self, sf: ShardFloors, pp: int, v: int):

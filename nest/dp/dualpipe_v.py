@@ -3,10 +3,12 @@
 Space (:mod:`nest.dp.space`): ZB-V's ``2 pp`` chunks and V placement under DeepSeek's order
 (:mod:`nest.cost.dualpipe`), a recompute mode per chunk. The shared evaluator charges
 
-    ``I = T + max_r max(0, sync_r - (T - e_r) [- w_r]) + O``
+    ``I = T + max_r (max(0, sync_r - (T - e_r) [- w_r]) + g_r) + O``
 
 with ``T = max_r e_r`` and ``e_r`` rank ``r``'s end in the list schedule of the order on the
-chunks' passes, ``w_r`` its last task (a W pass), ``sync_r`` and ``O`` the optimizer step. A
+chunks' passes, ``w_r`` its last task (a W pass), ``sync_r`` (the gradient part), ``g_r`` its
+exposed weight all-gather (under its first chunk's forward, which no mode changes: a constant
+that keeps every argument below non-decreasing) and ``O`` the optimizer step. A
 chunk's forward, its compute and its W pass, the syncs and ``O`` depend on no mode; its full
 backward's compute ``c_b`` (backward and recomputation) and transfers ``x_b`` (collectives,
 ZeRO-3, the PP send, offload) on its own mode only (its hops go to fixed ranks); a rank's
@@ -100,6 +102,7 @@ class _Search:
         self.fwd_compute = [t[0][1] for t in terms]
         self.wgrad = [t[0][4] for t in terms]
         self.sync, self.opt = [x[0] for x in ranks], max(x[1] for x in ranks)
+        self.gathered = [x[3] for x in ranks]
         self.least = [tuple(min(p[0][i] for p in rank) for i in range(4)) for rank in pairs]
         self.best: list = [incumbent_s, None]
         self.runs = 0
@@ -124,7 +127,7 @@ class _Search:
         t_pipe, hidden, last_w = dualpipe_v_pipeline_s(
             self.pp, self.sm.m, self.fwd, self.fwd_compute, bwd, bwd_compute, self.wgrad
         )
-        exposed = zb_v_exposed_sync_s(self.sync, hidden, last_w, self.sm.overlap)
+        exposed = zb_v_exposed_sync_s(self.sync, hidden, last_w, self.sm.overlap, self.gathered)
         return t_pipe + max(exposed) + self.opt
 
     def visit(self, depth: int, chosen: dict) -> None:

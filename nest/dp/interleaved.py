@@ -3,8 +3,10 @@
 Space (:mod:`nest.dp.space`): ``pp * v`` chunks of equal blocks (Megatron-Core's partition), chunk
 ``k`` on rank ``k % pp``, and a recompute mode per chunk. The shared evaluator's objective is
 ``T = m M + (S - M) / v + E + O = S / v + (m - 1/v) M + E + O`` with ``t_r`` the sum of rank
-``r``'s chunk times, ``E = max_r max(0, sync_r - B_r [- b_r])`` where ``b_r`` is the backward of
-rank ``r``'s first chunk (chunk ``r``, its last backward) and ``B_r = sum_{q<r} b_q``, and
+``r``'s chunk times, ``E = max_r (max(0, sync_r - B_r [- b_r]) + g_r)`` where ``b_r`` is the
+backward of rank ``r``'s first chunk (chunk ``r``, its last backward), ``B_r = sum_{q<r} b_q``,
+``sync_r`` the gradient part of the rank's sync and ``g_r`` its exposed weight all-gather
+(fixed by the partition, :func:`nest.cost.pipeline.gather_exposed_s`), and
 ``O = max_r opt_r`` (:mod:`nest.cost.pipeline`, :mod:`nest.cost.evaluate`).
 
 **Per rank** the partition is fixed, so the rank's sync, optimizer step and parameter memory are
@@ -120,7 +122,7 @@ class RankChunks:
         self.cost = {}  # chunk -> (t, b, act, transient) per mode
         for k in [self.ks[0]] + [ks[0] for ks in self.groups.values()]:
             self.cost[k] = sm.chunk_costs(k, modes)
-        self.sync_s, self.opt_s, self.state_bytes = sm.interleaved_rank(r)
+        self.sync_s, self.opt_s, self.state_bytes, self.gathered_s = sm.interleaved_rank(r)
         self.in_flight = sm.in_flight[r]
 
     def assignments(self):
@@ -287,17 +289,22 @@ def _rank_floors(sm: StageModel, modes) -> list[float]:
     return out
 
 
-def later_sync_caps_s(sm: StageModel) -> list[float]:
-    """Per rank ``r``: ``sigma_r``, the largest DP sync of the ranks after ``r`` (0 for the
-    last), the cap of :func:`~nest.dp.recurrence.worse_by_at_most` for the labels of ranks
-    ``0..r``.
+def later_sync_caps_s(sm: StageModel) -> list[tuple[float, float]]:
+    """Per rank ``r``: ``(sigma_r, gamma_r)``, the largest DP sync (gradient part) and the
+    largest exposed weight all-gather of the ranks after ``r`` (0 for the last), the caps of
+    :func:`~nest.dp.recurrence.worse_by_at_most` for the labels of ranks ``0..r``.
 
-    **Proof.** A later rank ``q`` exposes ``max(0, sync_q - B_q [- b_q])``
+    **Proof.** A later rank ``q`` exposes ``max(0, sync_q - B_q [- b_q]) + g_q``
     (:func:`~nest.cost.pipeline.rank_exposed_sync_s`) with ``B_q`` the label's prefix ``B``
-    plus the backward of the ranks between, each ``b >= 0``, so it is at most ``max(0, sync_q
-    - B) <= max(0, sigma_r - B)`` whatever the completion."""
-    syncs = [sm.interleaved_rank(r)[0] for r in range(sm.config.pp)]
-    return [max(syncs[r + 1 :], default=0.0) for r in range(len(syncs))]
+    plus the backward of the ranks between, each ``b >= 0``, and ``g_q`` fixed by its
+    partition, so it is at most ``max(0, sync_q - B) + g_q <= max(0, sigma_r - B) + gamma_r``
+    whatever the completion."""
+    ranks = [sm.interleaved_rank(r) for r in range(sm.config.pp)]
+    syncs, gathers = [x[0] for x in ranks], [x[3] for x in ranks]
+    return [
+        (max(syncs[r + 1 :], default=0.0), max(gathers[r + 1 :], default=0.0))
+        for r in range(len(syncs))
+    ]
 
 
 def solve_interleaved(
@@ -329,7 +336,10 @@ def solve_interleaved(
         if all(
             s_coef * (lab.total_s + t + rest_sum)
             + m_coef * max(lab.max_s, t, rest_max)
-            + max(lab.exposed_s, rank_exposed_sync_s(rc.sync_s, lab.bwd_sum_s, b, sm.overlap))
+            + max(
+                lab.exposed_s,
+                rank_exposed_sync_s(rc.sync_s, lab.bwd_sum_s, b, sm.overlap, rc.gathered_s),
+            )
             + max(lab.opt_s, rc.opt_s)
             > incumbent_s
             for t, b in first_mode_floors(rc, floors[r])
@@ -341,14 +351,16 @@ def solve_interleaved(
         stats.stages_scored += len(modes) * len(rc.cost)
         if exact:
             caps = later_sync_caps_s(sm) if caps is None else caps
-            front = Front(m_coef, s_coef, caps[r])
+            front = Front(m_coef, s_coef, *caps[r])
         else:
             front = GreedyFront(m_coef, s_coef)
         for opt in options:
             for lab in labels:
                 total = lab.total_s + opt.t_s
                 mx = max(lab.max_s, opt.t_s)
-                own = rank_exposed_sync_s(rc.sync_s, lab.bwd_sum_s, opt.first_bwd_s, sm.overlap)
+                own = rank_exposed_sync_s(
+                    rc.sync_s, lab.bwd_sum_s, opt.first_bwd_s, sm.overlap, rc.gathered_s
+                )
                 exposed = max(lab.exposed_s, own)
                 step = max(lab.opt_s, rc.opt_s)
                 stats.labels_created += 1

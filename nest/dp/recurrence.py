@@ -9,8 +9,10 @@ State ``(r, i)``: ranks ``0..r-1`` are placed and hold layers ``0..i-1``.
 Label: ``(S, M, B, E, O)`` = (sum of stage times, largest stage time, sum of backward times,
 largest exposed sync, largest optimizer step) of the ranks placed so far.
 Transition: rank ``r`` takes layers ``i..j`` with recompute mode ``c`` if that stage fits in memory
-at position ``r``: ``(S + t, max(M, t), B + b, max(E, max(0, sync - B [- b])), max(O, opt))``
-into state ``(r+1, j+1)``.
+at position ``r``: ``(S + t, max(M, t), B + b, max(E, max(0, sync - B [- b]) + g), max(O, opt))``
+into state ``(r+1, j+1)``; ``sync`` is the gradient part of the stage's DP sync and ``g`` its
+exposed weight all-gather (:func:`nest.cost.pipeline.gather_exposed_s`), which depends on the
+stage alone, so the exposed sync stays non-increasing and 1-Lipschitz in ``B``.
 Answer: the label at ``(pp, L)`` minimising ``S + (m-1) M + E + O``.
 
 Why it is exact: every later rank's contribution depends on the past only through the label
@@ -154,30 +156,38 @@ class DPStats:
 
 
 def worse_by_at_most(
-    a: Label, b: Label, m_coef: float, s_coef: float = 1.0, sync_cap_s: float = float("inf")
+    a: Label,
+    b: Label,
+    m_coef: float,
+    s_coef: float = 1.0,
+    sync_cap_s: float = float("inf"),
+    gather_cap_s: float = 0.0,
 ) -> float:
     """An upper bound on ``F(a + c) - F(b + c)`` over every completion ``c`` of the same state,
     for ``F = s_coef S + m_coef M + X + E + O`` (1F1B and ZB-H1: ``1, m - 1``; interleaved:
     ``1/v, m - 1/v``): ``s_coef dS + m_coef max(0, dM) + max(dE, g) + max(0, dO)
     + max(0, dX)`` with ``d = a - b`` and ``g = max(0, -dB)``, or, given ``sync_cap_s =
-    sigma``, ``g = min(max(0, -dB), max(0, sigma - B_a) - E_b)``.
+    sigma`` and ``gather_cap_s = gamma``, ``g = min(max(0, -dB), max(0, sigma - B_a) + gamma -
+    E_b)``.
 
     Each term bounds its part of the objective: the sum adds ``dS``; ``max(x, .)`` grows by at
     most ``max(0, d)``; later ranks' exposed sync is non-increasing and 1-Lipschitz in the
     backward prefix ``B``. When it is <= 0, ``a`` is at least as good as ``b`` whatever follows.
 
     **The cap** (interleaved, :func:`nest.dp.interleaved.later_sync_cap_s`): ``sigma`` is a
-    number such that every later rank's exposed sync after a label of prefix ``B`` is at most
-    ``max(0, sigma - B)`` whatever the completion. Write ``G_x`` for the largest later exposed
-    sync after label ``x``, so the final term is ``max(E_x, G_x)``. Either ``a``'s is ``E_a``,
-    and the difference is at most ``dE``; or it is ``G_a``, and the difference is at most
-    ``G_a - max(E_b, G_b) <= min(G_a - G_b, G_a - E_b) <= min(max(0, -dB), max(0, sigma -
-    B_a) - E_b)`` (the first by the Lipschitz property, the second by the cap). So the
-    difference is at most ``max(dE, g)``, which is never above the plain rule's.
+    number and ``gamma`` one such that every later rank's exposed sync after a label of prefix
+    ``B`` is at most ``max(0, sigma - B) + gamma`` whatever the completion (``gamma`` the largest
+    exposed weight all-gather of the later ranks, which no ``B`` hides). Write ``G_x`` for the
+    largest later exposed sync after label ``x``, so the final term is ``max(E_x, G_x)``.
+    Either ``a``'s is ``E_a``, and the difference is at most ``dE``; or it is ``G_a``, and the
+    difference is at most ``G_a - max(E_b, G_b) <= min(G_a - G_b, G_a - E_b) <= min(max(0,
+    -dB), max(0, sigma - B_a) + gamma - E_b)`` (the first by the Lipschitz property, the second
+    by the cap). So the difference is at most ``max(dE, g)``, which is never above the plain
+    rule's.
     """
     gap = max(0.0, b.bwd_sum_s - a.bwd_sum_s)
     if gap > 0.0:
-        gap = min(gap, max(0.0, sync_cap_s - a.bwd_sum_s) - b.exposed_s)
+        gap = min(gap, max(0.0, sync_cap_s - a.bwd_sum_s) + gather_cap_s - b.exposed_s)
     return (
         s_coef * (a.total_s - b.total_s)
         + m_coef * max(0.0, a.max_s - b.max_s)
@@ -195,19 +205,25 @@ class Front:
     """The labels of one state no other label of the state is sure to beat (dominance by
     :func:`worse_by_at_most` <= 0, which contains Pareto dominance)."""
 
-    __slots__ = ("labels", "k", "s", "sync_cap_s")
+    __slots__ = ("labels", "k", "s", "sync_cap_s", "gather_cap_s")
 
     def __init__(
-        self, m_coef: float, s_coef: float = 1.0, later_sync_cap_s: float | None = None
+        self,
+        m_coef: float,
+        s_coef: float = 1.0,
+        later_sync_cap_s: float | None = None,
+        later_gather_cap_s: float = 0.0,
     ) -> None:
         self.labels: list[Label] = []
         self.k, self.s = m_coef, s_coef
         self.sync_cap_s = float("inf") if later_sync_cap_s is None else later_sync_cap_s
         """``sigma`` of :func:`worse_by_at_most` (inf: no cap, the plain rule)."""
+        self.gather_cap_s = later_gather_cap_s
+        """``gamma`` of :func:`worse_by_at_most`."""
 
     def insert(self, label: Label, stats: DPStats) -> None:
         # worse_by_at_most inlined (the search's hottest loop); same arithmetic
-        k, w, cap = self.k, self.s, self.sync_cap_s
+        k, w, cap, gam = self.k, self.s, self.sync_cap_s, self.gather_cap_s
         s, mx, b, e, o = label.total_s, label.max_s, label.bwd_sum_s, label.exposed_s, label.opt_s
         x = label.tail_s
         for other in self.labels:
@@ -215,7 +231,7 @@ class Front:
             d_b = b - other.bwd_sum_s
             if d_b > 0.0:  # the later exposed sync other may add: at most its own cap less e
                 room = cap - other.bwd_sum_s
-                room = (room if room > 0.0 else 0.0) - e
+                room = (room if room > 0.0 else 0.0) + gam - e
                 if room < d_b:
                     d_b = room
             else:
@@ -233,7 +249,7 @@ class Front:
                 stats.labels_dominated += 1
                 return
         room_new = cap - b
-        room_new = room_new if room_new > 0.0 else 0.0
+        room_new = (room_new if room_new > 0.0 else 0.0) + gam
         kept = []
         for other in self.labels:
             d_m = mx - other.max_s
@@ -433,6 +449,7 @@ def solve_config(
                     t, b = row.time_s[k], row.bwd_s[k]
                     u, e, drain, w = row.sum_s[k], row.tail_s[k], row.drain_s[k], row.wgrad_s[k]
                     sync, opt = row.sync_s[k], row.optimizer_s[k]
+                    gathered = row.gather_exposed_s[k]
                     own = (w if zero_bubble else b) if sm.overlap else 0.0
                     # ZB-H1: the W passes it runs after rank 0 (0 otherwise); ZB-H2: its own
                     # share of the hidden time, (pp - 1 - r) max(0, -d_r), added after the max
@@ -446,8 +463,8 @@ def solve_config(
                         # rank_exposed_sync_s and sync_hidden_s (nest.cost.pipeline) inlined
                         hidden = lab.bwd_sum_s - claw
                         exposed = sync - (hidden if hidden > 0.0 else 0.0) - own_hidden - own
+                        exposed = (exposed if exposed > 0.0 else 0.0) + gathered
                         exposed = lab.exposed_s if lab.exposed_s > exposed else exposed
-                        exposed = exposed if exposed > 0.0 else 0.0
                         step = lab.opt_s if lab.opt_s > opt else opt
                         stats.labels_created += 1
                         bound = (

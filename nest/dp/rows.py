@@ -15,7 +15,7 @@ import numpy as np
 
 from nest.core.axes import Recompute
 from nest.cost.collectives import pair_p2p_time_s
-from nest.cost.pipeline import rank_drain_s, rank_pipeline_terms
+from nest.cost.pipeline import gather_exposed_s, rank_drain_s, rank_pipeline_terms
 from nest.dp.stages import StageModel
 
 
@@ -39,6 +39,9 @@ class StageRow:
     wgrad_s: list
     """Its W pass (zero-bubble; 0 otherwise): what overlaps its own sync, and ``r`` of which it runs
     after rank 0 (:func:`nest.cost.pipeline.sync_hidden_s`)."""
+    gather_exposed_s: list
+    """Its exposed ZeRO-1/2 weight all-gather (:func:`nest.cost.pipeline.gather_exposed_s`
+    under the stage's forward), added to its exposed sync; ``sync_s`` is the gradient part."""
 
 
 def _comm(sm: StageModel, r: int, i: int, direction: str, mode: Recompute) -> np.ndarray:
@@ -56,7 +59,7 @@ def stage_common(sm: StageModel, r: int, i: int) -> tuple:
     """The mode-independent terms of 1F1B stage ``r`` from layer ``i``, for every last layer:
     forward (with ZeRO-3's exposed gathers), backward without recompute, backward collectives
     and ZeRO-3's backward traffic (which hides under the mode's recomputation:
-    :func:`stage_row`), DP sync, optimizer step."""
+    :func:`stage_row`), DP sync's gradient part, optimizer step, exposed weight all-gather."""
     c, n, ch = sm.config, sm.n_layers, sm.chain
     cluster = sm.problem.cluster
     fwd = (ch.fwd_s[i + 1 :] - ch.fwd_s[i]) + _comm(sm, r, i, "f", Recompute.NONE)
@@ -73,8 +76,15 @@ def stage_common(sm: StageModel, r: int, i: int) -> tuple:
     if r != 0:
         dense = dense_c.copy()
         dense[-1] += sm.tied_copy_params  # the head is the last layer
-    sync, opt = sm.rank_sync_opt(r, dense, expert)
-    return fwd, bwd, np.asarray(sync).tolist(), np.asarray(opt).tolist()
+    sync, opt, gather = sm.rank_sync_opt(r, dense, expert)
+    gathered = gather_exposed_s(gather, fwd, sm.overlap) + 0.0 * fwd
+    return (
+        fwd,
+        bwd,
+        np.asarray(sync).tolist(),
+        np.asarray(opt).tolist(),
+        np.asarray(gathered).tolist(),
+    )
 
 
 def _block_extra(sm: StageModel, r: int, i: int, mode: Recompute, full_blocks: int):
@@ -112,7 +122,7 @@ def stage_row(
     ``common`` is :func:`stage_common` of ``(r, i)`` when the caller already has it;
     ``full_blocks``: its first that many blocks fully recomputed, the rest in ``mode``
     (meaningful for the ``j`` that hold more blocks; not with activation offload)."""
-    fwd, bwd, sync, opt = common if common is not None else stage_common(sm, r, i)
+    fwd, bwd, sync, opt, gathered = common if common is not None else stage_common(sm, r, i)
     ch = sm.chain
     redo = ch.recompute_s[mode][i + 1 :] - ch.recompute_s[mode][i]
     bwd = bwd + redo + _comm(sm, r, i, "b", mode)
@@ -126,8 +136,10 @@ def stage_row(
     time = (fwd + bwd).tolist()
     if not schedule.splits_backward:
         zeros = [0.0] * len(time)
-        return StageRow(time, bwd.tolist(), sync, opt, time, zeros, bwd.tolist(), zeros)
+        return StageRow(time, bwd.tolist(), sync, opt, time, zeros, bwd.tolist(), zeros, gathered)
     wgrad = ch.wgrad_s[i + 1 :] - ch.wgrad_s[i]
     u, _, e = rank_pipeline_terms(fwd, bwd, wgrad, schedule)
     drain = rank_drain_s(fwd, bwd, wgrad, schedule).tolist()
-    return StageRow(time, bwd.tolist(), sync, opt, u.tolist(), e.tolist(), drain, wgrad.tolist())
+    return StageRow(
+        time, bwd.tolist(), sync, opt, u.tolist(), e.tolist(), drain, wgrad.tolist(), gathered
+    )

@@ -46,7 +46,7 @@ from nest.cost.memory import (
     stored_bytes,
 )
 from nest.cost.offload import offload_exposed_s
-from nest.cost.pipeline import in_flight_microbatches
+from nest.cost.pipeline import gather_exposed_s, in_flight_microbatches
 from nest.cost.state import ModelState
 from nest.dp.bounds import Floors
 from nest.dp.space import interleaved_chunks
@@ -100,6 +100,9 @@ class StageTerms:
     optimizer_s: float
     memory_bytes: float
     fits: bool
+    gather_exposed_s: float = 0.0
+    """The rank's exposed ZeRO-1/2 weight all-gather (:func:`nest.cost.pipeline.gather_exposed_s`
+    under this stage's forward); ``sync_s`` is the gradient part."""
 
 
 def prefix(values) -> np.ndarray:
@@ -498,12 +501,35 @@ class StageModel:
         )
 
     def rank_sync_opt(self, r: int, dense, expert) -> tuple:
-        """DP sync and optimizer-step seconds of a rank holding these parameters (dense with
-        the tied copy; scalars or arrays)."""
+        """The DP sync's gradient part, the optimizer step and the sync's weight all-gather,
+        seconds, of a rank holding these parameters (dense with the tied copy; scalars or
+        arrays): :meth:`ModelState.reduce_s`, :meth:`ModelState.optimizer_step_s`,
+        :meth:`ModelState.gather_s`."""
+        g = self.groups[r]
         return (
-            self.state.sync_s(self.groups[r], dense, expert),
+            self.state.reduce_s(g, dense, expert),
             self.state.optimizer_step_s(dense, expert, self.hbm_bw_bytes_per_s),
+            self.state.gather_s(g, dense, expert),
         )
+
+    def first_chunk_gather_exposed_s(self, r: int, gather) -> float:
+        """Interleaved and V-shaped ranks: the exposed part of rank ``r``'s weight all-gather
+        under the forward of its first chunk, chunk ``r``
+        (:func:`nest.cost.pipeline.gather_exposed_s`); a forward depends on no recompute mode
+        below ZeRO-3, and ZeRO-0 and ZeRO-3 have no such gather (0)."""
+        if self.state.zero_stage not in (1, 2):
+            return 0.0
+        c = self.config
+        mode = next(iter(self.chain.recompute_s))
+        if c.schedule.v_shaped:
+            fwd = self.v_chunk_terms(r, mode)[0]
+        else:
+            i, j = self.chunks[r]
+            pp = c.pp
+            prev = (r - 1) % pp if r > 0 else None
+            nxt = (r + 1) % pp if r < len(self.chunks) - 1 else None
+            fwd = self.chunk_times(r, i, j, mode, prev, nxt)[0]
+        return float(gather_exposed_s(gather, fwd, self.overlap))
 
     @functools.cached_property
     def chunks(self) -> list[tuple[int, int]]:
@@ -559,20 +585,21 @@ class StageModel:
         wgrad = float(self.chain.wgrad_s[j + 1] - self.chain.wgrad_s[i])
         return fwd, bwd, wgrad, self.stored_bytes(i, j, mode), self.chain.peak_bytes[mode][i, j]
 
-    def interleaved_rank(self, r: int) -> tuple[float, float, float]:
+    def interleaved_rank(self, r: int) -> tuple[float, float, float, float]:
         """Interleaved rank ``r`` holding its chunks ``r, r + pp, ...`` (ZB-V: ``r`` and
-        ``2 pp - 1 - r``): ``(DP sync seconds, optimizer-step seconds, model-state bytes)``,
-        fixed by the partition."""
+        ``2 pp - 1 - r``): ``(DP sync's gradient part, optimizer step, model-state bytes, exposed
+        weight all-gather)``, seconds and bytes, fixed by the partition."""
         pp = self.config.pp
         ks = (
             (r, 2 * pp - 1 - r) if self.config.schedule.v_shaped else range(r, len(self.chunks), pp)
         )
         dense = sum(self.params(r, *self.chunks[k])[2] for k in ks)
         expert = sum(self.params(r, *self.chunks[k])[1] for k in ks)
-        sync, opt = self.rank_sync_opt(r, dense, expert)
+        sync, opt, gather = self.rank_sync_opt(r, dense, expert)
         res = self.chain.resident_bytes
         resident = sum(res[self.chunks[k][1] + 1] - res[self.chunks[k][0]] for k in ks)
-        return sync, opt, self.state_bytes(dense, expert) + resident
+        state = self.state_bytes(dense, expert) + resident
+        return sync, opt, state, self.first_chunk_gather_exposed_s(r, gather)
 
     def stage(self, r: int, i: int, j: int, mode: Recompute) -> StageTerms:
         """Terms of 1F1B stage ``r`` holding layers ``i..j``."""
@@ -581,9 +608,10 @@ class StageModel:
             r, i, j, mode, r - 1 if r > 0 else None, r + 1 if r + 1 < pp else None
         )
         _, expert, dense = self.params(r, i, j)
-        sync, opt = self.rank_sync_opt(r, dense, expert)
+        sync, opt, gather = self.rank_sync_opt(r, dense, expert)
         mem = self.memory_bytes(r, i, j, mode)
-        return StageTerms(fwd, bwd, sync, opt, mem, mem <= self.capacity_bytes)
+        exposed = float(gather_exposed_s(gather, fwd, self.overlap))
+        return StageTerms(fwd, bwd, sync, opt, mem, mem <= self.capacity_bytes, exposed)
 
     def modes_for(self, i: int, j: int, allowed) -> tuple[Recompute, ...]:
         """Recompute modes that differ on this interval (only blocks are recomputed)."""

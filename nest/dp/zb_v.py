@@ -4,14 +4,17 @@ Space (:mod:`nest.dp.space`): the ``2 pp`` chunks of :func:`~nest.dp.space.fixed
 ``r`` holding chunk ``r`` (its first) and chunk ``2 pp - 1 - r`` (its second), and a recompute
 mode per chunk. The shared evaluator charges (:func:`nest.cost.pipeline.zb_v_pipeline_s`)
 
-    ``T = m max_r t_r + max_r l_r(F, B, W) + max_r max(0, sync_r - (max_s l_s - l_r) [- w_r]) + O``
+    ``T = m max_r t_r + max_r l_r(F, B, W) + max_r (max(0, sync_r - (max_s l_s - l_r) [- w_r])
+    + g_r) + O``
 
 with ``t_r`` the forward and backward of rank ``r``'s two chunks, ``F``, ``B``, ``W`` the
-chunks' largest forward, B pass (backward less W) and W pass, ``sync_r``, ``w_r`` (its last W)
-and ``O`` the optimizer step. A chunk's forward, backward and W pass depend on its own layers
-and mode only (its hops go to fixed ranks, the neighbours' boundary bytes do not depend on
-their modes), a rank's memory on its two chunks' modes only, and ``F``, ``W``, the syncs and
-``O`` on no mode at all (recomputation and activation offload add to the backward's B part).
+chunks' largest forward, B pass (backward less W) and W pass, ``sync_r`` (the gradient part),
+``w_r`` (its last W), ``g_r`` its exposed weight all-gather (under its first chunk's forward,
+which no mode changes) and ``O`` the optimizer step. A chunk's forward, backward and W pass
+depend on its own layers and mode only (its hops go to fixed ranks, the neighbours' boundary
+bytes do not depend on their modes), a rank's memory on its two chunks' modes only, and
+``F``, ``W``, the syncs and ``O`` on no mode at all (recomputation and activation offload add to
+the backward's B part).
 
 **Exactness.** Write ``G(beta)`` for the terms after ``m max_r t_r`` with ``B = beta``. Every
 assignment has ``B`` equal to one of the chunks' B passes under one of the modes, so ``min T =
@@ -52,7 +55,8 @@ class ZbvTables:
         n = len(self.chunks)
         # per chunk, per mode: (fwd, bwd, W, stored bytes, transient bytes)
         self.terms = [[sm.v_chunk_terms(k, c) for c in self.modes] for k in range(n)]
-        self.ranks = [sm.interleaved_rank(r) for r in range(self.pp)]  # (sync, opt, state)
+        # (sync, opt, state, gathered)
+        self.ranks = [sm.interleaved_rank(r) for r in range(self.pp)]
 
     def fastest_s(self, k: int) -> float:
         return min(f + b for f, b, *_ in self.terms[k])
@@ -107,6 +111,7 @@ def solve_zb_v(sm: StageModel, modes, incumbent_s: float, stats: DPStats, *, exa
     f_max = max(t[0][0] for t in tables.terms)  # no mode changes a forward or a W pass
     w_max = max(t[0][2] for t in tables.terms)
     sync = [rank[0] for rank in tables.ranks]
+    gathered = [rank[3] for rank in tables.ranks]
     opt = max(rank[1] for rank in tables.ranks)
     last_w = [tables.terms[n - 1 if r == 0 else r][0][2] for r in range(pp)]
     fastest = [tables.fastest_s(r) + tables.fastest_s(n - 1 - r) for r in range(pp)]
@@ -123,7 +128,7 @@ def solve_zb_v(sm: StageModel, modes, incumbent_s: float, stats: DPStats, *, exa
             continue
         lags = zb_v_lags_s(pp, f_max, beta, w_max)
         hidden = [max(lags) - lag for lag in lags]
-        tail = max(zb_v_exposed_sync_s(sync, hidden, last_w, sm.overlap)) + opt
+        tail = max(zb_v_exposed_sync_s(sync, hidden, last_w, sm.overlap, gathered)) + opt
         for rho, rank in enumerate(pairs):
             reach = min((p for p in rank if p[1] == beta), default=None)
             if reach is None:

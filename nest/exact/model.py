@@ -8,7 +8,9 @@ Variables (groups and choices of :mod:`nest.exact.tables`):
   often as the choices of rank ``r + 1`` starting at ``e + 1`` (rank 0's choices start at the
   embedding, the last rank's end at the head);
 - ``M_g, E_g, O_g >= 0`` (continuous; integer ticks in CP-SAT) with, for every rank ``r``,
-  ``M_g >= b_g t_r``, ``E_g >= sync_r - sum_{q<r} f_q [- f_r]``, ``O_g >= opt_r``, where each
+  ``M_g >= b_g t_r``, ``E_g >= sync_r + g_r - sum_{q<r} f_q [- f_r]`` and ``E_g >= g_r``
+  (``max(0, x) + g = max(g, x + g)``; ``g_r`` the rank's exposed weight all-gather,
+  :func:`nest.cost.pipeline.gather_exposed_s`), ``O_g >= opt_r``, where each
   rank term is ``sum_k term_k z_{g,r,k}`` (zero for a group not taken).
 
 Objective: ``sum_g (a_g sum_{r,k} t_k z_{g,r,k} + M_g + E_g + O_g)``. For the group taken this
@@ -120,7 +122,7 @@ def build(groups: list[Group], n_layers: int) -> LinearModel:
                         lm.rows.append(Row(row, {}, "==", False))
         all_choices = [ch for choices in group.ranks for ch in choices]
         m_aux = lm.auxiliary(group.max_coef * max(ch.t_s for ch in all_choices), f"M_{g}")
-        e_aux = lm.auxiliary(max(ch.sync_s for ch in all_choices), f"E_{g}")
+        e_aux = lm.auxiliary(max(ch.sync_s + ch.gather_s for ch in all_choices), f"E_{g}")
         o_aux = lm.auxiliary(max(ch.opt_s for ch in all_choices), f"O_{g}")
         lm.aux_of.append((m_aux, e_aux, o_aux))
         for r in range(pp):
@@ -130,13 +132,16 @@ def build(groups: list[Group], n_layers: int) -> LinearModel:
             lm.rows.append(Row(slowest, {m_aux: 1.0}, ">=", True))
             # the optimizer step's epigraph: O_g >= opt_r
             lm.rows.append(Row({k: -ch.opt_s for k, ch in pairs}, {o_aux: 1.0}, ">=", True))
-            # the exposed sync's epigraph: E_g >= sync_r - sum_{q<r} f_q [- f_r]
-            exposed = {k: -ch.sync_s for k, ch in pairs}
+            # the exposed sync's epigraph: E_g >= sync_r + g_r - sum_{q<r} f_q [- f_r]
+            exposed = {k: -(ch.sync_s + ch.gather_s) for k, ch in pairs}
             hiding = list(range(r)) + ([r] if group.overlap else [])
             for q in hiding:
                 for k, ch in zip(zs[q], group.ranks[q], strict=True):
                     exposed[k] = exposed.get(k, 0.0) + ch.first_bwd_s
             lm.rows.append(Row(exposed, {e_aux: 1.0}, ">=", True))
+            if any(ch.gather_s > 0.0 for _, ch in pairs):  # and E_g >= g_r
+                gathered = {k: -ch.gather_s for k, ch in pairs}
+                lm.rows.append(Row(gathered, {e_aux: 1.0}, ">=", True))
     # exactly one group is the plan's: sum_g y_g = 1
     lm.rows.append(Row(dict.fromkeys(lm.y, 1.0), {}, "==", False, 1.0))
     return lm
@@ -173,7 +178,10 @@ def hint_values(
     group = groups[g]
     chosen = [group.ranks[r][k] for r, k in enumerate(picks)]
     exposed = exposed_sync_s(
-        [ch.sync_s for ch in chosen], [ch.first_bwd_s for ch in chosen], group.overlap
+        [ch.sync_s for ch in chosen],
+        [ch.first_bwd_s for ch in chosen],
+        group.overlap,
+        gather_exposed=[ch.gather_s for ch in chosen],
     )
     aux = dict.fromkeys(range(len(lm.aux_ub_s)), 0.0)
     m_aux, e_aux, o_aux = lm.aux_of[g]

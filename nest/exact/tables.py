@@ -5,11 +5,13 @@ A *group* is one configuration (degrees, microbatch size, ZeRO stage, schedule) 
 (a rank order's grid in the restricted mode; any placement class of
 :mod:`nest.exact.placements` in the general mode). For a group the evaluator's objective is
 
-``T = a * sum_r t_r + b * max_r t_r + max_r max(0, sync_r - sum_{q<r} f_q [- f_r]) + max_r opt_r``
+``T = a * sum_r t_r + b * max_r t_r + max_r (max(0, sync_r - sum_{q<r} f_q [- f_r]) + g_r)
++ max_r opt_r``
 
 with ``a = 1, b = m - 1`` for 1F1B and ``a = 1/v, b = m - 1/v`` interleaved
 (:mod:`nest.cost.pipeline`), ``t_r`` rank ``r``'s forward plus backward, ``f_r`` the backward of
-its first chunk, ``sync_r`` and ``opt_r`` its DP synchronisation and optimizer step. Each term of a
+its first chunk, ``sync_r`` the gradient part of its DP synchronisation, ``g_r`` its exposed
+weight all-gather and ``opt_r`` its optimizer step. Each term of a
 rank depends on that rank's choice only:
 
 - 1F1B: a choice is ``(i, j, mode)``, the rank holds layers ``i..j`` with one recompute mode; the
@@ -55,6 +57,9 @@ class Choice:
     """1F1B: the rank's layers ``(i, j)``; interleaved: None (fixed chunks)."""
     modes: tuple[Recompute, ...]
     """Recompute mode of each chunk of the rank, in chunk order."""
+    gather_s: float = 0.0
+    """Its exposed ZeRO-1/2 weight all-gather (:func:`nest.cost.pipeline.gather_exposed_s`),
+    added to its exposed sync; ``sync_s`` is the sync's gradient part."""
 
 
 @dataclass(slots=True)
@@ -108,7 +113,15 @@ def _one_f_one_b(sm: StageModel, modes) -> list[list[Choice]]:
                     if terms.fits:
                         t = terms.fwd_s + terms.bwd_s
                         out.append(
-                            Choice(t, terms.bwd_s, terms.sync_s, terms.optimizer_s, (i, j), (mode,))
+                            Choice(
+                                t,
+                                terms.bwd_s,
+                                terms.sync_s,
+                                terms.optimizer_s,
+                                (i, j),
+                                (mode,),
+                                terms.gather_exposed_s,
+                            )
                         )
         ranks.append(out)
     return ranks
@@ -118,7 +131,7 @@ def _interleaved(sm: StageModel, modes) -> list[list[Choice]]:
     pp, chunks = sm.config.pp, sm.chunks
     ranks = []
     for r in range(pp):
-        sync, opt, state_bytes = sm.interleaved_rank(r)
+        sync, opt, state_bytes, gathered = sm.interleaved_rank(r)
         per_chunk = [
             {mode: sm.chunk_terms(k, mode) for mode in sm.modes_for(*chunks[k], modes)}
             for k in range(r, len(chunks), pp)
@@ -134,7 +147,8 @@ def _interleaved(sm: StageModel, modes) -> list[list[Choice]]:
                 sm.reserve_bytes,
             )
             if memory <= sm.capacity_bytes:
-                out.append(Choice(sum(x[0] for x in terms), terms[0][1], sync, opt, None, combo))
+                t = sum(x[0] for x in terms)
+                out.append(Choice(t, terms[0][1], sync, opt, None, combo, gathered))
         ranks.append(out)
     return ranks
 

@@ -70,7 +70,9 @@ defaults are off for every one of them):
 - ``--bf16`` (bf16 weights and activations, the cost model's 2-byte elements).
 - ``grad_bytes: 2``: ``--grad-reduce-in-bf16``; without it ``validate_args`` sets
   ``accumulate_allreduce_grads_in_fp32`` under ``--bf16`` (4-byte gradients).
-- ``overlap_grad_sync``: ``--overlap-grad-reduce`` (default off).
+- ``overlap_grad_sync``: ``--overlap-grad-reduce`` (default off), and with ZeRO-1/2 over more
+  than one rank ``--overlap-param-gather`` (the weight all-gather under the next iteration's
+  forward, as the score hides it).
 - ``tp_comm_overlap`` with ``tp > 1``: ``--tp-comm-overlap``, which Megatron refuses without
   ``--sequence-parallel`` (the cost model, too, overlaps only sequence-parallel collectives).
 - ``cp_comm_overlap``: Megatron's default ``--cp-comm-type p2p`` overlaps the ring (nothing to
@@ -507,6 +509,10 @@ def training_args(problem: Problem, plan: Plan) -> list[str]:
         args.append("--grad-reduce-in-bf16")
     if t.overlap_grad_sync:
         args.append("--overlap-grad-reduce")
+        if plan.zero_stage in (1, 2) and plan.dp * plan.cp > 1:
+            # the weight all-gather under the next forward, as scored (validate_args asserts the
+            # distributed optimizer or Megatron-FSDP and --overlap-grad-reduce)
+            args.append("--overlap-param-gather")
     if _tp_overlap_runs(problem, plan):
         args.append("--tp-comm-overlap")
     if ep_overlap_runs(problem, plan) is None:
