@@ -133,3 +133,26 @@ def test_coarse_moe_above_the_published_mixtral_run_says_why():
     note = plausibility_note(problem, report)
     assert note.startswith(f"MFU {100 * report.mfu:.1f} % is above the best published coarse MoE")
     assert "Mixtral 8x7B" in note and "ep = 1" in note
+
+
+def test_a_tpu_plan_above_maxtexts_best_run_says_so_with_the_tpu_reason():
+    """TPU v5p: a dense plan above MaxText's best published v5p run (32B on 64 chips, MFU
+    71.47 %, causal count; MaxText@76bd53b configs/v5p/README.md) gets the note with the TPU
+    reason (the TPU rate is calibrated on runs that all recompute), not the H100 one."""
+    from nest.cost.mfu import PUBLISHED_BEST, TPU_WHY, plausibility_note
+
+    spec = make_spec(hidden=2048, ffn_hidden=8192, heads=16, seq_len=512, dropout=False)
+    fast = dict(name="tpu_v5p", hbm_bw_bytes_per_s=100e12, hbm_bytes=95 * 2**30)
+    problem = make_problem(spec, make_cluster(fanouts=(4,), **fast), global_batch=64)
+    report = _fixed_report(problem)
+    best = next(b for b in PUBLISHED_BEST if "tpu_v5p" in b.devices)
+    assert causal_mfu(problem, report) > best.mfu
+    note = plausibility_note(problem, report)
+    assert note.startswith("causal-aware MFU") and f"{100 * best.mfu:.1f} %" in note
+    assert TPU_WHY in note and "H100" not in note.split("; read it")[1]
+    slow = make_problem(
+        spec, make_cluster(fanouts=(4,), matmul_efficiency=0.3, **fast), global_batch=64
+    )
+    slow_report = _fixed_report(slow)
+    assert causal_mfu(slow, slow_report) < best.mfu
+    assert plausibility_note(slow, slow_report) is None
