@@ -164,7 +164,7 @@ def test_nest_equals_brute_with_all_modes():
     1F1B and interleaved (``op`` included: tests/test_recompute_op.py); some optimal plans use
     the per-module modes."""
     used, agreed = set(), 0
-    cases = [tiny_case(seed) for seed in range(40)]
+    cases = [tiny_case(seed) for seed in range(48)]
     cases += [interleaved_case(2000 + seed, max_plans=4000) for seed in range(20)]
     for seed, (problem, options) in enumerate(cases):
         options = {**options, "recompute": ALL_MODES}
