@@ -156,6 +156,12 @@ class RankReport:
     def time_s(self) -> float:
         return self.fwd_s + self.bwd_s
 
+    @property
+    def dp_reduce_s(self) -> float:
+        """The gradient part of ``dp_sync_s`` (all of it but the weight all-gather): what must
+        end before the optimizer step, so only the backward hides it."""
+        return self.dp_sync_s - self.dp_gather_s
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Report:

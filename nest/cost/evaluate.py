@@ -421,8 +421,8 @@ def evaluate(problem: Problem, plan: Plan) -> Report:
 
 
 def _reduce_s(ranks) -> list[float]:
-    """Each rank's gradient part of its DP sync (``dp_sync_s`` less its weight all-gather)."""
-    return [rk.dp_sync_s - rk.dp_gather_s for rk in ranks]
+    """Each rank's gradient part of its DP sync (:attr:`RankReport.dp_reduce_s`)."""
+    return [rk.dp_reduce_s for rk in ranks]
 
 
 def _gather_exposed(problem: Problem, stages, ranks) -> list[float]:

@@ -77,7 +77,7 @@ def stage_common(sm: StageModel, r: int, i: int) -> tuple:
         dense = dense_c.copy()
         dense[-1] += sm.tied_copy_params  # the head is the last layer
     sync, opt, gather = sm.rank_sync_opt(r, dense, expert)
-    gathered = gather_exposed_s(gather, fwd, sm.overlap) + 0.0 * fwd
+    gathered = gather_exposed_s(gather, fwd, sm.overlap)
     return (
         fwd,
         bwd,
