@@ -59,9 +59,9 @@ Two models, chosen per device preset (``compute_model``):
   published table of (key length, fraction) per device, interpolated in log2 of the length and
   held constant outside it: FlashAttention-3 on H100, FlashAttention-2 on A100, cuDNN's causal
   forward on GB200 for B200 and GB200), measured like the GEMM ceiling in isolation, so it is
-  scaled by the same ``gemm_level / gemm_ceiling`` (:attr:`Device.sustained_fraction`); a causal kernel
-  skips the masked half of the score matrix, so it does half of the counted FLOPs in the same
-  time per FLOP.
+  scaled by the same ``gemm_level / gemm_ceiling`` (:attr:`Device.sustained_fraction`); a causal
+  kernel skips the masked half of the score matrix, so it does half of the counted FLOPs in the
+  same time per FLOP.
 
 Grouped expert GEMMs use :func:`gemm_time_s` with ``groups`` (each local expert's tokens are one
 GEMM of the group, all of them filling the same waves).
