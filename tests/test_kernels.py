@@ -192,6 +192,17 @@ def test_blackwell_presets_use_the_shape_model_with_their_published_figures():
         assert attention_efficiency(device, 8192) == pytest.approx(1584 / 2500, abs=1e-3)
 
 
+def test_blackwell_fp8_gemms_on_the_shape_model_keep_the_ceilings_ratio():
+    """On the shape model a large FP8 GEMM runs at the FP8 level (the FP8 ceiling times the
+    in-step share of the BF16 one): on GB200 3,615.6 / 1,822.0 TFLOP/s = 1.98x the BF16 GEMM
+    (ml-engineering's MAMF table, conf/device/gb200.yaml), with one-byte operands."""
+    device = preset("gb200")
+    shape = (16384, 16384, 16384)
+    bf16, fp8 = gemm_time_s(device, *shape), gemm_time_s(device, *shape, fp8=True)
+    assert bf16 / fp8 == pytest.approx(3615.6 / 1822.0, rel=0.01)
+    assert device.mxfp8 and device.fp8_any_layout
+
+
 # ------------------------------------------------------------------------------ overlap
 def test_exposed_part_of_an_overlapped_collective():
     """``max(t - hidden, min_exposed t) + slowdown min(t, hidden)``: all of it without overlap,
