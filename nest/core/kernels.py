@@ -16,7 +16,8 @@ Two models, chosen per device preset (``compute_model``):
   (launch, prologue and epilogue), which dominates tiny GEMMs: derived from the smallest GEMMs
   of a published H100 measurement table (OpenXLA
   ``xla/service/gpu/model/matmul_interpolator_data.h``, sm_90 bf16: 256x512x256 at
-  12.5 TFLOP/s, i.e. 5.4 us for 67 MFLOP, of which a one-tile wave computes 1.4 us).
+  12.5 TFLOP/s, i.e. 5.4 us for 67 MFLOP, of which a one-tile wave computes 1.4 us; the same
+  table's sm_100_B200 rows give B200 and GB200 4.1 us).
 
   *The level* a tile runs at, as a fraction of peak (:attr:`Device.gemm_level`):
   ``min(matmul_efficiency, gemm_ceiling)``. ``gemm_ceiling`` is the fraction the best-shaped
@@ -56,10 +57,11 @@ Two models, chosen per device preset (``compute_model``):
   *Attention* (fused FlashAttention kernels, Dao 2023; Shah et al. 2024): the kernel's achieved
   fraction of peak grows with the sequence length it runs on (``attention_efficiency``: a
   published table of (key length, fraction) per device, interpolated in log2 of the length and
-  held constant outside it), measured like the GEMM ceiling in isolation, so it is scaled by
-  the same ``gemm_level / gemm_ceiling`` (:attr:`Device.sustained_fraction`); a causal kernel
-  skips the masked half of the score matrix, so it does half of the counted FLOPs in the same
-  time per FLOP.
+  held constant outside it: FlashAttention-3 on H100, FlashAttention-2 on A100, cuDNN's causal
+  forward on GB200 for B200 and GB200), measured like the GEMM ceiling in isolation, so it is
+  scaled by the same ``gemm_level / gemm_ceiling`` (:attr:`Device.sustained_fraction`); a causal
+  kernel skips the masked half of the score matrix, so it does half of the counted FLOPs in the
+  same time per FLOP.
 
 Grouped expert GEMMs use :func:`gemm_time_s` with ``groups`` (each local expert's tokens are one
 GEMM of the group, all of them filling the same waves).
