@@ -271,16 +271,22 @@ ZB2P_WHY = (
     "synchronised optimizer step: on the paper's own profiled T_F, T_B, T_W (Table 9) the "
     "cost model's ZB-H2 bubble is 9.9 % at 6.2B m 24 (the synchronised floor (p - 1) T_F), the "
     "paper's post-validated ZB-H2 6.98 % and its ZB-2p 0.29 % (Table 5), so the rows of ZB-2p "
-    "read -10.1 % (6.2B m 24), -11.6 and -10.3 % (28.3B m 96, 128) while ZB-1p, whose bubble the "
-    "paper gives as ZB-H1's, reads -2.7 to +6.0 %"
+    "read -8.1 % (6.2B m 24), -10.4 and -9.0 % (28.3B m 96, 128) while ZB-1p, whose bubble the "
+    "paper gives as ZB-H1's, reads -2.3 to +10.2 %"
+)
+ZB_T4_MAX_WHY = (
+    f"{ZB2P_WHY}; and 1F1B-I over-predicted on the small models (1.5B +10.9 to +11.5 %, 14.6B "
+    "+9.5 to +10.9 %), whose forward the cost model puts 6-18 % below the paper's own profile "
+    "(Table 9; docs/trust/fidelity.md, SC21 Table 1 and the A100 rows)"
 )
 ZBV_T6_WHY = (
-    "ZB-V reads -5.3 to -11.3 %: the paper ran it with optimizer post-validation (§4; the "
+    "ZB-V reads -3.0 to -9.9 %: the paper ran it with optimizer post-validation (§4; the "
     "fork's --enable-optimizer-post-validation), where consecutive iterations overlap and its "
     "bubble is near zero, and the cost model's ZB-V keeps the synchronised step's floor "
-    "(p - 1) T_F; and the 28.3B runs on 32 GPUs (4 nodes) at microbatch 2 read -5.8 to -11.3 % for "
-    "every schedule, 1F1B included (-7.6 to -8.9 %; the same model at microbatch 1 in Table 4 "
-    "-1.4 to -2.9 %), a per-microbatch cost rather than a schedule's"
+    "(p - 1) T_F; and the 28.3B runs on 32 GPUs (4 nodes) read -4.4 to -9.9 % for every "
+    "schedule, 1F1B included (-6.1 to -7.5 %), a per-microbatch cost rather than a schedule's "
+    "(on the paper's own profile of that model, Table 9, the modelled weight-gradient pass is 17 % "
+    "slower than its T_W: docs/trust/fidelity.md, SC21 Table 1)"
 )
 ZB_ORDER_WHY = (
     "9 of 21 sweeps are ordered as measured and 1F1B is last in all 21; the other 12 swap "
@@ -297,7 +303,7 @@ ZB_ORDER_WHY = (
         SC21_T1,
         MEGATRON,
         LLAMA3,
-        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "12.3 %", SC21_T2_WHY)),
+        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "12.7 %", SC21_T2_WHY)),
         AUTOMODEL,
         PAIRS,
         DSV3,
@@ -391,12 +397,13 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 def test_regression_split_errors_pin_the_current_model(summary):
     """Pins (not accuracy): calibration rows median 5.3 % / max 18.6 % (the H100 pairs' 2.4 /
-    15.4 % with the v5e split's 6.8 / 18.6 %); held-out rows median 6.1 % / max 239 % (7.2 %
-    before the TPU rate, 9.0 % before the zero-bubble paper's 84 rows)."""
+    15.4 % with the v5e split's 6.8 / 18.6 %); held-out rows median 5.8 % / max 239 % (5.9 %
+    before the unfused attention core's backward bytes, 7.2 % before the TPU rate, 9.0 % before
+    the zero-bubble paper's 84 rows)."""
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
     assert cal["median_abs_error"] == pytest.approx(0.053, abs=0.005)
     assert cal["max_abs_error"] == pytest.approx(0.186, abs=0.005)
-    assert held["median_abs_error"] == pytest.approx(0.061, abs=0.005)
+    assert held["median_abs_error"] == pytest.approx(0.058, abs=0.005)
     assert held["max_abs_error"] == pytest.approx(2.389, abs=0.005)
     pairs = summary["by_source_split"][PAIRS]["calibration"]
     assert pairs["median_abs_error"] == pytest.approx(0.024, abs=0.005)
@@ -407,7 +414,7 @@ def test_regression_split_errors_pin_the_current_model(summary):
     assert v5e["held-out"]["max_abs_error"] == pytest.approx(0.260, abs=0.005)
 
 
-@_unmet("held-out median <= 5 % (issue 22)", "6.1 %", HELD_OUT_WHY)
+@_unmet("held-out median <= 5 % (issue 22)", "5.8 %", HELD_OUT_WHY)
 def test_accuracy_held_out_median_within_5_percent(summary):
     assert summary["held_out_targets_met"]["median_abs_error"]
 
@@ -572,8 +579,8 @@ def test_accuracy_zero_bubble_schedules_ordered_as_measured(summary):
 @pytest.mark.parametrize(
     "source",
     [
-        pytest.param(ZB_T4, marks=_unmet("max <= 10 % (issue 24)", "11.6 %", ZB2P_WHY)),
-        pytest.param(ZB_T6, marks=_unmet("max <= 10 % (issue 24)", "11.3 %", ZBV_T6_WHY)),
+        pytest.param(ZB_T4, marks=_unmet("max <= 10 % (issue 24)", "11.5 %", ZB_T4_MAX_WHY)),
+        ZB_T6,
     ],
 )
 def test_accuracy_zero_bubble_throughput_within_10_percent(summary, source):
