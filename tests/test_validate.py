@@ -636,6 +636,71 @@ def test_zero_bubble_papers_profile_puts_the_zb2p_gap_in_the_schedule(setting):
     assert zb_h2 == pytest.approx(m * (f + b + w) / (m * (f + b + w) + (p - 1) * f))
 
 
+ZB_PROFILE_ROWS = {  # Table 9's setting -> the Table 4 row of that layout (its ZB-2p run)
+    ("1.5B", 8, 24): "1.5B, 8 GPUs PP8, mbs 6 x 24 microbatches, ZB-2p: 14.5 ",
+    ("6.2B", 8, 24): "6.2B, 8 GPUs PP8, mbs 3 x 24 microbatches, ZB-2p: 4.32 ",
+    ("14.6B", 16, 48): "14.6B, 16 GPUs PP16, mbs 1 x 48 microbatches, ZB-2p: 1.81 ",
+    ("28.3B", 32, 96): "28.3B, 32 GPUs PP32, mbs 1 x 96 microbatches, ZB-2p: 0.99 ",
+}
+ZB_SMALL_FORWARD_WHY = (
+    "the 1.5B stage's modelled forward is 18 % below the profiled T_F (its B within 3 %, its W "
+    "+21 %); hidden 2304 at microbatch 6 puts 24 % of the modelled forward in the attention core "
+    "and the elementwise work, more than any other layout, which the model may under-charge; "
+    "not settled (docs/trust/fidelity.md, SC21 Table 1 and the A100 rows)"
+)
+ZB_WGRAD_WHY = (
+    "T_W is the weight-gradient GEMMs alone, modelled 16-21 % slower than profiled: the A100 "
+    "GEMM level is derived (0.668 = H100's in-step share 0.768 x A100's ceiling 0.869, "
+    "nest/core/kernels.py), and these passes ran at 0.89-0.93 of the A100 ceiling; the rate "
+    "is not set from a validation source's own profile"
+)
+
+
+def _modelled_passes_ms(setting) -> tuple[float, float, float]:
+    """The modelled forward, input-gradient and weight-gradient passes (ms) of a middle stage
+    (its blocks, no embedding or head) of the Table 4 layout of ``setting``."""
+    from nest.core.layers import Shard
+
+    row = _row(ZB_PROFILE_ROWS[setting])
+    problem, _ = validate.problem_and_plan(row)
+    model, device = problem.model, problem.cluster.device
+    blocks = int(row["layer_partition"].split(";")[1])
+    cost = model.layer_cost(model.chain[1], Shard(mbs=int(row["microbatch"])), device)
+    return (
+        1e3 * blocks * cost.fwd_s,
+        1e3 * blocks * (cost.bwd_s - cost.wgrad_s),
+        1e3 * blocks * cost.wgrad_s,
+    )
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        pytest.param(s, marks=_unmet("|T_F error| <= 7 %", "-18 %", ZB_SMALL_FORWARD_WHY))
+        if s[0] == "1.5B"
+        else s
+        for s in sorted(ZB_PROFILE_ROWS)
+    ],
+)
+def test_zero_bubble_profiled_forward_pass_on_a100(setting):
+    """A held-out per-pass check on A100 (no FlashAttention, fp16, TP 1): the modelled forward
+    of a middle pipeline stage against the zero-bubble paper's profiled ``T_F`` (Qi et al.
+    arXiv 2401.10241 Table 9, ZB_PROFILES) within 7 %: 6.2B -1.6 %, 14.6B -5.9 %, 28.3B +2.0 %
+    (docs/trust/fidelity.md, "SC21 Table 1 and the A100 rows")."""
+    f, _, _ = _modelled_passes_ms(setting)
+    t_f = ZB_PROFILES[setting][0][0]
+    assert abs(f / t_f - 1) <= 0.07
+
+
+@_unmet("|T_W error| <= 10 % at every size", "+16 to +21 %", ZB_WGRAD_WHY)
+def test_zero_bubble_profiled_weight_gradient_pass_on_a100():
+    """The paper's profiled weight-gradient pass ``T_W`` (Table 9) is pure GEMM work: it bounds
+    the A100's in-step GEMM rate. The modelled pass is within 10 % of it at every size."""
+    for setting in ZB_PROFILE_ROWS:
+        _, _, w = _modelled_passes_ms(setting)
+        assert abs(w / ZB_PROFILES[setting][0][2] - 1) <= 0.10, setting
+
+
 def test_sweeps_are_auto_detected_per_source_model_metric_and_precision():
     """Rows without a ``sweep`` id form one sweep per source, model, metric and precision when at
     least three are predicted; two rows (one pair) are no sweep."""
