@@ -37,11 +37,13 @@ def test_every_case_is_predicted_and_fits(summary):
     GiB over). Every case is predicted: the 8 MoE runs whose experts ran with etp 1 under
     tp > 1 (Megatron-Core's MoE parallel folding) and the 28 multislice MaxText runs (ZeRO-3
     within a slice, data parallel across slices: hybrid sharding) included, and the 84 runs of
-    the zero-bubble paper's Tables 4 and 6 (1F1B, interleaved, ZB-1p, ZB-2p, ZB-V). One time row
+    the zero-bubble paper's Tables 4 and 6 (1F1B, interleaved, ZB-1p, ZB-2p, ZB-V), and the four
+    A100 runs of the Megatron-LM README's MFU table (selective recompute, sequence parallelism,
+    up to 512 GPUs). One time row
     is called out of memory, by 3.6 %: Llama 3 405B on 8,192 H100 under Megatron's interleaved
     warm-up (OUT_OF_MEMORY_WHY)."""
-    assert summary["cases"] == 283
-    assert summary["predicted"] == 283
+    assert summary["cases"] == 287
+    assert summary["predicted"] == 287
     assert summary["out_of_memory"] == 1
 
 
@@ -81,7 +83,7 @@ def test_published_runs_called_out_of_memory_are_the_pinned_ones(summary):
     the runs it calls out of memory are exactly those of OUT_OF_MEMORY_WHY, each with its
     shortfall in the note."""
     verdict = summary["fits_verdict"]
-    assert verdict["runs"] == 283 + summary["memory"]["n"] == 324
+    assert verdict["runs"] == 287 + summary["memory"]["n"] == 328
     called = {(r["source"], r["case"]) for r in verdict["out_of_memory"]}
     assert called == set(OUT_OF_MEMORY_WHY)
     assert all("GiB short" in r["note"] for r in verdict["out_of_memory"])
@@ -165,6 +167,7 @@ MI355X = "MLPerf_Training_v5.1_AMD_MI355X"
 TORCHTITAN = "torchtitan_performance_A100_FSDP2"
 ZB_T4 = "Qi2024_ZeroBubble_Table4"
 ZB_T6 = "Qi2024_ZeroBubble_Table6"
+README_A100 = "Korthikanti2022_MegatronLM_README_A100"
 ORIGINAL = (SC21_T1, MEGATRON, LLAMA3, SC21_T2, AUTOMODEL)
 """The sources of the BF16 cost model (v2), before FP8 and the new shapes."""
 
@@ -317,6 +320,7 @@ ZB_ORDER_WHY = (
         TORCHTITAN,
         ZB_T4,
         ZB_T6,
+        README_A100,
     ],
 )
 def test_accuracy_no_source_median_above_10_percent(summary, source):
@@ -397,8 +401,9 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 def test_regression_split_errors_pin_the_current_model(summary):
     """Pins (not accuracy): calibration rows median 5.3 % / max 18.6 % (the H100 pairs' 2.4 /
-    15.4 % with the v5e split's 6.8 / 18.6 %); held-out rows median 5.8 % / max 239 % (5.9 %
-    before the unfused attention core's backward bytes, 7.2 % before the TPU rate, 9.0 % before
+    15.4 % with the v5e split's 6.8 / 18.6 %); held-out rows median 5.9 % / max 239 % (5.8 %
+    on 256 rows before the Megatron README's A100 rows, 5.9 % before the unfused attention
+    core's backward bytes, 7.2 % before the TPU rate, 9.0 % before
     the zero-bubble paper's 84 rows)."""
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
     assert cal["median_abs_error"] == pytest.approx(0.053, abs=0.005)
@@ -414,7 +419,7 @@ def test_regression_split_errors_pin_the_current_model(summary):
     assert v5e["held-out"]["max_abs_error"] == pytest.approx(0.260, abs=0.005)
 
 
-@_unmet("held-out median <= 5 % (issue 22)", "5.8 %", HELD_OUT_WHY)
+@_unmet("held-out median <= 5 % (issue 22)", "5.9 %", HELD_OUT_WHY)
 def test_accuracy_held_out_median_within_5_percent(summary):
     assert summary["held_out_targets_met"]["median_abs_error"]
 
@@ -485,6 +490,7 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     TORCHTITAN: (5, 0.078, 0.091, 0.078),
     ZB_T4: (48, 0.043, 0.115, 0.013),
     ZB_T6: (36, 0.035, 0.099, -0.035),
+    README_A100: (4, 0.064, 0.120, -0.051),
 }
 
 
