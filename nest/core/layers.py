@@ -321,7 +321,8 @@ def unfused_core_bytes_per_score(
       gradient): ``2p + 1`` each way.
 
     Each kernel streams what it reads and writes once (roofline; Williams et al., CACM 2009).
-    A non-causal (encoder) softmax reads the whole row (``read_fraction`` 1)."""
+    A softmax under another mask (an encoder's, a window's) reads the whole row
+    (``read_fraction`` 1)."""
     fwd = read_fraction * p + p
     bwd = 2 * read_fraction * p + p
     if dropout:
@@ -1154,9 +1155,15 @@ class AnalyticModel:
             device, s_loc, core.v, s, heads, p
         )
         core_elems = m.heads * s_loc * s * b
-        read = core.done_fraction if not m.encoder else 1.0
-        fwd_bytes, _ = unfused_core_bytes_per_score(p, m.dropout, read)
+        fwd_bytes, _ = unfused_core_bytes_per_score(p, m.dropout, self._softmax_read(ref))
         return attn_s, core_flops, fwd_bytes * core_elems / t / device.achieved_hbm_bw_bytes_per_s
+
+    def _softmax_read(self, ref: LayerRef) -> float:
+        """The share of each score row the unfused softmax loads: one half for global causal
+        attention (Megatron's upper-triangular kernel), the whole row otherwise (its
+        ``scaled_masked_softmax`` for an encoder or a windowed block;
+        :func:`unfused_core_bytes_per_score`)."""
+        return 0.5 if not (self.spec.encoder or ref.local) else 1.0
 
     def _unfused_core_bwd_ew_s(self, ref: LayerRef, shard: Shard, device: Device) -> float:
         """Seconds of the unfused attention core's memory-bound backward (the softmax's and its
@@ -1166,8 +1173,7 @@ class AnalyticModel:
             return 0.0
         m = self.spec
         t, _, _, _, p, b, s, _, s_loc, _, _ = self._dims(shard)
-        read = attention_core(m, ref.local).done_fraction if not m.encoder else 1.0
-        _, bwd_bytes = unfused_core_bytes_per_score(p, m.dropout, read)
+        _, bwd_bytes = unfused_core_bytes_per_score(p, m.dropout, self._softmax_read(ref))
         core_elems = m.heads * s_loc * s * b
         return bwd_bytes * core_elems / t / device.achieved_hbm_bw_bytes_per_s
 
