@@ -4,7 +4,7 @@ import pytest
 
 from nest.app.config import build_model_spec
 from nest.core.axes import LayerKind, Recompute
-from nest.core.layers import AnalyticModel, Shard
+from nest.core.layers import AnalyticModel, Shard, unfused_core_bytes_per_score
 from nest.core.model import ModelSpec
 
 from .conftest import make_device
@@ -218,7 +218,13 @@ def test_tensor_parallel_shards_parameters_and_flops():
 def test_elementwise_time_is_the_roofline_of_the_listed_operators():
     """Forward time of a GPT block (no TP, no FlashAttention): matmul FLOPs at the achieved rate
     plus HBM traffic of norms and residual adds ``10 p sbh``, two hidden dropouts
-    ``2 (2p+1) sbh``, GeLU ``2 p sbF``, softmax and its dropout ``(2p + 2p + 1) a s^2 b``."""
+    ``2 (2p+1) sbh``, GeLU ``2 p sbF``, Megatron's causal fused softmax ``(p/2 + p) a s^2 b``
+    (it loads the lower triangle and writes whole rows,
+    ``megatron/fused_kernels/scaled_upper_triang_masked_softmax.h`` at 83c4d95a) and its dropout
+    ``(2p + 1) a s^2 b`` (PyTorch ``fused_dropout``: read, write, uint8 mask). The backward is
+    twice the forward except the core's softmax and dropout, which move their own bytes: the
+    softmax backward loads the gradient and the output on the lower triangle and writes whole
+    rows ``(p + p) a s^2 b``, the dropout backward (``masked_scale``) ``(2p + 1) a s^2 b``."""
     spec = ModelSpec(
         name="g",
         hidden=256,
@@ -233,7 +239,32 @@ def test_elementwise_time_is_the_roofline_of_the_listed_operators():
     dev = make_device()
     cost = model.layer_cost(model.chain[1], Shard(), dev)
     s, h, F, a, p = 128, 256, 1024, 8, 2
-    traffic = 10 * p * s * h + 2 * (2 * p + 1) * s * h + 2 * p * s * F + (4 * p + 1) * a * s * s
-    expected = cost.fwd_flops / dev.achieved_flops_per_s + traffic / dev.hbm_bw_bytes_per_s
-    assert cost.fwd_s == pytest.approx(expected, rel=1e-12)
-    assert cost.bwd_s == pytest.approx(2 * expected, rel=1e-12)
+    block = 10 * p * s * h + 2 * (2 * p + 1) * s * h + 2 * p * s * F
+    core_fwd = (p / 2 + p + 2 * p + 1) * a * s * s
+    core_bwd = (p + p + 2 * p + 1) * a * s * s
+    gemm_s = cost.fwd_flops / dev.achieved_flops_per_s
+    bw = dev.hbm_bw_bytes_per_s
+    assert cost.fwd_s == pytest.approx(gemm_s + (block + core_fwd) / bw, rel=1e-12)
+    assert cost.bwd_s == pytest.approx(2 * gemm_s + (2 * block + core_bwd) / bw, rel=1e-12)
+
+
+def test_unfused_softmax_reads_whole_rows_without_a_causal_mask():
+    """Megatron's softmax for any other mask (``scaled_masked_softmax``, an encoder's) loads the
+    whole score row, so against the causal kernel the encoder's core moves ``p / 2`` more bytes
+    per score element forward and ``p`` more backward (the gradient and the output on the other
+    half); without dropout no ``2p + 1`` (``unfused_core_bytes_per_score``)."""
+    p = 2
+    assert unfused_core_bytes_per_score(p, False, 0.5) == (1.5 * p, 2 * p)
+    assert unfused_core_bytes_per_score(p, False, 1.0) == (2 * p, 3 * p)
+    assert unfused_core_bytes_per_score(p, True, 1.0) == (4 * p + 1, 5 * p + 1)
+    kw = dict(name="e", hidden=256, layers=2, heads=8, ffn_hidden=1024, vocab=512, seq_len=128)
+    dev = make_device()
+    seconds = {}
+    for encoder in (False, True):
+        model = AnalyticModel(ModelSpec(**kw, encoder=encoder), flash_attention=False)
+        cost = model.layer_cost(model.chain[1], Shard(), dev)
+        seconds[encoder] = (cost.fwd_s, cost.bwd_s)
+    elems = 8 * 128 * 128
+    bw = dev.hbm_bw_bytes_per_s
+    assert seconds[True][0] - seconds[False][0] == pytest.approx(p / 2 * elems / bw, rel=1e-9)
+    assert seconds[True][1] - seconds[False][1] == pytest.approx(p * elems / bw, rel=1e-9)

@@ -37,11 +37,13 @@ def test_every_case_is_predicted_and_fits(summary):
     GiB over). Every case is predicted: the 8 MoE runs whose experts ran with etp 1 under
     tp > 1 (Megatron-Core's MoE parallel folding) and the 28 multislice MaxText runs (ZeRO-3
     within a slice, data parallel across slices: hybrid sharding) included, and the 84 runs of
-    the zero-bubble paper's Tables 4 and 6 (1F1B, interleaved, ZB-1p, ZB-2p, ZB-V). One time row
+    the zero-bubble paper's Tables 4 and 6 (1F1B, interleaved, ZB-1p, ZB-2p, ZB-V), and the four
+    A100 runs of the Megatron-LM README's MFU table (selective recompute, sequence parallelism,
+    up to 512 GPUs). One time row
     is called out of memory, by 3.6 %: Llama 3 405B on 8,192 H100 under Megatron's interleaved
     warm-up (OUT_OF_MEMORY_WHY)."""
-    assert summary["cases"] == 283
-    assert summary["predicted"] == 283
+    assert summary["cases"] == 287
+    assert summary["predicted"] == 287
     assert summary["out_of_memory"] == 1
 
 
@@ -81,7 +83,7 @@ def test_published_runs_called_out_of_memory_are_the_pinned_ones(summary):
     the runs it calls out of memory are exactly those of OUT_OF_MEMORY_WHY, each with its
     shortfall in the note."""
     verdict = summary["fits_verdict"]
-    assert verdict["runs"] == 283 + summary["memory"]["n"] == 324
+    assert verdict["runs"] == 287 + summary["memory"]["n"] == 328
     called = {(r["source"], r["case"]) for r in verdict["out_of_memory"]}
     assert called == set(OUT_OF_MEMORY_WHY)
     assert all("GiB short" in r["note"] for r in verdict["out_of_memory"])
@@ -165,6 +167,7 @@ MI355X = "MLPerf_Training_v5.1_AMD_MI355X"
 TORCHTITAN = "torchtitan_performance_A100_FSDP2"
 ZB_T4 = "Qi2024_ZeroBubble_Table4"
 ZB_T6 = "Qi2024_ZeroBubble_Table6"
+README_A100 = "Korthikanti2022_MegatronLM_README_A100"
 ORIGINAL = (SC21_T1, MEGATRON, LLAMA3, SC21_T2, AUTOMODEL)
 """The sources of the BF16 cost model (v2), before FP8 and the new shapes."""
 
@@ -276,16 +279,22 @@ ZB2P_WHY = (
     "synchronised optimizer step: on the paper's own profiled T_F, T_B, T_W (Table 9) the "
     "cost model's ZB-H2 bubble is 9.9 % at 6.2B m 24 (the synchronised floor (p - 1) T_F), the "
     "paper's post-validated ZB-H2 6.98 % and its ZB-2p 0.29 % (Table 5), so the rows of ZB-2p "
-    "read -10.1 % (6.2B m 24), -11.6 and -10.3 % (28.3B m 96, 128) while ZB-1p, whose bubble the "
-    "paper gives as ZB-H1's, reads -2.7 to +6.0 %"
+    "read -8.1 % (6.2B m 24), -10.4 and -9.0 % (28.3B m 96, 128) while ZB-1p, whose bubble the "
+    "paper gives as ZB-H1's, reads -2.3 to +10.2 %"
+)
+ZB_T4_MAX_WHY = (
+    f"{ZB2P_WHY}; and 1F1B-I over-predicted on the small models (1.5B +10.9 to +11.5 %, 14.6B "
+    "+9.5 to +10.9 %), whose forward the cost model puts 6-18 % below the paper's own profile "
+    "(Table 9; docs/trust/fidelity.md, SC21 Table 1 and the A100 rows)"
 )
 ZBV_T6_WHY = (
-    "ZB-V reads -5.3 to -11.3 %: the paper ran it with optimizer post-validation (§4; the "
+    "ZB-V reads -3.0 to -9.9 %: the paper ran it with optimizer post-validation (§4; the "
     "fork's --enable-optimizer-post-validation), where consecutive iterations overlap and its "
     "bubble is near zero, and the cost model's ZB-V keeps the synchronised step's floor "
-    "(p - 1) T_F; and the 28.3B runs on 32 GPUs (4 nodes) at microbatch 2 read -5.8 to -11.3 % for "
-    "every schedule, 1F1B included (-7.6 to -8.9 %; the same model at microbatch 1 in Table 4 "
-    "-1.4 to -2.9 %), a per-microbatch cost rather than a schedule's"
+    "(p - 1) T_F; and the 28.3B runs on 32 GPUs (4 nodes) read -4.4 to -9.9 % for every "
+    "schedule, 1F1B included (-6.1 to -7.5 %), a per-microbatch cost rather than a schedule's "
+    "(on the paper's own profile of that model, Table 9, the modelled weight-gradient pass is 17 % "
+    "slower than its T_W: docs/trust/fidelity.md, SC21 Table 1)"
 )
 ZB_ORDER_WHY = (
     "9 of 21 sweeps are ordered as measured and 1F1B is last in all 21; the other 12 swap "
@@ -302,7 +311,7 @@ ZB_ORDER_WHY = (
         SC21_T1,
         MEGATRON,
         LLAMA3,
-        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "12.3 %", SC21_T2_WHY)),
+        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "12.7 %", SC21_T2_WHY)),
         AUTOMODEL,
         PAIRS,
         DSV3,
@@ -316,6 +325,7 @@ ZB_ORDER_WHY = (
         TORCHTITAN,
         ZB_T4,
         ZB_T6,
+        README_A100,
     ],
 )
 def test_accuracy_no_source_median_above_10_percent(summary, source):
@@ -396,13 +406,15 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 def test_regression_split_errors_pin_the_current_model(summary):
     """Pins (not accuracy): calibration rows median 5.3 % / max 18.6 % (the H100 pairs' 2.4 /
-    15.4 % with the v5e split's 6.8 / 18.6 %); held-out rows median 6.1 % / max 222 % (7.2 %
-    before the TPU rate, 9.0 % before the zero-bubble paper's 84 rows)."""
+    15.4 % with the v5e split's 6.8 / 18.6 %); held-out rows median 5.9 % / max 239 % (5.8 %
+    on 256 rows before the Megatron README's A100 rows, 5.9 % before the unfused attention
+    core's backward bytes, 7.2 % before the TPU rate, 9.0 % before
+    the zero-bubble paper's 84 rows)."""
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
     assert cal["median_abs_error"] == pytest.approx(0.053, abs=0.005)
     assert cal["max_abs_error"] == pytest.approx(0.186, abs=0.005)
-    assert held["median_abs_error"] == pytest.approx(0.061, abs=0.005)
-    assert held["max_abs_error"] == pytest.approx(2.222, abs=0.005)
+    assert held["median_abs_error"] == pytest.approx(0.058, abs=0.005)
+    assert held["max_abs_error"] == pytest.approx(2.389, abs=0.005)
     pairs = summary["by_source_split"][PAIRS]["calibration"]
     assert pairs["median_abs_error"] == pytest.approx(0.024, abs=0.005)
     assert pairs["max_abs_error"] == pytest.approx(0.154, abs=0.005)
@@ -412,7 +424,7 @@ def test_regression_split_errors_pin_the_current_model(summary):
     assert v5e["held-out"]["max_abs_error"] == pytest.approx(0.260, abs=0.005)
 
 
-@_unmet("held-out median <= 5 % (issue 22)", "6.1 %", HELD_OUT_WHY)
+@_unmet("held-out median <= 5 % (issue 22)", "5.9 %", HELD_OUT_WHY)
 def test_accuracy_held_out_median_within_5_percent(summary):
     assert summary["held_out_targets_met"]["median_abs_error"]
 
@@ -466,10 +478,10 @@ def test_accuracy_3d_parallelism_ranked_above_zero3_at_every_scale():
 # to half a percentage point, so that any change of the model's numbers is noticed. A change
 # made on purpose updates this table together with docs/trust/fidelity.md.
 CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
-    SC21_T1: (30, 0.068, 0.124, -0.068),
+    SC21_T1: (30, 0.060, 0.105, -0.060),
     MEGATRON: (27, 0.075, 0.233, -0.037),
     LLAMA3: (3, 0.061, 0.344, 0.061),
-    SC21_T2: (12, 0.123, 1.666, 0.058),
+    SC21_T2: (12, 0.127, 1.689, 0.070),
     AUTOMODEL: (1, 0.058, 0.058, 0.058),
     PAIRS: (30, 0.039, 0.209, 0.015),
     DSV3: (3, 0.070, 0.149, -0.005),
@@ -481,8 +493,9 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     TPU_V5P: (16, 0.082, 0.296, 0.042),
     MI355X: (1, 0.120, 0.120, -0.120),
     TORCHTITAN: (5, 0.078, 0.091, 0.078),
-    ZB_T4: (48, 0.041, 0.116, -0.014),
-    ZB_T6: (36, 0.054, 0.113, -0.054),
+    ZB_T4: (48, 0.043, 0.115, 0.013),
+    ZB_T6: (36, 0.035, 0.099, -0.035),
+    README_A100: (4, 0.064, 0.120, -0.051),
 }
 
 
@@ -577,8 +590,8 @@ def test_accuracy_zero_bubble_schedules_ordered_as_measured(summary):
 @pytest.mark.parametrize(
     "source",
     [
-        pytest.param(ZB_T4, marks=_unmet("max <= 10 % (issue 24)", "11.6 %", ZB2P_WHY)),
-        pytest.param(ZB_T6, marks=_unmet("max <= 10 % (issue 24)", "11.3 %", ZBV_T6_WHY)),
+        pytest.param(ZB_T4, marks=_unmet("max <= 10 % (issue 24)", "11.5 %", ZB_T4_MAX_WHY)),
+        ZB_T6,
     ],
 )
 def test_accuracy_zero_bubble_throughput_within_10_percent(summary, source):
@@ -632,6 +645,71 @@ def test_zero_bubble_papers_profile_puts_the_zb2p_gap_in_the_schedule(setting):
     zb_h2 = _equal_stage_throughput(Schedule.ZB_H2, p, m, f, b, w)
     assert -0.11 < zb_h2 / (1 - bubble_2p) - 1 < -0.035
     assert zb_h2 == pytest.approx(m * (f + b + w) / (m * (f + b + w) + (p - 1) * f))
+
+
+ZB_PROFILE_ROWS = {  # Table 9's setting -> the Table 4 row of that layout (its ZB-2p run)
+    ("1.5B", 8, 24): "1.5B, 8 GPUs PP8, mbs 6 x 24 microbatches, ZB-2p: 14.5 ",
+    ("6.2B", 8, 24): "6.2B, 8 GPUs PP8, mbs 3 x 24 microbatches, ZB-2p: 4.32 ",
+    ("14.6B", 16, 48): "14.6B, 16 GPUs PP16, mbs 1 x 48 microbatches, ZB-2p: 1.81 ",
+    ("28.3B", 32, 96): "28.3B, 32 GPUs PP32, mbs 1 x 96 microbatches, ZB-2p: 0.99 ",
+}
+ZB_SMALL_FORWARD_WHY = (
+    "the 1.5B stage's modelled forward is 18 % below the profiled T_F (its B within 3 %, its W "
+    "+21 %); hidden 2304 at microbatch 6 puts 24 % of the modelled forward in the attention core "
+    "and the elementwise work, more than any other layout, which the model may under-charge; "
+    "not settled (docs/trust/fidelity.md, SC21 Table 1 and the A100 rows)"
+)
+ZB_WGRAD_WHY = (
+    "T_W is the weight-gradient GEMMs alone, modelled 16-21 % slower than profiled: the A100 "
+    "GEMM level is derived (0.668 = H100's in-step share 0.768 x A100's ceiling 0.869, "
+    "nest/core/kernels.py), and these passes ran at 0.89-0.93 of the A100 ceiling; the rate "
+    "is not set from a validation source's own profile"
+)
+
+
+def _modelled_passes_ms(setting) -> tuple[float, float, float]:
+    """The modelled forward, input-gradient and weight-gradient passes (ms) of a middle stage
+    (its blocks, no embedding or head) of the Table 4 layout of ``setting``."""
+    from nest.core.layers import Shard
+
+    row = _row(ZB_PROFILE_ROWS[setting])
+    problem, _ = validate.problem_and_plan(row)
+    model, device = problem.model, problem.cluster.device
+    blocks = int(row["layer_partition"].split(";")[1])
+    cost = model.layer_cost(model.chain[1], Shard(mbs=int(row["microbatch"])), device)
+    return (
+        1e3 * blocks * cost.fwd_s,
+        1e3 * blocks * (cost.bwd_s - cost.wgrad_s),
+        1e3 * blocks * cost.wgrad_s,
+    )
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        pytest.param(s, marks=_unmet("|T_F error| <= 7 %", "-18 %", ZB_SMALL_FORWARD_WHY))
+        if s[0] == "1.5B"
+        else s
+        for s in sorted(ZB_PROFILE_ROWS)
+    ],
+)
+def test_zero_bubble_profiled_forward_pass_on_a100(setting):
+    """A held-out per-pass check on A100 (no FlashAttention, fp16, TP 1): the modelled forward
+    of a middle pipeline stage against the zero-bubble paper's profiled ``T_F`` (Qi et al.
+    arXiv 2401.10241 Table 9, ZB_PROFILES) within 7 %: 6.2B -1.6 %, 14.6B -5.9 %, 28.3B +2.0 %
+    (docs/trust/fidelity.md, "SC21 Table 1 and the A100 rows")."""
+    f, _, _ = _modelled_passes_ms(setting)
+    t_f = ZB_PROFILES[setting][0][0]
+    assert abs(f / t_f - 1) <= 0.07
+
+
+@_unmet("|T_W error| <= 10 % at every size", "+16 to +21 %", ZB_WGRAD_WHY)
+def test_zero_bubble_profiled_weight_gradient_pass_on_a100():
+    """The paper's profiled weight-gradient pass ``T_W`` (Table 9) is pure GEMM work: it bounds
+    the A100's in-step GEMM rate. The modelled pass is within 10 % of it at every size."""
+    for setting in ZB_PROFILE_ROWS:
+        _, _, w = _modelled_passes_ms(setting)
+        assert abs(w / ZB_PROFILES[setting][0][2] - 1) <= 0.10, setting
 
 
 def test_sweeps_are_auto_detected_per_source_model_metric_and_precision():

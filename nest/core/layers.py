@@ -300,6 +300,37 @@ With a 131k vocabulary a microbatch's loss moves ~40 bytes for each of its ``s b
 which a small model's blocks do not outweigh."""
 
 
+def unfused_core_bytes_per_score(
+    p: int, dropout: bool, read_fraction: float
+) -> tuple[float, float]:
+    """HBM bytes per score element of an unfused attention core's memory-bound work, (forward,
+    backward), as Megatron-LM runs it without FlashAttention (``megatron/model/transformer.py``
+    ``ParallelAttention.forward`` at 83c4d95a, June 2021, the code of the SC21 runs, and the same
+    path in the zero-bubble fork of 2023): ``torch.baddbmm`` writes the scaled scores (a GEMM
+    output, charged with the GEMM), then
+
+    - the fused scale-mask-softmax (``megatron/fused_kernels/scaled_upper_triang_masked_softmax.h``
+      at 83c4d95a): the forward loads only the ``read_fraction`` of each row that is not masked
+      (``element_index < local_seq``, the lower triangle: one half for causal attention) and
+      writes the whole row (zeros above the diagonal): ``read_fraction p + p``; the backward
+      loads the output gradient and the saved softmax output on the same elements and writes
+      the input gradient in place over the whole row: ``2 read_fraction p + p``;
+    - the attention dropout (PyTorch ``aten/src/ATen/native/cuda/Dropout.cu``:
+      ``fused_dropout`` reads the probabilities, writes them and a ``uint8`` mask;
+      ``masked_scale``, its backward, reads the gradient and the mask and writes the
+      gradient): ``2p + 1`` each way.
+
+    Each kernel streams what it reads and writes once (roofline; Williams et al., CACM 2009).
+    A softmax under another mask (an encoder's, a window's) reads the whole row
+    (``read_fraction`` 1)."""
+    fwd = read_fraction * p + p
+    bwd = 2 * read_fraction * p + p
+    if dropout:
+        fwd += 2 * p + 1
+        bwd += 2 * p + 1
+    return fwd, bwd
+
+
 def padded_vocab(vocab: int, tp: int) -> int:
     multiple = VOCAB_PAD_MULTIPLE * tp
     return ceil(vocab / multiple) * multiple
@@ -1101,7 +1132,7 @@ class AnalyticModel:
         self, ref: LayerRef, shard: Shard, device: Device
     ) -> tuple[float, float, float]:
         """(forward seconds of the attention core, its counted FLOPs on this device, seconds
-        of its unfused elementwise work)."""
+        of its unfused elementwise work in the forward)."""
         m = self.spec
         t, c, _, _, p, b, s, _, s_loc, _, _ = self._dims(shard)
         core = attention_core(m, ref.local)
@@ -1124,8 +1155,27 @@ class AnalyticModel:
             device, s_loc, core.v, s, heads, p
         )
         core_elems = m.heads * s_loc * s * b
-        ew_core = (2 * p + ((2 * p + 1) if m.dropout else 0)) * core_elems
-        return attn_s, core_flops, ew_core / t / device.achieved_hbm_bw_bytes_per_s
+        fwd_bytes, _ = unfused_core_bytes_per_score(p, m.dropout, self._softmax_read(ref))
+        return attn_s, core_flops, fwd_bytes * core_elems / t / device.achieved_hbm_bw_bytes_per_s
+
+    def _softmax_read(self, ref: LayerRef) -> float:
+        """The share of each score row the unfused softmax loads: one half for global causal
+        attention (Megatron's upper-triangular kernel), the whole row otherwise (its
+        ``scaled_masked_softmax`` for an encoder or a windowed block;
+        :func:`unfused_core_bytes_per_score`)."""
+        return 0.5 if not (self.spec.encoder or ref.local) else 1.0
+
+    def _unfused_core_bwd_ew_s(self, ref: LayerRef, shard: Shard, device: Device) -> float:
+        """Seconds of the unfused attention core's memory-bound backward (the softmax's and its
+        dropout's, :func:`unfused_core_bytes_per_score`); 0 with FlashAttention, whose kernel
+        time holds its softmax."""
+        if self.flash_attention:
+            return 0.0
+        m = self.spec
+        t, _, _, _, p, b, s, _, s_loc, _, _ = self._dims(shard)
+        _, bwd_bytes = unfused_core_bytes_per_score(p, m.dropout, self._softmax_read(ref))
+        core_elems = m.heads * s_loc * s * b
+        return bwd_bytes * core_elems / t / device.achieved_hbm_bw_bytes_per_s
 
     def _elementwise_s(self, ref: LayerRef, shard: Shard, device: Device) -> float:
         """Seconds of a block's memory-bound elementwise work outside the attention core
@@ -1159,10 +1209,14 @@ class AnalyticModel:
         gemm_bwd = sum(b_ for _, b_ in fwd_of.values())
         cast_fwd, cast_bwd = self._cast_s(gemms, device)
         attn_s, core_flops, core_ew_s = self._attention_s(ref, shard, device)
-        ew_s = self._elementwise_s(ref, shard, device) + core_ew_s
+        block_ew_s = self._elementwise_s(ref, shard, device)
+        ew_s = block_ew_s + core_ew_s
         moe_fwd, moe_bwd = self._moe_kernels_s(ref, shard, device) if ref.moe else (0.0, 0.0)
         fwd_s = gemm_fwd + cast_fwd + attn_s + ew_s + moe_fwd
-        bwd_s = gemm_bwd + cast_bwd + 2.0 * attn_s + 2.0 * ew_s + moe_bwd
+        # the unfused core's softmax and dropout backward move their own bytes (not twice the
+        # forward's); the block's other memory-bound work keeps the 2x rule
+        core_ew_bwd_s = self._unfused_core_bwd_ew_s(ref, shard, device)
+        bwd_s = gemm_bwd + cast_bwd + 2.0 * attn_s + 2.0 * block_ew_s + core_ew_bwd_s + moe_bwd
         core_s = attn_s + core_ew_s
         # FlashAttention's backward recomputes S = QK^T (half of the core's forward FLOPs), which
         # is why its backward costs 2.5x its forward rather than 2x (Dao 2023, FlashAttention-2).
