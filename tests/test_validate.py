@@ -34,7 +34,7 @@ def test_every_case_is_predicted_and_fits(summary):
     without them), dgxc-benchmarking's DeepSeek-V3 on 512 H100 with the ``mla_up_proj``
     recompute its launch script sets, MaxText's ten ``remat_policy=minimal`` runs on TPU v5p
     with JAX's dots policy (``recompute=dots``; scored as Megatron's selective they were 31-59
-    GiB over). Every case is predicted: the 8 MoE runs whose experts ran with etp 1 under
+    GiB over). Every case is predicted: the 12 MoE runs whose experts ran with etp 1 under
     tp > 1 (Megatron-Core's MoE parallel folding) and the 28 multislice MaxText runs (ZeRO-3
     within a slice, data parallel across slices: hybrid sharding) included, and the 84 runs of
     the zero-bubble paper's Tables 4 and 6 (1F1B, interleaved, ZB-1p, ZB-2p, ZB-V), and the 4
