@@ -212,8 +212,10 @@ MOEZOO_WHY = (
     "per launch of HolisticTraceAnalysis's docs, is at most 0.29x the modelled device time; "
     "the cross-node EP32 rows with DeepEP -2 and -8 %, the Megatron-FSDP row +7 % (the three "
     "'norm, act' rows scored with moe_act recomputed: +0.3 to +0.4 % each, no change of order; "
-    "all five with Megatron-LM's unfused cross entropy, which the yaml leaves on: PP32 -22.8 -> "
-    "-20.1 %, TP4 -45.1 -> -44.5 %)"
+    "all five with Megatron-LM's unfused cross entropy, as their yaml runs it: PP32 -22.8 -> "
+    "-20.1 %, TP4 -45.1 -> -44.5 %). The same TP4 EP8 layout at 16K-128K tokens (MOEZOO_LC, "
+    "2,048 or more tokens per expert) is predicted within 6 %: the misses are a cost per block "
+    "and microbatch at 16 local experts, not a per-token one"
 )
 GB200_WHY = (
     "every row predicted fast (BF16 -0.2 to -10 %, FP8 -2.7 to -20 %) at the derived in-step "
