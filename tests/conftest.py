@@ -72,6 +72,8 @@ def make_problem(spec=None, cluster=None, *, flash=False, **train) -> Problem:
         model=AnalyticModel(
             spec or make_spec(),
             flash_attention=flash,
+            fused_loss=training.fused_loss,
+            cross_entropy_loss_fusion=training.cross_entropy_loss_fusion,
             overlap=training.overlap,
             precision=training.numerics,
             moe_routing=training.moe_routing,

@@ -59,6 +59,7 @@ MEGATRON_FLAGS = {
     "--tp-comm-overlap",
     "--overlap-moe-expert-parallel-comm",
     "--moe-router-force-load-balancing",
+    "--cross-entropy-loss-fusion",
     # TransformerConfig fields as flags (Megatron-LM @ d98e8a64: transformer_config.py)
     "--moe-token-dispatcher-type",
     "--moe-flex-dispatcher-backend",
@@ -122,6 +123,7 @@ def test_megatron_uniform_plan(problem):
         "--recompute-num-layers": "1",
         "--use-distributed-optimizer": "",
         "--bf16": "",
+        "--cross-entropy-loss-fusion": "",
     }
     exp = export_plan(problem, plan, "megatron")
     assert not exp.warnings
@@ -421,6 +423,8 @@ def megatron_runs(flags: dict, world: int) -> dict:
         ep_comm_overlap="--overlap-moe-expert-parallel-comm" in flags,
         moe_routing="balanced" if "--moe-router-force-load-balancing" in flags else "dropless",
         moe_dispatcher=_megatron_dispatcher(flags, ep),
+        # --cross-entropy-loss-fusion: store_true, the unfused cross entropy without it
+        cross_entropy_loss_fusion="--cross-entropy-loss-fusion" in flags,
     )
     # FP8 (_add_transformer_engine_args): --fp8-format {e4m3,hybrid} (dest fp8, default None:
     # no FP8), --fp8-recipe {tensorwise,delayed,mxfp8,blockwise,custom} (default delayed),
@@ -613,6 +617,8 @@ def as_run(problem, settings: dict):
     model = AnalyticModel(
         problem.model.spec,
         flash_attention=problem.training.flash_attention,
+        fused_loss=training.fused_loss,
+        cross_entropy_loss_fusion=training.cross_entropy_loss_fusion,
         overlap=training.overlap,
         precision=training.numerics,
         moe_routing=training.moe_routing,
@@ -1108,3 +1114,31 @@ def test_ep_overlap_is_exported_where_megatron_runs_it_and_re_scored_elsewhere(s
     assert ("ep_comm_overlap" in exp.framework_differences) == (not runs)
     if not runs:
         assert exp.exported_iteration_time_s > exp.plan_iteration_time_s
+
+
+@pytest.mark.parametrize("fusion", [True, False])
+def test_megatron_export_carries_the_cross_entropy_fusion_it_was_scored_with(fusion):
+    """``--cross-entropy-loss-fusion`` is a ``store_true`` flag (Megatron-LM arguments.py @
+    000c4ac24f61): a plan scored with the fused loss exports it, one scored with Megatron's
+    unfused default does not, and neither is re-scored; the two scores differ by the unfused
+    forward's 12 extra bytes per logit on the last stage."""
+    problem = make_problem(
+        make_spec(layers=8, heads=8),
+        make_cluster(fanouts=(4, 4)),
+        global_batch=32,
+        cross_entropy_loss_fusion=fusion,
+    )
+    plan = fixed(problem, tp=2, pp=2, dp=4, zero_stage=1)
+    exp = check_scored(problem, "megatron", dict(tp=2, pp=2, dp=4, zero_stage=1))
+    assert ("--cross-entropy-loss-fusion" in megatron_args(problem, plan)) is fusion
+    assert not exp.framework_differences
+    other = make_problem(
+        make_spec(layers=8, heads=8),
+        make_cluster(fanouts=(4, 4)),
+        global_batch=32,
+        cross_entropy_loss_fusion=not fusion,
+    )
+    faster, slower = sorted(
+        (evaluate(problem, plan).iteration_time_s, evaluate(other, plan).iteration_time_s)
+    )
+    assert slower > faster

@@ -18,6 +18,7 @@ from nest.core.kernels import gemm_time_s
 from nest.core.layers import (
     EMBEDDING_GRAD_ACCUMULATE_BYTES_PER_WEIGHT,
     LOSS_STREAM,
+    UNFUSED_MEGATRON_LOSS_STREAM,
     AnalyticModel,
     Shard,
     padded_vocab,
@@ -34,12 +35,14 @@ def h100():
     return build_device(data)
 
 
-def gpt_1p7b(fused_loss: bool = True) -> AnalyticModel:
+def gpt_1p7b(fused_loss: bool = True, ce_fusion: bool = True) -> AnalyticModel:
     spec = make_spec(
         hidden=2048, layers=24, heads=16, ffn_hidden=8192, vocab=131072, seq_len=4096,
         activation="gelu", dropout=False,
     )  # fmt: skip
-    return AnalyticModel(spec, flash_attention=True, fused_loss=fused_loss)
+    return AnalyticModel(
+        spec, flash_attention=True, fused_loss=fused_loss, cross_entropy_loss_fusion=ce_fusion
+    )
 
 
 def layer(model: AnalyticModel, kind: LayerKind, shard: Shard, device):
@@ -80,6 +83,40 @@ def test_loss_streams_follow_the_operator_lists():
     torchtitan: cast 6, log_softmax 8; backward nll zero-fill 4, log_softmax_backward 12, cast 6."""
     assert LOSS_STREAM[True] == ((6 + 8 + 4 + 8, 4), (8 + 6, 2))
     assert LOSS_STREAM[False] == ((6 + 8, 3), (4 + 12 + 6, 3))
+
+
+def test_unfused_megatron_loss_follows_its_operator_list():
+    """Megatron-LM@1e057005 ``tensor_parallel/cross_entropy.py`` without
+    ``--cross-entropy-loss-fusion``: cast 6, max 4, subtract 8, exp 8, sum 4, div 8 in six
+    kernels; backward as the fused path's (scale 8, cast 6): the forward's separate cast, max and
+    subtraction add 12 bytes and 2 kernels per logit over the fused one, the backward none."""
+    assert UNFUSED_MEGATRON_LOSS_STREAM == ((6 + 4 + 8 + 8 + 4 + 8, 6), (8 + 6, 2))
+    (ufb, ufk), unfused_bwd = UNFUSED_MEGATRON_LOSS_STREAM
+    (fb, fk), fused_bwd = LOSS_STREAM[True]
+    assert (ufb - fb, ufk - fk) == (12, 2)
+    assert unfused_bwd == fused_bwd
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_unfused_megatron_loss_costs_twelve_bytes_per_logit_more_in_the_forward(tp):
+    """GPT 1.7B at microbatch 1: ``4096 x 131,072 / tp`` logits per device. Without the fusion
+    the head's forward takes ``12 bytes x logits / achieved HBM`` and two kernels' fixed time
+    longer (2.218 ms + 6.4 us at tp 1); its backward and its memory do not change. Without
+    ``fused_loss`` (torchtitan's ``F.cross_entropy``) the flag changes nothing."""
+    device = h100()
+    shard = Shard(tp=tp, mbs=1)
+    fused = layer(gpt_1p7b(), LayerKind.HEAD, shard, device)
+    unfused = layer(gpt_1p7b(ce_fusion=False), LayerKind.HEAD, shard, device)
+    logits = 4096 * padded_vocab(131072, tp) / tp
+    extra_s = logits * 12 / device.achieved_hbm_bw_bytes_per_s + 2 * device.kernel_overhead_s
+    assert unfused.fwd_s - fused.fwd_s == pytest.approx(extra_s, rel=1e-9)
+    if tp == 1:
+        assert extra_s == pytest.approx(2.218e-3 + 6.4e-6, rel=1e-3)
+    assert unfused.bwd_s == pytest.approx(fused.bwd_s, rel=1e-12)
+    assert unfused.transient_bytes == fused.transient_bytes
+    torch_fused = layer(gpt_1p7b(fused_loss=False), LayerKind.HEAD, shard, device)
+    torch_unfused = layer(gpt_1p7b(False, ce_fusion=False), LayerKind.HEAD, shard, device)
+    assert torch_unfused.fwd_s == torch_fused.fwd_s
 
 
 @pytest.mark.parametrize("fused", [True, False])

@@ -34,16 +34,17 @@ def test_every_case_is_predicted_and_fits(summary):
     without them), dgxc-benchmarking's DeepSeek-V3 on 512 H100 with the ``mla_up_proj``
     recompute its launch script sets, MaxText's ten ``remat_policy=minimal`` runs on TPU v5p
     with JAX's dots policy (``recompute=dots``; scored as Megatron's selective they were 31-59
-    GiB over). Every case is predicted: the 8 MoE runs whose experts ran with etp 1 under
+    GiB over). Every case is predicted: the 12 MoE runs whose experts ran with etp 1 under
     tp > 1 (Megatron-Core's MoE parallel folding) and the 28 multislice MaxText runs (ZeRO-3
     within a slice, data parallel across slices: hybrid sharding) included, and the 84 runs of
-    the zero-bubble paper's Tables 4 and 6 (1F1B, interleaved, ZB-1p, ZB-2p, ZB-V), and the four
+    the zero-bubble paper's Tables 4 and 6 (1F1B, interleaved, ZB-1p, ZB-2p, ZB-V), the four
     A100 runs of the Megatron-LM README's MFU table (selective recompute, sequence parallelism,
-    up to 512 GPUs). One time row
+    up to 512 GPUs) and the 4 long-context runs of Megatron-MoE-ModelZoo's Qwen3-235B TP4 layout
+    (16K-128K tokens, the MoE layer recomputed). One time row
     is called out of memory, by 3.6 %: Llama 3 405B on 8,192 H100 under Megatron's interleaved
     warm-up (OUT_OF_MEMORY_WHY)."""
-    assert summary["cases"] == 287
-    assert summary["predicted"] == 287
+    assert summary["cases"] == 291
+    assert summary["predicted"] == 291
     assert summary["out_of_memory"] == 1
 
 
@@ -75,7 +76,7 @@ OUT_OF_MEMORY_WHY = {  # (source, case): why the memory model calls this publish
 """The published runs the memory model still calls out of memory, over every row (time and
 memory): 16 of 212 before issue 23's fixes (15 time rows, 1 memory row), 1 after them, 2 since
 the Llama 3 rows run the interleaved schedule Meta describes (issue 22); of 324 with the
-zero-bubble paper's 112 rows."""
+zero-bubble paper's 112 rows; of 328 with Megatron-MoE-ModelZoo's 4 long-context Qwen3 rows."""
 
 
 def test_published_runs_called_out_of_memory_are_the_pinned_ones(summary):
@@ -159,6 +160,7 @@ DSV3 = "NVIDIA_dgxc_benchmarking_H100_DeepSeekV3_BF16"
 MBRIDGE = "MegatronBridge_perf_H100_FP8"
 MOEZOO = "MoEZoo_Qwen3_235B_H100_BF16"
 MOEZOO_SWEEP = "MoEZoo_Qwen3_235B_256xH100"
+MOEZOO_LC = "MoEZoo_Qwen3_235B_H100_BF16_long_context"
 GB200_PAIRS = "NVIDIA_dgxc_benchmarking_GB200_pairs"
 BLACKWELL = "MegatronBridge_perf_Blackwell"
 TPU_V5E = "MaxText_TPU_v5e_README"
@@ -197,7 +199,7 @@ PAIRS_WHY = (
 )
 MOEZOO_WHY = (
     "TP4 PP8 VP4 EP8 (no recompute) predicted 45 % fast and the fastest of the five, measured "
-    "the slowest (29.0 s); TP2 PP32 VP3 EP8 23 % fast. Every flag was checked against the "
+    "the slowest (29.0 s); TP2 PP32 VP3 EP8 20 % fast. Every flag was checked against the "
     "published commands (Megatron-MoE-ModelZoo 8017e11 examples/qwen3/run_235b.sh, the "
     "table's commit): etp 1, so each tensor rank dispatches its own sequence shard (no "
     "TP-duplicated tokens, Megatron-LM 1e057005 token_dispatcher.py), and none of the "
@@ -210,8 +212,12 @@ MOEZOO_WHY = (
     "capture no CUDA graphs: model_configs/benchmarking/Qwen3-235B-A22B.yaml at 8017e11) that "
     "no published figure gives: the issue time of the kernels the model lists, at the 5-20 us "
     "per launch of HolisticTraceAnalysis's docs, is at most 0.29x the modelled device time; "
-    "the cross-node EP32 rows with DeepEP -3 and -8 %, the Megatron-FSDP row +7 % (the three "
-    "'norm, act' rows scored with moe_act recomputed: +0.3 to +0.4 % each, no change of order)"
+    "the cross-node EP32 rows with DeepEP -2 and -8 %, the Megatron-FSDP row +7 % (the three "
+    "'norm, act' rows scored with moe_act recomputed: +0.3 to +0.4 % each, no change of order; "
+    "all five with Megatron-LM's unfused cross entropy, as their yaml runs it: PP32 -22.8 -> "
+    "-20.1 %, TP4 -45.1 -> -44.5 %). The same TP4 EP8 layout at 16K-128K tokens (MOEZOO_LC, "
+    "2,048 or more tokens per expert) is predicted within 6 %: the misses are a cost per block "
+    "and microbatch at 16 local experts, not a per-token one"
 )
 GB200_WHY = (
     "the FP8 rows predicted fast (-0.6 to -20.5 %; BF16 -10.5 to +2.2 %) at the derived in-step "
@@ -317,6 +323,7 @@ ZB_ORDER_WHY = (
         DSV3,
         pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "52.8 %", MBRIDGE_WHY)),
         MOEZOO,
+        MOEZOO_LC,
         GB200_PAIRS,
         pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "11.0 %", BLACKWELL_WHY)),
         TPU_V5E,
@@ -355,7 +362,8 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         pytest.param(PAIRS, marks=_unmet("max <= 15 %", "21.1 %", PAIRS_WHY)),
         DSV3,
         pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "167 %", MBRIDGE_WHY)),
-        pytest.param(MOEZOO, marks=_unmet("max <= 15 %", "45.0 %", MOEZOO_WHY)),
+        pytest.param(MOEZOO, marks=_unmet("max <= 15 %", "44.5 %", MOEZOO_WHY)),
+        MOEZOO_LC,
         pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "19.9 %", GB200_WHY)),
         pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "222 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "26.0 %", TPU_WHY)),
@@ -486,9 +494,10 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     PAIRS: (30, 0.039, 0.209, 0.015),
     DSV3: (3, 0.070, 0.149, -0.005),
     MBRIDGE: (3, 0.528, 1.668, 0.528),
-    MOEZOO: (5, 0.084, 0.451, -0.084),
-    GB200_PAIRS: (30, 0.061, 0.205, -0.061),
-    BLACKWELL: (9, 0.110, 2.222, 0.110),
+    MOEZOO: (5, 0.075, 0.445, -0.075),
+    MOEZOO_LC: (4, 0.049, 0.057, -0.049),
+    GB200_PAIRS: (30, 0.047, 0.200, -0.047),
+    BLACKWELL: (9, 0.111, 2.387, 0.111),
     TPU_V5E: (24, 0.068, 0.260, 0.023),
     TPU_V5P: (16, 0.082, 0.296, 0.042),
     MI355X: (1, 0.120, 0.120, -0.120),
@@ -734,14 +743,16 @@ def test_sweeps_are_auto_detected_per_source_model_metric_and_precision():
 def test_regression_moezoo_qwen3_layout_ranking_pins_the_current_model(summary):
     """Pins (not a target) Kendall tau-b of Megatron-MoE-ModelZoo's five Qwen3-235B layouts on 256
     H100 (step times 17.6, 17.6, 19.7, 24.2, 29.0 s; one pair tied in the measured order): of the
-    9 untied pairs 3 are ordered as measured and 6 reversed, (3 - 6) / sqrt(9 x 10) = -0.32
-    (-0.53 before ZeRO-3's traffic hid under the Megatron-FSDP row's recomputation)."""
+    9 untied pairs 5 are ordered as measured and 4 reversed, (5 - 4) / sqrt(9 x 10) = +0.11
+    (-0.32 before the unfused cross entropy put the PP32 layout, whose last rank holds the loss
+    chunk, above the TP2 PP8 and Megatron-FSDP ones; -0.53 before ZeRO-3's traffic hid under the
+    Megatron-FSDP row's recomputation)."""
     sweep = summary["sweeps"][MOEZOO_SWEEP]
     assert sweep["n"] == 5
-    assert sweep["kendall_tau"] == pytest.approx(-3 / 90**0.5)
+    assert sweep["kendall_tau"] == pytest.approx(1 / 90**0.5)
 
 
-@_unmet("Kendall tau >= 0.8", "-0.32", MOEZOO_WHY)
+@_unmet("Kendall tau >= 0.8", "+0.11", MOEZOO_WHY)
 def test_accuracy_moezoo_qwen3_layouts_ranked_as_measured(summary):
     """The issue's target: the five Qwen3-235B layouts ranked in the measured order."""
     assert summary["sweeps"][MOEZOO_SWEEP]["kendall_tau"] >= 0.8

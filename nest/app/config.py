@@ -185,6 +185,7 @@ class TrainingConfig:
     sequence_parallel: bool = TRAINING_DEFAULTS["sequence_parallel"]
     flash_attention: bool = TRAINING_DEFAULTS["flash_attention"]
     fused_loss: bool = TRAINING_DEFAULTS["fused_loss"]
+    cross_entropy_loss_fusion: bool = TRAINING_DEFAULTS["cross_entropy_loss_fusion"]
     tp_comm_overlap: bool = TRAINING_DEFAULTS["tp_comm_overlap"]
     cp_comm_overlap: bool = TRAINING_DEFAULTS["cp_comm_overlap"]
     ep_comm_overlap: bool = TRAINING_DEFAULTS["ep_comm_overlap"]
@@ -845,6 +846,7 @@ def build_model(cfg: Any, training: Training):
             hf.spec,
             flash_attention=training.flash_attention,
             fused_loss=training.fused_loss,
+            cross_entropy_loss_fusion=training.cross_entropy_loss_fusion,
             overlap=training.overlap,
             precision=training.numerics,
             moe_routing=training.moe_routing,
@@ -873,6 +875,7 @@ def build_model(cfg: Any, training: Training):
         spec,
         flash_attention=training.flash_attention,
         fused_loss=training.fused_loss,
+        cross_entropy_loss_fusion=training.cross_entropy_loss_fusion,
         overlap=training.overlap,
         precision=training.numerics,
         moe_routing=training.moe_routing,
@@ -898,6 +901,7 @@ def build_training(cfg: Any) -> Training:
         "sequence_parallel",
         "flash_attention",
         "fused_loss",
+        "cross_entropy_loss_fusion",
         "tp_comm_overlap",
         "cp_comm_overlap",
         "ep_comm_overlap",

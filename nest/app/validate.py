@@ -89,6 +89,9 @@ Columns appended for precision and model shapes (blank: the default):
 - ``fused_loss`` true: the loss is Megatron-Core's fused vocabulary-parallel cross entropy;
   false for PyTorch's ``F.cross_entropy`` on fp32 logits (torchtitan), which holds twice the
   bytes per logit (:attr:`nest.core.problem.Training.fused_loss`);
+- ``cross_entropy_loss_fusion``: true when blank; false where the run left Megatron-LM's
+  ``--cross-entropy-loss-fusion`` off (its default): the unfused vocabulary-parallel cross
+  entropy (:attr:`nest.core.problem.Training.cross_entropy_loss_fusion`);
 - ``zero_group``: the data-parallel ranks one ZeRO shard group spans (blank: all ``dp``); a
   divisor of ``dp`` shards within groups of that many innermost replicas and replicates across
   them (hybrid sharding: MaxText's ``ici_fsdp`` inside a slice with ``dcn_data`` across slices,
@@ -451,6 +454,7 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
     mbs = _int(row, "microbatch", 1)
     flash = _flag(row.get("flash_attention"), True)
     fused_loss = _flag(row.get("fused_loss"), True)
+    ce_fusion = _flag(row.get("cross_entropy_loss_fusion"), True)
     training = Training(
         global_batch=_int(row, "global_batch_seqs"),
         microbatch_sizes=(mbs,),
@@ -459,6 +463,7 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         sequence_parallel=sp,
         flash_attention=flash,
         fused_loss=fused_loss,
+        cross_entropy_loss_fusion=ce_fusion,
         tp_comm_overlap=_flag(row.get("tp_comm_overlap"), False),
         cp_comm_overlap=_flag(row.get("cp_comm_overlap"), False),
         ep_comm_overlap=_flag(row.get("ep_comm_overlap"), False),
@@ -475,6 +480,7 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
             spec,
             flash_attention=flash,
             fused_loss=fused_loss,
+            cross_entropy_loss_fusion=ce_fusion,
             overlap=training.overlap,
             precision=training.numerics,
             moe_routing=training.moe_routing,

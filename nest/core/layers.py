@@ -287,8 +287,8 @@ outputs once (roofline, as the block's elementwise work;
   4 kernels; backward ``_scale_gradients_inplace`` (read 4, write 4) and the cast of the
   gradient to the logits' bf16 (read 4, write 2): 14 bytes, 2 kernels. Megatron-LM's unfused
   default (``megatron/core/tensor_parallel/cross_entropy.py``) moves 12 more bytes in its
-  forward (separate cast, max, subtract and exponential: 38); the fused path is charged for
-  both, a floor;
+  forward (separate cast, max, subtract and exponential: 38), charged where
+  ``cross_entropy_loss_fusion`` is off (:data:`UNFUSED_MEGATRON_LOSS_STREAM`);
 - ``False``, torchtitan's ``F.cross_entropy(pred.float(), labels)``: forward the cast (read 2,
   write 4), ``log_softmax`` (read 4, write 4), ``nll_loss`` (a gather): 14 bytes, 3 kernels;
   backward ``nll_loss_backward`` (a dense fp32 zero gradient: write 4),
@@ -329,6 +329,19 @@ def unfused_core_bytes_per_score(
         fwd += 2 * p + 1
         bwd += 2 * p + 1
     return fwd, bwd
+UNFUSED_MEGATRON_LOSS_STREAM = ((38, 6), (14, 2))
+"""HBM bytes per logit and kernels of Megatron-Core's vocabulary-parallel cross entropy without
+``--cross-entropy-loss-fusion`` (Megatron-LM's default: ``megatron/training/arguments.py`` at
+1e057005 declares the flag ``store_true``), as :data:`LOSS_STREAM`. Forward,
+``megatron/core/tensor_parallel/cross_entropy.py`` at 1e057005: ``calculate_logits_max``'s
+``.float()`` (read 2, write 4) and ``torch.max`` (read 4) as two kernels,
+``calculate_predicted_logits``' in-place subtraction of the max (read 4, write 4), ``torch.exp``
+in place (read 4, write 4) and the row ``sum`` (read 4), ``calculate_cross_entropy_loss``'s
+``div_`` (read 4, write 4): 38 bytes, 6 kernels. Backward as the fused path's: the in-place
+``mul_`` of ``calculate_gradients`` (read 4, write 4) and autograd's cast of the fp32 gradient to
+the bf16 logits' dtype (read 4, write 2): 14 bytes, 2 kernels. The target gathers and per-token
+reductions are ``1/V`` of these and not counted; the peak holds the same fp32 softmax and casts
+as the fused path (:meth:`AnalyticModel._loss_transient_bytes_per_logit`)."""
 
 
 def padded_vocab(vocab: int, tp: int) -> int:
@@ -387,6 +400,7 @@ class AnalyticModel:
         *,
         flash_attention: bool = False,
         fused_loss: bool = True,
+        cross_entropy_loss_fusion: bool = True,
         overlap: Overlap | None = None,
         precision: Precision | None = None,
         moe_routing: str = "dropless",
@@ -397,6 +411,9 @@ class AnalyticModel:
         self.spec = spec
         self.flash_attention = flash_attention
         self.fused_loss = fused_loss
+        self.cross_entropy_loss_fusion = cross_entropy_loss_fusion
+        """Megatron-LM's ``--cross-entropy-loss-fusion`` where ``fused_loss``
+        (:attr:`nest.core.problem.Training.cross_entropy_loss_fusion`)."""
         self.overlap = overlap or Overlap()
         self.precision = precision or Precision()
         self.moe_routing = moe_routing
@@ -803,8 +820,12 @@ class AnalyticModel:
         """Forward and backward seconds of the cross-entropy loss over ``logits`` logits on one
         device: memory-bound kernels, each streaming its operands through HBM once at the
         achieved bandwidth (roofline, as the block's elementwise work) plus the fixed
-        per-kernel time (:data:`LOSS_STREAM`)."""
-        (fwd_bytes, fwd_kernels), (bwd_bytes, bwd_kernels) = LOSS_STREAM[self.fused_loss]
+        per-kernel time (:data:`LOSS_STREAM`, :data:`UNFUSED_MEGATRON_LOSS_STREAM`)."""
+        if self.fused_loss and not self.cross_entropy_loss_fusion:
+            stream = UNFUSED_MEGATRON_LOSS_STREAM
+        else:
+            stream = LOSS_STREAM[self.fused_loss]
+        (fwd_bytes, fwd_kernels), (bwd_bytes, bwd_kernels) = stream
         hbm = device.achieved_hbm_bw_bytes_per_s
         return (
             logits * fwd_bytes / hbm + fwd_kernels * device.kernel_overhead_s,

@@ -125,6 +125,14 @@ class Training:
     writes its gradient in place (Megatron-Core ``vocab_parallel_cross_entropy``): 6 bytes per
     logit at the head's peak. False: PyTorch's ``F.cross_entropy`` on the fp32-cast logits
     (torchtitan), 12 bytes per logit (:meth:`nest.core.layers.AnalyticModel._head_cost`)."""
+    cross_entropy_loss_fusion: bool = True
+    """With ``fused_loss`` (Megatron-Core's vocabulary-parallel cross entropy): Megatron-LM's
+    ``--cross-entropy-loss-fusion``, the forward's cast, max, subtract and exponential fused into
+    fewer passes over the logits (``megatron/core/fusions/fused_cross_entropy.py``). False: the
+    unfused ``megatron/core/tensor_parallel/cross_entropy.py``, Megatron-LM's default (the flag
+    is ``store_true``, ``megatron/training/arguments.py`` at 1e057005), 12 more bytes per logit
+    in six forward kernels (:data:`nest.core.layers.UNFUSED_MEGATRON_LOSS_STREAM`). Ignored
+    without ``fused_loss``."""
     tp_comm_overlap: bool = True
     """TP all-gathers / reduce-scatters under their GEMMs: Megatron-Core's
     ``--tp-comm-overlap`` (:class:`nest.core.layers.Overlap`; needs sequence parallelism)."""

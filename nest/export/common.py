@@ -244,6 +244,8 @@ def framework_problem(problem: Problem, runs: dict) -> tuple[Problem, dict]:
         model = AnalyticModel(
             model.spec,
             flash_attention=model.flash_attention,
+            fused_loss=ran.fused_loss,
+            cross_entropy_loss_fusion=ran.cross_entropy_loss_fusion,
             overlap=ran.overlap,
             precision=ran.numerics,
             moe_routing=ran.moe_routing,

@@ -89,6 +89,10 @@ defaults are off for every one of them):
   benchmarking switch of Megatron-Core's router); ``dropless`` is Megatron's default (no capacity
   factor: every token reaches its experts).
 - ``optimizer: sgd``: ``--optimizer sgd --sgd-momentum 0`` (no optimizer state, as scored).
+- ``cross_entropy_loss_fusion`` (with ``fused_loss``): ``--cross-entropy-loss-fusion``, a
+  ``store_true`` flag (``megatron/training/arguments.py``); without it Megatron runs the unfused
+  vocabulary-parallel cross entropy, which a plan scored with ``cross_entropy_loss_fusion:
+  false`` assumes.
 - Optimizer offload (:attr:`~nest.core.plan.ParallelConfig.optimizer_offload`):
   ``--optimizer-cpu-offload --optimizer-offload-fraction 1.0 --use-precision-aware-optimizer``
   (NVIDIA/Megatron-LM ``megatron/training/arguments.py``, checked at 2026-08: ``validate_args``
@@ -523,6 +527,8 @@ def training_args(problem: Problem, plan: Plan) -> list[str]:
         args += dispatcher_args(t.moe_dispatcher)
     if t.optimizer is Optimizer.SGD:
         args += ["--optimizer sgd", "--sgd-momentum 0"]
+    if t.fused_loss and t.cross_entropy_loss_fusion:
+        args.append("--cross-entropy-loss-fusion")
     return args + fp8_args(problem, plan)
 
 
