@@ -76,7 +76,8 @@ OUT_OF_MEMORY_WHY = {  # (source, case): why the memory model calls this publish
 """The published runs the memory model still calls out of memory, over every row (time and
 memory): 16 of 212 before issue 23's fixes (15 time rows, 1 memory row), 1 after them, 2 since
 the Llama 3 rows run the interleaved schedule Meta describes (issue 22); of 324 with the
-zero-bubble paper's 112 rows; of 328 with Megatron-MoE-ModelZoo's 4 long-context Qwen3 rows."""
+zero-bubble paper's 112 rows; of 332 with Megatron-MoE-ModelZoo's 4 long-context Qwen3 rows and
+the Megatron-LM README's 4 A100 rows."""
 
 
 def test_published_runs_called_out_of_memory_are_the_pinned_ones(summary):
@@ -84,7 +85,7 @@ def test_published_runs_called_out_of_memory_are_the_pinned_ones(summary):
     the runs it calls out of memory are exactly those of OUT_OF_MEMORY_WHY, each with its
     shortfall in the note."""
     verdict = summary["fits_verdict"]
-    assert verdict["runs"] == 287 + summary["memory"]["n"] == 328
+    assert verdict["runs"] == 291 + summary["memory"]["n"] == 332
     called = {(r["source"], r["case"]) for r in verdict["out_of_memory"]}
     assert called == set(OUT_OF_MEMORY_WHY)
     assert all("GiB short" in r["note"] for r in verdict["out_of_memory"])
@@ -414,15 +415,16 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 def test_regression_split_errors_pin_the_current_model(summary):
     """Pins (not accuracy): calibration rows median 5.3 % / max 18.6 % (the H100 pairs' 2.4 /
-    15.4 % with the v5e split's 6.8 / 18.6 %); held-out rows median 5.9 % / max 239 % (5.8 %
-    on 256 rows before the Megatron README's A100 rows, 5.9 % before the unfused attention
-    core's backward bytes, 7.2 % before the TPU rate, 9.0 % before
-    the zero-bubble paper's 84 rows)."""
+    15.4 % with the v5e split's 6.8 / 18.6 %); held-out rows median 5.9 % / max 222 % on 264
+    rows (5.96 % on the 256 before the Megatron README's A100 rows and ModelZoo's long-context
+    Qwen3 rows, 5.95 % before the unfused attention core's backward bytes and Blackwell's
+    shape-aware compute model, which move them in opposite directions; 7.2 % before the TPU
+    rate, 9.0 % before the zero-bubble paper's 84 rows)."""
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
     assert cal["median_abs_error"] == pytest.approx(0.053, abs=0.005)
     assert cal["max_abs_error"] == pytest.approx(0.186, abs=0.005)
-    assert held["median_abs_error"] == pytest.approx(0.058, abs=0.005)
-    assert held["max_abs_error"] == pytest.approx(2.389, abs=0.005)
+    assert held["median_abs_error"] == pytest.approx(0.059, abs=0.005)
+    assert held["max_abs_error"] == pytest.approx(2.222, abs=0.005)
     pairs = summary["by_source_split"][PAIRS]["calibration"]
     assert pairs["median_abs_error"] == pytest.approx(0.024, abs=0.005)
     assert pairs["max_abs_error"] == pytest.approx(0.154, abs=0.005)
@@ -496,8 +498,8 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     MBRIDGE: (3, 0.528, 1.668, 0.528),
     MOEZOO: (5, 0.075, 0.445, -0.075),
     MOEZOO_LC: (4, 0.049, 0.057, -0.049),
-    GB200_PAIRS: (30, 0.047, 0.200, -0.047),
-    BLACKWELL: (9, 0.111, 2.387, 0.111),
+    GB200_PAIRS: (30, 0.061, 0.205, -0.061),
+    BLACKWELL: (9, 0.110, 2.222, 0.110),
     TPU_V5E: (24, 0.068, 0.260, 0.023),
     TPU_V5P: (16, 0.082, 0.296, 0.042),
     MI355X: (1, 0.120, 0.120, -0.120),
