@@ -185,4 +185,6 @@ def test_dp_rows_of_a_fully_recomputed_prefix_equal_the_evaluator_under_zero3(ba
         bwd.append(report.stages[0].bwd_s)
     assert all(a >= b for a, b in zip(exposed, exposed[1:], strict=False)), exposed
     assert exposed[0] > exposed[-1]
-    assert all(a <= b for a, b in zip(bwd, bwd[1:], strict=False)), bwd
+    # non-decreasing up to rounding: where ZeRO-3's traffic outlasts the compute the backward
+    # stays the same in every k, summed in a different order
+    assert all(a <= b * (1 + 1e-12) for a, b in zip(bwd, bwd[1:], strict=False)), bwd

@@ -329,6 +329,8 @@ def unfused_core_bytes_per_score(
         fwd += 2 * p + 1
         bwd += 2 * p + 1
     return fwd, bwd
+
+
 UNFUSED_MEGATRON_LOSS_STREAM = ((38, 6), (14, 2))
 """HBM bytes per logit and kernels of Megatron-Core's vocabulary-parallel cross entropy without
 ``--cross-entropy-loss-fusion`` (Megatron-LM's default: ``megatron/training/arguments.py`` at
@@ -1223,9 +1225,7 @@ class AnalyticModel:
         fp8 = self.precision.fp8
         gemms = self._block_gemms(ref, shard)
         load = self.moe_load_factor(ref, shard)
-        fwd_of = {name: self._gemms_s(device, [g], fp8) for name, g in gemms.items()}
-        for name in EXPERT_LINEARS & fwd_of.keys():  # the most loaded rank's expert GEMMs
-            fwd_of[name] = (load * fwd_of[name][0], load * fwd_of[name][1])
+        fwd_of = self._gemm_s_by_name(device, gemms, load)
         gemm_fwd = sum(f for f, _ in fwd_of.values())
         gemm_bwd = sum(b_ for _, b_ in fwd_of.values())
         cast_fwd, cast_bwd = self._cast_s(gemms, device)
@@ -1234,9 +1234,7 @@ class AnalyticModel:
         ew_s = block_ew_s + core_ew_s
         moe_fwd, moe_bwd = self._moe_kernels_s(ref, shard, device) if ref.moe else (0.0, 0.0)
         fwd_s = gemm_fwd + cast_fwd + attn_s + ew_s + moe_fwd
-        # the unfused core's softmax and dropout backward move their own bytes (not twice the
-        # forward's); the block's other memory-bound work keeps the 2x rule
-        core_ew_bwd_s = self._unfused_core_bwd_ew_s(ref, shard, device)
+        core_ew_bwd_s = self._unfused_core_bwd_ew_s(ref, shard, device)  # not 2x the forward's
         bwd_s = gemm_bwd + cast_bwd + 2.0 * attn_s + 2.0 * block_ew_s + core_ew_bwd_s + moe_bwd
         core_s = attn_s + core_ew_s
         # FlashAttention's backward recomputes S = QK^T (half of the core's forward FLOPs), which
@@ -1296,6 +1294,16 @@ class AnalyticModel:
             bwd_collectives=bwd_coll,
             recompute_collectives={mode: e[2] for mode, e in extra.items()},
         )
+
+    def _gemm_s_by_name(
+        self, device: Device, gemms: dict[str, tuple], load: float
+    ) -> dict[str, tuple[float, float]]:
+        """Forward and backward seconds of each of a block's GEMMs, the expert ones scaled to
+        the most loaded rank's tokens (``load``: :meth:`moe_load_factor`)."""
+        out = {name: self._gemms_s(device, [g], self.precision.fp8) for name, g in gemms.items()}
+        for name in EXPERT_LINEARS & out.keys():
+            out[name] = (load * out[name][0], load * out[name][1])
+        return out
 
     def _block_collectives(
         self, ref: LayerRef, shard: Shard, device: Device, fwd_of: dict, attn_s: float
