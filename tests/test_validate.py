@@ -221,16 +221,18 @@ MOEZOO_WHY = (
     "and microbatch at 16 local experts, not a per-token one"
 )
 GB200_WHY = (
-    "the FP8 rows predicted fast (-0.6 to -20.5 %; BF16 -10.5 to +2.2 %) at the derived in-step "
+    "the FP8 rows predicted fast (-0.5 to -20.4 %; BF16 -10.5 to +2.2 %) at the derived in-step "
     "GEMM rate (0.560: H100's calibrated 0.768 of its micro-benchmark ceiling, times GB200's "
-    "0.729): Llama 3.1 405B's FP8 rows -18.5 to -20.5 %, Llama 4 Maverick's -16.5 to -17.4 %, "
-    "Grok-1's -12.6 to -14.1 %, with an FP8 GEMM level 1.98x the BF16 one (1.77x on H100); every "
+    "0.729): Llama 3.1 405B's FP8 rows -18.4 to -20.4 %, Llama 4 Maverick's -16.4 to -17.3 %, "
+    "Grok-1's -12.5 to -14.1 %, with an FP8 GEMM level 1.98x the BF16 one (1.77x on H100); every "
     "FP8-only cost Transformer Engine pays is charged from its source (casts 1.2 % of the 405B "
     "FP8 step, without the transposed copy Blackwell's any-layout FP8 GEMMs do not need; "
     "docs/plan/precision.md) and none is near the gap, so the FP8 GEMM itself runs slower in "
     "the step than the shape-sweep micro-benchmark's best says (the measured pairs imply "
-    "about 1.76x on the dense models) and no published FP8 GEMM benchmark at these shapes sets "
-    "it. The shape-aware compute model (tiles over GB200's 152 SMs, 4.1 us per kernel, HBM at "
+    "about 1.76x on the dense models), while OpenXLA's measured B200 table gives isolated FP8 "
+    "GEMMs 1.86-2.13x the bf16 speed at its largest shapes (69-550 GFLOP), above the model's "
+    "1.78-1.93x there (tests/test_kernels.py): the gap is not the isolated GEMM's rate at these "
+    "shapes. The shape-aware compute model (tiles over GB200's 152 SMs, 4.1 us per kernel, HBM at "
     "the measured 0.872, cuDNN attention by length) moved the BF16 rows by -4.9 to +2.4 %"
 )
 BLACKWELL_WHY = (
@@ -365,7 +367,7 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "167 %", MBRIDGE_WHY)),
         pytest.param(MOEZOO, marks=_unmet("max <= 15 %", "44.5 %", MOEZOO_WHY)),
         MOEZOO_LC,
-        pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "19.9 %", GB200_WHY)),
+        pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "20.4 %", GB200_WHY)),
         pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "221 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "26.0 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "29.6 %", TPU_WHY)),
@@ -1165,8 +1167,8 @@ def test_accuracy_fp8_speedup_within_a_tenth_on_every_pair(pairs, label):
 
 FP8_GROUPS = {  # machine: (its sources, FP8 rows, median |error| today)
     "H100": ((PAIRS, MBRIDGE), 18, 0.049),
-    "GB200 dgxc": ((GB200_PAIRS,), 15, 0.130),
-    "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.137),
+    "GB200 dgxc": ((GB200_PAIRS,), 15, 0.129),
+    "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.136),
     "MI355X MLPerf": ((MI355X,), 1, 0.120),
 }
 
@@ -1186,7 +1188,7 @@ def _fp8_median(summary, group: str) -> float:
             "GB200 dgxc",
             marks=_unmet(
                 "FP8 median <= 10 %",
-                "13.0 %",
+                "12.9 %",
                 f"{GB200_WHY}; 10.4 % under the flat compute model, 9.9 % before ZeRO-1/2's "
                 "weight all-gather hid under the first forward (Megatron-Core "
                 "--overlap-param-gather), which made these rows faster still",
@@ -1194,7 +1196,7 @@ def _fp8_median(summary, group: str) -> float:
         ),
         pytest.param(
             "B200/GB200 Megatron-Bridge",
-            marks=_unmet("FP8 median <= 10 %", "13.7 %", BLACKWELL_WHY),
+            marks=_unmet("FP8 median <= 10 %", "13.6 %", BLACKWELL_WHY),
         ),
         pytest.param("MI355X MLPerf", marks=_unmet("FP8 median <= 10 %", "12.0 %", MI355X_WHY)),
     ],
