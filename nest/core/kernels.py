@@ -17,7 +17,11 @@ Two models, chosen per device preset (``compute_model``):
   of a published H100 measurement table (OpenXLA
   ``xla/service/gpu/model/matmul_interpolator_data.h``, sm_90 bf16: 256x512x256 at
   12.5 TFLOP/s, i.e. 5.4 us for 67 MFLOP, of which a one-tile wave computes 1.4 us; the same
-  table's sm_100_B200 rows give B200 and GB200 4.1 us).
+  table's sm_100_B200 rows give B200 and GB200 4.1 us). An FP8 GEMM runs the same tiles at the
+  FP8 level (:attr:`Device.fp8_level`) with one-byte operands and its own fixed time where the
+  table has usable FP8 rows (``fp8_kernel_overhead_s``: B200 and GB200 4.8 us, from the
+  sm_100_B200 FP8 rows of the same three GEMMs; the sm_90 FP8 rows are above H100's FP8 peak,
+  so H100 and H200 FP8 GEMMs pay the bf16 time).
 
   *The level* a tile runs at, as a fraction of peak (:attr:`Device.gemm_level`):
   ``min(matmul_efficiency, gemm_ceiling)``. ``gemm_ceiling`` is the fraction the best-shaped
