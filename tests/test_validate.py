@@ -221,20 +221,22 @@ MOEZOO_WHY = (
     "and microbatch at 16 local experts, not a per-token one"
 )
 GB200_WHY = (
-    "the FP8 rows predicted fast (-0.6 to -20.5 %; BF16 -10.5 to +2.2 %) at the derived in-step "
+    "the FP8 rows predicted fast (-0.5 to -20.4 %; BF16 -10.5 to +2.2 %) at the derived in-step "
     "GEMM rate (0.560: H100's calibrated 0.768 of its micro-benchmark ceiling, times GB200's "
-    "0.729): Llama 3.1 405B's FP8 rows -18.5 to -20.5 %, Llama 4 Maverick's -16.5 to -17.4 %, "
-    "Grok-1's -12.6 to -14.1 %, with an FP8 GEMM level 1.98x the BF16 one (1.77x on H100); every "
+    "0.729): Llama 3.1 405B's FP8 rows -18.4 to -20.4 %, Llama 4 Maverick's -16.4 to -17.3 %, "
+    "Grok-1's -12.5 to -14.1 %, with an FP8 GEMM level 1.98x the BF16 one (1.77x on H100); every "
     "FP8-only cost Transformer Engine pays is charged from its source (casts 1.2 % of the 405B "
     "FP8 step, without the transposed copy Blackwell's any-layout FP8 GEMMs do not need; "
     "docs/plan/precision.md) and none is near the gap, so the FP8 GEMM itself runs slower in "
     "the step than the shape-sweep micro-benchmark's best says (the measured pairs imply "
-    "about 1.76x on the dense models) and no published FP8 GEMM benchmark at these shapes sets "
-    "it. The shape-aware compute model (tiles over GB200's 152 SMs, 4.1 us per kernel, HBM at "
+    "about 1.76x on the dense models), while OpenXLA's measured B200 table gives isolated FP8 "
+    "GEMMs 1.86-2.13x the bf16 speed at its largest shapes (69-550 GFLOP), above the model's "
+    "1.78-1.93x there (tests/test_kernels.py): the gap is not the isolated GEMM's rate at these "
+    "shapes. The shape-aware compute model (tiles over GB200's 152 SMs, 4.1 us per kernel, HBM at "
     "the measured 0.872, cuDNN attention by length) moved the BF16 rows by -4.9 to +2.4 %"
 )
 BLACKWELL_WHY = (
-    "Qwen3-30B-A3B on 8 B200 at microbatch 1 predicted +222 % and Qwen3-235B-A22B on 64 B200 "
+    "Qwen3-30B-A3B on 8 B200 at microbatch 1 predicted +221 % and Qwen3-235B-A22B on 64 B200 "
     "+85 %: the release's host-bound dropless MoE layer, not a cost of the layout (the 25.11 "
     "all-to-all dispatcher syncs the host before each MoE layer's exchange; the same B200 layout "
     "printed 18,066 tokens/s with capacity-padded token-drop in 25.09 against 9,299 dropless, "
@@ -365,8 +367,8 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "167 %", MBRIDGE_WHY)),
         pytest.param(MOEZOO, marks=_unmet("max <= 15 %", "44.5 %", MOEZOO_WHY)),
         MOEZOO_LC,
-        pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "19.9 %", GB200_WHY)),
-        pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "222 %", BLACKWELL_WHY)),
+        pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "20.4 %", GB200_WHY)),
+        pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "221 %", BLACKWELL_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "26.0 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "29.6 %", TPU_WHY)),
         MI355X,
@@ -415,7 +417,7 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 def test_regression_split_errors_pin_the_current_model(summary):
     """Pins (not accuracy): calibration rows median 5.3 % / max 18.6 % (the H100 pairs' 2.4 /
-    15.4 % with the v5e split's 6.8 / 18.6 %); held-out rows median 5.9 % / max 222 % on 264
+    15.4 % with the v5e split's 6.8 / 18.6 %); held-out rows median 5.9 % / max 221 % on 264
     rows (5.96 % on the 256 before the Megatron README's A100 rows and ModelZoo's long-context
     Qwen3 rows, 5.95 % before the unfused attention core's backward bytes and Blackwell's
     shape-aware compute model, which move them in opposite directions; 7.2 % before the TPU
@@ -424,7 +426,7 @@ def test_regression_split_errors_pin_the_current_model(summary):
     assert cal["median_abs_error"] == pytest.approx(0.053, abs=0.005)
     assert cal["max_abs_error"] == pytest.approx(0.186, abs=0.005)
     assert held["median_abs_error"] == pytest.approx(0.059, abs=0.005)
-    assert held["max_abs_error"] == pytest.approx(2.222, abs=0.005)
+    assert held["max_abs_error"] == pytest.approx(2.212, abs=0.005)
     pairs = summary["by_source_split"][PAIRS]["calibration"]
     assert pairs["median_abs_error"] == pytest.approx(0.024, abs=0.005)
     assert pairs["max_abs_error"] == pytest.approx(0.154, abs=0.005)
@@ -439,7 +441,7 @@ def test_accuracy_held_out_median_within_5_percent(summary):
     assert summary["held_out_targets_met"]["median_abs_error"]
 
 
-@_unmet("held-out max <= 25 % (issue 22)", "222 %", HELD_OUT_WHY)
+@_unmet("held-out max <= 25 % (issue 22)", "221 %", HELD_OUT_WHY)
 def test_accuracy_held_out_max_within_25_percent(summary):
     assert summary["held_out_targets_met"]["max_abs_error"]
 
@@ -454,7 +456,7 @@ def test_accuracy_no_held_out_source_median_above_10_percent(summary):
     assert summary["held_out_targets_met"]["source_median_abs_error"]
 
 
-@_unmet("max <= 15 % over all cases", "222 %", f"{BLACKWELL_WHY}; {SC21_T2_WHY}; {MBRIDGE_WHY}")
+@_unmet("max <= 15 % over all cases", "221 %", f"{BLACKWELL_WHY}; {SC21_T2_WHY}; {MBRIDGE_WHY}")
 def test_accuracy_max_within_15_percent(summary):
     assert summary["max_abs_error"] <= TARGET_MAX
 
@@ -498,8 +500,8 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     MBRIDGE: (3, 0.528, 1.668, 0.528),
     MOEZOO: (5, 0.075, 0.445, -0.075),
     MOEZOO_LC: (4, 0.049, 0.057, -0.049),
-    GB200_PAIRS: (30, 0.061, 0.205, -0.061),
-    BLACKWELL: (9, 0.110, 2.222, 0.110),
+    GB200_PAIRS: (30, 0.061, 0.204, -0.061),
+    BLACKWELL: (9, 0.109, 2.212, 0.109),
     TPU_V5E: (24, 0.068, 0.260, 0.023),
     TPU_V5P: (16, 0.082, 0.296, 0.042),
     MI355X: (1, 0.120, 0.120, -0.120),
@@ -1088,21 +1090,21 @@ PAIR_RATIOS = {  # pair: (measured speed-up, predicted today): measured from cas
     "Grok-1 314B NeMo 512xH100": (1.243, 1.377),
     "Grok-1 314B NeMo 2048xH100": (1.231, 1.377),
     "Llama4 Maverick NeMo2 512xH100": (1.148, 1.247),
-    "Grok-1 314B NeMo2 128xGB200": (1.383, 1.613),
-    "Grok-1 314B NeMo2 256xGB200": (1.415, 1.614),
+    "Grok-1 314B NeMo2 128xGB200": (1.383, 1.612),
+    "Grok-1 314B NeMo2 256xGB200": (1.415, 1.612),
     "Grok-1 314B NeMo2 512xGB200": (1.410, 1.614),
-    "Llama3.1 405B NeMo2 128xGB200": (1.525, 1.728),
-    "Llama3.1 405B NeMo2 256xGB200": (1.534, 1.728),
-    "Llama3.1 405B NeMo2 512xGB200": (1.523, 1.703),
+    "Llama3.1 405B NeMo2 128xGB200": (1.525, 1.726),
+    "Llama3.1 405B NeMo2 256xGB200": (1.534, 1.726),
+    "Llama3.1 405B NeMo2 512xGB200": (1.523, 1.702),
     "Nemotron4 340B NeMo2 weak 128xGB200": (1.476, 1.530),
-    "Nemotron4 340B NeMo2 weak 256xGB200": (1.444, 1.519),
-    "Nemotron4 340B NeMo2 weak 512xGB200": (1.439, 1.515),
-    "Nemotron4 340B NeMo2 strong 128xGB200": (1.496, 1.539),
-    "Nemotron4 340B NeMo2 strong 256xGB200": (1.479, 1.525),
-    "Nemotron4 340B NeMo2 strong 512xGB200": (1.494, 1.523),
-    "Llama4 Maverick NeMo2 128xGB200": (1.277, 1.398),
-    "Llama4 Maverick NeMo2 256xGB200": (1.263, 1.398),
-    "Llama4 Maverick NeMo2 512xGB200": (1.263, 1.397),
+    "Nemotron4 340B NeMo2 weak 256xGB200": (1.444, 1.517),
+    "Nemotron4 340B NeMo2 weak 512xGB200": (1.439, 1.513),
+    "Nemotron4 340B NeMo2 strong 128xGB200": (1.496, 1.538),
+    "Nemotron4 340B NeMo2 strong 256xGB200": (1.479, 1.523),
+    "Nemotron4 340B NeMo2 strong 512xGB200": (1.494, 1.521),
+    "Llama4 Maverick NeMo2 128xGB200": (1.277, 1.397),
+    "Llama4 Maverick NeMo2 256xGB200": (1.263, 1.397),
+    "Llama4 Maverick NeMo2 512xGB200": (1.263, 1.396),
 }
 RATIO_UNMET = {  # pair: why (the measured and predicted speed-ups are in PAIR_RATIOS)
     "GPT-3 175B NeMo 1024xH100": RATIO_WHY,
@@ -1165,8 +1167,8 @@ def test_accuracy_fp8_speedup_within_a_tenth_on_every_pair(pairs, label):
 
 FP8_GROUPS = {  # machine: (its sources, FP8 rows, median |error| today)
     "H100": ((PAIRS, MBRIDGE), 18, 0.049),
-    "GB200 dgxc": ((GB200_PAIRS,), 15, 0.130),
-    "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.137),
+    "GB200 dgxc": ((GB200_PAIRS,), 15, 0.129),
+    "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.136),
     "MI355X MLPerf": ((MI355X,), 1, 0.120),
 }
 
@@ -1186,7 +1188,7 @@ def _fp8_median(summary, group: str) -> float:
             "GB200 dgxc",
             marks=_unmet(
                 "FP8 median <= 10 %",
-                "13.0 %",
+                "12.9 %",
                 f"{GB200_WHY}; 10.4 % under the flat compute model, 9.9 % before ZeRO-1/2's "
                 "weight all-gather hid under the first forward (Megatron-Core "
                 "--overlap-param-gather), which made these rows faster still",
@@ -1194,7 +1196,7 @@ def _fp8_median(summary, group: str) -> float:
         ),
         pytest.param(
             "B200/GB200 Megatron-Bridge",
-            marks=_unmet("FP8 median <= 10 %", "13.7 %", BLACKWELL_WHY),
+            marks=_unmet("FP8 median <= 10 %", "13.6 %", BLACKWELL_WHY),
         ),
         pytest.param("MI355X MLPerf", marks=_unmet("FP8 median <= 10 %", "12.0 %", MI355X_WHY)),
     ],
@@ -1427,13 +1429,19 @@ def _listed_kernels_host_share(row: dict) -> float:
     """The largest, over a row's pipeline stages, of (kernels the cost model charges a fixed
     per-kernel time for) x HOST_LAUNCH_HIGH_S / (the stage's modelled device compute per
     microbatch). The count is the derivative of the stage's compute in the device's
-    ``kernel_overhead_s``, which every listed kernel adds once."""
+    ``kernel_overhead_s`` and ``fp8_kernel_overhead_s`` (FP8 GEMMs' own, where set), one of
+    which every listed kernel adds once."""
     import dataclasses
 
     def stages(bump_s):
         problem, plan = validate.problem_and_plan(row)
         device = problem.cluster.device
-        device = dataclasses.replace(device, kernel_overhead_s=device.kernel_overhead_s + bump_s)
+        fp8_s = device.fp8_kernel_overhead_s
+        device = dataclasses.replace(
+            device,
+            kernel_overhead_s=device.kernel_overhead_s + bump_s,
+            fp8_kernel_overhead_s=None if fp8_s is None else fp8_s + bump_s,
+        )
         problem = dataclasses.replace(
             problem, cluster=dataclasses.replace(problem.cluster, device=device)
         )

@@ -71,6 +71,9 @@ class DeviceConfig:
     fp8_gemm_ceiling: float | None = None
     """Fraction of the FP8 peak the best-shaped large FP8 GEMMs reach (published
     micro-benchmark); needed with ``fp8_peak_tflops``."""
+    fp8_kernel_overhead_us: float | None = None
+    """``shape``: fixed microseconds of an FP8 GEMM kernel (from a published FP8 GEMM table, as
+    ``kernel_overhead_us`` from its bf16 rows); null: ``kernel_overhead_us``."""
     mxfp8: bool = False
     """The tensor cores take MXFP8 (Blackwell)."""
     fp8_any_layout: bool = False
@@ -557,9 +560,15 @@ def _fp8_figures(where: str, c: dict) -> dict:
     ceiling = _number(
         where, "fp8_gemm_ceiling", c["fp8_gemm_ceiling"], lambda v: 0 < v <= 1, "must be in (0, 1]"
     )
+    overhead_us = c.get("fp8_kernel_overhead_us")
+    if overhead_us is not None:
+        overhead_us = _number(
+            where, "fp8_kernel_overhead_us", overhead_us, lambda v: v >= 0, "must be >= 0"
+        )
     return {
         "fp8_peak_flops_per_s": units.tflops_to_flops_per_s(peak),
         "fp8_gemm_ceiling": ceiling,
+        "fp8_kernel_overhead_s": None if overhead_us is None else units.us_to_s(overhead_us),
         "mxfp8": bool(c.get("mxfp8", False)),
         "fp8_any_layout": bool(c.get("fp8_any_layout", False)),
     }

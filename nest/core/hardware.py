@@ -55,6 +55,10 @@ class Device:
     fp8_gemm_ceiling: float = 0.0
     """Fraction of ``fp8_peak_flops_per_s`` the best-shaped large FP8 GEMMs reach in a published
     micro-benchmark (the FP8 counterpart of ``gemm_ceiling``)."""
+    fp8_kernel_overhead_s: float | None = None
+    """``shape``: fixed seconds of an FP8 GEMM kernel (launch, prologue, the scales' loads and
+    epilogue), derived from a published FP8 GEMM table the way ``kernel_overhead_s`` is from its
+    bf16 rows; None: ``kernel_overhead_s`` (no FP8 table for this chip)."""
     mxfp8: bool = False
     """The tensor cores take MXFP8 (32-element blocks with shared scales): Blackwell."""
     fp8_any_layout: bool = False
@@ -118,6 +122,11 @@ class Device:
                 f"device {self.name}: fp8_peak_flops_per_s={self.fp8_peak_flops_per_s} needs "
                 f"fp8_gemm_ceiling in (0, 1] (got {self.fp8_gemm_ceiling})"
             )
+        if self.fp8_kernel_overhead_s is not None and self.fp8_kernel_overhead_s < 0:
+            raise UserError(
+                f"device {self.name}: fp8_kernel_overhead={self.fp8_kernel_overhead_s} must be "
+                ">= 0, or None (the BF16 kernel overhead)"
+            )
         if self.host_link_bw_bytes_per_s is not None and not self.host_link_bw_bytes_per_s > 0:
             raise UserError(
                 f"device {self.name}: host_link_bw_bytes_per_s={self.host_link_bw_bytes_per_s} "
@@ -164,6 +173,14 @@ class Device:
         micro-benchmark ceiling times the in-step share BF16 GEMMs keep of theirs
         (``min(matmul_efficiency, gemm_ceiling) / gemm_ceiling``)."""
         return self.fp8_gemm_ceiling * self.gemm_level / self.gemm_ceiling
+
+    @property
+    def fp8_gemm_overhead_s(self) -> float:
+        """``shape``: the fixed seconds of one FP8 GEMM kernel: ``fp8_kernel_overhead_s``, or the
+        BF16 ``kernel_overhead_s`` where the chip has no published FP8 figure."""
+        if self.fp8_kernel_overhead_s is None:
+            return self.kernel_overhead_s
+        return self.fp8_kernel_overhead_s
 
     @property
     def usable_bytes(self) -> float:

@@ -17,7 +17,11 @@ Two models, chosen per device preset (``compute_model``):
   of a published H100 measurement table (OpenXLA
   ``xla/service/gpu/model/matmul_interpolator_data.h``, sm_90 bf16: 256x512x256 at
   12.5 TFLOP/s, i.e. 5.4 us for 67 MFLOP, of which a one-tile wave computes 1.4 us; the same
-  table's sm_100_B200 rows give B200 and GB200 4.1 us).
+  table's sm_100_B200 rows give B200 and GB200 4.1 us). An FP8 GEMM runs the same tiles at the
+  FP8 level (:attr:`Device.fp8_level`) with one-byte operands and its own fixed time where the
+  table has usable FP8 rows (``fp8_kernel_overhead_s``: B200 and GB200 4.8 us, from the
+  sm_100_B200 FP8 rows of the same three GEMMs; the sm_90 FP8 rows are above H100's FP8 peak,
+  so H100 and H200 FP8 GEMMs pay the bf16 time).
 
   *The level* a tile runs at, as a fraction of peak (:attr:`Device.gemm_level`):
   ``min(matmul_efficiency, gemm_ceiling)``. ``gemm_ceiling`` is the fraction the best-shaped
@@ -134,14 +138,17 @@ def gemm_time_s(
     """Seconds of ``groups`` GEMMs ``[m x k] @ [k x n]`` of ``dtype_bytes`` elements run as one
     grouped kernel on one device (module docstring). ``m, n, k`` may be fractional for averages
     (rounded up for the tiles). ``fp8``: one-byte operands at the device's FP8 rate
-    (:attr:`nest.core.hardware.Device.fp8_level`; :mod:`nest.core.precision`)."""
+    (:attr:`nest.core.hardware.Device.fp8_level`; :mod:`nest.core.precision`) and its FP8
+    kernel time (:attr:`nest.core.hardware.Device.fp8_gemm_overhead_s`)."""
     if m <= 0 or n <= 0 or k <= 0 or groups <= 0:
         return 0.0
     flops = 2.0 * m * n * k * groups
     if fp8:
         peak, level, dtype_bytes = device.fp8_peak_flops_per_s, device.fp8_level, 1
+        overhead_s = device.fp8_gemm_overhead_s
     else:
         peak, level = device.peak_flops_per_s, device.gemm_level
+        overhead_s = device.kernel_overhead_s
     if device.compute_model == "flat":
         return flops / (peak * level if fp8 else device.achieved_flops_per_s)
     per_sm_flops_per_s = peak * level / device.sm_count
@@ -152,7 +159,7 @@ def gemm_time_s(
         waves = ceil(tiles / device.sm_count)
         best = min(best, waves * 2.0 * tm * tn * k_i / per_sm_flops_per_s)
     operand_bytes = dtype_bytes * (m * k + k * n + m * n) * groups
-    return max(best, operand_bytes / device.achieved_hbm_bw_bytes_per_s) + device.kernel_overhead_s
+    return max(best, operand_bytes / device.achieved_hbm_bw_bytes_per_s) + overhead_s
 
 
 def attention_efficiency(device: Device, key_length: float) -> float:

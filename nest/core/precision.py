@@ -11,7 +11,9 @@ What FP8 changes in the cost model (each term in :mod:`nest.core.layers` and
   router stay in BF16 (Transformer Engine's FP8 attention is off by default).
 - **Speed.** An FP8 GEMM runs at the device's FP8 peak times its FP8 GEMM ceiling (a published
   micro-benchmark, :attr:`nest.core.hardware.Device.fp8_gemm_ceiling`), scaled by the same
-  in-step fraction as BF16 GEMMs; its operands are one byte.
+  in-step fraction as BF16 GEMMs; its operands are one byte, and under the shape model its
+  kernel pays the FP8 kernel time where a published FP8 GEMM table gives one
+  (:attr:`nest.core.hardware.Device.fp8_gemm_overhead_s`: B200 and GB200).
 - **Casts.** Each FP8 GEMM input that no normalisation produced already in FP8 is quantised by
   a memory-bound kernel: read ``p`` bytes, write one FP8 byte and, where FP8 GEMMs take only
   the TN layout (Hopper), its transposed copy for the other GEMM that reads it; MXFP8 and
