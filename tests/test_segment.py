@@ -128,6 +128,38 @@ def test_nest_equals_brute_force_over_the_union_on_random_problems():
     assert agreed >= 20 and view_wins >= 3, (agreed, view_wins)
 
 
+def test_top_k_equals_brute_force_over_the_union():
+    """``top_k = 3``: nest's three configurations and values equal brute force's best three
+    configurations of the union (each configuration at the faster of its two spaces' plans),
+    on random small problems with a domain of 3 or 6 devices."""
+    compared = 0
+    for seed in range(40, 70):
+        rng = random.Random(2000 + seed)
+        problem, options = tiny_case(seed)
+        problem = _with_domain(problem, rng.choice([3, 6]), rng)
+        if count_plans(problem, SpaceOptions(**options)) > 3000:
+            continue
+        view = segment_view(problem.cluster)
+        best: dict = {}
+        for target in (problem, dataclasses.replace(problem, cluster=view)):
+            try:
+                plans = BrutePlanner(top_k=3, **options).solve_ranked(target)
+            except (Infeasible, UserError):
+                continue
+            for plan in plans:
+                key = plan.config.unordered()
+                best[key] = min(best.get(key, float("inf")), plan.objective_s)
+        oracle = sorted(best.values())[:3]
+        try:
+            found = NestPlanner(top_k=3, **options).solve_ranked(problem)
+        except Infeasible:
+            assert not oracle, seed
+            continue
+        assert [p.objective_s for p in found] == pytest.approx(oracle, rel=1e-9), seed
+        compared += 1
+    assert compared >= 10, compared
+
+
 def test_view_plan_costs_the_same_on_the_cluster():
     """Random structured plans of the view of a (3, 2, 2) cluster, renamed: the evaluator gives
     the same iteration time and memory on the cluster, and 3 more idle devices (one per

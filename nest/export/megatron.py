@@ -717,8 +717,9 @@ def export_megatron(problem: Problem, plan: Plan, report=None, replan=None):
     if search.get("segment_chosen"):
         notes.append(
             f"allocate the first {search['segment_devices_per_domain']} devices of every "
-            f"{search['segment_domain']} domain (Slurm's topology/block plugin: --segment = that "
-            "many devices / GPUs per node, nodes); docs/plan/presets.md"
+            f"{search['segment_domain']} domain: Slurm's topology/block plugin with --segment "
+            f"= {search['segment_devices_per_domain']} / (GPUs per node) nodes; "
+            "docs/plan/presets.md"
         )
     notes.append(
         f"{exported.num_microbatches} microbatches of {exported.microbatch_size} per iteration: "
