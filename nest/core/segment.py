@@ -10,10 +10,11 @@ Practitioners allocate such jobs in *segments*: Slurm's topology/block plugin, w
 the NVLink domains (one per GB200 rack), places a job's nodes in segments of ``--segment`` nodes
 that each lie inside one block (docs.coreweave.com/products/sunk/optimize_workloads/
 topology-scheduling, "Blocks", "Segments"; slurm.schedmd.com/topology.html, topology/block), and
-Megatron-MoE-ModelZoo's GB200 commands (yanring/Megatron-MoE-ModelZoo
-best_practice/qwen3/readme.md) run EP64 / EP32 / EP8 with ``SEGMENT=16`` / ``8`` / ``2`` nodes of
-4 GPUs, i.e. at most 64 of a rack's 72 GPUs per segment, so each expert group lives in one rack
-and the rack's other trays stay out of the job (CoreWeave's GB200 page also advises workloads to
+Megatron-MoE-ModelZoo's Qwen3-235B commands (yanring/Megatron-MoE-ModelZoo@020b813:
+best_practice/qwen3/readme.md, "NVLink Domain Size: 72") run EP64 with ``SEGMENT=16`` and EP8 with
+``SEGMENT=2`` on GB200, EP32 with ``SEGMENT=8`` on GB300, in nodes of 4 GPUs: at most 64 of a
+rack's 72 GPUs per segment, so each expert group lives in one rack and the rack's other trays
+stay out of the job (CoreWeave's GB200 page also advises workloads to
 tolerate two of a rack's 18 nodes unavailable: docs.coreweave.com/docs/platform/instances/gb200).
 
 :func:`segment_view` is that allocation as a cluster: the same levels with the scale-up domain's
