@@ -199,3 +199,20 @@ def test_tensor_pairs_stay_inside_a_domain_of_three():
 def test_segments_setting_is_checked():
     with pytest.raises(UserError, match="solver.segments"):
         NestPlanner(segments="yes")
+
+
+def test_megatron_export_keeps_the_segment_placement():
+    """The segment plan of the (3, 2) example exports as planned: Megatron's tp-cp-dp-pp order
+    over the devices it uses ([0, 1, 3, 4], rank r on the r-th) is its placement, so the
+    exported plan is the same plan at the same time, and the notes name the allocation."""
+    from nest.export.megatron import export_megatron
+
+    cluster = make_cluster(fanouts=(3, 2), bws_gbps=(400, 25))
+    problem = make_problem(make_spec(layers=2), cluster, global_batch=64, microbatch_sizes=(1,))
+    options = dict(tp=[2], pp=[1], zero_stages=[0], recompute=["none"], schedules=["1f1b"])
+    plan = NestPlanner(rank_orders=["tp-cp-dp-pp"], **options).solve(problem)
+    out = export_megatron(problem, plan)
+    assert out.exported_iteration_time_s == pytest.approx(plan.objective_s, rel=1e-12)
+    notes = " ".join(out.notes)
+    assert "the r-th device the plan uses, in increasing id (0-1,3-4)" in notes
+    assert "allocate the first 2 devices of every l0 x3 domain" in notes
