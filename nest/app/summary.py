@@ -47,6 +47,18 @@ def sequence_line(model) -> str:
     return f"sequence length {model.seq_len:,} tokens ({source})"
 
 
+def _segment_note(plan: Plan) -> str:
+    """Where the plan uses a power-of-two share of every scale-up domain (nest's segment view,
+    nest/core/segment.py): how many devices of each, as a Slurm --segment allocation gives."""
+    search = plan.search or {}
+    if not search.get("segment_chosen"):
+        return ""
+    return (
+        f" (segments: the first {search['segment_devices_per_domain']} devices of every "
+        f"{search['segment_domain']} domain, the rest idle; docs/plan/presets.md)"
+    )
+
+
 def format_summary(problem: Problem, plan: Plan, report: Report) -> str:
     cluster, model = problem.cluster, problem.model
     out = [
@@ -66,7 +78,7 @@ def format_summary(problem: Problem, plan: Plan, report: Report) -> str:
         ),
         "rank order (innermost first): "
         + (",".join(str(a) for a in plan.rank_order) if plan.rank_order else "explicit"),
-        f"devices used {report.devices_used}, idle {report.devices_idle}",
+        f"devices used {report.devices_used}, idle {report.devices_idle}" + _segment_note(plan),
         "placement:",
         *_placement(problem, plan),
         "",

@@ -61,6 +61,7 @@ from nest.core.axes import Axis, Recompute, Schedule, parse_rank_order
 from nest.core.errors import Infeasible, UserError
 from nest.core.plan import ParallelConfig, Plan, make_structured_plan, uniform_partition
 from nest.core.problem import Problem
+from nest.core.segment import on_cluster, segment_view
 from nest.cost import evaluate
 from nest.dp.bounds import Floors
 from nest.dp.dualpipe_v import solve_dualpipe_v
@@ -380,6 +381,12 @@ def check_export_runnable(value) -> str | None:
     return str(value).lower()
 
 
+def _need(error: Infeasible) -> float:
+    """The least memory an infeasible search says any plan needs (infinite when unknown)."""
+    need = error.min_memory_bytes
+    return float("inf") if need is None else need
+
+
 class NestPlanner(SpacePlanner):
     def __init__(
         self,
@@ -388,9 +395,18 @@ class NestPlanner(SpacePlanner):
         seed_configs: int = 200,
         top_k: int = 1,
         export_runnable: str | None = None,
+        segments: bool = True,
         **space,
     ) -> None:
         super().__init__(name=name, **space)
+        if not isinstance(segments, bool):
+            raise UserError(
+                f"solver.segments={segments!r} must be true or false (also search a power-of-two "
+                "share of every scale-up domain: docs/plan/presets.md, GB200 NVL72)"
+            )
+        self.segments = segments
+        """Also search the cluster's segment view (:mod:`nest.core.segment`) and return the
+        faster (:meth:`solve_ranked`)."""
         self.export_runnable = export_runnable
         """Keep the search inside what an export target runs (:data:`RUNNABLE_ORDERS`)."""
         self.seed_configs = seed_configs
@@ -493,6 +509,7 @@ class NestPlanner(SpacePlanner):
                 name=self.name,
                 seed_configs=self.seed_configs,
                 top_k=self.top_k,
+                segments=False,
                 **{
                     **self.space_kwargs(),
                     "recompute": [mode],
@@ -521,16 +538,97 @@ class NestPlanner(SpacePlanner):
 
     def solve_ranked(self, problem: Problem) -> list[Plan]:
         """The best plan of each of the ``top_k`` best configurations, best first, each scored
-        by the shared evaluator; fewer when fewer configurations have a plan that fits."""
+        by the shared evaluator; fewer when fewer configurations have a plan that fits. With
+        :attr:`segments`, over the union of the space on the cluster and on its segment view
+        (:meth:`_solve_segmented`)."""
+        view = segment_view(problem.cluster) if self.segments else None
+        if view is not None:
+            return self._solve_segmented(problem, view)
+        return self._solve_given(problem)
+
+    def _solve_given(self, problem: Problem, cutoff_s: float = float("inf")) -> list[Plan]:
+        """:meth:`solve_ranked` on the cluster as given; ``cutoff_s``: only plans faster than
+        it matter (an empty list when none is)."""
         if check_export_runnable(self.export_runnable) is not None:
             return self._solve_runnable(problem)
         with _collector_paused():
-            return self._search(problem)
+            return self._search(problem, cutoff_s)
 
-    def _search(self, problem: Problem) -> list[Plan]:
-        """:meth:`solve_ranked` of the whole space (module docstring)."""
+    def _solve_segmented(self, problem: Problem, view) -> list[Plan]:
+        """The union of two spaces: the structured plans on the cluster as given, and those on
+        its segment view (:func:`nest.core.segment.segment_view`: a power-of-two share of every
+        scale-up domain, the rest idle) renamed to the cluster's devices. A view plan costs on
+        the cluster exactly what it costs on the view (:mod:`nest.core.segment`); each is
+        re-scored there by the evaluator, and a value it does not confirm is a bug.
+
+        Exact: each search is exact on its space, so the better of the two optima is the
+        union's. With ``top_k = 1`` the view's search only looks for plans faster than the
+        given cluster's optimum (a cutoff that prunes as the incumbent does; ties keep the
+        plan on the given cluster). With ``top_k = K > 1`` both searches return their K best
+        configurations and they are merged by configuration, each keeping its faster plan: a
+        configuration of the union's top K is in the top K of the space its best plan lies in,
+        as fewer than K configurations beat it there (each of their values is at least their
+        union value). A view with no plan (an empty space or nothing fits there) leaves the
+        given cluster's answer; when neither has a plan, the error with the smaller memory
+        need is raised."""
+        started = time.perf_counter()
+        given, error = [], None
+        try:
+            given = self._solve_given(problem)
+        except Infeasible as exc:
+            error = exc
+        single = self.top_k == 1 and given
+        cutoff_s = given[0].objective_s if single else float("inf")
+        sub = Problem(model=problem.model, cluster=view, training=problem.training)
+        try:
+            segmented = self._solve_given(sub, cutoff_s)
+        except (Infeasible, UserError) as exc:
+            if error is None:
+                segmented = []
+            elif isinstance(exc, Infeasible) and _need(exc) < _need(error):
+                raise exc from None
+            else:
+                raise error from None
+        renamed = []
+        for plan in segmented:
+            moved = on_cluster(plan, view, problem.cluster)
+            report = evaluate(problem, moved)
+            value_s = plan.objective_s
+            if not report.feasible or abs(report.iteration_time_s - value_s) > 1e-9 * value_s:
+                raise AssertionError(
+                    f"nest: a plan of the segment view {view.name} costs {value_s!r} s there "
+                    f"but {report.iteration_time_s!r} s on {problem.cluster.name} "
+                    f"(feasible={report.feasible}); please report"
+                )
+            renamed.append(moved.with_record(objective_s=report.iteration_time_s))
+        best: dict = {}
+        for plan in sorted(given + renamed, key=lambda p: p.objective_s):  # stable: given first
+            best.setdefault(plan.config.unordered(), plan)
+        plans = list(best.values())[: self.top_k]
+        domain = problem.cluster.levels[0]
+        record = {
+            "segment_devices_per_domain": view.levels[0].fanout,
+            "segment_domain": f"{domain.name} x{domain.fanout}",
+            "segment_chosen": bool(renamed) and plans[0] is renamed[0],
+            "segment_given_objective_s": given[0].objective_s if given else None,
+            "segment_view_objective_s": renamed[0].objective_s if renamed else None,
+        }
+        elapsed_s = time.perf_counter() - started
+        return [
+            plan.with_record(
+                status="optimal" if rank == 0 else "alternative",
+                solve_time_s=elapsed_s,
+                search={**plan.search, **record} if rank == 0 else plan.search,
+            )
+            for rank, plan in enumerate(plans)
+        ]
+
+    def _search(self, problem: Problem, cutoff_s: float = float("inf")) -> list[Plan]:
+        """:meth:`solve_ranked` of the whole space (module docstring); ``cutoff_s`` (with
+        ``top_k = 1``): start the threshold there, so only plans at most that fast are solved
+        for, and return an empty list when none is."""
         started, started_cpu = time.perf_counter(), time.process_time()
-        top = TopK(check_top_k(self.top_k, self.name))
+        top = TopK(check_top_k(self.top_k, self.name), threshold=cutoff_s)
         options = self.options()
         modes = options.recompute_modes
         floors = Floors(problem, _floor_modes(options))
@@ -605,6 +703,8 @@ class NestPlanner(SpacePlanner):
             **({"top_k": top.k} if top.k > 1 else {}),
         }
         if not top.best:
+            if cutoff_s < float("inf"):
+                return []
             raise self._nothing_fits(problem, options, entries, floors, shared)
         return self._finished(problem, top.best, search, started, stats.stages_scored)
 

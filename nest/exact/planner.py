@@ -130,7 +130,7 @@ class ExactPlanner(SpacePlanner):
     def _incumbent(self, problem: Problem) -> Plan | None:
         """The DP's plan over the restricted space (an upper bound for both modes)."""
         try:
-            return NestPlanner(**self.space_kwargs()).solve(problem)
+            return NestPlanner(segments=False, **self.space_kwargs()).solve(problem)
         except Infeasible:
             return None
 

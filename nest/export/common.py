@@ -88,16 +88,22 @@ def has_kind(problem: Problem, plan: Plan, k: int, kind: LayerKind) -> bool:
     return any(chain[i].kind is kind for i in plan.stages[k].layers)
 
 
+def allocation(plan: Plan) -> np.ndarray:
+    """The devices the plan uses, in increasing id: rank ``r`` of a launch runs on entry ``r``
+    (a job allocated a set of devices numbers its ranks over them in order, e.g. Slurm's
+    segments of each NVLink domain: nest/core/segment.py)."""
+    return np.unique(np.concatenate([np.asarray(s.devices).ravel() for s in plan.stages]))
+
+
 def placement_order(plan: Plan, candidates) -> tuple[Axis, ...] | None:
-    """The first candidate rank order whose layout (from the plan's lowest device id) is exactly
-    the plan's placement; ``None`` when no candidate gives it."""
+    """The first candidate rank order whose layout over the plan's :func:`allocation` (its
+    ranks numbered over the devices it uses, in increasing id) is exactly the plan's placement;
+    ``None`` when no candidate gives it."""
     actual = np.stack([np.asarray(s.devices) for s in plan.stages[: plan.pp]])
-    offset = int(actual.min())
+    ranks = np.searchsorted(allocation(plan), actual)
     for order in candidates:
-        grid = place(
-            tp=plan.tp, cp=plan.cp, dp=plan.dp, pp=plan.pp, rank_order=order, offset=offset
-        )
-        if np.array_equal(grid, actual):
+        grid = place(tp=plan.tp, cp=plan.cp, dp=plan.dp, pp=plan.pp, rank_order=order)
+        if np.array_equal(grid, ranks):
             return tuple(order)
     return None
 
@@ -117,7 +123,8 @@ def rebuild(
     activation_offload=None,
     hybrid: bool = True,
 ) -> Plan:
-    """The plan with some choices changed (placement rebuilt from ``rank_order`` at offset 0).
+    """The plan with some choices changed (placement rebuilt from ``rank_order`` over the plan's
+    :func:`allocation`: the degrees, hence the devices used, do not change).
     ``hybrid`` False drops hybrid sharding (:attr:`nest.core.plan.ParallelConfig.zero_shard`),
     as does ZeRO-0, which shards nothing."""
     counts = layer_counts or [s.last_layer - s.first_layer + 1 for s in plan.stages]
@@ -142,12 +149,14 @@ def rebuild(
             plan.activation_offload if activation_offload is None else activation_offload
         ),
     )
+    order = place(tp=plan.tp, cp=plan.cp, dp=plan.dp, pp=plan.pp, rank_order=config.rank_order)
     return make_structured_plan(
         config,
         layer_counts=counts,
         recompute=modes,
         num_microbatches=plan.num_microbatches,
         sequence_parallel=plan.sequence_parallel,
+        grid=allocation(plan)[order],
     ).with_record(solver=plan.solver, status=plan.status)
 
 
