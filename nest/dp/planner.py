@@ -626,7 +626,9 @@ class NestPlanner(SpacePlanner):
     def _search(self, problem: Problem, cutoff_s: float = float("inf")) -> list[Plan]:
         """:meth:`solve_ranked` of the whole space (module docstring); ``cutoff_s`` (with
         ``top_k = 1``): start the threshold there, so only plans at most that fast are solved
-        for, and return an empty list when none is."""
+        for, and return an empty list when none is. Long: its two phases and the search record
+        share a dozen locals (the timers, the ranking, the memory-floor bookkeeping) that a split
+        would pass around."""
         started, started_cpu = time.perf_counter(), time.process_time()
         top = TopK(check_top_k(self.top_k, self.name), threshold=cutoff_s)
         options = self.options()
