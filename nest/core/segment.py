@@ -46,18 +46,14 @@ def segment_size(fanout: int) -> int:
 def segment_view(cluster: Cluster) -> Cluster | None:
     """The cluster with a power-of-two share of every scale-up domain (module docstring); None
     when there is nothing to round: the domain's fanout is a power of two already, it is the
-    top level, or the cluster is a graph."""
-    if cluster.network is not None or cluster.num_levels < 2:
+    top level, or the cluster is a graph (:meth:`Cluster.with_domain_fanout` says which)."""
+    if cluster.num_levels < 2:
         return None
     domain = cluster.levels[0]
     size = segment_size(domain.fanout)
     if size == domain.fanout:
         return None
-    return Cluster(
-        name=f"{cluster.name} ({size} of {domain.fanout} per {domain.name})",
-        device=cluster.device,
-        levels=(replace(domain, fanout=size), *cluster.levels[1:]),
-    )
+    return cluster.with_domain_fanout(size)
 
 
 def real_ids(view_ids, view: Cluster, cluster: Cluster) -> np.ndarray:

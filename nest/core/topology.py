@@ -22,7 +22,7 @@ levels' own :class:`~nest.core.hierarchy.Hierarchy`, or, for a cluster given as 
 then a hierarchy derived from the graph, which numbers the devices for structured placements.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import prod
 
 import numpy as np
@@ -131,6 +131,20 @@ class Cluster:
     @property
     def num_devices(self) -> int:
         return prod(level.fanout for level in self.levels)
+
+    def with_domain_fanout(self, fanout: int) -> "Cluster | None":
+        """The same cluster with only ``fanout`` devices of each scale-up domain (level 0), the
+        devices scaled (:func:`nest.core.segment.segment_view`); None for a graph cluster, whose
+        network routes traffic by device, not by block, so a share of a domain is not a
+        cluster of the same kind."""
+        if self.network is not None:
+            return None
+        domain = self.levels[0]
+        return Cluster(
+            name=f"{self.name} ({fanout} of {domain.fanout} per {domain.name})",
+            device=self.device,
+            levels=(replace(domain, fanout=fanout), *self.levels[1:]),
+        )
 
     @property
     def num_levels(self) -> int:
