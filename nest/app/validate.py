@@ -91,7 +91,11 @@ Columns appended for precision and model shapes (blank: the default):
   bytes per logit (:attr:`nest.core.problem.Training.fused_loss`);
 - ``cross_entropy_loss_fusion``: true when blank; false where the run left Megatron-LM's
   ``--cross-entropy-loss-fusion`` off (its default): the unfused vocabulary-parallel cross
-  entropy (:attr:`nest.core.problem.Training.cross_entropy_loss_fusion`);
+  entropy (:attr:`nest.core.problem.Training.cross_entropy_loss_fusion`). The rule, one for every
+  Megatron-LM-derived row: false where the code predates the fused path (Megatron-LM 7b4a6d76,
+  June 2024: SC21, the zero-bubble fork, Korthikanti et al.) or the run's published flags do not
+  set it (Megatron-Core r0.8.0's weak scaling, Megatron-MoE-ModelZoo's yamls); blank (fused)
+  where the framework sets it by default (NeMo's ``GPTConfig``, Megatron-Bridge's providers);
 - ``zero_group``: the data-parallel ranks one ZeRO shard group spans (blank: all ``dp``); a
   divisor of ``dp`` shards within groups of that many innermost replicas and replicates across
   them (hybrid sharding: MaxText's ``ici_fsdp`` inside a slice with ``dcn_data`` across slices,
