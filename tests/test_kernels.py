@@ -269,6 +269,13 @@ def test_a_negative_fp8_kernel_overhead_is_one_line_error():
         preset("b200", fp8_kernel_overhead_us=-1.0)
 
 
+def test_an_fp8_kernel_overhead_without_an_fp8_peak_is_one_line_error():
+    """Bad input: ``fp8_kernel_overhead_us`` on a device with no FP8 GEMMs is refused by name
+    rather than ignored."""
+    with pytest.raises(UserError, match="fp8_kernel_overhead_us.*needs fp8_peak_tflops"):
+        preset("a100_80gb", fp8_kernel_overhead_us=4.0)
+
+
 def _rows(table: dict) -> list[tuple]:
     return [(shape, bf16, fp8) for shape, (bf16, fp8) in table.items()]
 

@@ -550,6 +550,11 @@ def _fp8_figures(where: str, c: dict) -> dict:
     """The FP8 fields of a device: none, or a peak inside the physical range with its GEMM
     ceiling."""
     if c.get("fp8_peak_tflops") is None:
+        if c.get("fp8_kernel_overhead_us") is not None:
+            raise UserError(
+                f"{where}: fp8_kernel_overhead_us={c['fp8_kernel_overhead_us']} needs "
+                "fp8_peak_tflops (a device without FP8 GEMMs has no FP8 kernel time)"
+            )
         return {"mxfp8": bool(c.get("mxfp8", False))}  # no FP8 GEMMs: no layout to state
     peak = _physical(where, c, "fp8_peak_tflops")
     if c.get("fp8_gemm_ceiling") is None:

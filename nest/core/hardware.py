@@ -124,7 +124,7 @@ class Device:
             )
         if self.fp8_kernel_overhead_s is not None and self.fp8_kernel_overhead_s < 0:
             raise UserError(
-                f"device {self.name}: fp8_kernel_overhead={self.fp8_kernel_overhead_s} must be "
+                f"device {self.name}: fp8_kernel_overhead_s={self.fp8_kernel_overhead_s} must be "
                 ">= 0, or None (the BF16 kernel overhead)"
             )
         if self.host_link_bw_bytes_per_s is not None and not self.host_link_bw_bytes_per_s > 0:

@@ -278,6 +278,14 @@ class Problem:
                 f"moe_dispatcher={self.training.moe_dispatcher}; build it with the training "
                 "options (nest.app.config.build_model)"
             )
+        for flag in ("fused_loss", "cross_entropy_loss_fusion"):
+            built = getattr(self.model, flag, None)
+            if built is not None and built != getattr(self.training, flag):
+                raise UserError(
+                    f"the model was built with {flag}={built} but training.{flag}="
+                    f"{getattr(self.training, flag)}; build it with the training options "
+                    "(nest.app.config.build_model)"
+                )
         model_precision = getattr(self.model, "precision", None)
         if model_precision is not None and model_precision != numerics:
             raise UserError(

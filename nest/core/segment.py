@@ -46,10 +46,11 @@ def segment_size(fanout: int) -> int:
 def segment_view(cluster: Cluster) -> Cluster | None:
     """The cluster with a power-of-two share of every scale-up domain (module docstring); None
     when there is nothing to round: the domain's fanout is a power of two already, it is the
-    top level, or the cluster is a graph (:meth:`Cluster.with_domain_fanout` says which)."""
-    if cluster.num_levels < 2:
-        return None
+    top level or the only domain, or the cluster is a graph (:meth:`Cluster.with_domain_fanout`
+    says which)."""
     domain = cluster.levels[0]
+    if cluster.num_levels < 2 or cluster.num_devices == domain.fanout:
+        return None  # one domain: a view plan is already a plan on its first devices
     size = segment_size(domain.fanout)
     if size == domain.fanout:
         return None

@@ -1,11 +1,13 @@
 """``cpsat`` and ``milp``: exact planners on the shared cost model, for small instances.
 
-``mode=restricted`` solves exactly the ``nest`` planner's space (:mod:`nest.dp.space`: the same
-configurations, rank orders, partitions, recompute modes and interleaved chunks), so its optimum
-must equal the DP's; ``mode=general`` lets every configuration take any placement of its ranks on
-the cluster (:mod:`nest.exact.placements`), so its optimum is the best plan of the plan contract
-(the plan contract of :mod:`nest.core.plan`: uniform ``dp x cp x tp`` stages) over all placements,
-and
+``mode=restricted`` solves exactly the ``nest`` planner's space on the cluster as given
+(:mod:`nest.dp.space`: the same configurations, rank orders, partitions, recompute modes and
+interleaved chunks), so its optimum must equal the DP's with ``segments=False``; on a cluster whose
+scale-up domain is not a power of two ``solver=nest`` also searches the segment view
+(:mod:`nest.core.segment`), which restricted mode does not, so nest may then be faster;
+``mode=general`` lets every configuration take any placement of its ranks on the cluster
+(:mod:`nest.exact.placements`), so its optimum is the best plan of the plan contract (the plan
+contract of :mod:`nest.core.plan`: uniform ``dp x cp x tp`` stages) over all placements, and
 ``general <= restricted`` shows what the structured space leaves on the table.
 
 Both build the same linear model (:mod:`nest.exact.model`) from the same tables

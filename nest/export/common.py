@@ -95,6 +95,49 @@ def allocation(plan: Plan) -> np.ndarray:
     return np.unique(np.concatenate([np.asarray(s.devices).ravel() for s in plan.stages]))
 
 
+def _ranges(ids, shown: int = 4) -> str:
+    """Sorted device ids as runs ``a-b``, the first ``shown`` of them (``...`` for the rest)."""
+    ids = [int(x) for x in ids]
+    runs, start, prev = [], ids[0], ids[0]
+    for cur in ids[1:]:
+        if cur != prev + 1:
+            runs.append((start, prev))
+            start = cur
+        prev = cur
+    runs.append((start, prev))
+    text = [f"{a}-{b}" if b > a else f"{a}" for a, b in runs]
+    return ",".join(text[:shown]) + (",..." if len(text) > shown else "")
+
+
+def where_ranks_run(exported: Plan) -> str:
+    """Where rank ``r`` of a launch of the exported plan runs: a contiguous range of devices, or
+    the ``r``-th of the devices it uses (:func:`allocation`: a segment plan skips the spare devices
+    of each scale-up domain, :mod:`nest.core.segment`)."""
+    used = allocation(exported)
+    if int(used[-1]) - int(used[0]) + 1 == exported.devices_used:
+        return f"device {int(used[0])} + r of the cluster" if used[0] else "device r of the cluster"
+    return f"the r-th device the plan uses, in increasing id ({_ranges(used)})"
+
+
+def allocation_notes(problem: Problem, plan: Plan, exported: Plan) -> list[str]:
+    """What a launcher must allocate for every export: the devices left idle, and for a plan of
+    the segment view (``plan.search["segment_chosen"]``) the Slurm segments that put each
+    domain's first devices in the job (docs/plan/presets.md, GB200 NVL72: segments)."""
+    notes = []
+    idle = problem.cluster.num_devices - exported.devices_used
+    if idle > 0:
+        notes.append(f"{idle} devices of the cluster stay idle")
+    search = plan.search or {}
+    if search.get("segment_chosen"):
+        size = search["segment_devices_per_domain"]
+        notes.append(
+            f"allocate the first {size} devices of every {search['segment_domain']} domain: "
+            f"Slurm's topology/block plugin with --segment = {size} / (GPUs per node) nodes; "
+            "docs/plan/presets.md"
+        )
+    return notes
+
+
 def placement_order(plan: Plan, candidates) -> tuple[Axis, ...] | None:
     """The first candidate rank order whose layout over the plan's :func:`allocation` (its
     ranks numbered over the devices it uses, in increasing id) is exactly the plan's placement;

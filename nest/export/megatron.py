@@ -175,7 +175,7 @@ from nest.core.plan import Plan
 from nest.core.precision import Fp8Recipe
 from nest.core.problem import Problem
 from nest.export.common import (
-    allocation,
+    allocation_notes,
     block_choices,
     blocks_per_chunk,
     finish_export,
@@ -185,6 +185,7 @@ from nest.export.common import (
     placement_order,
     rebuild,
     strongest_recompute,
+    where_ranks_run,
 )
 
 CHECKED = "NVIDIA/Megatron-LM megatron/training/arguments.py @ 000c4ac24f61 (2025)"
@@ -682,45 +683,15 @@ def _moe_args(spec: ModelSpec) -> list[str]:
     return args
 
 
-def _ranges(ids, shown: int = 4) -> str:
-    """Sorted device ids as runs ``a-b``, the first ``shown`` of them (``...`` for the rest)."""
-    ids = [int(x) for x in ids]
-    runs, start, prev = [], ids[0], ids[0]
-    for cur in ids[1:]:
-        if cur != prev + 1:
-            runs.append((start, prev))
-            start = cur
-        prev = cur
-    runs.append((start, prev))
-    text = [f"{a}-{b}" if b > a else f"{a}" for a, b in runs]
-    return ",".join(text[:shown]) + (",..." if len(text) > shown else "")
-
-
 def export_megatron(problem: Problem, plan: Plan, report=None, replan=None):
     exported, issues = nearest_expressible(problem, plan)
     args = megatron_args(problem, exported)
     n = exported.devices_used
-    used = allocation(exported)
-    if int(used[-1]) - int(used[0]) + 1 == n:
-        where = (
-            f"device {int(used[0])} + r of the cluster" if used[0] else "device r of the cluster"
-        )
-    else:
-        where = f"the r-th device the plan uses, in increasing id ({_ranges(used)})"
     notes = [
         f"launch {n} ranks (world size {n} = tp {exported.tp} x cp {exported.cp} x dp "
-        f"{exported.dp} x pp {exported.pp}); rank r runs on {where}"
+        f"{exported.dp} x pp {exported.pp}); rank r runs on {where_ranks_run(exported)}",
+        *allocation_notes(problem, plan, exported),
     ]
-    if problem.cluster.num_devices > n:
-        notes.append(f"{problem.cluster.num_devices - n} devices of the cluster stay idle")
-    search = plan.search or {}
-    if search.get("segment_chosen"):
-        notes.append(
-            f"allocate the first {search['segment_devices_per_domain']} devices of every "
-            f"{search['segment_domain']} domain: Slurm's topology/block plugin with --segment "
-            f"= {search['segment_devices_per_domain']} / (GPUs per node) nodes; "
-            "docs/plan/presets.md"
-        )
     notes.append(
         f"{exported.num_microbatches} microbatches of {exported.microbatch_size} per iteration: "
         f"global_batch_size / (micro_batch_size x dp) = {global_batch(exported)} / "

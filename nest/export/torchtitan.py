@@ -140,6 +140,7 @@ from nest.core.precision import Fp8Recipe
 from nest.core.problem import Problem
 from nest.cost import evaluate
 from nest.export.common import (
+    allocation_notes,
     block_choices,
     blocks_per_chunk,
     finish_export,
@@ -149,6 +150,7 @@ from nest.export.common import (
     placement_order,
     rebuild,
     strongest_recompute,
+    where_ranks_run,
 )
 
 CHECKED = (
@@ -634,8 +636,10 @@ def export_torchtitan(problem: Problem, plan: Plan, report=None, replan=None):
     notes = [
         *shape_note(problem),
         *fp8_notes(problem, exported),
-        f"run on {exported.devices_used} ranks (NGPU x nodes); blocks per stage "
-        f"{blocks_per_chunk(problem, exported)}; split points name torchtitan's 'layers.N' blocks",
+        f"run on {exported.devices_used} ranks (NGPU x nodes); rank r runs on "
+        f"{where_ranks_run(exported)}; blocks per stage {blocks_per_chunk(problem, exported)}; "
+        "split points name torchtitan's 'layers.N' blocks",
+        *allocation_notes(problem, plan, exported),
         _batch_note(exported),
         "TOML job configs are read by torchtitan up to v0.2.2; later versions (PR #2386) take "
         "the same settings in a Python config",
