@@ -5,6 +5,7 @@ import numpy as np
 from nest.core.plan import Plan
 from nest.core.problem import Problem
 from nest.core.report import Report
+from nest.core.segment import segment_allocation
 from nest.core.units import GiB
 from nest.cost.mfu import causal_mfu, fp8_peak_mfu, plausibility_note
 from nest.planner import memory_fix
@@ -49,14 +50,9 @@ def sequence_line(model) -> str:
 
 def _segment_note(plan: Plan) -> str:
     """Where the plan uses a power-of-two share of every scale-up domain (nest's segment view,
-    nest/core/segment.py): how many devices of each, as a Slurm --segment allocation gives."""
-    search = plan.search or {}
-    if not search.get("segment_chosen"):
-        return ""
-    return (
-        f" (segments: the first {search['segment_devices_per_domain']} devices of every "
-        f"{search['segment_domain']} domain, the rest idle; docs/plan/presets.md)"
-    )
+    :func:`nest.core.segment.segment_allocation`), as a Slurm --segment allocation gives."""
+    where = segment_allocation(plan.search)
+    return f" (segments: {where}, the rest idle; docs/plan/presets.md)" if where else ""
 
 
 def format_summary(problem: Problem, plan: Plan, report: Report) -> str:

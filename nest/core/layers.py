@@ -1096,7 +1096,7 @@ class AnalyticModel:
         seconds = rest_s + sum(self._gemms_s(device, [g], fp8)[0] for g in pieces)
         flops = sum(2.0 * mm * n * k * g for mm, n, k, g in pieces)
         if not self.flash_attention:
-            attn_s, core_flops, _ = self._attention_s(ref, shard, device)
+            attn_s, core_flops, _, _ = self._attention_s(ref, shard, device)
             seconds, flops = seconds + attn_s, flops + core_flops
         for name in EXPERT_LINEARS & fwd_of.keys():
             seconds += fwd_of[name][0]
@@ -1153,9 +1153,11 @@ class AnalyticModel:
 
     def _attention_s(
         self, ref: LayerRef, shard: Shard, device: Device
-    ) -> tuple[float, float, float]:
+    ) -> tuple[float, float, float, float]:
         """(forward seconds of the attention core, its counted FLOPs on this device, seconds
-        of its unfused elementwise work in the forward)."""
+        of its unfused memory-bound work in the forward and in the backward: the softmax's and
+        its dropout's, :func:`unfused_core_bytes_per_score`; 0 with FlashAttention, whose kernel
+        time holds its softmax)."""
         m = self.spec
         t, c, _, _, p, b, s, _, s_loc, _, _ = self._dims(shard)
         core = attention_core(m, ref.local)
@@ -1170,7 +1172,7 @@ class AnalyticModel:
                 causal=not m.encoder,
                 done_fraction=core.done_fraction,
             )
-            return attn_s, core_flops, 0.0
+            return attn_s, core_flops, 0.0, 0.0
         # unfused: the scores Q K^T and their product with V, batched over heads, on the full
         # (masked) matrix
         heads = b * m.heads / t
@@ -1178,8 +1180,14 @@ class AnalyticModel:
             device, s_loc, core.v, s, heads, p
         )
         core_elems = m.heads * s_loc * s * b
-        fwd_bytes, _ = unfused_core_bytes_per_score(p, m.dropout, self._softmax_read(ref))
-        return attn_s, core_flops, fwd_bytes * core_elems / t / device.achieved_hbm_bw_bytes_per_s
+        fwd_bytes, bwd_bytes = unfused_core_bytes_per_score(p, m.dropout, self._softmax_read(ref))
+        hbm = device.achieved_hbm_bw_bytes_per_s
+        return (
+            attn_s,
+            core_flops,
+            fwd_bytes * core_elems / t / hbm,
+            bwd_bytes * core_elems / t / hbm,
+        )
 
     def _softmax_read(self, ref: LayerRef) -> float:
         """The share of each score row the unfused softmax loads: one half for global causal
@@ -1187,18 +1195,6 @@ class AnalyticModel:
         ``scaled_masked_softmax`` for an encoder or a windowed block;
         :func:`unfused_core_bytes_per_score`)."""
         return 0.5 if not (self.spec.encoder or ref.local) else 1.0
-
-    def _unfused_core_bwd_ew_s(self, ref: LayerRef, shard: Shard, device: Device) -> float:
-        """Seconds of the unfused attention core's memory-bound backward (the softmax's and its
-        dropout's, :func:`unfused_core_bytes_per_score`); 0 with FlashAttention, whose kernel
-        time holds its softmax."""
-        if self.flash_attention:
-            return 0.0
-        m = self.spec
-        t, _, _, _, p, b, s, _, s_loc, _, _ = self._dims(shard)
-        _, bwd_bytes = unfused_core_bytes_per_score(p, m.dropout, self._softmax_read(ref))
-        core_elems = m.heads * s_loc * s * b
-        return bwd_bytes * core_elems / t / device.achieved_hbm_bw_bytes_per_s
 
     def _elementwise_s(self, ref: LayerRef, shard: Shard, device: Device) -> float:
         """Seconds of a block's memory-bound elementwise work outside the attention core
@@ -1229,12 +1225,12 @@ class AnalyticModel:
         gemm_fwd = sum(f for f, _ in fwd_of.values())
         gemm_bwd = sum(b_ for _, b_ in fwd_of.values())
         cast_fwd, cast_bwd = self._cast_s(gemms, device)
-        attn_s, core_flops, core_ew_s = self._attention_s(ref, shard, device)
+        attn_s, core_flops, core_ew_s, core_ew_bwd_s = self._attention_s(ref, shard, device)
         block_ew_s = self._elementwise_s(ref, shard, device)
         ew_s = block_ew_s + core_ew_s
         moe_fwd, moe_bwd = self._moe_kernels_s(ref, shard, device) if ref.moe else (0.0, 0.0)
         fwd_s = gemm_fwd + cast_fwd + attn_s + ew_s + moe_fwd
-        core_ew_bwd_s = self._unfused_core_bwd_ew_s(ref, shard, device)  # not 2x the forward's
+        # the unfused core's softmax and dropout backward move their own bytes, not 2x the forward's
         bwd_s = gemm_bwd + cast_bwd + 2.0 * attn_s + 2.0 * block_ew_s + core_ew_bwd_s + moe_bwd
         core_s = attn_s + core_ew_s
         # FlashAttention's backward recomputes S = QK^T (half of the core's forward FLOPs), which

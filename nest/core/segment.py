@@ -77,3 +77,16 @@ def on_cluster(plan: Plan, view: Cluster, cluster: Cluster) -> Plan:
 def _nested(arr: np.ndarray) -> tuple:
     """A ``[dp][cp][tp]`` array as nested tuples of ints (a stage's ``devices``)."""
     return tuple(tuple(tuple(int(x) for x in row) for row in rep) for rep in arr.tolist())
+
+
+def segment_allocation(search: dict | None) -> str | None:
+    """What a plan's search record says to allocate when the segment view won (``search``:
+    :attr:`nest.core.plan.Plan.search`, written by the ``nest`` planner): "the first N devices
+    of every D domain"; None for a plan on the cluster as given."""
+    search = search or {}
+    if not search.get("segment_chosen"):
+        return None
+    return (
+        f"the first {search['segment_devices_per_domain']} devices of every "
+        f"{search['segment_domain']} domain"
+    )

@@ -15,6 +15,7 @@ from nest.core.layers import AnalyticModel
 from nest.core.plan import BlockRecompute, Plan, make_structured_plan, place
 from nest.core.problem import Problem
 from nest.core.report import Report
+from nest.core.segment import segment_allocation
 from nest.cost import evaluate
 
 RECOMPUTED = {
@@ -127,13 +128,12 @@ def allocation_notes(problem: Problem, plan: Plan, exported: Plan) -> list[str]:
     idle = problem.cluster.num_devices - exported.devices_used
     if idle > 0:
         notes.append(f"{idle} devices of the cluster stay idle")
-    search = plan.search or {}
-    if search.get("segment_chosen"):
-        size = search["segment_devices_per_domain"]
+    where = segment_allocation(plan.search)
+    if where:
+        size = plan.search["segment_devices_per_domain"]
         notes.append(
-            f"allocate the first {size} devices of every {search['segment_domain']} domain: "
-            f"Slurm's topology/block plugin with --segment = {size} / (GPUs per node) nodes; "
-            "docs/plan/presets.md"
+            f"allocate {where}: Slurm's topology/block plugin with --segment = {size} / "
+            "(GPUs per node) nodes; docs/plan/presets.md"
         )
     return notes
 
