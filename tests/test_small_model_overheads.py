@@ -14,6 +14,7 @@ import yaml
 
 from nest.app.config import build_device
 from nest.core.axes import LayerKind
+from nest.core.errors import UserError
 from nest.core.kernels import gemm_time_s
 from nest.core.layers import (
     EMBEDDING_GRAD_ACCUMULATE_BYTES_PER_WEIGHT,
@@ -23,8 +24,9 @@ from nest.core.layers import (
     Shard,
     padded_vocab,
 )
+from nest.core.problem import Problem
 
-from .conftest import make_spec
+from .conftest import make_problem, make_spec
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -151,3 +153,14 @@ def test_embedding_gradient_is_a_cost_of_the_vocabulary_not_of_the_tokens():
     assert extra[1, 1] == pytest.approx(1.109e-3, rel=1e-3)
     assert extra[1, 4] == pytest.approx(extra[1, 1], rel=1e-12)
     assert extra[2, 1] == pytest.approx(extra[1, 1] / 2, rel=1e-12)
+
+
+@pytest.mark.parametrize("flag", ["fused_loss", "cross_entropy_loss_fusion"])
+def test_a_model_built_with_other_loss_flags_than_training_is_refused(flag):
+    """Bad input: the cost reads the model's loss flags and the Megatron export the training's;
+    a problem whose two disagree is a one-line error naming the flag (as for the precision and
+    the MoE dispatcher), not a plan scored on one loss and exported with the other."""
+    problem = make_problem(make_spec())
+    other = AnalyticModel(problem.model.spec, **{flag: not getattr(problem.training, flag)})
+    with pytest.raises(UserError, match=f"built with {flag}="):
+        Problem(model=other, cluster=problem.cluster, training=problem.training)
