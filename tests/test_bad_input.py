@@ -334,6 +334,45 @@ def test_build_cluster_accepts_consistent_fanouts(fanouts, devices, total):
     assert build_cluster(cluster_dict(fanouts, devices)).num_devices == total
 
 
+@pytest.mark.parametrize(
+    "fanouts, devices, placed",
+    [
+        ([8, 32, None], 64, [8, 8, 1]),  # 8 nodes under one leaf of a SuperPOD
+        ([8, 32, None], 8, [8, 1, 1]),  # one node
+        ([8, 32, None], 4, [4, 1, 1]),  # half a node
+        ([72, 8, None], 144, [72, 2, 1]),  # two NVL72 racks
+        ([72, 8, None], 64, [64, 1, 1]),  # 64 GPUs of one rack
+        ([8, None], 4, [4, 1]),
+    ],
+)
+def test_fewer_devices_than_one_inner_unit_fill_whole_units_bottom_up(fanouts, devices, placed):
+    """A job smaller than one unit of the inner levels is placed as a topology-aware scheduler
+    places it: whole nodes, then nodes under one leaf; the level where the count runs out is
+    partly filled and every level above it has one member (and so costs nothing)."""
+    cluster = build_cluster(cluster_dict(fanouts, devices))
+    assert [lv.fanout for lv in cluster.levels] == placed
+    assert cluster.num_devices == devices
+
+
+def test_every_count_below_one_unit_is_placed_or_refused_in_one_line():
+    """Every count below one leaf of [8, 32] nodes either keeps its devices exactly, with each
+    level no wider than the preset's, or is one line naming the value (12 GPUs: 1.5 nodes)."""
+    refused = 0
+    for devices in range(1, 256):
+        try:
+            cluster = build_cluster(cluster_dict([8, 32, None], devices))
+        except UserError as error:
+            refused += 1
+            assert_one_line(str(error))
+            assert f"cluster.devices={devices}" in str(error) and "multiple of 8" in str(error)
+            assert devices > 8 and devices % 8
+            continue
+        assert cluster.num_devices == devices
+        widths = [lv.fanout for lv in cluster.levels]
+        assert widths[0] <= 8 and widths[1] <= 32 and widths[2] == 1
+    assert refused == 255 - 8 - 30  # 1-8 GPUs in one node, 2-31 whole nodes under one leaf
+
+
 def test_build_cluster_rejects_negative_bandwidth():
     with pytest.raises(UserError) as info:
         build_cluster(cluster_dict([8, None], 64, bw_gbps=-1))

@@ -732,6 +732,8 @@ def _fanouts(name: str, levels_cfg: list, devices) -> list[int]:
     if fanouts[-1] is None:
         if devices is None:
             raise UserError(f"cluster {name}: the top level's fanout is null; set cluster.devices")
+        if devices < inner:
+            return _inside_one_unit(fanouts[:-1], devices)
         if devices % inner:
             raise UserError(
                 f"cluster.devices={devices} is not a multiple of the inner fan-outs "
@@ -745,6 +747,27 @@ def _fanouts(name: str, levels_cfg: list, devices) -> list[int]:
         )
     _within_limit("cluster.devices", prod(fanouts), "devices")
     return fanouts
+
+
+def _inside_one_unit(inner: list[int], devices: int) -> list[int]:
+    """The fan-outs of an allocation smaller than one unit of the inner levels (``devices <
+    prod(inner)``: 64 GPUs of a SuperPOD whose leaves hold 32 nodes of 8), placed as a
+    topology-aware scheduler places a job: whole units from the bottom level up (8 GPUs to a
+    node, then nodes under one leaf), the level where the count runs out partly filled, every
+    level above it of fan-out 1 (a level with one member costs nothing:
+    :mod:`nest.cost.collectives`). A count that fills no whole number of a lower level's units
+    (12 GPUs on nodes of 8) is one line naming the value."""
+    fanouts, left = [], devices
+    for f in inner:
+        if left >= f and left % f:
+            raise UserError(
+                f"cluster.devices={devices} is less than one unit of the inner fan-outs {inner} "
+                f"(product {prod(inner)}) and not a multiple of {f}; use a multiple of {f} below "
+                f"{prod(inner)}, or a multiple of {prod(inner)}"
+            )
+        fanouts.append(min(f, left))
+        left //= fanouts[-1]
+    return [*fanouts, 1]
 
 
 IN_NETWORK_OPTIONS = {"nvls": "NVLink SHARP", "sharp": "InfiniBand SHARP"}
