@@ -42,10 +42,24 @@ def test_every_case_is_predicted_and_fits(summary):
     up to 512 GPUs) and the 4 long-context runs of Megatron-MoE-ModelZoo's Qwen3-235B TP4 layout
     (16K-128K tokens, the MoE layer recomputed). One time row
     is called out of memory, by 3.6 %: Llama 3 405B on 8,192 H100 under Megatron's interleaved
-    warm-up (OUT_OF_MEMORY_WHY)."""
-    assert summary["cases"] == 291
-    assert summary["predicted"] == 291
-    assert summary["out_of_memory"] == 1
+    warm-up, and so are Megatron-Bridge's three Megatron-FSDP runs on GB200 that offload 40 of
+    80 (Llama 3 70B) or 95 of 126 (Llama 3.1 405B) layers' activations to Grace's memory, which
+    the model does not express (OUT_OF_MEMORY_WHY)."""
+    assert summary["cases"] == 298
+    assert summary["predicted"] == 298
+    assert summary["out_of_memory"] == 4
+
+
+FSDP_OFFLOAD_WHY = (
+    "the run offloads activations to Grace's memory over NVLink-C2C (Megatron-Bridge's recipe "
+    "sets cpu_offloading_num_layers 40 of Llama 3 70B's 80 layers, 95 of Llama 3.1 405B's 126: "
+    "scripts/performance/configs/llama3/llama3_70b_llm_pretrain.yaml and "
+    "llama31/llama31_405b_llm_pretrain.yaml at v0.1.0rc3, llama/llama3_workload_base_configs.py "
+    "at v0.4.2), which the model does not express: without recompute it keeps every layer's "
+    "activations on the GPU (279 GiB at Llama 3 70B's microbatch 2, 203 GiB for 405B at TP2); "
+    "with the offloaded share off the GPU both fit (about 170 and 110 GiB of 187)"
+)
+"""Why Megatron-Bridge's Megatron-FSDP runs on GB200 are called out of memory."""
 
 
 OUT_OF_MEMORY_WHY = {  # (source, case): why the memory model calls this published run OOM
@@ -72,12 +86,27 @@ OUT_OF_MEMORY_WHY = {  # (source, case): why the memory model calls this publish
         "for memory (arXiv 2407.21783 §3.3.2), which the model does not express; the same "
         "layout at 16 microbatches (16,384 GPUs) fits"
     ),
+    **{
+        ("MegatronBridge_perf_FSDP", case): FSDP_OFFLOAD_WHY
+        for case in (
+            "Llama3 70B 64xGB200 FP8(-CS) Megatron-FSDP 64 TP1 PP1 MBS2 GBS256 (Megatron-Bridge "
+            "26.04.01, github:NVIDIA-NeMo/Megatron-Bridge@4ab94dfad36641cabdeb96452b21bf676aac4772:"
+            "docs/performance-summary-archive.md#L204)",
+            "Llama3 70B 64xGB200 FP8-CS Megatron-FSDP 64 TP1 PP1 MBS2 GBS128 (Megatron-Bridge "
+            "25.09, github:NVIDIA-NeMo/Megatron-Bridge@4ab94dfad36641cabdeb96452b21bf676aac4772:"
+            "docs/performance-summary-archive.md#L608, the unbracketed run)",
+            "Llama3.1 405B 128xGB200 FP8-CS Megatron-FSDP 64 TP2 PP1 MBS1 GBS64 (Megatron-Bridge "
+            "25.09, github:NVIDIA-NeMo/Megatron-Bridge@4ab94dfad36641cabdeb96452b21bf676aac4772:"
+            "docs/performance-summary-archive.md#L609, the unbracketed run)",
+        )
+    },
 }
 """The published runs the memory model still calls out of memory, over every row (time and
 memory): 16 of 212 before issue 23's fixes (15 time rows, 1 memory row), 1 after them, 2 since
 the Llama 3 rows run the interleaved schedule Meta describes (issue 22); of 324 with the
 zero-bubble paper's 112 rows; of 332 with Megatron-MoE-ModelZoo's 4 long-context Qwen3 rows and
-the Megatron-LM README's 4 A100 rows."""
+the Megatron-LM README's 4 A100 rows; 5 of 339 with Megatron-Bridge's 7 FSDP-source rows, 3 of
+them Megatron-FSDP runs that offload activations to the CPU."""
 
 
 def test_published_runs_called_out_of_memory_are_the_pinned_ones(summary):
@@ -85,7 +114,7 @@ def test_published_runs_called_out_of_memory_are_the_pinned_ones(summary):
     the runs it calls out of memory are exactly those of OUT_OF_MEMORY_WHY, each with its
     shortfall in the note."""
     verdict = summary["fits_verdict"]
-    assert verdict["runs"] == 291 + summary["memory"]["n"] == 332
+    assert verdict["runs"] == 298 + summary["memory"]["n"] == 339
     called = {(r["source"], r["case"]) for r in verdict["out_of_memory"]}
     assert called == set(OUT_OF_MEMORY_WHY)
     assert all("GiB short" in r["note"] for r in verdict["out_of_memory"])
@@ -93,7 +122,7 @@ def test_published_runs_called_out_of_memory_are_the_pinned_ones(summary):
 
 @_unmet(
     "every published run fits",
-    f"{len(OUT_OF_MEMORY_WHY)} of 324 called out of memory",
+    f"{len(OUT_OF_MEMORY_WHY)} of 339 called out of memory",
     "; ".join(OUT_OF_MEMORY_WHY.values()),
 )
 def test_accuracy_every_published_run_fits(summary):
@@ -120,6 +149,29 @@ def test_rows_that_shard_within_groups_and_replicate_across_are_scored_as_hsdp()
             assert validate.predict(row).predicted is not None
             counts[row["source"]] = counts.get(row["source"], 0) + 1
     assert counts == HYBRID
+
+
+def test_megatron_fsdp_rows_shard_over_the_group_the_archive_defines():
+    """Megatron-Bridge's performance archive defines its FSDP column as "FSDP > 0: use FSDP
+    with sharding group size = #GPUs / (TP x PP)" (github:NVIDIA-NeMo/Megatron-Bridge@4ab94dfa:
+    docs/performance-summary-archive.md, Nomenclature), and its recipes run Megatron-FSDP with
+    ``data_parallel_sharding_strategy = "optim_grads_params"`` (weights, gradients and
+    optimizer state sharded: ZeRO-3; scripts/performance/utils/helpers.py at v0.1.0rc3 and
+    v0.2.0). Every Megatron-FSDP row of the source is therefore scored as ZeRO-3 with one shard
+    group of #GPUs / (TP x PP) ranks, the prefetching runtime; every other row of it (FSDP 0)
+    keeps the distributed optimizer (ZeRO-1)."""
+    rows = [r for r in _rows() if r["source"] == MBFSDP]
+    fsdp = [r for r in rows if "Megatron-FSDP" in r["case"]]
+    assert len(rows) == 7 and len(fsdp) == 4
+    for row in rows:
+        problem, plan = validate.problem_and_plan(row)
+        if row in fsdp:
+            group = int(row["gpus"]) // (int(row["tp"]) * int(row["pp"]))
+            assert plan.config.zero_stage == 3 and group == plan.config.dp
+            assert plan.zero_shard in (None, group)  # None: one group of all dp ranks
+            assert problem.training.zero3_runtime == "prefetch"
+        else:
+            assert plan.config.zero_stage == 1
 
 
 def test_a_zero_group_equal_to_dp_is_the_plan_without_it():
@@ -164,6 +216,7 @@ MOEZOO_SWEEP = "MoEZoo_Qwen3_235B_256xH100"
 MOEZOO_LC = "MoEZoo_Qwen3_235B_H100_BF16_long_context"
 GB200_PAIRS = "NVIDIA_dgxc_benchmarking_GB200_pairs"
 BLACKWELL = "MegatronBridge_perf_Blackwell"
+MBFSDP = "MegatronBridge_perf_FSDP"
 TPU_V5E = "MaxText_TPU_v5e_README"
 TPU_V5P = "MaxText_TPU_v5p_README"
 MI355X = "MLPerf_Training_v5.1_AMD_MI355X"
@@ -252,6 +305,21 @@ BLACKWELL_WHY = (
     "cuDNN's measured rate, 0.634 of peak at 8,192 keys x the in-step 0.768); 405B on GB200 "
     "+6 %, Qwen3-235B BF16 +1 %"
 )
+MBFSDP_WHY = (
+    "every GB200 row predicted fast, the Megatron-FSDP runs and the same releases' non-FSDP "
+    "MXFP8 runs alike: Llama 3 70B on 64 GB200 +15.1 % FSDP / +16.4 % TP2 PP4 VP5 (26.04.01) and "
+    "+21.9 / +19.7 % (25.09), Llama 3.1 405B on 128 GB200 +29.3 % FSDP TP2 / +43.0 % TP4 PP8 "
+    "CP2 VP8 (25.09), Llama 3 8B on 8 H100 (FSDP 8, 5 blocks recomputed) -10.9 %. Not the FSDP "
+    "term: the model hides the ZeRO-3 gathers and reduce-scatters under the layers' compute "
+    "(70B: 0.44 s of collectives per microbatch under 3.3 s of compute, 0.008 s exposed; 405B: "
+    "1.43 s under 4.2 s, 0.014 s exposed), and the FSDP-to-alternative speed ratios are "
+    "predicted 1.125 / 1.145 for 70B against 1.138 / 1.124 measured; the GB200 FP8 in-step "
+    "rate is (GB200 pairs: FP8 rows -18 to -20 % in step time). Not modelled: the activation "
+    "offload over NVLink-C2C (at the preset's 225 GB/s per direction, fully exposed it would add "
+    "1.33 / 0.66 / 0.73 s to the three FSDP steps, reading -3.9 / +1.8 / +10.6 %; Megatron "
+    "overlaps it, by how much no source says); and the 405B MXFP8 run on GB200 (578) was slower "
+    "than the same layout on B200 in the same release (622), which no GB200 preset can give"
+)
 MI355X_WHY = (
     "Llama 3.1 8B FP8 on 8 MI355X predicted 12.0 % slower than the MLPerf run at the derived "
     "in-step rate (0.481: H100's 0.768 of the ceiling x MI355X's 0.626); +13.5 % when the preset "
@@ -329,6 +397,7 @@ ZB_ORDER_WHY = (
         MOEZOO_LC,
         GB200_PAIRS,
         pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "11.0 %", BLACKWELL_WHY)),
+        pytest.param(MBFSDP, marks=_unmet("source median <= 10 %", "19.7 %", MBFSDP_WHY)),
         TPU_V5E,
         TPU_V5P,
         pytest.param(MI355X, marks=_unmet("source median <= 10 %", "12.0 %", MI355X_WHY)),
@@ -369,6 +438,7 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         MOEZOO_LC,
         pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "20.4 %", GB200_WHY)),
         pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "221 %", BLACKWELL_WHY)),
+        pytest.param(MBFSDP, marks=_unmet("max <= 15 %", "43.0 %", MBFSDP_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "26.0 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "29.6 %", TPU_WHY)),
         MI355X,
@@ -383,7 +453,7 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
 
 @_unmet(
     "median <= 5 % over all cases",
-    "6.0 %",
+    "5.7 %",
     f"the GB200 pairs: {GB200_WHY}; the TPU rows: {TPU_WHY}; the MoE sources: {BLACKWELL_WHY}",
 )
 def test_accuracy_median_within_5_percent(summary):
@@ -392,14 +462,15 @@ def test_accuracy_median_within_5_percent(summary):
 
 HELD_OUT_WHY = (
     f"the held-out sources above: GB200 pairs {GB200_WHY}; TPU {TPU_WHY}; "
-    f"Blackwell {BLACKWELL_WHY}; MoE-ModelZoo Qwen3-235B {MOEZOO_WHY}"
+    f"Blackwell {BLACKWELL_WHY}; MoE-ModelZoo Qwen3-235B {MOEZOO_WHY}; Megatron-Bridge FSDP "
+    f"{MBFSDP_WHY}"
 )
 
 
 def test_every_row_is_calibration_or_held_out(summary):
     """The declared splits (``validate.CALIBRATION_SPLITS``, the only rows ``python -m
     nest.calibrate`` fits on) are the 15 BF16 rows of the dgxc H100 pairs and the 12 MaxText v5e
-    runs on 1, 4 and 16 slices; the 256 other predicted rows are held out, the FP8 twins and the
+    runs on 1, 4 and 16 slices; the 271 other predicted rows are held out, the FP8 twins and the
     v5e runs on 2, 8 and 32 slices included."""
     splits = summary["by_split"]
     assert splits["calibration"]["n"] == 15 + 12
@@ -417,8 +488,9 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 def test_regression_split_errors_pin_the_current_model(summary):
     """Pins (not accuracy): calibration rows median 5.3 % / max 18.6 % (the H100 pairs' 2.4 /
-    15.4 % with the v5e split's 6.8 / 18.6 %); held-out rows median 5.6 % / max 221 % on 264
-    rows (5.9 % before every Megatron-LM-derived row ran the cross entropy its code had, unfused;
+    15.4 % with the v5e split's 6.8 / 18.6 %); held-out rows median 5.9 % / max 221 % on 271
+    rows (5.6 % on the 264 before Megatron-Bridge's 7 FSDP-source rows, all 10.9-43.0 % off;
+    5.9 % before every Megatron-LM-derived row ran the cross entropy its code had, unfused;
     5.96 % on the 256 before the Megatron README's A100 rows and ModelZoo's long-context
     Qwen3 rows, 5.95 % before the unfused attention core's backward bytes and Blackwell's
     shape-aware compute model, which move them in opposite directions; 7.2 % before the TPU
@@ -426,7 +498,7 @@ def test_regression_split_errors_pin_the_current_model(summary):
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
     assert cal["median_abs_error"] == pytest.approx(0.053, abs=0.005)
     assert cal["max_abs_error"] == pytest.approx(0.186, abs=0.005)
-    assert held["median_abs_error"] == pytest.approx(0.056, abs=0.005)
+    assert held["median_abs_error"] == pytest.approx(0.059, abs=0.005)
     assert held["max_abs_error"] == pytest.approx(2.212, abs=0.005)
     pairs = summary["by_source_split"][PAIRS]["calibration"]
     assert pairs["median_abs_error"] == pytest.approx(0.024, abs=0.005)
@@ -437,7 +509,7 @@ def test_regression_split_errors_pin_the_current_model(summary):
     assert v5e["held-out"]["max_abs_error"] == pytest.approx(0.260, abs=0.005)
 
 
-@_unmet("held-out median <= 5 % (issue 22)", "5.6 %", HELD_OUT_WHY)
+@_unmet("held-out median <= 5 % (issue 22)", "5.9 %", HELD_OUT_WHY)
 def test_accuracy_held_out_median_within_5_percent(summary):
     assert summary["held_out_targets_met"]["median_abs_error"]
 
@@ -503,6 +575,7 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     MOEZOO_LC: (4, 0.049, 0.057, -0.049),
     GB200_PAIRS: (30, 0.061, 0.204, -0.061),
     BLACKWELL: (9, 0.109, 2.212, 0.109),
+    MBFSDP: (7, 0.197, 0.430, 0.197),
     TPU_V5E: (24, 0.068, 0.260, 0.023),
     TPU_V5P: (16, 0.082, 0.296, 0.042),
     MI355X: (1, 0.120, 0.120, -0.120),
@@ -556,9 +629,18 @@ def test_regression_sweep_kendall_taus_pin_the_current_model(summary):
     assert taus[f"{DSV3}:deepseek_v3:seq4096:bf16"] == (3, pytest.approx(1.0))
     assert taus[MOEZOO_SWEEP][0] == 5
     gb200 = {k: v for k, v in taus.items() if k.startswith(GB200_PAIRS)}
-    assert len(gb200) == 8 and len(taus) == 12 + 6 + len(ZB_TAUS)
+    assert len(gb200) == 8 and len(taus) == 12 + 6 + len(ZB_TAUS) + len(MBFSDP_SWEEPS)
+    for sweep, tau in MBFSDP_SWEEPS.items():
+        assert taus[sweep] == (2, pytest.approx(tau)), sweep
     assert taus[f"{GB200_PAIRS}:314B:seq8192:bf16"] == (3, pytest.approx(1 / 3))
     assert sorted(t for _, t in gb200.values()) == [pytest.approx(1 / 3)] + [1.0] * 7
+
+
+MBFSDP_SWEEPS = {  # Megatron-Bridge: one release's Megatron-FSDP run and its alternative layout
+    "MB_FSDP_Llama3_70B_64xGB200_26.04.01": 1.0,  # FSDP64 4,224 > TP2 PP4 VP5 MXFP8 3,712
+    "MB_FSDP_Llama3_70B_64xGB200_25.09": 1.0,  # 3,986 > 3,546
+    "MB_FSDP_Llama3.1_405B_128xGB200_25.09": 1.0,  # FSDP64 TP2 729 > TP4 PP8 CP2 VP8 578
+}
 
 
 # --------------------------------------------------------------- pipeline schedules (issue 24)
