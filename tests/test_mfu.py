@@ -10,6 +10,7 @@ of. So for ``L`` blocks the causal-aware MFU is the conventional one times
 import pytest
 
 from baselines.fixed import FixedPlanner
+from nest.app.config import build_device, load_preset
 from nest.app.summary import format_summary
 from nest.cost import evaluate
 from nest.cost.mfu import FLOP_CONVENTION, causal_mfu
@@ -156,3 +157,46 @@ def test_a_tpu_plan_above_maxtexts_best_run_says_so_with_the_tpu_reason():
     slow_report = _fixed_report(slow)
     assert causal_mfu(slow, slow_report) < best.mfu
     assert plausibility_note(slow, slow_report) is None
+
+
+def test_blackwell_references_are_the_quoted_rates_over_the_presets_peaks():
+    """Each Blackwell reference's MFU is the TFLOP/s per GPU its source quotes (Megatron-Bridge's
+    performance archive) over the BF16 peak of the device preset it is matched to, so the note
+    compares like with like."""
+    import re
+
+    from nest.cost.mfu import BLACKWELL_WHY, PUBLISHED_BEST
+
+    blackwell = [b for b in PUBLISHED_BEST if b.devices <= {"b200", "gb200"}]
+    assert {(b.kind, b.precision, *b.devices) for b in blackwell} >= {
+        ("dense", "fp8", "gb200"),
+        ("dense", "fp8", "b200"),
+        ("fine-grained MoE", "fp8", "gb200"),
+    }
+    for best in blackwell:
+        (device,) = best.devices
+        quoted = float(re.search(r"([\d,]+) TFLOP/s per GPU", best.source)[1].replace(",", ""))
+        peak = build_device(load_preset("device", device)).peak_flops_per_s / 1e12
+        assert best.mfu == pytest.approx(quoted / peak, rel=1e-12)
+        assert best.causal and best.why == BLACKWELL_WHY
+
+
+def test_llama3_70b_fp8_on_64_b200_is_above_the_best_published_b200_run_and_says_so():
+    """The plan nest prints for Llama 3 70B in FP8 on 64 B200 is above the best published dense
+    FP8 B200 run (Llama 3.1 405B, 1,667 TFLOP/s per GPU, Megatron-Bridge 25.11): the summary
+    names that run and the Blackwell reason, as the README promises for every preset."""
+    import hydra
+
+    from nest.app.cli import CONF_DIR
+    from nest.app.config import build_problem
+    from nest.cost.mfu import BLACKWELL_WHY, plausibility_note
+    from nest.dp.planner import NestPlanner
+
+    overrides = ["cluster=dgx_b200", "cluster.devices=64", "model=llama3_70b"]
+    with hydra.initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = hydra.compose("config", overrides=[*overrides, "training.precision=fp8"])
+    problem = build_problem(cfg)
+    report = evaluate(problem, NestPlanner().solve(problem))
+    note = plausibility_note(problem, report)
+    assert causal_mfu(problem, report) > 1667 / 2250
+    assert note is not None and "1,667 TFLOP/s" in note and BLACKWELL_WHY in note

@@ -102,6 +102,21 @@ TPU_WHY = (
     "fusion limits and collective scheduling are not modelled"
 )
 
+BLACKWELL_WHY = (
+    "Blackwell's in-step GEMM rate is derived from H100's calibrated share of its GEMM ceiling, "
+    "not measured on Blackwell runs; the model over-predicts the FP8 speed-up of NVIDIA's GB200 "
+    "runs (dgxc-benchmarking pairs, docs/trust/fidelity.md), and host-side launch gaps, which "
+    "bound small microbatches and fine-grained MoE layers on these faster chips, are not modelled"
+)
+
+MEGATRON_BRIDGE_ARCHIVE = (
+    "Megatron-Bridge docs/performance-summary-archive.md at "
+    "NVIDIA-NeMo/Megatron-Bridge@4ab94dfad36641cabdeb96452b21bf676aac4772"
+)
+"""The Blackwell references' source: Megatron-Bridge's per-release performance tables, model
+TFLOP/s per GPU by Megatron-LM's formula (causal scores halved). GB300 and B300 rows are left
+out: no preset has their peaks."""
+
 PUBLISHED_BEST = (
     PublishedBest(
         "dense",
@@ -172,6 +187,56 @@ PUBLISHED_BEST = (
         "remat_policy=full and MaxText's causal attention count: "
         "AI-Hypercomputer/maxtext@76bd53b MaxText/configs/v5e/README.md",
         TPU_WHY,
+    ),
+    PublishedBest(
+        "dense",
+        frozenset({"gb200"}),
+        "fp8",
+        2144 / 2500,
+        True,
+        "Llama 3.1 405B on 256 GB200, FP8 current scaling, 2,144 TFLOP/s per GPU: "
+        f"release 26.04.01, line 216 of {MEGATRON_BRIDGE_ARCHIVE}",
+        BLACKWELL_WHY,
+    ),
+    PublishedBest(
+        "dense",
+        frozenset({"b200"}),
+        "fp8",
+        1667 / 2250,
+        True,
+        "Llama 3.1 405B on 128 B200, FP8 current scaling, 1,667 TFLOP/s per GPU: "
+        f"release 25.11, line 579 of {MEGATRON_BRIDGE_ARCHIVE}",
+        BLACKWELL_WHY,
+    ),
+    PublishedBest(
+        "fine-grained MoE",
+        frozenset({"gb200"}),
+        "fp8",
+        1292 / 2500,
+        True,
+        "DeepSeek-V3 on 256 GB200, MXFP8, 1,292 TFLOP/s per GPU: release 26.06, line 114 of "
+        f"{MEGATRON_BRIDGE_ARCHIVE}",
+        BLACKWELL_WHY,
+    ),
+    PublishedBest(
+        "fine-grained MoE",
+        frozenset({"gb200"}),
+        "bf16",
+        782 / 2500,
+        True,
+        "DeepSeek-V3 without MTP on 256 GB200, BF16, 782 TFLOP/s per GPU: release 25.11, line "
+        f"568 of {MEGATRON_BRIDGE_ARCHIVE}",
+        BLACKWELL_WHY,
+    ),
+    PublishedBest(
+        "fine-grained MoE",
+        frozenset({"b200"}),
+        "fp8",
+        864 / 2250,
+        True,
+        "DeepSeek-V3 on 256 B200, MXFP8, 864 TFLOP/s per GPU: release 26.04.01, line 228 of "
+        f"{MEGATRON_BRIDGE_ARCHIVE}",
+        BLACKWELL_WHY,
     ),
 )
 """The best published runs the summary compares with (module docstring). Fine-grained MoE runs
