@@ -40,14 +40,17 @@ def test_every_case_is_predicted_and_fits(summary):
     the zero-bubble paper's Tables 4 and 6 (1F1B, interleaved, ZB-1p, ZB-2p, ZB-V), the four
     A100 runs of the Megatron-LM README's MFU table (selective recompute, sequence parallelism,
     up to 512 GPUs) and the 4 long-context runs of Megatron-MoE-ModelZoo's Qwen3-235B TP4 layout
-    (16K-128K tokens, the MoE layer recomputed). One time row
-    is called out of memory, by 3.6 %: Llama 3 405B on 8,192 H100 under Megatron's interleaved
-    warm-up, and so are Megatron-Bridge's three Megatron-FSDP runs on GB200 that offload 40 of
-    80 (Llama 3 70B) or 95 of 126 (Llama 3.1 405B) layers' activations to Grace's memory, which
-    the model does not express (OUT_OF_MEMORY_WHY)."""
-    assert summary["cases"] == 298
-    assert summary["predicted"] == 298
-    assert summary["out_of_memory"] == 4
+    (16K-128K tokens, the MoE layer recomputed), and the 23 FSDP runs of NVIDIA's MaxText and
+    Paxml recipes on H100 (ZeRO-3 within shard groups of 8-256 GPUs, replicated across). Nine
+    time rows are called out of memory (OUT_OF_MEMORY_WHY): Llama 3 405B on 8,192 H100 under
+    Megatron's interleaved warm-up, by 3.6 %; Paxml's five GPT-3 175B FP8 runs, by 9.85 GiB,
+    whose ``SAVE_QKV_OUT_PROJ`` policy is scored as the nearest nest mode, ``selective_mlp``,
+    which keeps more per layer than the policy does; and Megatron-Bridge's three Megatron-FSDP
+    runs on GB200 that offload 40 of 80 (Llama 3 70B) or 95 of 126 (Llama 3.1 405B) layers'
+    activations to Grace's memory, which the model does not express."""
+    assert summary["cases"] == 321
+    assert summary["predicted"] == 321
+    assert summary["out_of_memory"] == 9
 
 
 FSDP_OFFLOAD_WHY = (
@@ -62,7 +65,24 @@ FSDP_OFFLOAD_WHY = (
 """Why Megatron-Bridge's Megatron-FSDP runs on GB200 are called out of memory."""
 
 
+PAXML_GPU = "NVIDIA_dgxc_benchmarking_H100_Paxml_FSDP"
+PAXML_175B_OOM_WHY = (
+    "scored with nest's selective_mlp (attention core and MLP recomputed), the nearest mode to "
+    "the run's SAVE_QKV_OUT_PROJ policy, which keeps 13 bytes per token and hidden unit per "
+    "block; the policy keeps about 10 (the block input, Q/K/V and the output projection's "
+    "output in bf16), 3 x 12288 x 4096 tokens x 96 blocks = 13.5 GiB less than modelled, more "
+    "than the 9.85 GiB shortfall"
+)
 OUT_OF_MEMORY_WHY = {  # (source, case): why the memory model calls this published run OOM
+    **{
+        (
+            PAXML_GPU,
+            f"GPT-3 175B Paxml {g}xH100 FP8 (FSDP 128 x DP {g // 128}, MBS 2; dgxc-benchmarking "
+            "v25.01.1, github:NVIDIA/dgxc-benchmarking@e6afea3aea32cdbe8c7fdc4f5c385d11272152a3:"
+            "paxml/README_175b.md)",
+        ): PAXML_175B_OOM_WHY
+        for g in (128, 256, 512, 1024, 2048)
+    },
     (
         "DeepSpeed_issue5305_memory",
         "dp2 + tp4, no recompute: 45.0 G (github:deepspeedai/DeepSpeed#5305)",
@@ -105,8 +125,9 @@ OUT_OF_MEMORY_WHY = {  # (source, case): why the memory model calls this publish
 memory): 16 of 212 before issue 23's fixes (15 time rows, 1 memory row), 1 after them, 2 since
 the Llama 3 rows run the interleaved schedule Meta describes (issue 22); of 324 with the
 zero-bubble paper's 112 rows; of 332 with Megatron-MoE-ModelZoo's 4 long-context Qwen3 rows and
-the Megatron-LM README's 4 A100 rows; 5 of 339 with Megatron-Bridge's 7 FSDP-source rows, 3 of
-them Megatron-FSDP runs that offload activations to the CPU."""
+the Megatron-LM README's 4 A100 rows; 10 of 362 with NVIDIA's 23 MaxText and Paxml FSDP rows
+on H100 (Paxml's five GPT-3 175B runs) and Megatron-Bridge's 7 FSDP-source rows (3 of them
+Megatron-FSDP runs that offload activations to the CPU)."""
 
 
 def test_published_runs_called_out_of_memory_are_the_pinned_ones(summary):
@@ -114,7 +135,7 @@ def test_published_runs_called_out_of_memory_are_the_pinned_ones(summary):
     the runs it calls out of memory are exactly those of OUT_OF_MEMORY_WHY, each with its
     shortfall in the note."""
     verdict = summary["fits_verdict"]
-    assert verdict["runs"] == 298 + summary["memory"]["n"] == 339
+    assert verdict["runs"] == 321 + summary["memory"]["n"] == 362
     called = {(r["source"], r["case"]) for r in verdict["out_of_memory"]}
     assert called == set(OUT_OF_MEMORY_WHY)
     assert all("GiB short" in r["note"] for r in verdict["out_of_memory"])
@@ -122,7 +143,7 @@ def test_published_runs_called_out_of_memory_are_the_pinned_ones(summary):
 
 @_unmet(
     "every published run fits",
-    f"{len(OUT_OF_MEMORY_WHY)} of 339 called out of memory",
+    f"{len(OUT_OF_MEMORY_WHY)} of 362 called out of memory",
     "; ".join(OUT_OF_MEMORY_WHY.values()),
 )
 def test_accuracy_every_published_run_fits(summary):
@@ -132,6 +153,10 @@ def test_accuracy_every_published_run_fits(summary):
 HYBRID = {  # source: multislice rows, ZeRO-3 sharded within a slice, replicated across slices
     "MaxText_TPU_v5e_README": 20,
     "MaxText_TPU_v5p_README": 8,
+    # GPU: MaxText's 512-2048 GPU runs (shard groups of 128), Paxml's GPT-3 175B on 256-2048
+    # (128) and GPT-3 5B on every count (8, one node)
+    "NVIDIA_dgxc_benchmarking_H100_MaxText_FSDP": 6,
+    PAXML_GPU: 12,
 }
 
 
@@ -224,6 +249,7 @@ TORCHTITAN = "torchtitan_performance_A100_FSDP2"
 ZB_T4 = "Qi2024_ZeroBubble_Table4"
 ZB_T6 = "Qi2024_ZeroBubble_Table6"
 README_A100 = "Korthikanti2022_MegatronLM_README_A100"
+MAXTEXT_GPU = "NVIDIA_dgxc_benchmarking_H100_MaxText_FSDP"
 ORIGINAL = (SC21_T1, MEGATRON, LLAMA3, SC21_T2, AUTOMODEL)
 """The sources of the BF16 cost model (v2), before FP8 and the new shapes."""
 
@@ -349,6 +375,31 @@ MBRIDGE_WHY = (
     "device time of these rows, and no published profile counts a Transformer Engine MoE "
     "block's launches"
 )
+XLA_FSDP_WHY = (
+    "NVIDIA's two JAX recipes on DGX H100 miss in opposite directions, and not by communication "
+    "(every ZeRO-3 gather and reduce-scatter is modelled under the next layer's compute, as "
+    "XLA's pipelined collectives run them): the step's compute rate is the recipe's"
+)
+MAXTEXT_GPU_WHY = (
+    f"{XLA_FSDP_WHY}. MaxText Llama 3 70B (jax 25.01 image) predicted slow on every row, BF16 "
+    "+9.6 to +12.8 %, FP8 +18.9 to +24.4 %, with 2.1 s of ZeRO-3 collectives a step and 0.04 s "
+    "of them exposed. Its remat_policy save_qkv_proj is scored as full recompute, which also "
+    "recomputes the Q/K/V GEMMs (about 0.4 s, 2.3 % of the BF16 step); the rest is the rate: "
+    "counting save_qkv_proj's recompute the BF16 run executes 589 GFLOP per token, 9.6 PFLOP "
+    "per GPU per step in 15.56 s, 620 TFLOP/s or 0.63 of peak with the attention and the "
+    "memory-bound work included, above the level nest's GPU calibration (NeMo / Transformer "
+    "Engine runs) gives its largest GEMMs, 0.617: the pattern of MaxText on TPU, where the "
+    "published MFUs are also above the GPU in-step share of the ceiling"
+)
+PAXML_GPU_WHY = (
+    f"{XLA_FSDP_WHY}. Paxml (pax 2024-03-04 image) predicted fast on every row: GPT-3 175B FP8 "
+    "-23.1 to -28.4 % (measured 7.47 to 8.02 s from 128 to 2,048 GPUs, predicted 5.74 s at "
+    "every count, 0.26 s of its 5.1 s of ZeRO-3 collectives exposed), GPT-3 5B BF16 -20.3 to "
+    "-22.4 % and FP8 -25.9 to -30.3 % (0.07 s of ZeRO-3 collectives a step): the 5B BF16 run "
+    "executes 32 GFLOP per token with its dots recompute, 0.26 PFLOP per GPU per step in "
+    "0.634 s, 414 TFLOP/s or 0.42 of peak, where nest runs the same work at 520 (0.505 s); "
+    "one GEMM rate cannot score both recipes, and none is fitted to either"
+)
 
 ZB2P_WHY = (
     "ZB-2p is the paper's searched schedule (activation limit 2p M_B) run with optimizer "
@@ -405,6 +456,8 @@ ZB_ORDER_WHY = (
         ZB_T4,
         ZB_T6,
         README_A100,
+        pytest.param(MAXTEXT_GPU, marks=_unmet("source median <= 10 %", "15.9 %", MAXTEXT_GPU_WHY)),
+        pytest.param(PAXML_GPU, marks=_unmet("source median <= 10 %", "24.4 %", PAXML_GPU_WHY)),
     ],
 )
 def test_accuracy_no_source_median_above_10_percent(summary, source):
@@ -445,6 +498,8 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         TORCHTITAN,
         ZB_T4,
         ZB_T6,
+        pytest.param(MAXTEXT_GPU, marks=_unmet("max <= 15 %", "24.4 %", MAXTEXT_GPU_WHY)),
+        pytest.param(PAXML_GPU, marks=_unmet("max <= 15 %", "30.3 %", PAXML_GPU_WHY)),
     ],
 )
 def test_accuracy_every_source_max_within_15_percent(summary, source):
@@ -453,8 +508,9 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
 
 @_unmet(
     "median <= 5 % over all cases",
-    "5.7 %",
-    f"the GB200 pairs: {GB200_WHY}; the TPU rows: {TPU_WHY}; the MoE sources: {BLACKWELL_WHY}",
+    "6.2 %",
+    f"the GB200 pairs: {GB200_WHY}; the TPU rows: {TPU_WHY}; the MoE sources: {BLACKWELL_WHY}; "
+    f"the XLA FSDP recipes on H100: {MAXTEXT_GPU_WHY}; {PAXML_GPU_WHY}",
 )
 def test_accuracy_median_within_5_percent(summary):
     assert summary["median_abs_error"] <= TARGET_MEDIAN
@@ -463,15 +519,16 @@ def test_accuracy_median_within_5_percent(summary):
 HELD_OUT_WHY = (
     f"the held-out sources above: GB200 pairs {GB200_WHY}; TPU {TPU_WHY}; "
     f"Blackwell {BLACKWELL_WHY}; MoE-ModelZoo Qwen3-235B {MOEZOO_WHY}; Megatron-Bridge FSDP "
-    f"{MBFSDP_WHY}"
+    f"{MBFSDP_WHY}; MaxText on H100 {MAXTEXT_GPU_WHY}; Paxml on H100 {PAXML_GPU_WHY}"
 )
 
 
 def test_every_row_is_calibration_or_held_out(summary):
     """The declared splits (``validate.CALIBRATION_SPLITS``, the only rows ``python -m
     nest.calibrate`` fits on) are the 15 BF16 rows of the dgxc H100 pairs and the 12 MaxText v5e
-    runs on 1, 4 and 16 slices; the 271 other predicted rows are held out, the FP8 twins and the
-    v5e runs on 2, 8 and 32 slices included."""
+    runs on 1, 4 and 16 slices; the 294 other predicted rows are held out, the FP8 twins, the
+    v5e runs on 2, 8 and 32 slices, Megatron-Bridge's FSDP source and dgxc's MaxText and Paxml
+    FSDP recipes on H100 (other sources than the pairs) included."""
     splits = summary["by_split"]
     assert splits["calibration"]["n"] == 15 + 12
     assert splits["held-out"]["n"] == summary["predicted"] - 27
@@ -488,17 +545,18 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 def test_regression_split_errors_pin_the_current_model(summary):
     """Pins (not accuracy): calibration rows median 5.3 % / max 18.6 % (the H100 pairs' 2.4 /
-    15.4 % with the v5e split's 6.8 / 18.6 %); held-out rows median 5.9 % / max 221 % on 271
-    rows (5.6 % on the 264 before Megatron-Bridge's 7 FSDP-source rows, all 10.9-43.0 % off;
-    5.9 % before every Megatron-LM-derived row ran the cross entropy its code had, unfused;
-    5.96 % on the 256 before the Megatron README's A100 rows and ModelZoo's long-context
-    Qwen3 rows, 5.95 % before the unfused attention core's backward bytes and Blackwell's
-    shape-aware compute model, which move them in opposite directions; 7.2 % before the TPU
-    rate, 9.0 % before the zero-bubble paper's 84 rows)."""
+    15.4 % with the v5e split's 6.8 / 18.6 %); held-out rows median 6.4 % / max 221 % on 294
+    rows (5.6 % on the 264 before dgxc's 23 MaxText and Paxml FSDP rows on H100 and
+    Megatron-Bridge's 7 FSDP-source rows, 10.9-43.0 % off; 5.9 % before every
+    Megatron-LM-derived row ran the cross entropy its code had, unfused; 5.96 % on the 256
+    before the Megatron README's A100 rows and ModelZoo's long-context Qwen3 rows, 5.95 % before
+    the unfused attention core's backward bytes and Blackwell's shape-aware compute model, which
+    move them in opposite directions; 7.2 % before the TPU rate, 9.0 % before the zero-bubble
+    paper's 84 rows)."""
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
     assert cal["median_abs_error"] == pytest.approx(0.053, abs=0.005)
     assert cal["max_abs_error"] == pytest.approx(0.186, abs=0.005)
-    assert held["median_abs_error"] == pytest.approx(0.059, abs=0.005)
+    assert held["median_abs_error"] == pytest.approx(0.064, abs=0.005)
     assert held["max_abs_error"] == pytest.approx(2.212, abs=0.005)
     pairs = summary["by_source_split"][PAIRS]["calibration"]
     assert pairs["median_abs_error"] == pytest.approx(0.024, abs=0.005)
@@ -509,7 +567,7 @@ def test_regression_split_errors_pin_the_current_model(summary):
     assert v5e["held-out"]["max_abs_error"] == pytest.approx(0.260, abs=0.005)
 
 
-@_unmet("held-out median <= 5 % (issue 22)", "5.9 %", HELD_OUT_WHY)
+@_unmet("held-out median <= 5 % (issue 22)", "6.4 %", HELD_OUT_WHY)
 def test_accuracy_held_out_median_within_5_percent(summary):
     assert summary["held_out_targets_met"]["median_abs_error"]
 
@@ -583,6 +641,8 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     ZB_T4: (48, 0.036, 0.109, 0.006),
     ZB_T6: (36, 0.035, 0.099, -0.035),
     README_A100: (4, 0.064, 0.120, -0.051),
+    MAXTEXT_GPU: (10, 0.159, 0.244, 0.159),
+    PAXML_GPU: (13, 0.244, 0.303, -0.244),
 }
 
 
@@ -613,7 +673,11 @@ def test_regression_sweep_kendall_taus_pin_the_current_model(summary):
     models on 1-32 slices have no tau (every slice count predicted the same to 0.01 %: the
     cross-slice all-reduce is hidden under the backward, so tau-b's predicted ties leave it
     undefined), v5p 1T over 1,024 and 2,048 chips on one and two slices +1 and v5p 128B (128
-    and 256 chips, one and two slices) +0.33."""
+    and 256 chips, one and two slices) +0.33; dgxc's FSDP recipes on H100: MaxText Llama 3 70B
+    BF16 +0.63 and FP8 -0.63, each from its 256-GPU row alone (one shard group of 256, predicted
+    0.002 s below the four others, which tie: the measured spreads are 2.9 % and 4.6 %, the
+    predicted 0.01 %), Paxml's three sweeps none (every GPU count predicted the same: the
+    cross-replica gradient all-reduce is hidden)."""
     taus = {k: (s["n"], s["kendall_tau"]) for k, s in summary["sweeps"].items()}
     maxtext = {
         k: v for k, v in taus.items() if k.startswith(("MaxText_TPU_v5e", "MaxText_TPU_v5p"))
@@ -629,9 +693,15 @@ def test_regression_sweep_kendall_taus_pin_the_current_model(summary):
     assert taus[f"{DSV3}:deepseek_v3:seq4096:bf16"] == (3, pytest.approx(1.0))
     assert taus[MOEZOO_SWEEP][0] == 5
     gb200 = {k: v for k, v in taus.items() if k.startswith(GB200_PAIRS)}
-    assert len(gb200) == 8 and len(taus) == 12 + 6 + len(ZB_TAUS) + len(MBFSDP_SWEEPS)
+    assert len(gb200) == 8 and len(taus) == 12 + 6 + 5 + len(ZB_TAUS) + len(MBFSDP_SWEEPS)
     for sweep, tau in MBFSDP_SWEEPS.items():
         assert taus[sweep] == (2, pytest.approx(tau)), sweep
+    for prec, tau in (("bf16", 0.632), ("fp8", -0.632)):
+        assert taus[f"{MAXTEXT_GPU}:llama3_70b:seq8192:{prec}"] == (5, pytest.approx(tau, abs=1e-3))
+    assert taus[f"{PAXML_GPU}:175B:seq2048:fp8"] == (5, None)
+    assert (
+        taus[f"{PAXML_GPU}:5.0B:seq2048:bf16"] == taus[f"{PAXML_GPU}:5.0B:seq2048:fp8"] == (4, None)
+    )
     assert taus[f"{GB200_PAIRS}:314B:seq8192:bf16"] == (3, pytest.approx(1 / 3))
     assert sorted(t for _, t in gb200.values()) == [pytest.approx(1 / 3)] + [1.0] * 7
 
@@ -1188,8 +1258,27 @@ PAIR_RATIOS = {  # pair: (measured speed-up, predicted today): measured from cas
     "Llama4 Maverick NeMo2 128xGB200": (1.277, 1.397),
     "Llama4 Maverick NeMo2 256xGB200": (1.263, 1.397),
     "Llama4 Maverick NeMo2 512xGB200": (1.263, 1.396),
+    "Llama3 70B MaxText 128xH100": (1.715, 1.544),
+    "Llama3 70B MaxText 256xH100": (1.628, 1.544),
+    "Llama3 70B MaxText 512xH100": (1.679, 1.544),
+    "Llama3 70B MaxText 1024xH100": (1.645, 1.544),
+    "Llama3 70B MaxText 2048xH100": (1.702, 1.544),
+    "GPT-3 5B Paxml 16xH100": (1.349, 1.450),
+    "GPT-3 5B Paxml 32xH100": (1.331, 1.450),
+    "GPT-3 5B Paxml 64xH100": (1.340, 1.450),
+    "GPT-3 5B Paxml 128xH100": (1.302, 1.450),
 }
 RATIO_UNMET = {  # pair: why (the measured and predicted speed-ups are in PAIR_RATIOS)
+    **{
+        f"Llama3 70B MaxText {n}xH100": "the model's FP8 speed-up is smaller than measured "
+        "(1.63-1.72, above every NeMo H100 pair's 1.15-1.58): flax's FP8 dot (delayed scaling) "
+        f"under XLA keeps more of the FP8 rate than the model gives it; {MAXTEXT_GPU_WHY}"
+        for n in (128, 512, 1024, 2048)
+    },
+    **{
+        f"GPT-3 5B Paxml {n}xH100": f"{RATIO_WHY} (1.30-1.35 measured); {PAXML_GPU_WHY}"
+        for n in (16, 32, 64, 128)
+    },
     "GPT-3 175B NeMo 1024xH100": RATIO_WHY,
     "Llama3.1 70B NeMo 2048xH100": f"{RATIO_WHY}; the measured one falls with scale (1.397 on "
     "64 GPUs), the predicted one does not",
@@ -1234,12 +1323,18 @@ def pairs(summary):
 
 
 def test_the_pairs_are_nvidias_h100_and_gb200_recipes_in_both_precisions(pairs):
-    """15 pairs on H100 and 15 on GB200: each BF16 row has an FP8 twin of the same layout, and the
-    measured speed-up is the published step times' ratio (dgxc-benchmarking READMEs; 1.15-1.58)."""
+    """15 NeMo pairs on H100 and 15 on GB200, 5 MaxText and 4 Paxml FSDP pairs on H100: each BF16
+    row has an FP8 twin of the same layout, and the measured speed-up is the published step
+    times' ratio (dgxc-benchmarking READMEs; 1.15-1.58 for NeMo, 1.63-1.72 for MaxText, 1.30-1.35
+    for Paxml)."""
     assert set(pairs) == set(PAIR_RATIOS)
     for label, (measured, _) in PAIR_RATIOS.items():
         assert pairs[label]["measured_ratio"] == pytest.approx(measured, abs=5e-4)
-        assert pairs[label]["source"] == (GB200_PAIRS if label.endswith("xGB200") else PAIRS)
+        source = GB200_PAIRS if label.endswith("xGB200") else PAIRS
+        source = (
+            MAXTEXT_GPU if " MaxText " in label else PAXML_GPU if " Paxml " in label else source
+        )
+        assert pairs[label]["source"] == source
 
 
 @pytest.mark.parametrize("label", _pair_params())
@@ -1253,6 +1348,7 @@ FP8_GROUPS = {  # machine: (its sources, FP8 rows, median |error| today)
     "GB200 dgxc": ((GB200_PAIRS,), 15, 0.129),
     "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.136),
     "MI355X MLPerf": ((MI355X,), 1, 0.120),
+    "H100 MaxText / Paxml FSDP": ((MAXTEXT_GPU, PAXML_GPU), 14, 0.244),
 }
 
 
@@ -1282,6 +1378,10 @@ def _fp8_median(summary, group: str) -> float:
             marks=_unmet("FP8 median <= 10 %", "13.6 %", BLACKWELL_WHY),
         ),
         pytest.param("MI355X MLPerf", marks=_unmet("FP8 median <= 10 %", "12.0 %", MI355X_WHY)),
+        pytest.param(
+            "H100 MaxText / Paxml FSDP",
+            marks=_unmet("FP8 median <= 10 %", "24.4 %", f"{MAXTEXT_GPU_WHY}; {PAXML_GPU_WHY}"),
+        ),
     ],
 )
 def test_accuracy_fp8_rows_median_within_10_percent(summary, group):
