@@ -347,10 +347,11 @@ MBFSDP_WHY = (
     "(70B: 0.44 s of collectives per microbatch under 3.3 s of compute, 0.008 s exposed; 405B: "
     "1.43 s under 4.2 s, 0.014 s exposed), and the FSDP-to-alternative speed ratios are "
     "predicted 1.125 / 1.145 for 70B against 1.138 / 1.124 measured; the GB200 FP8 in-step "
-    "rate is (GB200 pairs: FP8 rows -18 to -20 % in step time). Not modelled: the activation "
-    "offload over NVLink-C2C (at the preset's 225 GB/s per direction, fully exposed it would add "
-    "1.33 / 0.66 / 0.73 s to the three FSDP steps, reading -3.9 / +1.8 / +10.6 %; Megatron "
-    "overlaps it, by how much no source says); and the 405B MXFP8 run on GB200 (578) was slower "
+    "rate is (GB200 pairs: FP8 rows -18 to -20 % in step time). Nor the activation offload of "
+    "the first 40 / 40 / 95 blocks over NVLink-C2C (activation_offload_blocks): at the preset's "
+    "225 GB/s per direction its copies, 0.645 / 0.645 / 0.723 s each way per microbatch, hide "
+    "under 1.10 / 1.10 / 1.40 s of forward compute (the copies out alone, exposed, would read "
+    "-3.4 / +2.3 / +10.8 %); and the 405B MXFP8 run on GB200 (578) was slower "
     "than the same layout on B200 in the same release (622), which no GB200 preset can give"
 )
 MI355X_WHY = (
