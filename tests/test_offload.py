@@ -447,6 +447,10 @@ def test_partial_activation_offload_worked_example():
     )
     assert want > 0 and stage.offload_exposed_s == pytest.approx(want, rel=1e-12)
     assert full.stages[0].offload_exposed_s > stage.offload_exposed_s
+    from nest.core.serialize import plan_from_dict, plan_to_dict
+
+    assert plan_from_dict(plan_to_dict(plan)).config == plan.config
+    assert "activation_offload_blocks" not in plan_to_dict(every)
     all8 = FixedPlanner(activation_offload=True, activation_offload_blocks=8, **kw)
     assert evaluate(problem, all8.solve(problem)).iteration_time_s == full.iteration_time_s
     with pytest.raises(UserError, match="activation_offload_blocks=9 but the model has 8"):
