@@ -41,6 +41,7 @@ class FixedPlanner:
         sequence_parallel: bool | None = None,
         optimizer_offload: bool = False,
         activation_offload: bool = False,
+        activation_offload_blocks: int | None = None,
     ) -> None:
         self.name = name
         self.tp, self.pp, self.dp, self.cp, self.ep = tp, pp, dp, cp, ep
@@ -56,6 +57,7 @@ class FixedPlanner:
         self.sequence_parallel = sequence_parallel
         self.optimizer_offload = optimizer_offload
         self.activation_offload = activation_offload
+        self.activation_offload_blocks = activation_offload_blocks
 
     def build(self, problem: Problem) -> Plan:
         """The plan these hyper-parameters describe (unscored):

@@ -73,6 +73,28 @@ def test_terms_add_up_on_fixed_plans(kw):
     assert len(e["ranks"]) == kw["pp"]
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(tp=1, pp=2, dp=8, zero_stage=1, activation_offload=True),
+        dict(tp=1, pp=1, dp=16, zero_stage=1, activation_offload=True, activation_offload_blocks=3),
+    ],
+)
+def test_terms_add_up_with_exposed_activation_offload(kw):
+    """Over a 0.1 GB/s host link the offloaded activations' copies outlast the compute: the
+    exposed part is its own column (``offload``), and the rows still add up."""
+    from .conftest import make_device
+
+    device = make_device(host_link_bw_bytes_per_s=0.1e9)
+    problem = make_problem(
+        make_spec(layers=8, heads=8), make_cluster(fanouts=(4, 4), device=device), global_batch=32
+    )
+    plan = FixedPlanner(microbatch_size=1, **kw).solve(problem)
+    evaluated = evaluate(problem, plan)
+    e = check_adds_up(report_to_dict(plan, evaluated), evaluated.iteration_time_s)
+    assert all(r["per_iteration_s"]["offload"] > 0 for r in e["ranks"])
+
+
 def test_terms_add_up_on_random_and_nest_plans():
     for seed in range(40):
         problem, planner = random_case(seed)

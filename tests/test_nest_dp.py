@@ -459,7 +459,9 @@ def _space_by_the_docstring(
                 shards += [d for d in range(1, dp) if dp % d == 0 and (d * cp * fold) % ep == 0]
             for (kind, v), zero, order, zs in product(schedules, zeros, placed.values(), shards):
                 if zs is None or zero >= 1:
-                    out.add((tp, cp, ep, etp, dp, pp, mbs, zero, zs, kind, v, False, False, order))
+                    # no offload (optimizer, activations, a count of offloaded blocks)
+                    off = (False, False, None)
+                    out.add((tp, cp, ep, etp, dp, pp, mbs, zero, zs, kind, v, *off, order))
     return out
 
 

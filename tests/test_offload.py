@@ -402,6 +402,82 @@ def test_activation_offload_worked_example():
         assert ra.memory.host_activations_bytes == 0.0
 
 
+def test_partial_activation_offload_worked_example():
+    """Megatron-Core's ``--cpu-offloading-num-layers N`` (one pipeline rank): Transformer
+    Engine offloads the first ``N`` blocks' stored tensors and keeps the rest
+    (transformer_engine/pytorch/cpu_offload.py at v2.7: ``current_group <
+    num_offload_group``; at 366798ef: ``offload_layer_map``). On one rank of ``L = 8`` blocks
+    with ``N = 3`` over a slow link: the host holds 3 blocks' stored bytes per microbatch, the
+    device the other 5 blocks' plus the embedding's and head's; the transient holds one
+    offloaded block in transit beyond the layer's own; the copies of the 3 blocks (not 8) are
+    charged where they outlast the rank's whole forward / backward compute. ``N = L`` is the
+    all-blocks plan; ``N`` above ``L``, a count without offload, or with ``pp > 1`` are
+    one-line errors."""
+    from nest.core.axes import LayerKind, Recompute
+    from nest.cost.evaluate import shard_of
+
+    problem = make_problem(
+        LONG,
+        make_cluster(
+            fanouts=(8,), device=make_device(hbm_bytes=1e12, host_link_bw_bytes_per_s=0.2 * GB)
+        ),
+        global_batch=8,
+        microbatch_sizes=(1,),
+    )
+    kw = dict(tp=1, pp=1, dp=8, zero_stage=1)
+    plain = evaluate(problem, FixedPlanner(**kw).solve(problem))
+    plan = FixedPlanner(activation_offload=True, activation_offload_blocks=3, **kw).solve(problem)
+    every = FixedPlanner(activation_offload=True, **kw).solve(problem)
+    part, full = evaluate(problem, plan), evaluate(problem, every)
+    model, device = problem.model, problem.cluster.device
+    costs = [model.layer_cost(ref, shard_of(plan), device) for ref in model.chain]
+    blocks = [c for c, ref in zip(costs, model.chain, strict=True) if ref.kind is LayerKind.BLOCK]
+    act = [c.act_bytes[Recompute.NONE] for c in blocks]  # the plan recomputes nothing
+    assert len(blocks) == 8 and plain.ranks[0].memory.in_flight_microbatches == 1
+    memory = part.ranks[0].memory
+    assert memory.host_activations_bytes == pytest.approx(sum(act[:3]), rel=1e-12)
+    kept = plain.ranks[0].memory.activations_bytes - sum(act[:3])  # 5 blocks, embedding, head
+    assert memory.activations_bytes == pytest.approx(kept, rel=1e-12)
+    transient = max(plain.ranks[0].memory.transient_bytes, blocks[0].transient_bytes + act[0])
+    assert memory.transient_bytes == pytest.approx(transient, rel=1e-12)
+    stage = part.stages[0]
+    copy_s = sum(act[:3]) / (0.2 * GB)
+    want = max(0.0, copy_s - stage.compute_fwd_s) + max(
+        0.0, copy_s - stage.compute_bwd_s - stage.recompute_s
+    )
+    assert want > 0 and stage.offload_exposed_s == pytest.approx(want, rel=1e-12)
+    assert full.stages[0].offload_exposed_s > stage.offload_exposed_s
+    from nest.core.serialize import plan_from_dict, plan_to_dict
+
+    assert plan_from_dict(plan_to_dict(plan)).config == plan.config
+    assert "activation_offload_blocks" not in plan_to_dict(every)
+    all8 = FixedPlanner(activation_offload=True, activation_offload_blocks=8, **kw)
+    assert evaluate(problem, all8.solve(problem)).iteration_time_s == full.iteration_time_s
+    with pytest.raises(UserError, match="activation_offload_blocks=9 but the model has 8"):
+        FixedPlanner(activation_offload=True, activation_offload_blocks=9, **kw).solve(problem)
+    with pytest.raises(UserError, match="set activation_offload true"):
+        FixedPlanner(activation_offload_blocks=3, **kw).solve(problem)
+    with pytest.raises(UserError, match="pp=2"):
+        FixedPlanner(
+            tp=1, pp=2, dp=4, zero_stage=1, activation_offload=True, activation_offload_blocks=3
+        ).solve(problem)
+
+
+def test_megatron_exports_a_partial_offload_as_its_count():
+    """``--cpu-offloading-num-layers N`` is Megatron-Core's own partial offload (the first
+    ``N`` layers: ``ModelParallelConfig.cpu_offloading_num_layers``); the exported plan keeps
+    the count, and a plan exported without the offload drops it."""
+    problem = _problem()
+    kw = dict(tp=2, pp=1, dp=4, zero_stage=1, activation_offload=True)
+    plan = FixedPlanner(activation_offload_blocks=1, **kw).solve(problem)
+    exp = export_plan(problem, plan, "megatron")
+    assert "--cpu-offloading-num-layers 1" in exp.text and exp.warnings == ()
+    assert exp.exported_plan["activation_offload_blocks"] == 1
+    titan = export_plan(problem, plan, "torchtitan")
+    assert titan.exported_plan["activation_offload"] is False
+    assert titan.exported_plan["activation_offload_blocks"] is None
+
+
 def test_activation_offload_is_free_on_a_fast_link():
     """Where the link moves a stage's activations faster than its compute runs, nothing is
     charged: the offloaded plan takes exactly the time of the plan without offload."""

@@ -41,28 +41,16 @@ def test_every_case_is_predicted_and_fits(summary):
     A100 runs of the Megatron-LM README's MFU table (selective recompute, sequence parallelism,
     up to 512 GPUs) and the 4 long-context runs of Megatron-MoE-ModelZoo's Qwen3-235B TP4 layout
     (16K-128K tokens, the MoE layer recomputed), and the 23 FSDP runs of NVIDIA's MaxText and
-    Paxml recipes on H100 (ZeRO-3 within shard groups of 8-256 GPUs, replicated across). Nine
+    Paxml recipes on H100 (ZeRO-3 within shard groups of 8-256 GPUs, replicated across). Six
     time rows are called out of memory (OUT_OF_MEMORY_WHY): Llama 3 405B on 8,192 H100 under
-    Megatron's interleaved warm-up, by 3.6 %; Paxml's five GPT-3 175B FP8 runs, by 9.85 GiB,
-    whose ``SAVE_QKV_OUT_PROJ`` policy is scored as the nearest nest mode, ``selective_mlp``,
-    which keeps more per layer than the policy does; and Megatron-Bridge's three Megatron-FSDP
-    runs on GB200 that offload 40 of 80 (Llama 3 70B) or 95 of 126 (Llama 3.1 405B) layers'
-    activations to Grace's memory, which the model does not express."""
+    Megatron's interleaved warm-up, by 3.6 %; and Paxml's five GPT-3 175B FP8 runs, by 9.85
+    GiB, whose ``SAVE_QKV_OUT_PROJ`` policy is scored as the nearest nest mode,
+    ``selective_mlp``, which keeps more per layer than the policy does. Megatron-Bridge's three
+    Megatron-FSDP runs on GB200 fit with the activation offload of their recipes (40 of 80
+    blocks for Llama 3 70B, 95 of 126 for Llama 3.1 405B: ``activation_offload_blocks``)."""
     assert summary["cases"] == 321
     assert summary["predicted"] == 321
-    assert summary["out_of_memory"] == 9
-
-
-FSDP_OFFLOAD_WHY = (
-    "the run offloads activations to Grace's memory over NVLink-C2C (Megatron-Bridge's recipe "
-    "sets cpu_offloading_num_layers 40 of Llama 3 70B's 80 layers, 95 of Llama 3.1 405B's 126: "
-    "scripts/performance/configs/llama3/llama3_70b_llm_pretrain.yaml and "
-    "llama31/llama31_405b_llm_pretrain.yaml at v0.1.0rc3, llama/llama3_workload_base_configs.py "
-    "at v0.4.2), which the model does not express: without recompute it keeps every layer's "
-    "activations on the GPU (279 GiB at Llama 3 70B's microbatch 2, 203 GiB for 405B at TP2); "
-    "with the offloaded share off the GPU both fit (about 170 and 110 GiB of 187)"
-)
-"""Why Megatron-Bridge's Megatron-FSDP runs on GB200 are called out of memory."""
+    assert summary["out_of_memory"] == 6
 
 
 PAXML_GPU = "NVIDIA_dgxc_benchmarking_H100_Paxml_FSDP"
@@ -106,20 +94,6 @@ OUT_OF_MEMORY_WHY = {  # (source, case): why the memory model calls this publish
         "for memory (arXiv 2407.21783 §3.3.2), which the model does not express; the same "
         "layout at 16 microbatches (16,384 GPUs) fits"
     ),
-    **{
-        ("MegatronBridge_perf_FSDP", case): FSDP_OFFLOAD_WHY
-        for case in (
-            "Llama3 70B 64xGB200 FP8(-CS) Megatron-FSDP 64 TP1 PP1 MBS2 GBS256 (Megatron-Bridge "
-            "26.04.01, github:NVIDIA-NeMo/Megatron-Bridge@4ab94dfad36641cabdeb96452b21bf676aac4772:"
-            "docs/performance-summary-archive.md#L204)",
-            "Llama3 70B 64xGB200 FP8-CS Megatron-FSDP 64 TP1 PP1 MBS2 GBS128 (Megatron-Bridge "
-            "25.09, github:NVIDIA-NeMo/Megatron-Bridge@4ab94dfad36641cabdeb96452b21bf676aac4772:"
-            "docs/performance-summary-archive.md#L608, the unbracketed run)",
-            "Llama3.1 405B 128xGB200 FP8-CS Megatron-FSDP 64 TP2 PP1 MBS1 GBS64 (Megatron-Bridge "
-            "25.09, github:NVIDIA-NeMo/Megatron-Bridge@4ab94dfad36641cabdeb96452b21bf676aac4772:"
-            "docs/performance-summary-archive.md#L609, the unbracketed run)",
-        )
-    },
 }
 """The published runs the memory model still calls out of memory, over every row (time and
 memory): 16 of 212 before issue 23's fixes (15 time rows, 1 memory row), 1 after them, 2 since
@@ -127,7 +101,9 @@ the Llama 3 rows run the interleaved schedule Meta describes (issue 22); of 324 
 zero-bubble paper's 112 rows; of 332 with Megatron-MoE-ModelZoo's 4 long-context Qwen3 rows and
 the Megatron-LM README's 4 A100 rows; 10 of 362 with NVIDIA's 23 MaxText and Paxml FSDP rows
 on H100 (Paxml's five GPT-3 175B runs) and Megatron-Bridge's 7 FSDP-source rows (3 of them
-Megatron-FSDP runs that offload activations to the CPU)."""
+Megatron-FSDP runs that offload activations to the CPU); 7 since those three offload the first
+40 / 95 blocks' activations (``activation_offload_blocks``, their recipes'
+cpu_offloading_num_layers) and fit."""
 
 
 def test_published_runs_called_out_of_memory_are_the_pinned_ones(summary):
@@ -197,6 +173,37 @@ def test_megatron_fsdp_rows_shard_over_the_group_the_archive_defines():
             assert problem.training.zero3_runtime == "prefetch"
         else:
             assert plan.config.zero_stage == 1
+
+
+def test_megatron_fsdp_gb200_rows_fit_only_with_their_recipes_partial_offload():
+    """Megatron-Bridge's GB200 Megatron-FSDP recipes offload the activations of the first 40 of
+    Llama 3 70B's 80 layers and 95 of Llama 3.1 405B's 126 (``cpu_offloading_num_layers``,
+    weights not: ``cpu_offloading_weights = False``; scripts/performance/utils/helpers.py at
+    Megatron-Bridge v0.1.0rc3, scripts/performance/utils/overrides.py at v0.4.2). The rows state
+    it (``activation_offload_blocks``); with it the memory model has them fit, keeping the other
+    40 / 31 blocks' activations on the device and the offloaded ones' on the host; without it
+    they are called out of memory (no recompute: every block's activations on the GPU)."""
+    rows = [r for r in _rows() if (r.get("activation_offload_blocks") or "").strip()]
+    assert {(r["source"], r["model"], r["activation_offload_blocks"]) for r in rows} == {
+        (MBFSDP, "llama3_70b", "40"),
+        (MBFSDP, "llama3_405b", "95"),
+    }
+    assert len(rows) == 3
+    for row in rows:
+        problem, plan = validate.problem_and_plan(row)
+        n = int(row["activation_offload_blocks"])
+        assert plan.activation_offload and plan.activation_offload_blocks == n
+        memory = evaluate(problem, plan).ranks[0].memory
+        kept = problem.model.spec.layers - n
+        per_block = memory.host_activations_bytes / n  # identical blocks, one microbatch
+        assert memory.activations_bytes > kept * per_block  # plus the embedding and head's
+        assert memory.total_bytes <= memory.capacity_bytes
+        problem, plan = validate.problem_and_plan(dict(row, activation_offload_blocks=""))
+        on_device = evaluate(problem, plan).ranks[0].memory
+        assert on_device.total_bytes > on_device.capacity_bytes
+        assert memory.activations_bytes + memory.host_activations_bytes == pytest.approx(
+            on_device.activations_bytes
+        )
 
 
 def test_a_zero_group_equal_to_dp_is_the_plan_without_it():
@@ -340,10 +347,11 @@ MBFSDP_WHY = (
     "(70B: 0.44 s of collectives per microbatch under 3.3 s of compute, 0.008 s exposed; 405B: "
     "1.43 s under 4.2 s, 0.014 s exposed), and the FSDP-to-alternative speed ratios are "
     "predicted 1.125 / 1.145 for 70B against 1.138 / 1.124 measured; the GB200 FP8 in-step "
-    "rate is (GB200 pairs: FP8 rows -18 to -20 % in step time). Not modelled: the activation "
-    "offload over NVLink-C2C (at the preset's 225 GB/s per direction, fully exposed it would add "
-    "1.33 / 0.66 / 0.73 s to the three FSDP steps, reading -3.9 / +1.8 / +10.6 %; Megatron "
-    "overlaps it, by how much no source says); and the 405B MXFP8 run on GB200 (578) was slower "
+    "rate is (GB200 pairs: FP8 rows -18 to -20 % in step time). Nor the activation offload of "
+    "the first 40 / 40 / 95 blocks over NVLink-C2C (activation_offload_blocks): at the preset's "
+    "225 GB/s per direction its copies, 0.645 / 0.645 / 0.723 s each way per microbatch, hide "
+    "under 1.10 / 1.10 / 1.40 s of forward compute (the copies out alone, exposed, would read "
+    "-3.4 / +2.3 / +10.8 %); and the 405B MXFP8 run on GB200 (578) was slower "
     "than the same layout on B200 in the same release (622), which no GB200 preset can give"
 )
 MI355X_WHY = (

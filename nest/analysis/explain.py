@@ -4,7 +4,7 @@ Built from ``report.json`` alone (the evaluator's every term is in its ``breakdo
 run can be explained without re-solving; ``explain=true`` on a run does the same and writes
 ``explain.txt`` / ``explain.json``. For pipeline rank ``r`` with ``m`` microbatches and
 per-microbatch time ``t_r`` (its chunks' compute, recompute, TP / CP / EP collectives, ZeRO-3
-traffic and p2p):
+traffic, p2p and the activation offload's exposed copies, :mod:`nest.cost.offload`):
 
 ``T_iter = m t_r + bubble_r + exposed DP sync_r + optimizer_r + wait_r``, where
 ``bubble_r = T_pipe - m t_r`` (the rank idles inside the pipeline schedule) and ``wait_r`` is the
@@ -24,7 +24,7 @@ from pathlib import Path
 from nest.core.errors import UserError
 from nest.core.units import GiB
 
-TIME_TERMS = ("compute", "recompute", "tp", "cp", "ep", "zero3", "p2p")
+TIME_TERMS = ("compute", "recompute", "tp", "cp", "ep", "zero3", "p2p", "offload")
 ROW_TERMS = ("busy", "bubble", "dp_sync_exposed", "optimizer", "wait")
 MEMORY_TERMS = (
     "weights",
@@ -79,6 +79,8 @@ def explain_report(report: dict) -> dict:
             "ep": sum(s["ep_exposed_s"] for s in chunks),
             "zero3": sum(s["zero3_exposed_s"] for s in chunks),
             "p2p": sum(s["p2p_fwd_s"] + s["p2p_bwd_s"] for s in chunks),
+            # activation offload's copies the compute does not hide (absent in older reports)
+            "offload": sum(s.get("offload_exposed_s", 0.0) for s in chunks),
         }
         busy = m * (rank["fwd_s"] + rank["bwd_s"])
         row = {

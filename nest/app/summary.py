@@ -68,6 +68,11 @@ def format_summary(problem: Problem, plan: Plan, report: Report) -> str:
             + (f" within groups of {plan.zero_shard} of dp (HSDP)" if plan.zero_shard else "")
             + (" | optimizer on host" if plan.optimizer_offload else "")
             + (" | activations on host" if plan.activation_offload else "")
+            + (
+                f" (first {plan.activation_offload_blocks} blocks)"
+                if plan.activation_offload_blocks
+                else ""
+            )
             + f" | {plan.schedule}"
             + (f" v={plan.virtual_stages}" if plan.virtual_stages > 1 else "")
             + (" | sequence parallel" if plan.sequence_parallel else "")

@@ -107,6 +107,11 @@ Columns appended for precision and model shapes (blank: the default):
   ``synchronous`` for a run on DeepSpeed ZeRO-3 v0.3.13 to v0.5.x, whose device-wide
   synchronise around every parameter's gather leaves no ZeRO-3 collective under compute
   (:attr:`nest.core.problem.Training.zero3_runtime`).
+- ``activation_offload_blocks``: blank for none; ``N`` where the run offloads the stored
+  activations of its first ``N`` blocks to host memory (Megatron-Core's
+  ``--cpu-offloading-num-layers N``, Megatron-Bridge's ``cpu_offloading_num_layers``), scored as
+  :attr:`nest.core.plan.ParallelConfig.activation_offload_blocks` (``pp`` 1 only, as
+  Megatron-Core; the device preset needs ``host_link_gbps``).
 
 Rows of one source and configuration that differ only in ``precision`` / ``fp8_recipe`` /
 ``fp8_param_gather`` (and their ``case`` text and measured value) are a precision pair: the summary
@@ -494,6 +499,8 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         training=training,
     )
     recompute = (row.get("recompute") or "none").split("(")[0].strip() or "none"
+    offloaded = (row.get("activation_offload_blocks") or "").strip()
+    offload_blocks = _count(row, "activation_offload_blocks", 1) if offloaded else None
     settings = PlanSettings(
         tp=tp,
         pp=_int(row, "pp"),
@@ -509,6 +516,8 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         virtual_stages=_int(row, "virtual_stages", 1),
         layer_partition=_partition(row.get("layer_partition")),
         sequence_parallel=sp,
+        activation_offload=bool(offload_blocks),
+        activation_offload_blocks=offload_blocks,
     )
     return problem, build_plan(problem, settings)
 

@@ -61,6 +61,9 @@ class PlanSettings:
     """The optimizer state and step on the host (:attr:`ParallelConfig.optimizer_offload`)."""
     activation_offload: bool = False
     """The blocks' stored activations on the host (:attr:`ParallelConfig.activation_offload`)."""
+    activation_offload_blocks: int | None = None
+    """With ``activation_offload``: the first blocks that offload; None: all
+    (:attr:`ParallelConfig.activation_offload_blocks`)."""
 
 
 def _as_list(value) -> list | None:
@@ -187,6 +190,7 @@ def build_plan(problem: Problem, settings: "PlanSettings") -> Plan:
         zero_stage=s.zero_stage,
         optimizer_offload=s.optimizer_offload,
         activation_offload=s.activation_offload,
+        activation_offload_blocks=s.activation_offload_blocks,
         zero_shard=s.zero_shard,
         schedule=schedule,
         virtual_stages=s.virtual_stages,

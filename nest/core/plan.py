@@ -180,6 +180,14 @@ class ParallelConfig:
     """Every transformer block copies its stored activations to host memory after its forward
     and back before its backward (Megatron-Core ``--cpu-offloading``, Transformer Engine's CPU
     offload): :mod:`nest.cost.memory`, :mod:`nest.cost.offload`. False: kept on the device."""
+    activation_offload_blocks: int | None = None
+    """With :attr:`activation_offload`: how many blocks offload, the first ``N`` of the chunk
+    (Megatron-Core ``--cpu-offloading-num-layers N``: Transformer Engine's CPU offload context
+    offloads the stored tensors of layers ``0 .. N-1`` of the ``TransformerBlock``,
+    ``transformer_engine/pytorch/cpu_offload.py``); None: every block. Megatron-Core refuses
+    CPU offloading with pipeline parallelism (``TransformerConfig.__post_init__``), and a count
+    is defined only for its one chunk, so a count needs ``pp = 1``. A plan setting (validation
+    rows, fixed plans); the planners' search offloads all blocks or none."""
     rank_order: tuple[Axis, ...] | None = None
     """Innermost-first axis order the placement is built from (:func:`place`); None for an
     explicit placement, or when the placement is not part of the comparison."""
@@ -200,6 +208,7 @@ class ParallelConfig:
         for name in ("optimizer_offload", "activation_offload"):
             if not isinstance(getattr(self, name), bool | np.bool_):
                 raise UserError(f"plan {name}={getattr(self, name)!r} must be true or false")
+        self._check_offload_blocks()
         self._check_zero_shard()
         if self.schedule.v_shaped and self.virtual_stages != 2:
             raise UserError(
@@ -214,6 +223,29 @@ class ParallelConfig:
             raise UserError(
                 f"virtual_stages={self.virtual_stages} needs schedule=interleaved "
                 f"(got {self.schedule})"
+            )
+
+    def _check_offload_blocks(self) -> None:
+        """:attr:`activation_offload_blocks`: a positive count, with activation offload, on one
+        pipeline rank (one-line errors naming the fix)."""
+        n = self.activation_offload_blocks
+        if n is None:
+            return
+        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
+            raise UserError(
+                f"plan activation_offload_blocks={n!r} must be a positive whole number (the "
+                "first blocks that offload), or null for all"
+            )
+        if not self.activation_offload:
+            raise UserError(
+                f"plan activation_offload_blocks={n} with activation_offload=false; set "
+                "activation_offload true, or leave activation_offload_blocks null"
+            )
+        if self.pp > 1:
+            raise UserError(
+                f"plan activation_offload_blocks={n} with pp={self.pp}: a partial offload is "
+                "defined for one pipeline rank (Megatron-Core refuses CPU offloading with "
+                "pipeline parallelism); use pp=1, or activation_offload_blocks null for all"
             )
 
     def _check_zero_shard(self) -> None:
@@ -353,6 +385,7 @@ class Plan:
     schedule = property(lambda self: self.config.schedule)
     optimizer_offload = property(lambda self: self.config.optimizer_offload)
     activation_offload = property(lambda self: self.config.activation_offload)
+    activation_offload_blocks = property(lambda self: self.config.activation_offload_blocks)
     virtual_stages = property(lambda self: self.config.virtual_stages)
     rank_order = property(lambda self: self.config.rank_order)
 

@@ -19,6 +19,11 @@ def _choices(plan: Plan) -> dict:
         "zero_stage": plan.zero_stage,
         "optimizer_offload": plan.optimizer_offload,
         "activation_offload": plan.activation_offload,
+        **(
+            {"activation_offload_blocks": plan.activation_offload_blocks}
+            if plan.activation_offload_blocks is not None
+            else {}
+        ),
         "zero_shard": plan.zero_shard,
         "schedule": str(plan.schedule),
         "virtual_stages": plan.virtual_stages,
@@ -63,6 +68,7 @@ def plan_from_dict(d: dict) -> Plan:
             zero_stage=d["zero_stage"],
             optimizer_offload=bool(d.get("optimizer_offload", False)),
             activation_offload=bool(d.get("activation_offload", False)),
+            activation_offload_blocks=d.get("activation_offload_blocks"),
             zero_shard=d.get("zero_shard"),
             schedule=Schedule(d["schedule"]),
             virtual_stages=d.get("virtual_stages", 1),

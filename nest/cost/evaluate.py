@@ -50,7 +50,7 @@ from nest.cost.compute import (
 )
 from nest.cost.dualpipe import dualpipe_v_pipeline_s
 from nest.cost.groups import AXES, RankGroups, rank_groups
-from nest.cost.memory import host_bytes, rank_memory
+from nest.cost.memory import host_bytes, offloaded_layers, rank_memory
 from nest.cost.offload import offload_exposed_s
 from nest.cost.pipeline import (
     exposed_sync_s,
@@ -111,6 +111,12 @@ def check_plan(problem: Problem, plan: Plan) -> None:
                 f"stage {k} full_blocks={stage.full_blocks} but it holds {blocks} blocks; use "
                 f"at most {blocks} (or recompute=full for all of them)"
             )
+    n_off, blocks = plan.activation_offload_blocks, problem.model.spec.layers
+    if n_off is not None and n_off > blocks:
+        raise UserError(
+            f"plan activation_offload_blocks={n_off} but the model has {blocks} blocks; use at "
+            f"most {blocks} (or null for all)"
+        )
     reason = problem.model.shard_problem(shard_of(plan))
     if reason:
         raise UserError(reason)
@@ -287,7 +293,11 @@ def _stage_report(
     redo = sum(recompute_s(cost, mode, blk) for cost, mode, blk in chunk.layers)
     offload = 0.0
     if plan.activation_offload:
-        moved = sum(host_bytes(cost, mode, blk) for cost, mode, blk in chunk.layers)
+        flags, _ = offloaded_layers(chunk.layers, True, plan.activation_offload_blocks)
+        moved = sum(
+            host_bytes(cost, mode, blk, off)
+            for (cost, mode, blk), off in zip(chunk.layers, flags, strict=True)
+        )
         bw = cluster.device.host_link_bw_bytes_per_s
         offload = offload_exposed_s(moved, compute_fwd, compute_bwd + redo, bw)
     fwd = compute_fwd + sum(f for f, _ in comm.values()) + zero3_fwd + p2p_fwd
@@ -350,6 +360,7 @@ def _rank_report(
         reserve_bytes=device.memory_reserve_bytes,
         capacity_bytes=device.hbm_bytes,
         offload=plan.activation_offload,
+        offload_blocks=plan.activation_offload_blocks,
     )
     return RankReport(
         pp_rank=r,

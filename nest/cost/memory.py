@@ -27,6 +27,24 @@ holds its own stored tensors and those of the neighbour in transit (the previous
 out in the forward, the next one's coming in for the backward): :data:`OFFLOAD_BUFFER_BLOCKS`
 blocks' worth, counted as this block's, in its transient (:func:`peak_bytes`); exact for
 identical blocks. The copies' time: :mod:`nest.cost.offload`.
+
+**Partial activation offload** (:attr:`nest.core.plan.ParallelConfig.activation_offload_blocks`
+``= N``, Megatron-Core's ``--cpu-offloading-num-layers N``, one pipeline rank): only the first
+``N`` of the chunk's ``L`` blocks copy their stored tensors out (:func:`offloaded_layers`); the
+others keep theirs on the device. Transformer Engine offloads block ``i`` on a side stream after
+its forward and frees it once the copy is awaited a few blocks later, so at the end of the
+forward the device holds the ``L - N`` kept blocks and at most one offloaded block in transit:
+TE v2.7 (github:NVIDIA/TransformerEngine@v2.7:transformer_engine/pytorch/cpu_offload.py;
+Megatron-Bridge v0.1.0rc3, the 25.09 rows', needs TE >= 2.6, < 2.8, whose
+``AsyncDoubleBufferGroupOffloadHandler`` windows are the same) awaits block ``i``'s copy at
+block ``layer_window_map[i]``, the last one's at block ``L - 1``, when the kept blocks are all
+stored, and reloads symmetrically in the backward, block ``i`` ahead of its backward. That block,
+:data:`OFFLOAD_TRANSIT_BLOCKS`, is counted in the offloaded blocks' transient. TE v2.14
+(github:NVIDIA/TransformerEngine@366798ef, the 26.04.01 container's; ``DefaultOffloadSynchronizer``)
+frees block ``i`` before block ``L - N + i`` runs, a peak of ``L - N`` blocks by its docstring,
+one block under this count. Weights stay on the device (the recipes set
+``cpu_offloading_weights = False``, and both TE versions ignore weight offload). ``N`` equal to
+the chunk's blocks is the all-blocks case above.
 """
 
 from nest.core.axes import Recompute
@@ -38,6 +56,26 @@ from nest.cost.state import ModelState
 OFFLOAD_BUFFER_BLOCKS = 2
 """Blocks' stored tensors on the device while an offloaded block runs: its own and the
 neighbour's in transit (module docstring)."""
+
+
+OFFLOAD_TRANSIT_BLOCKS = 1
+"""Offloaded blocks' stored tensors on the device beyond the kept blocks under a partial offload:
+the one in transit (module docstring)."""
+
+
+def offloaded_layers(
+    layers: list[tuple[LayerCost, Recompute, bool]], offload: bool, offload_blocks: int | None
+) -> tuple[list[bool], int]:
+    """Per layer of a chunk, whether it copies its stored tensors to the host (the first
+    ``offload_blocks`` blocks, every block when None), and the blocks' worth of those tensors the
+    device holds while one runs (:data:`OFFLOAD_BUFFER_BLOCKS` when every block offloads,
+    :data:`OFFLOAD_TRANSIT_BLOCKS` when some stay; module docstring)."""
+    flags, seen = [], 0
+    for _, _, blk in layers:
+        flags.append(offload and blk and (offload_blocks is None or seen < offload_blocks))
+        seen += blk
+    every = offload_blocks is None or offload_blocks >= seen
+    return flags, OFFLOAD_BUFFER_BLOCKS if every else OFFLOAD_TRANSIT_BLOCKS
 
 
 def host_bytes(cost: LayerCost, mode: Recompute, is_block: bool, offload: bool = True) -> float:
@@ -63,15 +101,21 @@ def resident_bytes(cost: LayerCost, state: ModelState) -> float:
 
 
 def peak_bytes(
-    cost: LayerCost, mode: Recompute, is_block: bool, state: ModelState, offload: bool = False
+    cost: LayerCost,
+    mode: Recompute,
+    is_block: bool,
+    state: ModelState,
+    offload: bool = False,
+    buffer_blocks: int = OFFLOAD_BUFFER_BLOCKS,
 ) -> float:
     """Bytes alive only while this layer runs, beyond the stored activations (module
-    docstring): with activation offload, also the offloaded blocks' buffer."""
+    docstring): with activation offload, also the offloaded blocks' buffer (``buffer_blocks``
+    blocks' worth: :func:`offloaded_layers`)."""
     lm = layer_mode(mode, is_block)
     peak = cost.transient_bytes
     if lm is not Recompute.NONE:
         peak += cost.act_bytes[Recompute.NONE] - cost.act_bytes[lm]
-    peak += OFFLOAD_BUFFER_BLOCKS * host_bytes(cost, mode, is_block, offload)
+    peak += buffer_blocks * host_bytes(cost, mode, is_block, offload)
     return peak + state.gathered_bytes(cost.dense_params, cost.expert_params)
 
 
@@ -90,18 +134,27 @@ def rank_memory(
     reserve_bytes: float,
     capacity_bytes: float,
     offload: bool = False,
+    offload_blocks: int | None = None,
 ) -> MemoryReport:
     """Memory of one device of a pipeline rank holding ``layers`` ((cost, stage mode, is block)
     per layer of all its chunks) and these parameters (dense with a tied-embedding copy);
-    ``offload``: activation offload (module docstring)."""
-    stored = sum(stored_bytes(cost, mode, blk, offload) for cost, mode, blk in layers)
-    host = sum(host_bytes(cost, mode, blk, offload) for cost, mode, blk in layers)
+    ``offload``: activation offload, of the first ``offload_blocks`` blocks (None: all; a count
+    is defined for a rank of one chunk: module docstring)."""
+    flags, buffer = offloaded_layers(layers, offload, offload_blocks)
+    stored = sum(
+        stored_bytes(cost, mode, blk, off)
+        for (cost, mode, blk), off in zip(layers, flags, strict=True)
+    )
+    host = sum(
+        host_bytes(cost, mode, blk, off)
+        for (cost, mode, blk), off in zip(layers, flags, strict=True)
+    )
     transient, comm = max(
         (
-            peak_bytes(cost, mode, blk, state, offload),
+            peak_bytes(cost, mode, blk, state, off, buffer),
             state.gathered_bytes(cost.dense_params, cost.expert_params),
         )
-        for cost, mode, blk in layers
+        for (cost, mode, blk), off in zip(layers, flags, strict=True)
     )
     resident = sum(resident_bytes(cost, state) for cost, _, _ in layers)
     return MemoryReport(

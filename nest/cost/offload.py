@@ -16,6 +16,16 @@ tensors are back; the forward's excess is charged there too, a simplification th
 activation policy a change of the backward alone, as recompute modes are, which the NEST DP's
 fastest-mode rule needs: :mod:`nest.dp.recurrence`). Communication time is not counted as
 compute that hides a copy. Works on scalars and numpy rows.
+
+Under a partial offload (:attr:`nest.core.plan.ParallelConfig.activation_offload_blocks` ``= N``)
+``A`` is the first ``N`` blocks' stored bytes and ``f``, ``b`` stay the whole chunk's compute:
+Transformer Engine spreads the ``N`` copies over all ``L`` blocks of the pass. TE v2.7 awaits
+block ``i``'s copy ``L / N`` blocks after the previous one's (``layer_window_map``), TE v2.14 runs
+the copies back to back on one stream from block 0's end and awaits block ``i``'s before block
+``L - N + i`` (``DefaultOffloadSynchronizer``); for identical blocks both stall only when the
+``N`` copies outlast the compute of about ``L`` blocks, which is this formula (TE v2.14's window
+is ``L - 2`` blocks; the reload mirrors it in the backward). Sources:
+github:NVIDIA/TransformerEngine@v2.7 and @366798ef, ``transformer_engine/pytorch/cpu_offload.py``.
 """
 
 import numpy as np

@@ -27,6 +27,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from nest.core.axes import Axis, GroupKind, LayerKind, Recompute
+from nest.core.errors import UserError
 from nest.core.plan import ParallelConfig, chunk_rank, group_arrays, place
 from nest.core.problem import Problem
 from nest.cost.collectives import p2p_classes, pair_p2p_time_s
@@ -181,6 +182,12 @@ class StageModel:
         the exact planners); None places the ranks by ``config.rank_order``. ``shared``: a
         dict that searches over one problem pass to every stage model, to share what does not
         depend on the whole configuration."""
+        if config.activation_offload_blocks is not None:
+            raise UserError(
+                "the DP's stage model offloads every block's activations or none "
+                f"(activation_offload_blocks={config.activation_offload_blocks}); score a "
+                "partial offload with nest.cost.evaluate"
+            )
         self.problem, self.config = problem, config
         cluster, training, model = problem.cluster, problem.training, problem.model
         c = config

@@ -191,6 +191,9 @@ def rebuild(
         activation_offload=(
             plan.activation_offload if activation_offload is None else activation_offload
         ),
+        activation_offload_blocks=(
+            plan.activation_offload_blocks if activation_offload is not False else None
+        ),
     )
     order = place(tp=plan.tp, cp=plan.cp, dp=plan.dp, pp=plan.pp, rank_order=config.rank_order)
     return make_structured_plan(
@@ -267,6 +270,7 @@ def plan_summary(problem: Problem, plan: Plan) -> dict:
         "zero_stage": plan.zero_stage,
         "optimizer_offload": plan.optimizer_offload,
         "activation_offload": plan.activation_offload,
+        "activation_offload_blocks": plan.activation_offload_blocks,
         "zero_shard": plan.zero_shard,
         "schedule": str(plan.schedule),
         "rank_order": [str(a) for a in plan.rank_order] if plan.rank_order else None,

@@ -111,7 +111,9 @@ defaults are off for every one of them):
   recomputation and for ``L`` or more layers, so it is expressible only with ``pp = 1``, no
   recompute and at least two blocks (nearest otherwise: the activations on the device). Megatron
   keeps the last block's activations on the device, which the cost model's two-block buffer
-  covers.
+  covers. A partial offload
+  (:attr:`~nest.core.plan.ParallelConfig.activation_offload_blocks` ``= N < L``) is
+  ``--cpu-offloading-num-layers N``, the same flag's own meaning (the first ``N`` layers).
 - ZeRO-2/3 (Megatron FSDP): ``--use-distributed-optimizer`` and
   ``--no-gradient-accumulation-fusion`` beside ``--use-megatron-fsdp``, as Megatron-FSDP's guide
   at the same commit lists them (``megatron/core/distributed/fsdp/src/README.md``).
@@ -462,7 +464,9 @@ def megatron_args(problem: Problem, plan: Plan) -> list[str]:
         # optimizer of --optimizer-cpu-offload need it
         args.append("--use-distributed-optimizer")
     if plan.activation_offload:
-        args.append(f"--cpu-offloading-num-layers {problem.model.spec.layers - 1}")
+        blocks = problem.model.spec.layers
+        n = min(plan.activation_offload_blocks or blocks, blocks - 1)
+        args.append(f"--cpu-offloading-num-layers {n}")
     if plan.optimizer_offload:
         args += [
             "--optimizer-cpu-offload",
