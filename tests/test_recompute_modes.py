@@ -22,13 +22,20 @@ from .randomcase import assert_nest_equals_brute
 from .test_nest_dp import tiny_case
 from .test_nest_interleaved import interleaved_case
 
-OWN_EXACTNESS_TEST = (Recompute.DOTS, Recompute.MLP_MOE, Recompute.MLA_UP_MLP_MOE)
+OWN_EXACTNESS_TEST = (
+    Recompute.DOTS,
+    Recompute.MLP_MOE,
+    Recompute.MLA_UP_MLP_MOE,
+    Recompute.QKV_PROJ,
+    Recompute.QKV_OUT_PROJ,
+)
 ALL_MODES = [r.value for r in Recompute if r not in OWN_EXACTNESS_TEST]
 """Megatron-Core's modes and torchtitan's ``op``; JAX's ``dots`` has its own exactness test
 (tests/test_recompute_dots.py): it stores little and recomputes only elementwise work, so where
 it is searched it wins most stages and hides whether the per-module modes are ever optimal;
 the whole-MLP modes too (tests/test_recompute_mlp_moe.py: two more modes would push most
-random spaces past what brute force enumerates here)."""
+random spaces past what brute force enumerates here), and JAX's named policies
+(tests/test_recompute_named.py)."""
 
 # Llama 3 8B (Hugging Face meta-llama/Meta-Llama-3-8B config.json): hidden 4096, 32 layers,
 # 32 heads, 8 KV heads, intermediate 14336, vocab 128256, context 8192.

@@ -38,7 +38,11 @@ class Recompute(StrEnum):
     routed and shared experts; Megatron-LM@84cf979c766f72dfdc7af73d6b4add5ae952c2da
     ``transformer_config.py``, ``transformer_layer.py``, ``moe/moe_layer.py``): what it drops,
     :func:`nest.core.blocks.block_tensors` with ``mlp_whole``; ``mla_up_proj_mlp_moe`` is
-    both, dgxc-benchmarking's DeepSeek-V3 H100 setting)."""
+    both, dgxc-benchmarking's DeepSeek-V3 H100 setting); ``qkv_proj`` is MaxText's
+    ``remat_policy: save_qkv_proj`` (``jax.checkpoint_policies.save_only_these_names`` of
+    ``query_proj``, ``key_proj``, ``value_proj``), ``qkv_out_proj`` praxis's
+    ``AutodiffCheckpointType.SAVE_QKV_OUT_PROJ`` (``combined_qkv_proj`` and ``out_proj``, as
+    Paxml's GPT-3 configs run it): what they keep is :func:`nest.core.blocks.named_inventory`)."""
 
     NONE = "none"
     SELECTIVE = "selective"  # recompute the attention core (softmax, dropout, attention over V)
@@ -50,6 +54,8 @@ class Recompute(StrEnum):
     MLA_UP = "mla_up_proj"  # recompute MLA's Q/K/V up-projections and RoPE (none on other blocks)
     MLP_MOE = "mlp_moe"  # recompute every block's whole MLP: dense MLP or MoE layer (a2a included)
     MLA_UP_MLP_MOE = "mla_up_proj_mlp_moe"  # both of the above
+    QKV_PROJ = "qkv_proj"  # keep the input and Q, K, V; recompute the rest (JAX, MaxText)
+    QKV_OUT_PROJ = "qkv_out_proj"  # and the attention's output projection (JAX, Paxml)
 
 
 BLOCK_RECOMPUTE = "block"

@@ -262,6 +262,47 @@ def dots_inventory(spec: ModelSpec, moe: bool) -> list[tuple[float, str, bool]]:
     return out
 
 
+def named_inventory(spec: ModelSpec, out_proj: bool) -> list[tuple[float, str, bool]]:
+    """Stored tensors per token, ``(elements, where, fp8_input)``, of a block under a JAX
+    policy that saves named tensors only, ``jax.checkpoint_policies.save_only_these_names``:
+    the block's input (the layer scan's carry), Q, K and V, and with ``out_proj`` the attention
+    output projection's output (:attr:`nest.core.axes.Recompute.QKV_PROJ` and
+    ``QKV_OUT_PROJ``).
+
+    - ``qkv_proj``: MaxText's ``remat_policy: save_qkv_proj`` saves ``query_proj``,
+      ``key_proj``, ``value_proj`` (and the fused ``qkv_proj``, one of the two is produced),
+      github:AI-Hypercomputer/maxtext@d9a4b64e235a749e89e5281f68acad010a739c8e
+      ``MaxText/layers/models.py`` (the policy) and ``MaxText/layers/attentions.py``
+      (``Attention.__call__`` names the projections' outputs after RoPE: ``a d`` for Q,
+      ``kv_dim`` for K and V);
+    - ``qkv_out_proj``: praxis's ``AutodiffCheckpointType.SAVE_QKV_OUT_PROJ`` saves
+      ``combined_qkv_proj`` (the fused ``3 x a x d`` projection's output, before its bias)
+      and ``out_proj`` (the output projection's, ``h`` wide),
+      github:google/praxis@feeaff19915ca9c3de8b372b7427d15c81f0d757
+      ``praxis/layers/checkpoint_policy.py`` (unchanged since 5c6d86f, 2023-07-27) and
+      ``praxis/layers/attentions.py`` (``CombinedQKVProjectionLayer``,
+      ``DotProductAttention``).
+
+    Every other value, named or not, is recomputed from what is kept where the backward reads
+    it (the norms' outputs, the attention core's output and its softmax statistics, the MLP's
+    FC1 outputs and activation; a MoE block's router logits and expert intermediates): no
+    MLP tensor is kept. An MLA block keeps its Q, K and V (the up-projections' outputs:
+    ASSUMED, neither source names MLA's tensors at these commits) and none of its latents.
+    Saved values are the GEMMs' outputs, in the activation precision even under FP8."""
+    h, a = spec.hidden, spec.heads
+    out = [(h, OUTSIDE, False)]  # the block's input (the scan's carry)
+    if spec.attention == "mla":
+        qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+        out += [(a * qk, INSIDE, False), (a * qk, INSIDE, False)]
+        out.append((a * spec.v_head_dim, INSIDE, False))
+    else:
+        out += [(a * spec.d_head, INSIDE, False), (spec.kv_dim, INSIDE, False)]
+        out.append((spec.kv_dim, INSIDE, False))
+    if out_proj:
+        out.append((h, OUTSIDE, False))  # the output projection's output (a residual summand)
+    return out
+
+
 def elementwise_kernels(spec: ModelSpec) -> int:
     """Memory-bound (non-GEMM, non-attention) kernels one block's forward launches, the
     operators of :func:`elementwise_bytes_per_token` each as one kernel: two norms, two residual

@@ -57,6 +57,7 @@ from nest.core.blocks import (
     elementwise_bytes_per_token,
     elementwise_kernels,
     mlp_linears,
+    named_inventory,
     op_sac_inventory,
 )
 from nest.core.hardware import Device
@@ -903,6 +904,11 @@ class AnalyticModel:
         dots = sum(e * tokens * p / split[where] for e, where, _ in dots_inventory(m, ref.moe))
         if ref.moe:
             dots += 4.0 * tokens * m.num_experts / sp_div  # the router's logits (a weight matmul)
+
+        def named(out_proj: bool) -> float:
+            inventory = named_inventory(m, out_proj)
+            return sum(e * tokens * p / split[where] for e, where, _ in inventory)
+
         # Attention core: the softmax output (+ dropout mask and output) of every query against
         # every key (the full s x s matrix, masked) unfused; FlashAttention stores only the fp32
         # log-sum-exp per query and head and recomputes the scores in its backward (Dao et al.
@@ -921,6 +927,8 @@ class AnalyticModel:
             Recompute.MLA_UP: stored(False, up_recomputed=True) + core / t,
             Recompute.MLP_MOE: stored(False, whole=True) + core / t,
             Recompute.MLA_UP_MLP_MOE: stored(False, up_recomputed=True, whole=True) + core / t,
+            Recompute.QKV_PROJ: named(False),
+            Recompute.QKV_OUT_PROJ: named(True),
         }
 
     def _op_sac_activations(self, ref: LayerRef, shard: Shard) -> float:
@@ -1060,6 +1068,61 @@ class AnalyticModel:
             act = 3 if m.activation == "swiglu" else 2
             seconds += p * m.shared_ffn * act * b * s_loc / t / device.achieved_hbm_bw_bytes_per_s
         return seconds, sum(2.0 * mm * n * k * g for mm, n, k, g in mlp.values())
+
+    def _named_modes(
+        self, ref: LayerRef, shard: Shard, device: Device, gemms, fwd_of, fwd_coll, rest_s: float
+    ) -> dict:
+        """``qkv_proj``'s and ``qkv_out_proj``'s (seconds, FLOPs, collectives) recomputed:
+        ``rest_s``, the attention core's kernel and the elementwise work (as ``dots`` reruns
+        them), the core's FLOPs, and :meth:`_named_recompute`'s GEMMs and collectives."""
+        core_flops = self._attention_s(ref, shard, device)[1]
+        out = {}
+        for mode, keep_out in ((Recompute.QKV_PROJ, False), (Recompute.QKV_OUT_PROJ, True)):
+            s, f, coll = self._named_recompute(
+                ref, shard, device, gemms, fwd_of, fwd_coll, keep_out
+            )
+            out[mode] = (rest_s + s, core_flops + f, coll)
+        return out
+
+    def _named_recompute(
+        self,
+        ref: LayerRef,
+        shard: Shard,
+        device: Device,
+        gemms: dict,
+        fwd_of: dict,
+        fwd_coll: tuple,
+        out_proj: bool,
+    ) -> tuple[float, float, tuple]:
+        """(seconds, matmul FLOPs, collectives) of what a block under ``qkv_proj`` (``out_proj``
+        False) or ``qkv_out_proj`` runs again beyond the attention core and the elementwise work
+        (the caller's): the GEMMs whose outputs the backward reads and
+        :func:`nest.core.blocks.named_inventory` does not keep, with their FP8 casts. The
+        output projection (``qkv_proj`` only: its output rebuilds the residual stream the MLP's
+        norm reads) and a dense MLP's FC1 (the activation's input); FC2's output feeds a
+        residual addition only and is not rerun, nor are Q, K, V's projections. A MoE layer's
+        router, permutations and routed experts' GEMMs (the combine weighs their outputs by the
+        router's probabilities, whose gradient reads them) and the shared experts' FC1. The
+        collectives: the forward's tensor-parallel one after the output projection
+        (``qkv_proj`` only) and, with sequence parallelism, the all-gather before the MLP; a
+        MoE layer's dispatch and combine."""
+        t, _, sp, *_ = self._dims(shard)
+        names = {"fc1", "sh_fc1"} | (EXPERT_LINEARS if ref.moe else set())
+        if not out_proj:
+            names.add("proj")
+        rerun = {n: g for n, g in gemms.items() if n in names}
+        seconds = sum(fwd_of[n][0] for n in rerun) + self._cast_s(rerun, device)[0]
+        if ref.moe:
+            seconds += self._moe_kernels_s(ref, shard, device)[0]
+        tp = [x for x in fwd_coll if x.axis is GroupKind.TP]
+        coll = []
+        if t > 1 and not out_proj:
+            coll.append(tp[1] if sp else tp[0])
+        if t > 1 and sp and len(tp) > 2:
+            coll.append(tp[2])
+        coll += [x for x in fwd_coll if x.axis is GroupKind.EP]
+        flops = sum(2.0 * mm * n * k * g for mm, n, k, g in rerun.values())
+        return seconds, flops, tuple(coll)
 
     def _op_sac_recompute(
         self,
@@ -1267,6 +1330,7 @@ class AnalyticModel:
                 none_flops + up_flops + whole_flops,
                 whole_coll,
             ),
+            **self._named_modes(ref, shard, device, gemms, fwd_of, fwd_coll, attn_s + ew_s),  # JAX
         }
         dense_params = sharded / t + replicated
         expert_params = (exp_sharded / shard.expert_tp + exp_replicated) / ep if ref.moe else 0.0

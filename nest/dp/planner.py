@@ -101,6 +101,8 @@ def plan_from_choices(problem: Problem, config: ParallelConfig, choices) -> Plan
 
 LEAST_STORING_FIRST = (
     Recompute.FULL,
+    Recompute.QKV_PROJ,
+    Recompute.QKV_OUT_PROJ,
     Recompute.MLA_UP_MLP_MOE,
     Recompute.MLP_MOE,
     Recompute.SELECTIVE_MLP,

@@ -29,11 +29,16 @@ RECOMPUTED = {
     Recompute.MLA_UP: frozenset({"mla_up_proj"}),
     Recompute.MLP_MOE: frozenset({"mlp", "moe"}),
     Recompute.MLA_UP_MLP_MOE: frozenset({"mla_up_proj", "mlp", "moe"}),
+    Recompute.QKV_PROJ: frozenset({"core_attn", "elementwise", "out_proj", "mlp_in"}),
+    Recompute.QKV_OUT_PROJ: frozenset({"core_attn", "elementwise", "mlp_in"}),
 }
 """What each mode recomputes (``rest``: everything else of the block, full recompute only;
 ``op``: every second matmul and all elementwise work, :func:`nest.core.blocks.op_sac_inventory`;
 ``dots``: the attention core and the elementwise work, :func:`nest.core.blocks.dots_inventory`;
-``mlp``/``moe``: Megatron-Core's modules of those names, the whole dense MLP / MoE layer)."""
+``mlp``/``moe``: Megatron-Core's modules of those names, the whole dense MLP / MoE layer;
+``qkv_proj``/``qkv_out_proj``: JAX's named policies, the attention core, the elementwise work,
+the MLP's first GEMMs (``mlp_in``; a MoE layer's routed experts) and, without ``out_proj`` kept,
+the output projection, :meth:`nest.core.layers.AnalyticModel._named_recompute`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -288,6 +288,11 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     return rebuild(plan, **changes), issues
 
 
+JAX_OR_OP_MODES = (Recompute.OP, Recompute.DOTS, Recompute.QKV_PROJ, Recompute.QKV_OUT_PROJ)
+"""Modes that name ops or JAX's saved tensors, which ``--recompute-modules`` cannot: exported as
+full."""
+
+
 def _recompute_changes(problem: Problem, plan: Plan, held: set, issues: list, changes: dict):
     """The recompute Megatron runs for ``plan`` (one mode for every stage, modules not ops, the
     block method's one count), and why it differs; ``held``: the modes of stages with blocks."""
@@ -310,10 +315,10 @@ def _recompute_changes(problem: Problem, plan: Plan, held: set, issues: list, ch
             f"{strongest} everywhere)"
         )
         changes["recompute"] = [strongest] * len(modes)
-    if held and strongest_recompute(plan) in (Recompute.OP, Recompute.DOTS):
+    if held and strongest_recompute(plan) in JAX_OR_OP_MODES:
         issues.append(
             f"recompute {strongest_recompute(plan)} (torchtitan's op-level selective "
-            "checkpointing or JAX's dots policy; Megatron-Core's --recompute-modules names "
+            "checkpointing or a JAX remat policy; Megatron-Core's --recompute-modules names "
             "modules, not ops; used full everywhere, which stores less)"
         )
         changes["recompute"] = [Recompute.FULL] * len(modes)

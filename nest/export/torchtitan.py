@@ -275,8 +275,11 @@ MODULE_MODES = (
     Recompute.MLA_UP,
     Recompute.MLP_MOE,
     Recompute.MLA_UP_MLP_MOE,
+    Recompute.QKV_PROJ,
+    Recompute.QKV_OUT_PROJ,
 )
-"""Modes torchtitan cannot run (single modules, JAX's dots policy): exported as full."""
+"""Modes torchtitan cannot run (single modules, JAX's dots and named policies): exported as
+full."""
 
 
 def _recompute_changes(problem: Problem, plan: Plan, issues: list, changes: dict) -> None:
@@ -303,7 +306,7 @@ def _recompute_changes(problem: Problem, plan: Plan, issues: list, changes: dict
     elif strongest in MODULE_MODES:
         issues.append(
             f"recompute {strongest} (torchtitan recomputes whole blocks or by its op-level "
-            "policy, not single modules nor by JAX's dots policy; used full everywhere)"
+            "policy, not single modules nor by JAX's remat policies; used full everywhere)"
         )
         changes["recompute"] = [Recompute.FULL] * len(modes)
     elif len(set(modes)) > 1:

@@ -29,8 +29,9 @@ answers them from measurements. The semantics:
   keeps only each layer's input), and one more forward pass (``fwd_s``, its FLOPs ``fwd_flops``).
   mlp and selective_mlp: a profile does not measure the MLP's share, so ``mlp`` equals none and
   ``selective_mlp`` equals selective (no saving, no cost); nor the op-level share, so ``op``
-  equals none, nor what JAX's dots policy, MLA's up-projections or the whole MLP keep, so
-  ``dots``, ``mla_up_proj``, ``mlp_moe`` and ``mla_up_proj_mlp_moe`` equal none.
+  equals none, nor what JAX's dots and named policies, MLA's up-projections or the whole MLP
+  keep, so ``dots``, ``qkv_proj``, ``qkv_out_proj``, ``mla_up_proj``, ``mlp_moe`` and
+  ``mla_up_proj_mlp_moe`` equal none.
 - **Microbatch size.** The measurement at the requested microbatch size when there is one; else
   (``microbatch_scaling: linear``) the nearest measured one (largest below, else smallest above)
   scaled linearly (times, activations, boundary, transient and FLOPs x ``b / b0``; parameters
