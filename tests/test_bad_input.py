@@ -343,6 +343,7 @@ def test_build_cluster_accepts_consistent_fanouts(fanouts, devices, total):
         ([72, 8, None], 144, [72, 2, 1]),  # two NVL72 racks
         ([72, 8, None], 64, [64, 1, 1]),  # 64 GPUs of one rack
         ([8, None], 4, [4, 1]),
+        ([8, 4, 8, None], 96, [8, 4, 3, 1]),  # three 32-GPU units of a three-level unit
     ],
 )
 def test_fewer_devices_than_one_inner_unit_fill_whole_units_bottom_up(fanouts, devices, placed):
@@ -371,6 +372,17 @@ def test_every_count_below_one_unit_is_placed_or_refused_in_one_line():
         widths = [lv.fanout for lv in cluster.levels]
         assert widths[0] <= 8 and widths[1] <= 32 and widths[2] == 1
     assert refused == 255 - 8 - 30  # 1-8 GPUs in one node, 2-31 whole nodes under one leaf
+
+
+@pytest.mark.parametrize("devices, unit", [(40, 32), (12, 8), (100, 8), (72, 32)])
+def test_a_count_below_a_three_level_unit_is_refused_naming_the_whole_unit_it_misses(devices, unit):
+    """Inner levels [8, 4, 8]: 40 GPUs fill 5 nodes, which are not whole 4-node level-1 units;
+    the error names the unit in devices (32), not the level's fan-out (4)."""
+    with pytest.raises(UserError) as info:
+        build_cluster(cluster_dict([8, 4, 8, None], devices))
+    message = str(info.value)
+    assert_one_line(message)
+    assert f"cluster.devices={devices}" in message and f"not a multiple of {unit}" in message
 
 
 def test_build_cluster_rejects_negative_bandwidth():

@@ -1649,3 +1649,21 @@ def test_host_issue_time_of_the_listed_kernels_would_not_bind(source, case, most
     assert rows
     share = max(_listed_kernels_host_share(r) for r in rows.values())
     assert share == pytest.approx(most, abs=0.005)
+
+
+def test_a_bad_activation_offload_blocks_is_a_one_line_row_error_naming_the_column():
+    """``activation_offload_blocks`` is blank (no partial count) or the number of first blocks
+    whose activations go to host memory: a non-number, zero, a fraction, or more blocks than the
+    model has is a one-line row error naming the value and what the column takes."""
+    row = next(
+        r for r in _rows() if r["source"] == MBFSDP and r["activation_offload_blocks"].strip()
+    )
+    for value, named in (
+        ("abc", "activation_offload_blocks='abc' must be a positive whole number"),
+        ("0", "activation_offload_blocks='0' must be a positive whole number"),
+        ("2.5", "activation_offload_blocks='2.5' must be a positive whole number"),
+        ("999", "activation_offload_blocks=999 but the model has 80 blocks; use at most 80"),
+    ):
+        outcome = validate.predict(dict(row, activation_offload_blocks=value))
+        assert outcome.predicted is None and named in outcome.note, outcome.note
+        assert "\n" not in outcome.note and "blank: 1" not in outcome.note

@@ -80,7 +80,7 @@ def describe(plan: Plan) -> str:
     zero = f"ZeRO-{plan.zero_stage}" + (f"/{plan.zero_shard}" if plan.zero_shard else "")
     zero += "+offload" if plan.optimizer_offload else ""
     zero += " act-offload" if plan.activation_offload else ""
-    zero += str(plan.activation_offload_blocks or "")
+    zero += f"({plan.activation_offload_blocks} blocks)" if plan.activation_offload_blocks else ""
     return " ".join([*parts, f"mbs{plan.microbatch_size}", zero, schedule])
 
 

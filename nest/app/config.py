@@ -758,12 +758,15 @@ def _inside_one_unit(inner: list[int], devices: int) -> list[int]:
     :mod:`nest.cost.collectives`). A count that fills no whole number of a lower level's units
     (12 GPUs on nodes of 8) is one line naming the value."""
     fanouts, left = [], devices
-    for f in inner:
+    for i, f in enumerate(inner):
         if left >= f and left % f:
+            unit = prod(inner[: i + 1])
+            fits = f"at most {unit}, " if i == 0 else ""
             raise UserError(
                 f"cluster.devices={devices} is less than one unit of the inner fan-outs {inner} "
-                f"(product {prod(inner)}) and not a multiple of {f}; use a multiple of {f} below "
-                f"{prod(inner)}, or a multiple of {prod(inner)}"
+                f"(product {prod(inner)}) and not a multiple of {unit} (one unit of "
+                f"{inner[: i + 1]}); use {fits}a multiple of {unit} below {prod(inner)}, or a "
+                f"multiple of {prod(inner)}"
             )
         fanouts.append(min(f, left))
         left //= fanouts[-1]

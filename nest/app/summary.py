@@ -57,6 +57,7 @@ def _segment_note(plan: Plan) -> str:
 
 def format_summary(problem: Problem, plan: Plan, report: Report) -> str:
     cluster, model = problem.cluster, problem.model
+    mode_w = max([9, *(len(str(st.recompute)) for st in report.stages)])  # the recomp column
     out = [
         f"{plan.solver or 'plan'}: {model.name} on {cluster.describe()}",
         sequence_line(model),
@@ -83,14 +84,14 @@ def format_summary(problem: Problem, plan: Plan, report: Report) -> str:
         "placement:",
         *_placement(problem, plan),
         "",
-        f"{'stage':>5} {'layers':>9} {'recomp':>9} {'fwd ms':>8} {'bwd ms':>8} {'comm ms':>8} "
-        f"{'exposed':>8} {'p2p ms':>7} {'mem GiB':>8} {'of GiB':>7}",
+        f"{'stage':>5} {'layers':>9} {'recomp':>{mode_w}} {'fwd ms':>8} {'bwd ms':>8} "
+        f"{'comm ms':>8} {'exposed':>8} {'p2p ms':>7} {'mem GiB':>8} {'of GiB':>7}",
     ]
     for s in report.stages:
         mem = report.ranks[s.pp_rank].memory
         p2p = s.p2p_fwd_s + s.p2p_bwd_s
         out.append(
-            f"{s.index:>5} {f'{s.first_layer}-{s.last_layer}':>9} {s.recompute:>9} "
+            f"{s.index:>5} {f'{s.first_layer}-{s.last_layer}':>9} {s.recompute:>{mode_w}} "
             f"{_ms(s.fwd_s):>8} {_ms(s.bwd_s):>8} {_ms(s.comm_total_s - p2p):>8} "
             f"{_ms(s.comm_exposed_s - p2p):>8} {_ms(p2p):>7} {mem.total_bytes / GiB:>8.2f} "
             f"{mem.capacity_bytes / GiB:>7.2f}"

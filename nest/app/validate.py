@@ -291,6 +291,24 @@ def _count(row: dict, column: str, default: int) -> int:
     return value
 
 
+def _offload_blocks(row: dict) -> int | None:
+    """The ``activation_offload_blocks`` column: None when blank (no partial count), else a
+    positive whole number, or a one-line error naming the value and what the column takes."""
+    text = (row.get("activation_offload_blocks") or "").strip()
+    if not text:
+        return None
+    try:
+        value = _int(row, "activation_offload_blocks", 0)
+    except UserError:
+        value = 0
+    if value < 1:
+        raise UserError(
+            f"activation_offload_blocks={text!r} must be a positive whole number: N offloads the "
+            "first N blocks' activations (blank: no partial count)"
+        )
+    return value
+
+
 def presets(group: str) -> list[str]:
     """The preset names of a config group (``conf/<group>/*.yaml``)."""
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
@@ -499,8 +517,7 @@ def problem_and_plan(row: dict, matmul_efficiency: float | str | None = None):
         training=training,
     )
     recompute = (row.get("recompute") or "none").split("(")[0].strip() or "none"
-    offloaded = (row.get("activation_offload_blocks") or "").strip()
-    offload_blocks = _count(row, "activation_offload_blocks", 1) if offloaded else None
+    offload_blocks = _offload_blocks(row)
     settings = PlanSettings(
         tp=tp,
         pp=_int(row, "pp"),

@@ -115,7 +115,7 @@ def check_plan(problem: Problem, plan: Plan) -> None:
     if n_off is not None and n_off > blocks:
         raise UserError(
             f"plan activation_offload_blocks={n_off} but the model has {blocks} blocks; use at "
-            f"most {blocks} (or null for all)"
+            f"most {blocks} (all of them: every block offloaded)"
         )
     reason = problem.model.shard_problem(shard_of(plan))
     if reason:
