@@ -542,14 +542,14 @@ def test_regression_split_errors_pin_the_current_model(summary):
     """Pins (not accuracy): calibration rows median 5.3 % / max 18.7 % (the H100 pairs' 2.4 /
     15.4 % with the v5e split's 6.2 / 18.7 %); held-out rows median 6.0 % / max 221 % on 294
     rows (6.1 % before MaxText's remat_policy full was scored as JAX's nothing_saveable and the
-    TPU rate re-calibrated, 0.900 -> 0.825; 6.4 % before MaxText's and Paxml's named remat
+    TPU rate recalibrated, 0.900 -> 0.825; 6.4 % before MaxText's and Paxml's named remat
     policies were scored as themselves, qkv_proj and qkv_out_proj; 5.6 % on the 264 before
-    dgxc's 23 MaxText and Paxml FSDP rows on H100 and Megatron-Bridge's 7 FSDP-source rows, 10.9-43.0 % off; 5.9 % before every
-    Megatron-LM-derived row ran the cross entropy its code had, unfused; 5.96 % on the 256
-    before the Megatron README's A100 rows and ModelZoo's long-context Qwen3 rows, 5.95 % before
-    the unfused attention core's backward bytes and Blackwell's shape-aware compute model, which
-    move them in opposite directions; 7.2 % before the TPU rate, 9.0 % before the zero-bubble
-    paper's 84 rows)."""
+    dgxc's 23 MaxText and Paxml FSDP rows on H100 and Megatron-Bridge's 7 FSDP-source rows,
+    10.9-43.0 % off; 5.9 % before every Megatron-LM-derived row ran the cross entropy its code
+    had, unfused; 5.96 % on the 256 before the Megatron README's A100 rows and ModelZoo's
+    long-context Qwen3 rows, 5.95 % before the unfused attention core's backward bytes and
+    Blackwell's shape-aware compute model, which move them in opposite directions; 7.2 % before
+    the TPU rate, 9.0 % before the zero-bubble paper's 84 rows)."""
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
     assert cal["median_abs_error"] == pytest.approx(0.053, abs=0.005)
     assert cal["max_abs_error"] == pytest.approx(0.187, abs=0.005)
