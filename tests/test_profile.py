@@ -262,7 +262,7 @@ def test_bad_artifact_instances_are_one_line_errors(tmp_path, change, needle):
 # ------------------------------------------------------------------------------ semantics
 def test_profile_of_the_analytic_model_evaluates_identically_on_random_plans():
     checked = 0
-    for seed in range(2000):
+    for seed in range(3000):
         problem, planner = random_case(seed)
         if problem.model.spec.is_moe or planner.tp != 1 or planner.cp != 1:
             continue
