@@ -253,13 +253,14 @@ OPT_IN_RECOMPUTE = (
     Recompute.MLA_UP_MLP_MOE,
     Recompute.QKV_PROJ,
     Recompute.QKV_OUT_PROJ,
+    Recompute.NOTHING_SAVEABLE,
 )
 RECOMPUTE_MODES = tuple(r.value for r in Recompute if r not in OPT_IN_RECOMPUTE)
 """The recompute modes an infeasible search names as the space to widen to: the default space
 (``nest.dp.space.SpaceOptions.recompute``). ``op``, ``dots``, ``mla_up_proj``, ``mlp_moe``,
-``mla_up_proj_mlp_moe``, ``qkv_proj`` and ``qkv_out_proj`` are opt-in (docs/plan/training.md)
-and never store less than ``full`` (each keeps at least the block's input), so adding them
-cannot make a plan fit that the default space lacks."""
+``mla_up_proj_mlp_moe``, ``qkv_proj``, ``qkv_out_proj`` and ``nothing_saveable`` are opt-in
+(docs/plan/training.md) and never store less than ``full`` (each keeps at least the block's
+input), so adding them cannot make a plan fit that the default space lacks."""
 
 
 def _stages_text(stages: Sequence[int]) -> str:

@@ -28,6 +28,7 @@ OWN_EXACTNESS_TEST = (
     Recompute.MLA_UP_MLP_MOE,
     Recompute.QKV_PROJ,
     Recompute.QKV_OUT_PROJ,
+    Recompute.NOTHING_SAVEABLE,
 )
 ALL_MODES = [r.value for r in Recompute if r not in OWN_EXACTNESS_TEST]
 """Megatron-Core's modes and torchtitan's ``op``; JAX's ``dots`` has its own exactness test

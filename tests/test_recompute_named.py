@@ -1,5 +1,6 @@
 """JAX's named remat policies as recompute modes: ``qkv_proj`` (MaxText's ``remat_policy:
-save_qkv_proj``) and ``qkv_out_proj`` (praxis's ``AutodiffCheckpointType.SAVE_QKV_OUT_PROJ``):
+save_qkv_proj``), ``qkv_out_proj`` (praxis's ``AutodiffCheckpointType.SAVE_QKV_OUT_PROJ``) and
+``nothing_saveable`` (MaxText's ``remat_policy: full``, ``jax.checkpoint`` with no policy):
 what they keep on the published runs' shapes, what they rerun, their place between the other
 modes, the search's exactness with them, the exports."""
 
@@ -132,7 +133,7 @@ def test_nest_equals_brute_with_the_named_policies_in_the_space():
     assert used & {Recompute.QKV_PROJ, Recompute.QKV_OUT_PROJ}, used
 
 
-@pytest.mark.parametrize("mode", ["qkv_proj", "qkv_out_proj"])
+@pytest.mark.parametrize("mode", ["qkv_proj", "qkv_out_proj", "nothing_saveable"])
 def test_exports_of_the_named_policies(mode):
     """Neither Megatron-Core (``--recompute-modules`` names modules) nor torchtitan (whole
     blocks or its op policy) runs JAX's named policies: both export full, with a warning."""
@@ -142,3 +143,71 @@ def test_exports_of_the_named_policies(mode):
         exp = export_plan(problem, plan, target)
         assert exp.exported_plan["recompute"] == ["full", "full"], target
         assert any(f"recompute {mode}" in w and "used full" in w for w in exp.warnings), target
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_nothing_saveable_keeps_the_input_and_reruns_all_but_fc2(tp):
+    """MaxText's ``remat_policy: full`` is ``nn.remat(policy=None)``
+    (github:AI-Hypercomputer/maxtext@76bd53b ``MaxText/layers/models.py``), JAX's
+    ``nothing_saveable`` (``jax/_src/ad_checkpoint.py`` ``remat_partial_eval``), whose rerun
+    is dead-code eliminated to what the backward reads: a GPT-3 175B block keeps its input
+    only, as Megatron's ``full`` does, and reruns what ``qkv_proj`` does plus the fused QKV
+    projection (``2 x tokens x 12288 x 3 x 12288 / t`` FLOPs; the attention core reads its
+    outputs); unlike ``full`` it never reruns FC2 (``2 x tokens x 49152 x 12288 / t``), whose
+    output feeds the residual addition only."""
+    cost = block_cost(ModelSpec(**GPT3_175B), Shard(tp=tp, sp=tp > 1))
+    act, flops, tokens = cost.act_bytes, cost.recompute_flops, 2048
+    assert act[Recompute.NOTHING_SAVEABLE] == pytest.approx(2 * 12288 * tokens / tp, rel=1e-12)
+    assert act[Recompute.NOTHING_SAVEABLE] == act[Recompute.FULL]
+    qkv = 2 * tokens * 12288 * 3 * 12288 / tp
+    assert flops[Recompute.NOTHING_SAVEABLE] - flops[Recompute.QKV_PROJ] == pytest.approx(
+        qkv, rel=1e-12
+    )
+    # full reruns the whole forward: FC2 on top (and, with FlashAttention, none's half core)
+    fc2 = 2 * tokens * 49152 * 12288 / tp
+    half_core = flops[Recompute.NONE]
+    assert flops[Recompute.FULL] - flops[Recompute.NOTHING_SAVEABLE] == pytest.approx(
+        fc2 + half_core, rel=1e-12
+    )
+
+
+def test_nothing_saveable_reruns_the_gathers_before_attention_and_mlp():
+    """With sequence parallelism ``nothing_saveable`` reruns the all-gather of the attention's
+    input (Q, K, V's projections read it), the reduce-scatter after the output projection
+    (the residual stream the MLP's norm reads) and the MLP's all-gather (FC1 reads it), not
+    the reduce-scatter after FC2, which ``full`` reruns."""
+    cost = block_cost(ModelSpec(**LLAMA3_8B), Shard(tp=2, sp=True))
+    ops = {
+        mode: [c.op for c in cost.recompute_collectives[mode] if c.axis is GroupKind.TP]
+        for mode in (Recompute.NOTHING_SAVEABLE, Recompute.FULL)
+    }
+    gather, scatter = CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER
+    assert ops[Recompute.NOTHING_SAVEABLE] == [gather, scatter, gather]
+    assert ops[Recompute.FULL] == [gather, scatter, gather, scatter]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_nothing_saveable_lies_between_qkv_proj_and_full(seed):
+    """On any block, dense or MoE: ``nothing_saveable`` stores what ``full`` does and reruns
+    less (no FC2, no shared experts' FC2), more than ``qkv_proj`` (the Q/K/V projections)."""
+    from .test_recompute_mlp_moe import MOE
+
+    for spec in (
+        ModelSpec(**{**LLAMA3_8B, "layers": 2, "seq_len": 1024 * (seed + 1)}),
+        ModelSpec(**{**MOE, "seq_len": 128 * (seed + 1)}),
+    ):
+        for tp in (1, 2, 4):
+            cost = block_cost(spec, Shard(tp=tp, sp=tp > 1))
+            act, rec = cost.act_bytes, cost.recompute_s
+            assert act[Recompute.NOTHING_SAVEABLE] == act[Recompute.FULL]
+            assert rec[Recompute.QKV_PROJ] < rec[Recompute.NOTHING_SAVEABLE] < rec[Recompute.FULL]
+
+
+def test_nest_equals_brute_with_nothing_saveable_in_the_space():
+    """``nest`` equals ``brute`` on random small problems searching none, qkv_proj,
+    nothing_saveable and full (dense and MoE blocks); nothing_saveable stores what full does
+    for less rerun, so some optimal plans take it."""
+    modes = ["none", "qkv_proj", "nothing_saveable", "full"]
+    agreed, used = nest_equals_brute_over_seeds(tiny_case, modes)
+    assert agreed >= 30, agreed
+    assert Recompute.NOTHING_SAVEABLE in used, used

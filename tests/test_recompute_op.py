@@ -168,7 +168,12 @@ def test_llama3_8b_on_h100_takes_op_where_it_beats_mlp_and_full():
     space = dict(tp=[1], cp=[1], pp=[1], zero_stages=[0, 1])
     without = NestPlanner(**space).solve(problem)
     old = NestPlanner(**space, recompute=["none", "selective", "full"]).solve(problem)
-    jax = (Recompute.DOTS, Recompute.QKV_PROJ, Recompute.QKV_OUT_PROJ)  # JAX's: their own tests
+    jax = (  # JAX's: their own tests
+        Recompute.DOTS,
+        Recompute.QKV_PROJ,
+        Recompute.QKV_OUT_PROJ,
+        Recompute.NOTHING_SAVEABLE,
+    )
     modes = [r.value for r in Recompute if r not in jax]
     with_op = NestPlanner(**space, recompute=modes).solve(problem)
     assert {s.recompute for s in with_op.stages} == {Recompute.OP}

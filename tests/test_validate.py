@@ -346,13 +346,13 @@ MI355X_WHY = (
     "ran at its ceiling"
 )
 TPU_WHY = (
-    "at the TPU in-step rate calibrated on the v5e runs of 1, 4 and 16 slices (0.900, 0.975 of "
+    "at the TPU in-step rate calibrated on the v5e runs of 1, 4 and 16 slices (0.825, 0.894 of "
     "v5e's 0.923 ceiling; v5p at the same share of v5e's ceiling, assumed for want of a v5p GEMM "
     "micro-benchmark) each model size keeps one level across its sweep, where v5e's published "
-    "rates fall 10-18 % from 1 to 32 slices: 64B +5.6 to +26.0 % and 128B -17.5 to +0.1 %; "
-    "v5p 512B -29.6 and -26.6 %, whose tensor-parallel (ici_tensor 16) collectives are charged "
-    "as exposed (31 % of its predicted step; no MaxText script or README of that commit says "
-    "XLA overlaps them), v5p 128B on 2 x v5p-512 +20.3 %"
+    "rates fall 10-18 % from 1 to 32 slices: 64B +5.6 to +26.1 % and 128B -15.5 to +2.5 %; "
+    "v5p 512B -27.7 and -24.6 %, whose tensor-parallel (ici_tensor 16) collectives are charged "
+    "as exposed (no MaxText script or README of that commit says XLA overlaps them), v5p 1T "
+    "on 2 x v5p-4096 -15.9 %, v5p 128B on 2 x v5p-512 +11.9 %"
 )
 MBRIDGE_WHY = (
     "Qwen3-30B-A3B PP2 VP24 (25.11, dropless) predicted at 2.67x the measured throughput with "
@@ -487,8 +487,8 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "20.4 %", GB200_WHY)),
         pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "221 %", BLACKWELL_WHY)),
         pytest.param(MBFSDP, marks=_unmet("max <= 15 %", "43.0 %", MBFSDP_WHY)),
-        pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "26.0 %", TPU_WHY)),
-        pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "29.6 %", TPU_WHY)),
+        pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "26.1 %", TPU_WHY)),
+        pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "27.7 %", TPU_WHY)),
         MI355X,
         TORCHTITAN,
         ZB_T4,
@@ -503,7 +503,7 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
 
 @_unmet(
     "median <= 5 % over all cases",
-    "6.1 %",
+    "6.0 %",
     f"the GB200 pairs: {GB200_WHY}; the TPU rows: {TPU_WHY}; the MoE sources: {BLACKWELL_WHY}; "
     f"the XLA FSDP recipes on H100: {MAXTEXT_GPU_WHY}; {PAXML_GPU_WHY}",
 )
@@ -539,31 +539,32 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 
 def test_regression_split_errors_pin_the_current_model(summary):
-    """Pins (not accuracy): calibration rows median 5.3 % / max 18.6 % (the H100 pairs' 2.4 /
-    15.4 % with the v5e split's 6.8 / 18.6 %); held-out rows median 6.1 % / max 221 % on 294
-    rows (6.4 % before MaxText's and Paxml's named remat policies were scored as themselves,
-    qkv_proj and qkv_out_proj; 5.6 % on the 264 before dgxc's 23 MaxText and Paxml FSDP rows
-    on H100 and Megatron-Bridge's 7 FSDP-source rows, 10.9-43.0 % off; 5.9 % before every
-    Megatron-LM-derived row ran the cross entropy its code had, unfused; 5.96 % on the 256
-    before the Megatron README's A100 rows and ModelZoo's long-context Qwen3 rows, 5.95 % before
-    the unfused attention core's backward bytes and Blackwell's shape-aware compute model, which
-    move them in opposite directions; 7.2 % before the TPU rate, 9.0 % before the zero-bubble
-    paper's 84 rows)."""
+    """Pins (not accuracy): calibration rows median 5.3 % / max 18.7 % (the H100 pairs' 2.4 /
+    15.4 % with the v5e split's 6.2 / 18.7 %); held-out rows median 6.0 % / max 221 % on 294
+    rows (6.1 % before MaxText's remat_policy full was scored as JAX's nothing_saveable and the
+    TPU rate recalibrated, 0.900 -> 0.825; 6.4 % before MaxText's and Paxml's named remat
+    policies were scored as themselves, qkv_proj and qkv_out_proj; 5.6 % on the 264 before
+    dgxc's 23 MaxText and Paxml FSDP rows on H100 and Megatron-Bridge's 7 FSDP-source rows,
+    10.9-43.0 % off; 5.9 % before every Megatron-LM-derived row ran the cross entropy its code
+    had, unfused; 5.96 % on the 256 before the Megatron README's A100 rows and ModelZoo's
+    long-context Qwen3 rows, 5.95 % before the unfused attention core's backward bytes and
+    Blackwell's shape-aware compute model, which move them in opposite directions; 7.2 % before
+    the TPU rate, 9.0 % before the zero-bubble paper's 84 rows)."""
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
     assert cal["median_abs_error"] == pytest.approx(0.053, abs=0.005)
-    assert cal["max_abs_error"] == pytest.approx(0.186, abs=0.005)
-    assert held["median_abs_error"] == pytest.approx(0.061, abs=0.005)
+    assert cal["max_abs_error"] == pytest.approx(0.187, abs=0.005)
+    assert held["median_abs_error"] == pytest.approx(0.060, abs=0.005)
     assert held["max_abs_error"] == pytest.approx(2.212, abs=0.005)
     pairs = summary["by_source_split"][PAIRS]["calibration"]
     assert pairs["median_abs_error"] == pytest.approx(0.024, abs=0.005)
     assert pairs["max_abs_error"] == pytest.approx(0.154, abs=0.005)
     v5e = summary["by_source_split"][TPU_V5E]
-    assert v5e["calibration"]["median_abs_error"] == pytest.approx(0.068, abs=0.005)
-    assert v5e["held-out"]["median_abs_error"] == pytest.approx(0.082, abs=0.005)
-    assert v5e["held-out"]["max_abs_error"] == pytest.approx(0.260, abs=0.005)
+    assert v5e["calibration"]["median_abs_error"] == pytest.approx(0.062, abs=0.005)
+    assert v5e["held-out"]["median_abs_error"] == pytest.approx(0.077, abs=0.005)
+    assert v5e["held-out"]["max_abs_error"] == pytest.approx(0.261, abs=0.005)
 
 
-@_unmet("held-out median <= 5 % (issue 22)", "6.1 %", HELD_OUT_WHY)
+@_unmet("held-out median <= 5 % (issue 22)", "6.0 %", HELD_OUT_WHY)
 def test_accuracy_held_out_median_within_5_percent(summary):
     assert summary["held_out_targets_met"]["median_abs_error"]
 
@@ -630,8 +631,8 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     GB200_PAIRS: (30, 0.061, 0.204, -0.061),
     BLACKWELL: (9, 0.109, 2.212, 0.109),
     MBFSDP: (7, 0.197, 0.430, 0.197),
-    TPU_V5E: (24, 0.068, 0.260, 0.023),
-    TPU_V5P: (16, 0.082, 0.296, 0.042),
+    TPU_V5E: (24, 0.062, 0.261, 0.028),
+    TPU_V5P: (16, 0.044, 0.277, -0.026),
     MI355X: (1, 0.120, 0.120, -0.120),
     TORCHTITAN: (5, 0.078, 0.091, 0.078),
     ZB_T4: (48, 0.036, 0.109, 0.006),

@@ -42,7 +42,10 @@ class Recompute(StrEnum):
     ``remat_policy: save_qkv_proj`` (``jax.checkpoint_policies.save_only_these_names`` of
     ``query_proj``, ``key_proj``, ``value_proj``), ``qkv_out_proj`` praxis's
     ``AutodiffCheckpointType.SAVE_QKV_OUT_PROJ`` (``combined_qkv_proj`` and ``out_proj``, as
-    Paxml's GPT-3 configs run it): what they keep is :func:`nest.core.blocks.named_inventory`)."""
+    Paxml's GPT-3 configs run it): what they keep is :func:`nest.core.blocks.named_inventory`;
+    ``nothing_saveable`` is JAX's ``jax.checkpoint`` with no saveable value, MaxText's
+    ``remat_policy: full`` (``policy=None``): the block's input only, with JAX rerunning in the
+    backward only what a VJP reads, not FC2, unlike Megatron's ``full``)."""
 
     NONE = "none"
     SELECTIVE = "selective"  # recompute the attention core (softmax, dropout, attention over V)
@@ -56,6 +59,7 @@ class Recompute(StrEnum):
     MLA_UP_MLP_MOE = "mla_up_proj_mlp_moe"  # both of the above
     QKV_PROJ = "qkv_proj"  # keep the input and Q, K, V; recompute the rest (JAX, MaxText)
     QKV_OUT_PROJ = "qkv_out_proj"  # and the attention's output projection (JAX, Paxml)
+    NOTHING_SAVEABLE = "nothing_saveable"  # keep the input; rerun what the backward reads (JAX)
 
 
 BLOCK_RECOMPUTE = "block"

@@ -262,13 +262,24 @@ def dots_inventory(spec: ModelSpec, moe: bool) -> list[tuple[float, str, bool]]:
     return out
 
 
-def named_inventory(spec: ModelSpec, out_proj: bool) -> list[tuple[float, str, bool]]:
+def named_inventory(
+    spec: ModelSpec, out_proj: bool, qkv: bool = True
+) -> list[tuple[float, str, bool]]:
     """Stored tensors per token, ``(elements, where, fp8_input)``, of a block under a JAX
     policy that saves named tensors only, ``jax.checkpoint_policies.save_only_these_names``:
     the block's input (the layer scan's carry), Q, K and V, and with ``out_proj`` the attention
     output projection's output (:attr:`nest.core.axes.Recompute.QKV_PROJ` and
-    ``QKV_OUT_PROJ``).
+    ``QKV_OUT_PROJ``); without ``qkv`` (and ``out_proj``) the block's input alone, JAX's
+    remat with no saveable value (:attr:`nest.core.axes.Recompute.NOTHING_SAVEABLE`).
 
+    - ``nothing_saveable``: MaxText's ``remat_policy: full`` passes ``policy=None`` to
+      ``nn.remat`` (github:AI-Hypercomputer/maxtext@76bd53b0f44caf989c88189afadeb1062f9254f0
+      ``MaxText/layers/models.py``), which ``jax.checkpoint`` reads as
+      ``jax.checkpoint_policies.nothing_saveable`` (github:jax-ml/jax@cec06d1
+      ``jax/_src/ad_checkpoint.py``, ``remat_partial_eval``: ``policy = params['policy'] or
+      nothing_saveable``): nothing inside the block is saved, and what is rerun is the staged
+      jaxpr after ``pe.dce_jaxpr`` ("keeping only instantiated outputs which are unknown"),
+      so only what the backward reads;
     - ``qkv_proj``: MaxText's ``remat_policy: save_qkv_proj`` saves ``query_proj``,
       ``key_proj``, ``value_proj`` (and the fused ``qkv_proj``, one of the two is produced),
       github:AI-Hypercomputer/maxtext@d9a4b64e235a749e89e5281f68acad010a739c8e
@@ -291,6 +302,8 @@ def named_inventory(spec: ModelSpec, out_proj: bool) -> list[tuple[float, str, b
     Saved values are the GEMMs' outputs, in the activation precision even under FP8."""
     h, a = spec.hidden, spec.heads
     out = [(h, OUTSIDE, False)]  # the block's input (the scan's carry)
+    if not qkv:
+        return out
     if spec.attention == "mla":
         qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
         out += [(a * qk, INSIDE, False), (a * qk, INSIDE, False)]

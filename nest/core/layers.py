@@ -905,8 +905,8 @@ class AnalyticModel:
         if ref.moe:
             dots += 4.0 * tokens * m.num_experts / sp_div  # the router's logits (a weight matmul)
 
-        def named(out_proj: bool) -> float:
-            inventory = named_inventory(m, out_proj)
+        def named(out_proj: bool, qkv: bool = True) -> float:
+            inventory = named_inventory(m, out_proj, qkv)
             return sum(e * tokens * p / split[where] for e, where, _ in inventory)
 
         # Attention core: the softmax output (+ dropout mask and output) of every query against
@@ -929,6 +929,7 @@ class AnalyticModel:
             Recompute.MLA_UP_MLP_MOE: stored(False, up_recomputed=True, whole=True) + core / t,
             Recompute.QKV_PROJ: named(False),
             Recompute.QKV_OUT_PROJ: named(True),
+            Recompute.NOTHING_SAVEABLE: named(False, qkv=False),
         }
 
     def _op_sac_activations(self, ref: LayerRef, shard: Shard) -> float:
@@ -1072,14 +1073,19 @@ class AnalyticModel:
     def _named_modes(
         self, ref: LayerRef, shard: Shard, device: Device, gemms, fwd_of, fwd_coll, rest_s: float
     ) -> dict:
-        """``qkv_proj``'s and ``qkv_out_proj``'s (seconds, FLOPs, collectives) recomputed:
-        ``rest_s``, the attention core's kernel and the elementwise work (as ``dots`` reruns
-        them), the core's FLOPs, and :meth:`_named_recompute`'s GEMMs and collectives."""
+        """``qkv_proj``'s, ``qkv_out_proj``'s and ``nothing_saveable``'s (seconds, FLOPs,
+        collectives) recomputed: ``rest_s``, the attention core's kernel and the elementwise
+        work (as ``dots`` reruns them), the core's FLOPs, and :meth:`_named_recompute`'s GEMMs
+        and collectives."""
         core_flops = self._attention_s(ref, shard, device)[1]
         out = {}
-        for mode, keep_out in ((Recompute.QKV_PROJ, False), (Recompute.QKV_OUT_PROJ, True)):
+        for mode, keep_out, keep_qkv in (
+            (Recompute.QKV_PROJ, False, True),
+            (Recompute.QKV_OUT_PROJ, True, True),
+            (Recompute.NOTHING_SAVEABLE, False, False),
+        ):
             s, f, coll = self._named_recompute(
-                ref, shard, device, gemms, fwd_of, fwd_coll, keep_out
+                ref, shard, device, gemms, fwd_of, fwd_coll, keep_out, keep_qkv
             )
             out[mode] = (rest_s + s, core_flops + f, coll)
         return out
@@ -1093,29 +1099,39 @@ class AnalyticModel:
         fwd_of: dict,
         fwd_coll: tuple,
         out_proj: bool,
+        qkv: bool = True,
     ) -> tuple[float, float, tuple]:
         """(seconds, matmul FLOPs, collectives) of what a block under ``qkv_proj`` (``out_proj``
-        False) or ``qkv_out_proj`` runs again beyond the attention core and the elementwise work
-        (the caller's): the GEMMs whose outputs the backward reads and
-        :func:`nest.core.blocks.named_inventory` does not keep, with their FP8 casts. The
-        output projection (``qkv_proj`` only: its output rebuilds the residual stream the MLP's
-        norm reads) and a dense MLP's FC1 (the activation's input); FC2's output feeds a
-        residual addition only and is not rerun, nor are Q, K, V's projections. A MoE layer's
-        router, permutations and routed experts' GEMMs (the combine weighs their outputs by the
-        router's probabilities, whose gradient reads them) and the shared experts' FC1. The
-        collectives: the forward's tensor-parallel one after the output projection
-        (``qkv_proj`` only) and, with sequence parallelism, the all-gather before the MLP; a
-        MoE layer's dispatch and combine."""
+        False), ``qkv_out_proj`` or ``nothing_saveable`` (``qkv`` and ``out_proj`` False) runs
+        again beyond the attention core and the elementwise work (the caller's): the GEMMs
+        whose outputs the backward reads and :func:`nest.core.blocks.named_inventory` does not
+        keep, with their FP8 casts. The output projection (not under ``qkv_out_proj``: its
+        output rebuilds the residual stream the MLP's norm reads) and a dense MLP's FC1 (the
+        activation's input); FC2's output feeds a residual addition only and is not rerun. Q,
+        K, V's projections (and MLA's down- and up-projections) under ``nothing_saveable``
+        only: the attention core and the latent norms read their outputs. A MoE layer's router,
+        permutations and routed experts' GEMMs (the combine weighs their outputs by the
+        router's probabilities, whose gradient reads them) and the shared experts' FC1 (their
+        FC2 feeds the residual sum only). The collectives: with sequence parallelism the
+        all-gather before the attention (``nothing_saveable`` only), the forward's
+        tensor-parallel one after the output projection (not under ``qkv_out_proj``) and,
+        with sequence parallelism, the all-gather before the MLP; a MoE layer's dispatch and
+        combine. Not the context-parallel K/V gather: as under ``selective``, the backward's
+        gather serves the rerun core."""
         t, _, sp, *_ = self._dims(shard)
         names = {"fc1", "sh_fc1"} | (EXPERT_LINEARS if ref.moe else set())
         if not out_proj:
             names.add("proj")
+        if not qkv:
+            names |= {"qkv", "q", "q_down", "q_up", "kv_down", "kv_up"}
         rerun = {n: g for n, g in gemms.items() if n in names}
         seconds = sum(fwd_of[n][0] for n in rerun) + self._cast_s(rerun, device)[0]
         if ref.moe:
             seconds += self._moe_kernels_s(ref, shard, device)[0]
         tp = [x for x in fwd_coll if x.axis is GroupKind.TP]
         coll = []
+        if t > 1 and sp and not qkv:
+            coll.append(tp[0])  # the all-gather of the attention's input
         if t > 1 and not out_proj:
             coll.append(tp[1] if sp else tp[0])
         if t > 1 and sp and len(tp) > 2:

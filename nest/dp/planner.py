@@ -101,6 +101,7 @@ def plan_from_choices(problem: Problem, config: ParallelConfig, choices) -> Plan
 
 LEAST_STORING_FIRST = (
     Recompute.FULL,
+    Recompute.NOTHING_SAVEABLE,
     Recompute.QKV_PROJ,
     Recompute.QKV_OUT_PROJ,
     Recompute.MLA_UP_MLP_MOE,

@@ -31,6 +31,9 @@ RECOMPUTED = {
     Recompute.MLA_UP_MLP_MOE: frozenset({"mla_up_proj", "mlp", "moe"}),
     Recompute.QKV_PROJ: frozenset({"core_attn", "elementwise", "out_proj", "mlp_in"}),
     Recompute.QKV_OUT_PROJ: frozenset({"core_attn", "elementwise", "mlp_in"}),
+    Recompute.NOTHING_SAVEABLE: frozenset(
+        {"core_attn", "elementwise", "qkv_proj", "out_proj", "mlp_in"}
+    ),
 }
 """What each mode recomputes (``rest``: everything else of the block, full recompute only;
 ``op``: every second matmul and all elementwise work, :func:`nest.core.blocks.op_sac_inventory`;
@@ -38,7 +41,9 @@ RECOMPUTED = {
 ``mlp``/``moe``: Megatron-Core's modules of those names, the whole dense MLP / MoE layer;
 ``qkv_proj``/``qkv_out_proj``: JAX's named policies, the attention core, the elementwise work,
 the MLP's first GEMMs (``mlp_in``; a MoE layer's routed experts) and, without ``out_proj`` kept,
-the output projection, :meth:`nest.core.layers.AnalyticModel._named_recompute`)."""
+the output projection, :meth:`nest.core.layers.AnalyticModel._named_recompute`;
+``nothing_saveable``: JAX's remat with no saveable value, all of that and the Q/K/V
+projections: everything of the block but FC2)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -288,7 +288,13 @@ def nearest_expressible(problem: Problem, plan: Plan) -> tuple[Plan, list[str]]:
     return rebuild(plan, **changes), issues
 
 
-JAX_OR_OP_MODES = (Recompute.OP, Recompute.DOTS, Recompute.QKV_PROJ, Recompute.QKV_OUT_PROJ)
+JAX_OR_OP_MODES = (
+    Recompute.OP,
+    Recompute.DOTS,
+    Recompute.QKV_PROJ,
+    Recompute.QKV_OUT_PROJ,
+    Recompute.NOTHING_SAVEABLE,
+)
 """Modes that name ops or JAX's saved tensors, which ``--recompute-modules`` cannot: exported as
 full."""
 
@@ -319,7 +325,7 @@ def _recompute_changes(problem: Problem, plan: Plan, held: set, issues: list, ch
         issues.append(
             f"recompute {strongest_recompute(plan)} (torchtitan's op-level selective "
             "checkpointing or a JAX remat policy; Megatron-Core's --recompute-modules names "
-            "modules, not ops; used full everywhere, which stores less)"
+            "modules, not ops; used full everywhere, which stores no more)"
         )
         changes["recompute"] = [Recompute.FULL] * len(modes)
 

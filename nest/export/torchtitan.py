@@ -277,6 +277,7 @@ MODULE_MODES = (
     Recompute.MLA_UP_MLP_MOE,
     Recompute.QKV_PROJ,
     Recompute.QKV_OUT_PROJ,
+    Recompute.NOTHING_SAVEABLE,
 )
 """Modes torchtitan cannot run (single modules, JAX's dots and named policies): exported as
 full."""

@@ -31,7 +31,9 @@ answers them from measurements. The semantics:
   ``selective_mlp`` equals selective (no saving, no cost); nor the op-level share, so ``op``
   equals none, nor what JAX's dots and named policies, MLA's up-projections or the whole MLP
   keep, so ``dots``, ``qkv_proj``, ``qkv_out_proj``, ``mla_up_proj``, ``mlp_moe`` and
-  ``mla_up_proj_mlp_moe`` equal none.
+  ``mla_up_proj_mlp_moe`` equal none. ``nothing_saveable`` (JAX's remat with no saveable value)
+  keeps the layer's input as ``full`` does and is charged ``full``'s rerun, an upper bound (a
+  profile does not measure the FC2 share it skips).
 - **Microbatch size.** The measurement at the requested microbatch size when there is one; else
   (``microbatch_scaling: linear``) the nearest measured one (largest below, else smallest above)
   scaled linearly (times, activations, boundary, transient and FLOPs x ``b / b0``; parameters
@@ -270,9 +272,9 @@ class ProfileModel:
 
 def _by_mode(none, selective, full) -> dict:
     """A profiled layer's value per recompute mode (module docstring): ``selective`` and
-    ``selective_mlp`` take ``selective``'s, ``full`` its own, every other mode ``none``'s (a
-    profile does not measure what they keep)."""
+    ``selective_mlp`` take ``selective``'s, ``full`` and ``nothing_saveable`` ``full``'s, every
+    other mode ``none``'s (a profile does not measure what they keep)."""
     out = {mode: none for mode in Recompute}
     out[Recompute.SELECTIVE] = out[Recompute.SELECTIVE_MLP] = selective
-    out[Recompute.FULL] = full
+    out[Recompute.FULL] = out[Recompute.NOTHING_SAVEABLE] = full
     return out
