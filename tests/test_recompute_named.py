@@ -163,12 +163,34 @@ def test_nothing_saveable_keeps_the_input_and_reruns_all_but_fc2(tp):
     assert flops[Recompute.NOTHING_SAVEABLE] - flops[Recompute.QKV_PROJ] == pytest.approx(
         qkv, rel=1e-12
     )
-    # full reruns the whole forward: FC2 on top (and, with FlashAttention, none's half core)
+    # full reruns the whole forward: FC2 on top (both pay FlashAttention's score recompute)
     fc2 = 2 * tokens * 49152 * 12288 / tp
-    half_core = flops[Recompute.NONE]
     assert flops[Recompute.FULL] - flops[Recompute.NOTHING_SAVEABLE] == pytest.approx(
-        fc2 + half_core, rel=1e-12
+        fc2, rel=1e-12
     )
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_every_mode_that_reruns_the_core_also_pays_flashattentions_score_recompute(tp):
+    """FlashAttention's backward recomputes the scores S = QK^T from Q, K and the saved
+    log-sum-exp whatever the activation policy (Dao, "FlashAttention-2", 2023, §3.1.2: the
+    backward pass "recompute[s] the values of the attention scores"): half the core's forward
+    FLOPs, ``none``'s recompute. A mode that reruns the core's forward to rebuild its output
+    and log-sum-exp (Megatron's ``selective``, JAX's policies, which save no attention output)
+    pays that rerun and the scores again: three halves of the core on a block whose core is
+    all it reruns (``selective``, ``dots``), and the same core part under the named JAX modes
+    (their difference to ``dots`` is the GEMMs they rerun)."""
+    cost = block_cost(ModelSpec(**GPT3_175B), Shard(tp=tp, sp=tp > 1))
+    flops = cost.recompute_flops
+    half_core = flops[Recompute.NONE]
+    assert half_core > 0
+    assert flops[Recompute.SELECTIVE] == pytest.approx(3 * half_core, rel=1e-12)
+    assert flops[Recompute.DOTS] == pytest.approx(3 * half_core, rel=1e-12)
+    tokens = 2048
+    out_proj = 2 * tokens * 12288 * 12288 / tp
+    fc1 = 2 * tokens * 12288 * 49152 / tp
+    assert flops[Recompute.QKV_OUT_PROJ] == pytest.approx(3 * half_core + fc1, rel=1e-12)
+    assert flops[Recompute.QKV_PROJ] == pytest.approx(3 * half_core + fc1 + out_proj, rel=1e-12)
 
 
 def test_nothing_saveable_reruns_the_gathers_before_attention_and_mlp():

@@ -346,7 +346,7 @@ MI355X_WHY = (
     "ran at its ceiling"
 )
 TPU_WHY = (
-    "at the TPU in-step rate calibrated on the v5e runs of 1, 4 and 16 slices (0.825, 0.894 of "
+    "at the TPU in-step rate calibrated on the v5e runs of 1, 4 and 16 slices (0.829, 0.898 of "
     "v5e's 0.923 ceiling; v5p at the same share of v5e's ceiling, assumed for want of a v5p GEMM "
     "micro-benchmark) each model size keeps one level across its sweep, where v5e's published "
     "rates fall 10-18 % from 1 to 32 slices: 64B +5.6 to +26.1 % and 128B -15.5 to +2.5 %; "
@@ -377,22 +377,23 @@ XLA_FSDP_WHY = (
 MAXTEXT_GPU_WHY = (
     f"{XLA_FSDP_WHY}. MaxText Llama 3 70B (jax 25.01 image), its remat_policy save_qkv_proj "
     "scored as itself (qkv_proj; full recompute, the stand-in before, also reran the Q/K/V "
-    "projections and FC2, 1.57 s of the BF16 step): BF16 -0.3 to +2.6 %, FP8 +8.1 to +13.1 %, "
+    "projections and FC2, 1.57 s of the BF16 step): BF16 +0.9 to +3.8 %, FP8 +10.1 to +15.2 %, "
     "with 2.1 s of ZeRO-3 collectives a step and 0.04 s of them exposed; the BF16 run executes "
     "589 GFLOP per token, 9.6 PFLOP per GPU per step in 15.56 s, 620 TFLOP/s or 0.63 of peak "
     "with the attention and the memory-bound work included, about the level nest's GPU "
     "calibration (NeMo / Transformer Engine runs) gives its largest GEMMs, 0.617, while its "
-    "FP8 twin runs 1.63-1.72x faster where the model's FP8 rate gives 1.545x"
+    "FP8 twin runs 1.63-1.72x faster where the model's FP8 rate gives 1.535x (FlashAttention's "
+    "recompute of the scores, charged in its backward under every policy, is BF16 in both)"
 )
 PAXML_GPU_WHY = (
     f"{XLA_FSDP_WHY}. Paxml (pax 2024-03-04 image) predicted fast on every row: GPT-3 175B FP8 "
-    "-29.1 to -33.9 % (measured 7.47 to 8.02 s from 128 to 2,048 GPUs, predicted 5.30 s at "
+    "-28.8 to -33.7 % (measured 7.47 to 8.02 s from 128 to 2,048 GPUs, predicted 5.32 s at "
     "every count with its SAVE_QKV_OUT_PROJ policy scored as itself, qkv_out_proj: the "
     "selective_mlp stand-in before also reran FC2 and read -23.1 to -28.4 %, 5.74 s, while "
-    "calling the runs out of memory), GPT-3 5B BF16 -20.3 to "
-    "-22.4 % and FP8 -25.9 to -30.3 % (0.07 s of ZeRO-3 collectives a step): the 5B BF16 run "
+    "calling the runs out of memory), GPT-3 5B BF16 -19.7 to "
+    "-21.8 % and FP8 -25.0 to -29.5 % (0.07 s of ZeRO-3 collectives a step): the 5B BF16 run "
     "executes 32 GFLOP per token with its dots recompute, 0.26 PFLOP per GPU per step in "
-    "0.634 s, 414 TFLOP/s or 0.42 of peak, where nest runs the same work at 520 (0.505 s); "
+    "0.634 s, 414 TFLOP/s or 0.42 of peak, where nest runs the same work in 0.509 s; "
     "one GEMM rate cannot score both recipes, and none is fitted to either"
 )
 
@@ -452,7 +453,7 @@ ZB_ORDER_WHY = (
         ZB_T6,
         README_A100,
         MAXTEXT_GPU,
-        pytest.param(PAXML_GPU, marks=_unmet("source median <= 10 %", "27.4 %", PAXML_GPU_WHY)),
+        pytest.param(PAXML_GPU, marks=_unmet("source median <= 10 %", "26.6 %", PAXML_GPU_WHY)),
     ],
 )
 def test_accuracy_no_source_median_above_10_percent(summary, source):
@@ -493,8 +494,8 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         TORCHTITAN,
         ZB_T4,
         ZB_T6,
-        MAXTEXT_GPU,
-        pytest.param(PAXML_GPU, marks=_unmet("max <= 15 %", "33.9 %", PAXML_GPU_WHY)),
+        pytest.param(MAXTEXT_GPU, marks=_unmet("max <= 15 %", "15.2 %", MAXTEXT_GPU_WHY)),
+        pytest.param(PAXML_GPU, marks=_unmet("max <= 15 %", "33.7 %", PAXML_GPU_WHY)),
     ],
 )
 def test_accuracy_every_source_max_within_15_percent(summary, source):
@@ -542,7 +543,7 @@ def test_regression_split_errors_pin_the_current_model(summary):
     """Pins (not accuracy): calibration rows median 5.3 % / max 18.7 % (the H100 pairs' 2.4 /
     15.4 % with the v5e split's 6.2 / 18.7 %); held-out rows median 6.0 % / max 221 % on 294
     rows (6.1 % before MaxText's remat_policy full was scored as JAX's nothing_saveable and the
-    TPU rate recalibrated, 0.900 -> 0.825; 6.4 % before MaxText's and Paxml's named remat
+    TPU rate recalibrated, 0.900 -> 0.829; 6.4 % before MaxText's and Paxml's named remat
     policies were scored as themselves, qkv_proj and qkv_out_proj; 5.6 % on the 264 before
     dgxc's 23 MaxText and Paxml FSDP rows on H100 and Megatron-Bridge's 7 FSDP-source rows,
     10.9-43.0 % off; 5.9 % before every Megatron-LM-derived row ran the cross entropy its code
@@ -623,23 +624,23 @@ CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
     LLAMA3: (3, 0.061, 0.344, 0.061),
     SC21_T2: (12, 0.127, 1.689, 0.070),
     AUTOMODEL: (1, 0.058, 0.058, 0.058),
-    PAIRS: (30, 0.039, 0.209, 0.015),
+    PAIRS: (30, 0.039, 0.215, 0.015),
     DSV3: (3, 0.070, 0.149, -0.005),
     MBRIDGE: (3, 0.528, 1.668, 0.528),
     MOEZOO: (5, 0.075, 0.445, -0.075),
     MOEZOO_LC: (4, 0.049, 0.057, -0.049),
-    GB200_PAIRS: (30, 0.061, 0.204, -0.061),
+    GB200_PAIRS: (30, 0.058, 0.204, -0.058),
     BLACKWELL: (9, 0.109, 2.212, 0.109),
     MBFSDP: (7, 0.197, 0.430, 0.197),
-    TPU_V5E: (24, 0.062, 0.261, 0.028),
-    TPU_V5P: (16, 0.044, 0.277, -0.026),
+    TPU_V5E: (24, 0.063, 0.261, 0.026),
+    TPU_V5P: (16, 0.045, 0.275, -0.027),
     MI355X: (1, 0.120, 0.120, -0.120),
     TORCHTITAN: (5, 0.078, 0.091, 0.078),
     ZB_T4: (48, 0.036, 0.109, 0.006),
     ZB_T6: (36, 0.035, 0.099, -0.035),
     README_A100: (4, 0.064, 0.120, -0.051),
-    MAXTEXT_GPU: (10, 0.054, 0.131, 0.054),
-    PAXML_GPU: (13, 0.274, 0.339, -0.274),
+    MAXTEXT_GPU: (10, 0.070, 0.152, 0.070),
+    PAXML_GPU: (13, 0.266, 0.337, -0.266),
 }
 
 
@@ -1235,8 +1236,8 @@ PAIR_RATIOS = {  # pair: (measured speed-up, predicted today): measured from cas
     "Llama3.1 405B NeMo2 2048xH100": (1.582, 1.544),
     "Nemotron4 15B NeMo2 16xH100": (1.381, 1.423),
     "Nemotron4 15B NeMo 2048xH100": (1.362, 1.392),
-    "Nemotron4 340B NeMo2 256xH100": (1.482, 1.413),
-    "Nemotron4 340B NeMo 2048xH100": (1.387, 1.413),
+    "Nemotron4 340B NeMo2 256xH100": (1.482, 1.411),
+    "Nemotron4 340B NeMo 2048xH100": (1.387, 1.411),
     "Grok-1 314B NeMo 512xH100": (1.243, 1.377),
     "Grok-1 314B NeMo 2048xH100": (1.231, 1.377),
     "Llama4 Maverick NeMo2 512xH100": (1.148, 1.247),
@@ -1247,23 +1248,23 @@ PAIR_RATIOS = {  # pair: (measured speed-up, predicted today): measured from cas
     "Llama3.1 405B NeMo2 256xGB200": (1.534, 1.726),
     "Llama3.1 405B NeMo2 512xGB200": (1.523, 1.702),
     "Nemotron4 340B NeMo2 weak 128xGB200": (1.476, 1.530),
-    "Nemotron4 340B NeMo2 weak 256xGB200": (1.444, 1.517),
-    "Nemotron4 340B NeMo2 weak 512xGB200": (1.439, 1.513),
-    "Nemotron4 340B NeMo2 strong 128xGB200": (1.496, 1.538),
-    "Nemotron4 340B NeMo2 strong 256xGB200": (1.479, 1.523),
-    "Nemotron4 340B NeMo2 strong 512xGB200": (1.494, 1.521),
+    "Nemotron4 340B NeMo2 weak 256xGB200": (1.444, 1.514),
+    "Nemotron4 340B NeMo2 weak 512xGB200": (1.439, 1.510),
+    "Nemotron4 340B NeMo2 strong 128xGB200": (1.496, 1.535),
+    "Nemotron4 340B NeMo2 strong 256xGB200": (1.479, 1.520),
+    "Nemotron4 340B NeMo2 strong 512xGB200": (1.494, 1.518),
     "Llama4 Maverick NeMo2 128xGB200": (1.277, 1.397),
     "Llama4 Maverick NeMo2 256xGB200": (1.263, 1.397),
     "Llama4 Maverick NeMo2 512xGB200": (1.263, 1.396),
-    "Llama3 70B MaxText 128xH100": (1.715, 1.545),
-    "Llama3 70B MaxText 256xH100": (1.628, 1.545),
-    "Llama3 70B MaxText 512xH100": (1.679, 1.545),
-    "Llama3 70B MaxText 1024xH100": (1.645, 1.545),
-    "Llama3 70B MaxText 2048xH100": (1.702, 1.545),
-    "GPT-3 5B Paxml 16xH100": (1.349, 1.450),
-    "GPT-3 5B Paxml 32xH100": (1.331, 1.450),
-    "GPT-3 5B Paxml 64xH100": (1.340, 1.450),
-    "GPT-3 5B Paxml 128xH100": (1.302, 1.450),
+    "Llama3 70B MaxText 128xH100": (1.715, 1.535),
+    "Llama3 70B MaxText 256xH100": (1.628, 1.535),
+    "Llama3 70B MaxText 512xH100": (1.679, 1.535),
+    "Llama3 70B MaxText 1024xH100": (1.645, 1.535),
+    "Llama3 70B MaxText 2048xH100": (1.702, 1.535),
+    "GPT-3 5B Paxml 16xH100": (1.349, 1.445),
+    "GPT-3 5B Paxml 32xH100": (1.331, 1.445),
+    "GPT-3 5B Paxml 64xH100": (1.340, 1.445),
+    "GPT-3 5B Paxml 128xH100": (1.302, 1.445),
 }
 RATIO_UNMET = {  # pair: why (the measured and predicted speed-ups are in PAIR_RATIOS)
     **{
@@ -1274,7 +1275,7 @@ RATIO_UNMET = {  # pair: why (the measured and predicted speed-ups are in PAIR_R
     },
     **{
         f"GPT-3 5B Paxml {n}xH100": f"{RATIO_WHY} (1.30-1.35 measured); {PAXML_GPU_WHY}"
-        for n in (16, 32, 64, 128)
+        for n in (32, 64, 128)
     },
     "GPT-3 175B NeMo 1024xH100": RATIO_WHY,
     "Llama3.1 70B NeMo 2048xH100": f"{RATIO_WHY}; the measured one falls with scale (1.397 on "
@@ -1345,7 +1346,7 @@ FP8_GROUPS = {  # machine: (its sources, FP8 rows, median |error| today)
     "GB200 dgxc": ((GB200_PAIRS,), 15, 0.129),
     "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.136),
     "MI355X MLPerf": ((MI355X,), 1, 0.120),
-    "H100 MaxText / Paxml FSDP": ((MAXTEXT_GPU, PAXML_GPU), 14, 0.274),
+    "H100 MaxText / Paxml FSDP": ((MAXTEXT_GPU, PAXML_GPU), 14, 0.266),
 }
 
 
@@ -1377,7 +1378,7 @@ def _fp8_median(summary, group: str) -> float:
         pytest.param("MI355X MLPerf", marks=_unmet("FP8 median <= 10 %", "12.0 %", MI355X_WHY)),
         pytest.param(
             "H100 MaxText / Paxml FSDP",
-            marks=_unmet("FP8 median <= 10 %", "27.4 %", f"{MAXTEXT_GPU_WHY}; {PAXML_GPU_WHY}"),
+            marks=_unmet("FP8 median <= 10 %", "26.6 %", f"{MAXTEXT_GPU_WHY}; {PAXML_GPU_WHY}"),
         ),
     ],
 )

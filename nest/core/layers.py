@@ -1071,13 +1071,20 @@ class AnalyticModel:
         return seconds, sum(2.0 * mm * n * k * g for mm, n, k, g in mlp.values())
 
     def _named_modes(
-        self, ref: LayerRef, shard: Shard, device: Device, gemms, fwd_of, fwd_coll, rest_s: float
+        self,
+        ref: LayerRef,
+        shard: Shard,
+        device: Device,
+        gemms,
+        fwd_of,
+        fwd_coll,
+        rest_s: float,
+        rest_flops: float,
     ) -> dict:
         """``qkv_proj``'s, ``qkv_out_proj``'s and ``nothing_saveable``'s (seconds, FLOPs,
-        collectives) recomputed: ``rest_s``, the attention core's kernel and the elementwise
-        work (as ``dots`` reruns them), the core's FLOPs, and :meth:`_named_recompute`'s GEMMs
-        and collectives."""
-        core_flops = self._attention_s(ref, shard, device)[1]
+        collectives) recomputed: ``rest_s`` and ``rest_flops``, the attention core's kernel and
+        the elementwise work (as ``dots`` reruns them, with FlashAttention's recompute of the
+        scores in its backward), and :meth:`_named_recompute`'s GEMMs and collectives."""
         out = {}
         for mode, keep_out, keep_qkv in (
             (Recompute.QKV_PROJ, False, True),
@@ -1087,7 +1094,7 @@ class AnalyticModel:
             s, f, coll = self._named_recompute(
                 ref, shard, device, gemms, fwd_of, fwd_coll, keep_out, keep_qkv
             )
-            out[mode] = (rest_s + s, core_flops + f, coll)
+            out[mode] = (rest_s + s, rest_flops + f, coll)
         return out
 
     def _named_recompute(
@@ -1314,6 +1321,8 @@ class AnalyticModel:
         core_s = attn_s + core_ew_s
         # FlashAttention's backward recomputes S = QK^T (half of the core's forward FLOPs), which
         # is why its backward costs 2.5x its forward rather than 2x (Dao 2023, FlashAttention-2).
+        # It does so in every mode: a mode that reruns the core's forward (to rebuild the output
+        # and log-sum-exp the backward reads) pays the rerun and this as well.
         none_s = 0.5 * core_s if self.flash_attention else 0.0
         none_flops = 0.5 * core_flops if self.flash_attention else 0.0
         fwd_coll, bwd_coll, mlp_coll, whole_coll = self._block_collectives(
@@ -1328,16 +1337,20 @@ class AnalyticModel:
         extra = {  # mode -> (seconds, FLOPs, collectives) recomputed in the backward
             Recompute.NONE: (none_s, none_flops, ()),
             # the backward's K/V gather serves the recompute too
-            Recompute.SELECTIVE: (core_s, core_flops, ()),
+            Recompute.SELECTIVE: (core_s + none_s, core_flops + none_flops, ()),
             # a dense MLP's tensor-parallel forward collectives
             Recompute.MLP: (none_s + mlp_s, none_flops + mlp_flops, mlp_coll),
-            Recompute.SELECTIVE_MLP: (core_s + mlp_s, core_flops + mlp_flops, mlp_coll),
+            Recompute.SELECTIVE_MLP: (
+                core_s + none_s + mlp_s,
+                core_flops + none_flops + mlp_flops,
+                mlp_coll,
+            ),
             Recompute.OP: (none_s + op_s, none_flops + op_flops, op_coll),
             Recompute.FULL: (fwd_s + none_s, flops + none_flops, fwd_coll),
             # the attention core and the memory-bound work (norms, activation) run again; the
             # weight matmuls' outputs are kept (nest.core.blocks.dots_inventory); ew_s already
             # holds the core's elementwise part, so the core adds its kernel alone
-            Recompute.DOTS: (attn_s + ew_s, core_flops, ()),
+            Recompute.DOTS: (attn_s + ew_s + none_s, core_flops + none_flops, ()),
             Recompute.MLA_UP: (none_s + up_s, none_flops + up_flops, ()),
             # the MLP's (a MoE layer's: its tensor-parallel ones and the dispatch and combine)
             Recompute.MLP_MOE: (none_s + whole_s, none_flops + whole_flops, whole_coll),
@@ -1346,7 +1359,16 @@ class AnalyticModel:
                 none_flops + up_flops + whole_flops,
                 whole_coll,
             ),
-            **self._named_modes(ref, shard, device, gemms, fwd_of, fwd_coll, attn_s + ew_s),  # JAX
+            **self._named_modes(  # JAX's named policies
+                ref,
+                shard,
+                device,
+                gemms,
+                fwd_of,
+                fwd_coll,
+                attn_s + ew_s + none_s,
+                core_flops + none_flops,
+            ),
         }
         dense_params = sharded / t + replicated
         expert_params = (exp_sharded / shard.expert_tp + exp_replicated) / ep if ref.moe else 0.0
