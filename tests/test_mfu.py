@@ -184,7 +184,7 @@ def test_blackwell_references_are_the_quoted_rates_over_the_presets_peaks():
 def test_llama3_70b_fp8_on_64_b200_is_above_the_best_published_b200_run_and_says_so():
     """The plan nest prints for Llama 3 70B in FP8 on 64 B200 is above the best published dense
     FP8 B200 run (Llama 3.1 405B, 1,667 TFLOP/s per GPU, Megatron-Bridge 25.11): the summary
-    names that run and the Blackwell reason, as the README promises for every preset."""
+    names that run and the Blackwell reason."""
     import hydra
 
     from nest.app.cli import CONF_DIR

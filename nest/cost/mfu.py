@@ -238,6 +238,16 @@ PUBLISHED_BEST = (
         f"{MEGATRON_BRIDGE_ARCHIVE}",
         BLACKWELL_WHY,
     ),
+    PublishedBest(
+        "fine-grained MoE",
+        frozenset({"b200"}),
+        "bf16",
+        373 / 2250,
+        True,
+        "GPT-OSS 120B on 64 B200, BF16, 373 TFLOP/s per GPU: release 26.02.01, line 434 of "
+        f"{MEGATRON_BRIDGE_ARCHIVE}",
+        BLACKWELL_WHY,
+    ),
 )
 """The best published runs the summary compares with (module docstring). Fine-grained MoE runs
 are counted by Megatron-LM's current formula, which halves the causal scores."""
