@@ -1319,10 +1319,8 @@ class AnalyticModel:
         # the unfused core's softmax and dropout backward move their own bytes, not 2x the forward's
         bwd_s = gemm_bwd + cast_bwd + 2.0 * attn_s + 2.0 * block_ew_s + core_ew_bwd_s + moe_bwd
         core_s = attn_s + core_ew_s
-        # FlashAttention's backward recomputes S = QK^T (half of the core's forward FLOPs), which
-        # is why its backward costs 2.5x its forward rather than 2x (Dao 2023, FlashAttention-2).
-        # It does so in every mode: a mode that reruns the core's forward (to rebuild the output
-        # and log-sum-exp the backward reads) pays the rerun and this as well.
+        # FlashAttention's backward recomputes S = QK^T, half the core's forward FLOPs, in every
+        # mode (its backward is 2.5x its forward: Dao 2023, FlashAttention-2 §3.1.2)
         none_s = 0.5 * core_s if self.flash_attention else 0.0
         none_flops = 0.5 * core_flops if self.flash_attention else 0.0
         fwd_coll, bwd_coll, mlp_coll, whole_coll = self._block_collectives(
@@ -1334,42 +1332,29 @@ class AnalyticModel:
         op_s, op_flops, op_coll = self._op_sac_recompute(
             ref, shard, device, fwd_of, gemms, fwd_coll, cast_fwd + ew_s + moe_fwd
         )
-        extra = {  # mode -> (seconds, FLOPs, collectives) recomputed in the backward
-            Recompute.NONE: (none_s, none_flops, ()),
+        rerun = {  # mode -> (seconds, FLOPs, collectives) it reruns beyond FlashAttention's
+            Recompute.NONE: (0.0, 0.0, ()),
             # the backward's K/V gather serves the recompute too
-            Recompute.SELECTIVE: (core_s + none_s, core_flops + none_flops, ()),
+            Recompute.SELECTIVE: (core_s, core_flops, ()),
             # a dense MLP's tensor-parallel forward collectives
-            Recompute.MLP: (none_s + mlp_s, none_flops + mlp_flops, mlp_coll),
-            Recompute.SELECTIVE_MLP: (
-                core_s + none_s + mlp_s,
-                core_flops + none_flops + mlp_flops,
-                mlp_coll,
-            ),
-            Recompute.OP: (none_s + op_s, none_flops + op_flops, op_coll),
-            Recompute.FULL: (fwd_s + none_s, flops + none_flops, fwd_coll),
+            Recompute.MLP: (mlp_s, mlp_flops, mlp_coll),
+            Recompute.SELECTIVE_MLP: (core_s + mlp_s, core_flops + mlp_flops, mlp_coll),
+            Recompute.OP: (op_s, op_flops, op_coll),
+            Recompute.FULL: (fwd_s, flops, fwd_coll),
             # the attention core and the memory-bound work (norms, activation) run again; the
             # weight matmuls' outputs are kept (nest.core.blocks.dots_inventory); ew_s already
             # holds the core's elementwise part, so the core adds its kernel alone
-            Recompute.DOTS: (attn_s + ew_s + none_s, core_flops + none_flops, ()),
-            Recompute.MLA_UP: (none_s + up_s, none_flops + up_flops, ()),
+            Recompute.DOTS: (attn_s + ew_s, core_flops, ()),
+            Recompute.MLA_UP: (up_s, up_flops, ()),
             # the MLP's (a MoE layer's: its tensor-parallel ones and the dispatch and combine)
-            Recompute.MLP_MOE: (none_s + whole_s, none_flops + whole_flops, whole_coll),
-            Recompute.MLA_UP_MLP_MOE: (
-                none_s + up_s + whole_s,
-                none_flops + up_flops + whole_flops,
-                whole_coll,
-            ),
+            Recompute.MLP_MOE: (whole_s, whole_flops, whole_coll),
+            Recompute.MLA_UP_MLP_MOE: (up_s + whole_s, up_flops + whole_flops, whole_coll),
             **self._named_modes(  # JAX's named policies
-                ref,
-                shard,
-                device,
-                gemms,
-                fwd_of,
-                fwd_coll,
-                attn_s + ew_s + none_s,
-                core_flops + none_flops,
+                ref, shard, device, gemms, fwd_of, fwd_coll, attn_s + ew_s, core_flops
             ),
         }
+        # and every mode pays FlashAttention's recompute of the scores (above) on top
+        extra = {mode: (x + none_s, f + none_flops, co) for mode, (x, f, co) in rerun.items()}
         dense_params = sharded / t + replicated
         expert_params = (exp_sharded / shard.expert_tp + exp_replicated) / ep if ref.moe else 0.0
         cache = self.precision.weight_cache_bytes_per_param(device.fp8_any_layout)

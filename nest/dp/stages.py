@@ -168,6 +168,17 @@ class ChainTerms:
         )
 
 
+def _refuse_partial_offload(config: ParallelConfig) -> None:
+    """The DP's stage model offloads every block's activations or none: a partial count is a
+    one-line error (it is scored by :func:`nest.cost.evaluate`, not searched)."""
+    if config.activation_offload_blocks is not None:
+        raise UserError(
+            "the DP's stage model offloads every block's activations or none "
+            f"(activation_offload_blocks={config.activation_offload_blocks}); score a "
+            "partial offload with nest.cost.evaluate"
+        )
+
+
 class StageModel:
     """Interval costs of one configuration (see the module docstring)."""
 
@@ -182,12 +193,7 @@ class StageModel:
         the exact planners); None places the ranks by ``config.rank_order``. ``shared``: a
         dict that searches over one problem pass to every stage model, to share what does not
         depend on the whole configuration."""
-        if config.activation_offload_blocks is not None:
-            raise UserError(
-                "the DP's stage model offloads every block's activations or none "
-                f"(activation_offload_blocks={config.activation_offload_blocks}); score a "
-                "partial offload with nest.cost.evaluate"
-            )
+        _refuse_partial_offload(config)
         self.problem, self.config = problem, config
         cluster, training, model = problem.cluster, problem.training, problem.model
         c = config
