@@ -278,35 +278,28 @@ def _int(row: dict, column: str, default: int | None = None) -> int:
     return int(value)
 
 
-def _count(row: dict, column: str, default: int) -> int:
+def _count(row: dict, column: str, default: int, blank: str | None = None) -> int:
     """A positive whole number from an optional column (as :func:`_int`), or a one-line error
-    naming it."""
+    naming it and what a blank cell means (``blank``; by default the ``default`` it reads as)."""
     text = (row.get(column) or "").strip()
     try:
         value = _int(row, column, default)
     except UserError:
         value = 0
     if value < 1:
-        raise UserError(f"{column}={text!r} must be a positive whole number (blank: {default})")
+        raise UserError(
+            f"{column}={text!r} must be a positive whole number (blank: {blank or default})"
+        )
     return value
 
 
 def _offload_blocks(row: dict) -> int | None:
-    """The ``activation_offload_blocks`` column: None when blank (no partial count), else a
-    positive whole number, or a one-line error naming the value and what the column takes."""
-    text = (row.get("activation_offload_blocks") or "").strip()
-    if not text:
+    """The ``activation_offload_blocks`` column: None when blank, else the number of first
+    blocks whose activations go to host memory (:func:`_count`'s one-line error otherwise)."""
+    if not (row.get("activation_offload_blocks") or "").strip():
         return None
-    try:
-        value = _int(row, "activation_offload_blocks", 0)
-    except UserError:
-        value = 0
-    if value < 1:
-        raise UserError(
-            f"activation_offload_blocks={text!r} must be a positive whole number: N offloads the "
-            "first N blocks' activations (blank: no partial count)"
-        )
-    return value
+    what = "no partial count; N: the first N blocks' activations offloaded"
+    return _count(row, "activation_offload_blocks", 1, blank=what)
 
 
 def presets(group: str) -> list[str]:
