@@ -12,8 +12,11 @@ import yaml
 from nest.app.config import build_device
 from nest.core.errors import UserError
 from nest.core.kernels import (
+    ATTENTION_BWD_FLOPS_PER_FWD,
     CALIBRATED_MATMUL_EFFICIENCY,
+    attention_bwd_time_s,
     attention_efficiency,
+    attention_time_s,
     derived_matmul_efficiency,
     gemm_time_s,
 )
@@ -144,6 +147,57 @@ def test_attention_efficiency_follows_the_published_table():
     assert between == pytest.approx((0.597 + 0.621) / 2, rel=1e-9)
     assert attention_efficiency(device, 100) == attention_efficiency(device, 512)
     assert attention_efficiency(device, 10**6) == attention_efficiency(device, 16384)
+
+
+@pytest.mark.parametrize(
+    ("name", "keys", "fwd_tflops", "bwd_tflops"),
+    [
+        # cudnn-frontend@d48a60eb benchmark/sdpa_benchmark_training/artifacts/
+        # sdpa_bf16_benchmark_results_NVIDIA_GB200.csv, cudnn_fe rows (forward, backward)
+        ("gb200", 8192, 1584, 1211),
+        ("gb200", 2048, 1069, 655),
+        ("b200", 32768, 1681, 1348),
+        # the backward from cudnn-frontend@3929da2e results/h200_919_only_cudnn/
+        # llama3.1_20260227_034703.csv (H200); the forward from FlashAttention-3's table
+        ("h100_sxm", 4096, 590.2, 474),
+        ("h200_sxm", 16384, 620.7, 579),
+    ],
+)
+def test_attention_backward_takes_the_published_backward_rate(name, keys, fwd_tflops, bwd_tflops):
+    """The fused attention backward does 2.5x the forward's FLOPs (five products to two: Dao
+    2023 §3.1.2; cudnn-frontend's ``benchmark_single_sdpa.py`` counts ``3 d_qk + 2 d_vo`` to
+    ``d_qk + d_vo``) at its own published rate, so beyond the fixed kernel time its seconds are
+    ``2.5 x fwd_tflops / bwd_tflops`` times the forward's: 3.27x on GB200 at 8,192 keys (1,584
+    and 1,211 TFLOP/s), 3.11x on H100 at 4,096 (590.2 and 474), where the FLOPs alone say 2.5x."""
+    device = preset(name)
+    flops = 1e15
+    overhead = device.kernel_overhead_s
+    fwd = attention_time_s(device, flops, keys, causal=True) - overhead
+    bwd = attention_bwd_time_s(device, flops, keys, causal=True) - overhead
+    assert ATTENTION_BWD_FLOPS_PER_FWD == 2.5
+    assert bwd / fwd == pytest.approx(2.5 * fwd_tflops / bwd_tflops, rel=2e-3)
+
+
+@pytest.mark.parametrize("name", ["a100_80gb", "mi300x", "tpu_v5e"])
+def test_attention_backward_without_a_published_backward_is_the_flop_ratio(name):
+    """A device that publishes no backward kernel (A100's FlashAttention-2 table, the AMD and
+    TPU presets) runs the backward at the forward's rate: 2.5x its seconds, kernel time included,
+    as the cost model charged every backward before the backward tables."""
+    device = preset(name)
+    for keys in (512, 4096, 65536):
+        fwd = attention_time_s(device, 3e14, keys, causal=True)
+        assert attention_bwd_time_s(device, 3e14, keys, causal=True) == pytest.approx(2.5 * fwd)
+
+
+def test_a_malformed_backward_table_is_refused_with_its_name():
+    """A preset's backward table follows the forward's rules, and a bad one is refused with a
+    one-line error naming the field."""
+    with pytest.raises(UserError, match="attention_bwd_efficiency"):
+        preset("h100_sxm", attention_bwd_efficiency=[[4096, 0.5], [2048, 0.4]])
+    with pytest.raises(UserError, match="attention_bwd_efficiency"):
+        preset("h100_sxm", attention_bwd_efficiency=[[4096, 1.5]])
+    with pytest.raises(UserError, match="attention_bwd_efficiency"):
+        preset("h100_sxm", attention_bwd_efficiency=[["x"]])
 
 
 # OpenXLA's sm_100_B200 bf16 table (matmul_interpolator_data.h at
@@ -372,3 +426,24 @@ def test_memory_margin_is_part_of_the_reserve():
     assert device.memory_reserve_bytes == pytest.approx(1.4 * 2**30 + 0.05 * 85.05e9, rel=1e-12)
     loose = replace(device, memory_reserve_bytes=0.0, allocator_margin_bytes=0.0)
     assert loose.usable_bytes > device.usable_bytes
+
+
+def test_a_blocks_backward_carries_the_published_attention_backward():
+    """Wiring: a flash-attention block's backward on H100 exceeds the same block's on the same
+    device without the backward table by exactly the attention backward's extra seconds
+    (:func:`attention_bwd_time_s` less 2.5x the forward), and its recompute of the scores (half
+    the forward, in every mode) and its forward are unchanged."""
+    from nest.core.layers import Shard
+
+    spec = make_spec(hidden=4096, heads=32, ffn_hidden=16384, seq_len=4096, dropout=False)
+    with_table = preset("h100_sxm")
+    without = replace(with_table, attention_bwd_efficiency=())
+    model = make_problem(spec, flash=True).model
+    ref = model._block_refs()[0]
+    shard = Shard(tp=2, sp=True, mbs=2)
+    a, b = model.layer_cost(ref, shard, with_table), model.layer_cost(ref, shard, without)
+    fwd, core_flops, *_ = model._attention_s(ref, shard, with_table)
+    extra = attention_bwd_time_s(with_table, core_flops, 4096, causal=True) - 2.5 * fwd
+    assert extra > 0.1 * fwd
+    assert a.bwd_s - b.bwd_s == pytest.approx(extra, rel=1e-9)
+    assert a.fwd_s == b.fwd_s and a.recompute_s == b.recompute_s

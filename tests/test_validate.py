@@ -256,6 +256,13 @@ LLAMA3_WHY = (
     "causal half counted the row would read -4.1 %; not adopted, no source) nor its document "
     "masks' share"
 )
+DSV3_MAX_WHY = (
+    "TP1 PP8 VP2 EP64 on 1,024 H100 (v25.08.02) predicted slow, 41.8 s against 36.2 s (+15.6 %; "
+    "+14.9 % before the attention backward took cuDNN's published backward rate, 0.5 to 0.6 "
+    "of the forward's seconds more per layer): scored as its recipe runs it, the whole MoE layer "
+    "recomputed with both all-to-alls (mla_up_proj mlp moe) over DeepEP; the two TP2 runs are "
+    "within 6.5 %"
+)
 SC21_T2_WHY = (
     "ZeRO-3 rows over-predicted up to 2.7x (+167 % on 1536 GPUs, +151 % on 2240) with every "
     "gather and reduce-scatter exposed, as DeepSpeed 2021's device-wide synchronise around each "
@@ -284,7 +291,7 @@ MOEZOO_WHY = (
     "per MoE layer and per step (the dispatcher's host sync, per-expert launches; the commands "
     "capture no CUDA graphs: model_configs/benchmarking/Qwen3-235B-A22B.yaml at 8017e11) that "
     "no published figure gives: the issue time of the kernels the model lists, at the 5-20 us "
-    "per launch of HolisticTraceAnalysis's docs, is at most 0.29x the modelled device time; "
+    "per launch of HolisticTraceAnalysis's docs, is at most 0.27x the modelled device time; "
     "the cross-node EP32 rows with DeepEP -2 and -8 %, the Megatron-FSDP row +7 % (the three "
     "'norm, act' rows scored with moe_act recomputed: +0.3 to +0.4 % each, no change of order; "
     "all five with Megatron-LM's unfused cross entropy, as their yaml runs it: PP32 -22.8 -> "
@@ -314,7 +321,7 @@ BLACKWELL_WHY = (
     "printed 18,066 tokens/s with capacity-padded token-drop in 25.09 against 9,299 dropless, "
     "the microbatch-4 recipe 27,136 in 26.04.01, predicted +21 %; no published host time per "
     "MoE layer to charge: docs/trust/fidelity.md, fine-grained small MoE; the issue time of "
-    "the 32 kernels per block the model lists, at 20 us per launch, is 0.49x its device time); "
+    "the 32 kernels per block the model lists, at 20 us per launch, is 0.46x its device time); "
     "Qwen3-30B-A3B at microbatch 4 on GB200 with its recipe's HybridEP dispatcher +42 % (-17 % "
     "against the same layout's 40,706 in 26.06), "
     "DeepSeek-V3 +16 %, Llama 3.1 405B on 128 B200 +11.0 % (with the FP8 primary weights the "
@@ -365,7 +372,7 @@ MBRIDGE_WHY = (
     "microbatch-1 runs do (0.42-0.44 s) on a GPU with 2.3x its FP8 peak; the folded Qwen3-235B "
     "run (25.11, TP2 EP32 etp 1) 13.7 % slow. The host time that would explain them is not "
     "charged: the issue time of the kernels the model lists (32-50 per block and microbatch, "
-    "at the 5-20 us per launch of HolisticTraceAnalysis's docs) is at most 0.22x the modelled "
+    "at the 5-20 us per launch of HolisticTraceAnalysis's docs) is at most 0.21x the modelled "
     "device time of these rows, and no published profile counts a Transformer Engine MoE "
     "block's launches"
 )
@@ -435,25 +442,25 @@ ZB_ORDER_WHY = (
         SC21_T1,
         MEGATRON,
         LLAMA3,
-        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "12.7 %", SC21_T2_WHY)),
+        pytest.param(SC21_T2, marks=_unmet("source median <= 10 %", "12.9 %", SC21_T2_WHY)),
         AUTOMODEL,
         PAIRS,
         DSV3,
-        pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "52.8 %", MBRIDGE_WHY)),
+        pytest.param(MBRIDGE, marks=_unmet("source median <= 10 %", "49.4 %", MBRIDGE_WHY)),
         MOEZOO,
         MOEZOO_LC,
         GB200_PAIRS,
-        pytest.param(BLACKWELL, marks=_unmet("source median <= 10 %", "11.0 %", BLACKWELL_WHY)),
-        pytest.param(MBFSDP, marks=_unmet("source median <= 10 %", "19.7 %", MBFSDP_WHY)),
+        BLACKWELL,  # 9.98 %: met by 0.02 points since the published attention backward
+        pytest.param(MBFSDP, marks=_unmet("source median <= 10 %", "17.5 %", MBFSDP_WHY)),
         TPU_V5E,
         TPU_V5P,
-        pytest.param(MI355X, marks=_unmet("source median <= 10 %", "12.0 %", MI355X_WHY)),
+        pytest.param(MI355X, marks=_unmet("source median <= 10 %", "11.0 %", MI355X_WHY)),
         TORCHTITAN,
         ZB_T4,
         ZB_T6,
         README_A100,
         MAXTEXT_GPU,
-        pytest.param(PAXML_GPU, marks=_unmet("source median <= 10 %", "26.6 %", PAXML_GPU_WHY)),
+        pytest.param(PAXML_GPU, marks=_unmet("source median <= 10 %", "25.3 %", PAXML_GPU_WHY)),
     ],
 )
 def test_accuracy_no_source_median_above_10_percent(summary, source):
@@ -468,26 +475,26 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
             MEGATRON,
             marks=_unmet(
                 "max <= 15 %",
-                "20.4 %",
-                "1.7B over-predicted by 20 % and 7.1B by 16 % with the per-kernel time, the "
+                "19.0 %",
+                "1.7B over-predicted by 19 % and 7.1B by 15 % with the per-kernel time, the "
                 "achieved HBM bandwidth and the loss over the 131k-vocabulary logits counted; "
-                "32B under-predicted by 19 % (TP8 DP48 at microbatch 1, the README's unpublished "
+                "32B under-predicted by 18.6 % (TP8 DP48 at microbatch 1, the README's unpublished "
                 "microbatch: its fp32 gradient reduce-scatter alone outlasts the last backward "
                 "2.6 times). Not modelled: the compute slowdown while the DP gradient "
                 "reduce-scatter shares the SMs, the host-side (CPU dispatch) time",
             ),
         ),
-        pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "34.3 %", LLAMA3_WHY)),
-        pytest.param(SC21_T2, marks=_unmet("max <= 15 %", "167 %", SC21_T2_WHY)),
+        pytest.param(LLAMA3, marks=_unmet("max <= 15 %", "30.6 %", LLAMA3_WHY)),
+        pytest.param(SC21_T2, marks=_unmet("max <= 15 %", "171 %", SC21_T2_WHY)),
         AUTOMODEL,
         pytest.param(PAIRS, marks=_unmet("max <= 15 %", "21.1 %", PAIRS_WHY)),
-        DSV3,
-        pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "167 %", MBRIDGE_WHY)),
-        pytest.param(MOEZOO, marks=_unmet("max <= 15 %", "44.5 %", MOEZOO_WHY)),
+        pytest.param(DSV3, marks=_unmet("max <= 15 %", "15.6 %", DSV3_MAX_WHY)),
+        pytest.param(MBRIDGE, marks=_unmet("max <= 15 %", "160 %", MBRIDGE_WHY)),
+        pytest.param(MOEZOO, marks=_unmet("max <= 15 %", "44.1 %", MOEZOO_WHY)),
         MOEZOO_LC,
-        pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "20.4 %", GB200_WHY)),
-        pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "221 %", BLACKWELL_WHY)),
-        pytest.param(MBFSDP, marks=_unmet("max <= 15 %", "43.0 %", MBFSDP_WHY)),
+        pytest.param(GB200_PAIRS, marks=_unmet("max <= 15 %", "19.7 %", GB200_WHY)),
+        pytest.param(BLACKWELL, marks=_unmet("max <= 15 %", "212 %", BLACKWELL_WHY)),
+        pytest.param(MBFSDP, marks=_unmet("max <= 15 %", "41.8 %", MBFSDP_WHY)),
         pytest.param(TPU_V5E, marks=_unmet("max <= 15 %", "26.1 %", TPU_WHY)),
         pytest.param(TPU_V5P, marks=_unmet("max <= 15 %", "27.7 %", TPU_WHY)),
         MI355X,
@@ -495,7 +502,7 @@ def test_accuracy_no_source_median_above_10_percent(summary, source):
         ZB_T4,
         ZB_T6,
         pytest.param(MAXTEXT_GPU, marks=_unmet("max <= 15 %", "15.2 %", MAXTEXT_GPU_WHY)),
-        pytest.param(PAXML_GPU, marks=_unmet("max <= 15 %", "33.7 %", PAXML_GPU_WHY)),
+        pytest.param(PAXML_GPU, marks=_unmet("max <= 15 %", "33.5 %", PAXML_GPU_WHY)),
     ],
 )
 def test_accuracy_every_source_max_within_15_percent(summary, source):
@@ -504,7 +511,7 @@ def test_accuracy_every_source_max_within_15_percent(summary, source):
 
 @_unmet(
     "median <= 5 % over all cases",
-    "6.0 %",
+    "5.7 %",
     f"the GB200 pairs: {GB200_WHY}; the TPU rows: {TPU_WHY}; the MoE sources: {BLACKWELL_WHY}; "
     f"the XLA FSDP recipes on H100: {MAXTEXT_GPU_WHY}; {PAXML_GPU_WHY}",
 )
@@ -540,9 +547,10 @@ def test_every_row_is_calibration_or_held_out(summary):
 
 
 def test_regression_split_errors_pin_the_current_model(summary):
-    """Pins (not accuracy): calibration rows median 5.3 % / max 18.7 % (the H100 pairs' 2.4 /
-    15.4 % with the v5e split's 6.2 / 18.7 %); held-out rows median 6.0 % / max 221 % on 294
-    rows (6.1 % before MaxText's remat_policy full was scored as JAX's nothing_saveable and the
+    """Pins (not accuracy): calibration rows median 5.2 % / max 18.8 % (the H100 pairs' 2.3 /
+    14.9 % with the v5e split's 6.3 / 18.8 %); held-out rows median 5.8 % / max 212 % on 294
+    rows (6.1 % / 221 % before the attention backward took the published cuDNN backward rates
+    and the GPU rate re-fitted, 0.617 -> 0.625; 6.1 % before MaxText's remat_policy full was scored as JAX's nothing_saveable and the
     TPU rate recalibrated, 0.900 -> 0.829; 6.4 % before MaxText's and Paxml's named remat
     policies were scored as themselves, qkv_proj and qkv_out_proj; 5.6 % on the 264 before
     dgxc's 23 MaxText and Paxml FSDP rows on H100 and Megatron-Bridge's 7 FSDP-source rows,
@@ -552,20 +560,20 @@ def test_regression_split_errors_pin_the_current_model(summary):
     Blackwell's shape-aware compute model, which move them in opposite directions; 7.2 % before
     the TPU rate, 9.0 % before the zero-bubble paper's 84 rows)."""
     cal, held = summary["by_split"]["calibration"], summary["by_split"]["held-out"]
-    assert cal["median_abs_error"] == pytest.approx(0.053, abs=0.005)
-    assert cal["max_abs_error"] == pytest.approx(0.187, abs=0.005)
-    assert held["median_abs_error"] == pytest.approx(0.060, abs=0.005)
-    assert held["max_abs_error"] == pytest.approx(2.212, abs=0.005)
+    assert cal["median_abs_error"] == pytest.approx(0.052, abs=0.005)
+    assert cal["max_abs_error"] == pytest.approx(0.188, abs=0.005)
+    assert held["median_abs_error"] == pytest.approx(0.058, abs=0.005)
+    assert held["max_abs_error"] == pytest.approx(2.115, abs=0.005)
     pairs = summary["by_source_split"][PAIRS]["calibration"]
-    assert pairs["median_abs_error"] == pytest.approx(0.024, abs=0.005)
-    assert pairs["max_abs_error"] == pytest.approx(0.154, abs=0.005)
+    assert pairs["median_abs_error"] == pytest.approx(0.023, abs=0.005)
+    assert pairs["max_abs_error"] == pytest.approx(0.149, abs=0.005)
     v5e = summary["by_source_split"][TPU_V5E]
     assert v5e["calibration"]["median_abs_error"] == pytest.approx(0.062, abs=0.005)
     assert v5e["held-out"]["median_abs_error"] == pytest.approx(0.077, abs=0.005)
     assert v5e["held-out"]["max_abs_error"] == pytest.approx(0.261, abs=0.005)
 
 
-@_unmet("held-out median <= 5 % (issue 22)", "6.0 %", HELD_OUT_WHY)
+@_unmet("held-out median <= 5 % (issue 22)", "5.8 %", HELD_OUT_WHY)
 def test_accuracy_held_out_median_within_5_percent(summary):
     assert summary["held_out_targets_met"]["median_abs_error"]
 
@@ -619,28 +627,28 @@ def test_accuracy_3d_parallelism_ranked_above_zero3_at_every_scale():
 # to half a percentage point, so that any change of the model's numbers is noticed. A change
 # made on purpose updates this table together with docs/trust/fidelity.md.
 CURRENT = {  # source: (cases, median |error|, max |error|, signed median)
-    SC21_T1: (30, 0.060, 0.106, -0.060),
-    MEGATRON: (27, 0.077, 0.204, -0.038),
-    LLAMA3: (3, 0.061, 0.344, 0.061),
-    SC21_T2: (12, 0.127, 1.689, 0.070),
-    AUTOMODEL: (1, 0.058, 0.058, 0.058),
-    PAIRS: (30, 0.039, 0.215, 0.015),
-    DSV3: (3, 0.070, 0.149, -0.005),
-    MBRIDGE: (3, 0.528, 1.668, 0.528),
-    MOEZOO: (5, 0.075, 0.445, -0.075),
-    MOEZOO_LC: (4, 0.049, 0.057, -0.049),
-    GB200_PAIRS: (30, 0.058, 0.204, -0.058),
-    BLACKWELL: (9, 0.109, 2.212, 0.109),
-    MBFSDP: (7, 0.197, 0.430, 0.197),
+    SC21_T1: (30, 0.057, 0.099, -0.051),
+    MEGATRON: (27, 0.069, 0.190, -0.033),
+    LLAMA3: (3, 0.067, 0.306, 0.067),
+    SC21_T2: (12, 0.129, 1.707, 0.080),
+    AUTOMODEL: (1, 0.057, 0.057, 0.057),
+    PAIRS: (30, 0.043, 0.211, 0.012),
+    DSV3: (3, 0.065, 0.156, -0.002),
+    MBRIDGE: (3, 0.494, 1.604, 0.494),
+    MOEZOO: (5, 0.082, 0.441, -0.065),
+    MOEZOO_LC: (4, 0.065, 0.080, -0.065),
+    GB200_PAIRS: (30, 0.053, 0.197, -0.053),
+    BLACKWELL: (9, 0.100, 2.115, 0.100),
+    MBFSDP: (7, 0.175, 0.418, 0.175),
     TPU_V5E: (24, 0.063, 0.261, 0.026),
     TPU_V5P: (16, 0.045, 0.275, -0.027),
-    MI355X: (1, 0.120, 0.120, -0.120),
-    TORCHTITAN: (5, 0.078, 0.091, 0.078),
-    ZB_T4: (48, 0.036, 0.109, 0.006),
-    ZB_T6: (36, 0.035, 0.099, -0.035),
-    README_A100: (4, 0.064, 0.120, -0.051),
-    MAXTEXT_GPU: (10, 0.070, 0.152, 0.070),
-    PAXML_GPU: (13, 0.266, 0.337, -0.266),
+    MI355X: (1, 0.110, 0.110, -0.110),
+    TORCHTITAN: (5, 0.090, 0.104, 0.090),
+    ZB_T4: (48, 0.030, 0.121, 0.017),
+    ZB_T6: (36, 0.027, 0.089, -0.025),
+    README_A100: (4, 0.063, 0.110, -0.042),
+    MAXTEXT_GPU: (10, 0.068, 0.152, 0.068),
+    PAXML_GPU: (13, 0.253, 0.335, -0.253),
 }
 
 
@@ -730,7 +738,7 @@ ZB_TAUS = {  # sweep: Kendall tau-b of the predicted against the measured order,
     "Qi2024_ZBV_6.2B_m128": 1 / 3,
     "Qi2024_ZBV_14.6B_m72": 2 / 3,
     "Qi2024_ZBV_14.6B_m96": 2 / 3,
-    "Qi2024_ZBV_14.6B_m192": 1 / 3,
+    "Qi2024_ZBV_14.6B_m192": 0.0,  # 1 / 3 before the published attention backward
     "Qi2024_ZBV_28.3B_m96": 2 / 3,
     "Qi2024_ZBV_28.3B_m128": 2 / 3,
     "Qi2024_ZBV_28.3B_m256": 1 / 3,
@@ -898,16 +906,18 @@ def test_sweeps_are_auto_detected_per_source_model_metric_and_precision():
 def test_regression_moezoo_qwen3_layout_ranking_pins_the_current_model(summary):
     """Pins (not a target) Kendall tau-b of Megatron-MoE-ModelZoo's five Qwen3-235B layouts on 256
     H100 (step times 17.6, 17.6, 19.7, 24.2, 29.0 s; one pair tied in the measured order): of the
-    9 untied pairs 5 are ordered as measured and 4 reversed, (5 - 4) / sqrt(9 x 10) = +0.11
-    (-0.32 before the unfused cross entropy put the PP32 layout, whose last rank holds the loss
-    chunk, above the TP2 PP8 and Megatron-FSDP ones; -0.53 before ZeRO-3's traffic hid under the
-    Megatron-FSDP row's recomputation)."""
+    9 untied pairs 4 are ordered as measured and 5 reversed, (4 - 5) / sqrt(9 x 10) = -0.11:
+    the TP2 PP8 VP4 EP32 DeepEP layout (19.7 s) predicted 19.39 s, 0.01 s above the PP32 one
+    (24.2 s, predicted 19.38), a near-tie that the published attention backward tipped (+0.11
+    before, at 19.26 and 19.35 s; -0.32 before the unfused cross entropy put the PP32 layout,
+    whose last rank holds the loss chunk, above the TP2 PP8 and Megatron-FSDP ones; -0.53
+    before ZeRO-3's traffic hid under the Megatron-FSDP row's recomputation)."""
     sweep = summary["sweeps"][MOEZOO_SWEEP]
     assert sweep["n"] == 5
-    assert sweep["kendall_tau"] == pytest.approx(1 / 90**0.5)
+    assert sweep["kendall_tau"] == pytest.approx(-1 / 90**0.5)
 
 
-@_unmet("Kendall tau >= 0.8", "+0.11", MOEZOO_WHY)
+@_unmet("Kendall tau >= 0.8", "-0.11", MOEZOO_WHY)
 def test_accuracy_moezoo_qwen3_layouts_ranked_as_measured(summary):
     """The issue's target: the five Qwen3-235B layouts ranked in the measured order."""
     assert summary["sweeps"][MOEZOO_SWEEP]["kendall_tau"] >= 0.8
@@ -1226,45 +1236,45 @@ TARGET_RATIO = 0.10
 TARGET_FP8_MEDIAN = 0.10
 RATIO_WHY = "the model's FP8 speed-up is larger than measured"
 PAIR_RATIOS = {  # pair: (measured speed-up, predicted today): measured from cases.csv
-    "GPT-3 175B NeMo 128xH100": (1.477, 1.561),
-    "GPT-3 175B NeMo 1024xH100": (1.452, 1.560),
-    "Llama3.1 8B NeMo2 8xH100": (1.315, 1.376),
-    "Llama3.1 8B NeMo2 128xH100": (1.292, 1.376),
-    "Llama3.1 70B NeMo 64xH100": (1.397, 1.455),
-    "Llama3.1 70B NeMo 2048xH100": (1.350, 1.455),
-    "Llama3.1 405B NeMo2 512xH100": (1.522, 1.544),
-    "Llama3.1 405B NeMo2 2048xH100": (1.582, 1.544),
-    "Nemotron4 15B NeMo2 16xH100": (1.381, 1.423),
-    "Nemotron4 15B NeMo 2048xH100": (1.362, 1.392),
-    "Nemotron4 340B NeMo2 256xH100": (1.482, 1.411),
-    "Nemotron4 340B NeMo 2048xH100": (1.387, 1.411),
-    "Grok-1 314B NeMo 512xH100": (1.243, 1.377),
-    "Grok-1 314B NeMo 2048xH100": (1.231, 1.377),
-    "Llama4 Maverick NeMo2 512xH100": (1.148, 1.247),
-    "Grok-1 314B NeMo2 128xGB200": (1.383, 1.612),
-    "Grok-1 314B NeMo2 256xGB200": (1.415, 1.612),
-    "Grok-1 314B NeMo2 512xGB200": (1.410, 1.614),
-    "Llama3.1 405B NeMo2 128xGB200": (1.525, 1.726),
-    "Llama3.1 405B NeMo2 256xGB200": (1.534, 1.726),
-    "Llama3.1 405B NeMo2 512xGB200": (1.523, 1.702),
-    "Nemotron4 340B NeMo2 weak 128xGB200": (1.476, 1.530),
-    "Nemotron4 340B NeMo2 weak 256xGB200": (1.444, 1.514),
-    "Nemotron4 340B NeMo2 weak 512xGB200": (1.439, 1.510),
-    "Nemotron4 340B NeMo2 strong 128xGB200": (1.496, 1.535),
-    "Nemotron4 340B NeMo2 strong 256xGB200": (1.479, 1.520),
-    "Nemotron4 340B NeMo2 strong 512xGB200": (1.494, 1.518),
-    "Llama4 Maverick NeMo2 128xGB200": (1.277, 1.397),
-    "Llama4 Maverick NeMo2 256xGB200": (1.263, 1.397),
-    "Llama4 Maverick NeMo2 512xGB200": (1.263, 1.396),
-    "Llama3 70B MaxText 128xH100": (1.715, 1.535),
-    "Llama3 70B MaxText 256xH100": (1.628, 1.535),
-    "Llama3 70B MaxText 512xH100": (1.679, 1.535),
-    "Llama3 70B MaxText 1024xH100": (1.645, 1.535),
-    "Llama3 70B MaxText 2048xH100": (1.702, 1.535),
-    "GPT-3 5B Paxml 16xH100": (1.349, 1.445),
-    "GPT-3 5B Paxml 32xH100": (1.331, 1.445),
-    "GPT-3 5B Paxml 64xH100": (1.340, 1.445),
-    "GPT-3 5B Paxml 128xH100": (1.302, 1.445),
+    "GPT-3 175B NeMo 128xH100": (1.477, 1.554),
+    "GPT-3 175B NeMo 1024xH100": (1.452, 1.553),
+    "Llama3.1 8B NeMo2 8xH100": (1.315, 1.360),
+    "Llama3.1 8B NeMo2 128xH100": (1.292, 1.361),
+    "Llama3.1 70B NeMo 64xH100": (1.397, 1.444),
+    "Llama3.1 70B NeMo 2048xH100": (1.350, 1.444),
+    "Llama3.1 405B NeMo2 512xH100": (1.522, 1.535),
+    "Llama3.1 405B NeMo2 2048xH100": (1.582, 1.535),
+    "Nemotron4 15B NeMo2 16xH100": (1.381, 1.414),
+    "Nemotron4 15B NeMo 2048xH100": (1.362, 1.383),
+    "Nemotron4 340B NeMo2 256xH100": (1.482, 1.407),
+    "Nemotron4 340B NeMo 2048xH100": (1.387, 1.407),
+    "Grok-1 314B NeMo 512xH100": (1.243, 1.371),
+    "Grok-1 314B NeMo 2048xH100": (1.231, 1.372),
+    "Llama4 Maverick NeMo2 512xH100": (1.148, 1.242),
+    "Grok-1 314B NeMo2 128xGB200": (1.383, 1.601),
+    "Grok-1 314B NeMo2 256xGB200": (1.415, 1.602),
+    "Grok-1 314B NeMo2 512xGB200": (1.410, 1.602),
+    "Llama3.1 405B NeMo2 128xGB200": (1.525, 1.712),
+    "Llama3.1 405B NeMo2 256xGB200": (1.534, 1.712),
+    "Llama3.1 405B NeMo2 512xGB200": (1.523, 1.688),
+    "Nemotron4 340B NeMo2 weak 128xGB200": (1.476, 1.520),
+    "Nemotron4 340B NeMo2 weak 256xGB200": (1.444, 1.508),
+    "Nemotron4 340B NeMo2 weak 512xGB200": (1.439, 1.505),
+    "Nemotron4 340B NeMo2 strong 128xGB200": (1.496, 1.529),
+    "Nemotron4 340B NeMo2 strong 256xGB200": (1.479, 1.514),
+    "Nemotron4 340B NeMo2 strong 512xGB200": (1.494, 1.513),
+    "Llama4 Maverick NeMo2 128xGB200": (1.277, 1.383),
+    "Llama4 Maverick NeMo2 256xGB200": (1.263, 1.383),
+    "Llama4 Maverick NeMo2 512xGB200": (1.263, 1.382),
+    "Llama3 70B MaxText 128xH100": (1.715, 1.528),
+    "Llama3 70B MaxText 256xH100": (1.628, 1.528),
+    "Llama3 70B MaxText 512xH100": (1.679, 1.528),
+    "Llama3 70B MaxText 1024xH100": (1.645, 1.528),
+    "Llama3 70B MaxText 2048xH100": (1.702, 1.528),
+    "GPT-3 5B Paxml 16xH100": (1.349, 1.431),
+    "GPT-3 5B Paxml 32xH100": (1.331, 1.431),
+    "GPT-3 5B Paxml 64xH100": (1.340, 1.431),
+    "GPT-3 5B Paxml 128xH100": (1.302, 1.431),
 }
 RATIO_UNMET = {  # pair: why (the measured and predicted speed-ups are in PAIR_RATIOS)
     **{
@@ -1275,11 +1285,9 @@ RATIO_UNMET = {  # pair: why (the measured and predicted speed-ups are in PAIR_R
     },
     **{
         f"GPT-3 5B Paxml {n}xH100": f"{RATIO_WHY} (1.30-1.35 measured); {PAXML_GPU_WHY}"
-        for n in (32, 64, 128)
+        for n in (128,)
     },
     "GPT-3 175B NeMo 1024xH100": RATIO_WHY,
-    "Llama3.1 70B NeMo 2048xH100": f"{RATIO_WHY}; the measured one falls with scale (1.397 on "
-    "64 GPUs), the predicted one does not",
     "Grok-1 314B NeMo 512xH100": f"{RATIO_WHY} for MoE blocks (its FP8 rows -14 %, BF16 -4 %)",
     "Grok-1 314B NeMo 2048xH100": f"{RATIO_WHY} for MoE blocks (its FP8 rows -16 %, BF16 -5 %)",
     **{
@@ -1342,11 +1350,11 @@ def test_accuracy_fp8_speedup_within_a_tenth_on_every_pair(pairs, label):
 
 
 FP8_GROUPS = {  # machine: (its sources, FP8 rows, median |error| today)
-    "H100": ((PAIRS, MBRIDGE), 18, 0.049),
-    "GB200 dgxc": ((GB200_PAIRS,), 15, 0.129),
-    "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.136),
-    "MI355X MLPerf": ((MI355X,), 1, 0.120),
-    "H100 MaxText / Paxml FSDP": ((MAXTEXT_GPU, PAXML_GPU), 14, 0.266),
+    "H100": ((PAIRS, MBRIDGE), 18, 0.053),
+    "GB200 dgxc": ((GB200_PAIRS,), 15, 0.125),
+    "B200/GB200 Megatron-Bridge": ((BLACKWELL,), 8, 0.123),
+    "MI355X MLPerf": ((MI355X,), 1, 0.110),
+    "H100 MaxText / Paxml FSDP": ((MAXTEXT_GPU, PAXML_GPU), 14, 0.253),
 }
 
 
@@ -1639,7 +1647,7 @@ def _listed_kernels_host_share(row: dict) -> float:
 
 @pytest.mark.parametrize(
     "source, case, most",
-    [(MBRIDGE, "", 0.22), (BLACKWELL, "Qwen3-30B", 0.49), (MOEZOO, "", 0.29), (MEGATRON, "", 0.16)],
+    [(MBRIDGE, "", 0.21), (BLACKWELL, "Qwen3-30B", 0.46), (MOEZOO, "", 0.27), (MEGATRON, "", 0.15)],
 )
 def test_host_issue_time_of_the_listed_kernels_would_not_bind(source, case, most):
     """Why no host-time term (docs/trust/fidelity.md, fine-grained small MoE): a step is at

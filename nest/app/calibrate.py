@@ -10,7 +10,7 @@ micro-benchmark isolates. It is fitted here, and only here, twice by the same pr
   (12 of its 24 rows: every other slice count of each model's sweep, each of the four model
   sizes in both halves; the rule was fixed by slice count before the fit). One half of one
   source, as for the GPUs; a TPU rate of its own because the GPU share leaves every MaxText run
-  predicted slow (their published MFUs are above 0.768 of the TPU ceilings). The fit is bounded
+  predicted slow (their published MFUs are above 0.778 of the TPU ceilings). The fit is bounded
   by v5e's published ceiling; the v5e runs on 2, 8 and 32 slices and every v5p run stay held
   out, and v6e and v5p run at the fitted share of their own ceilings.
 - **the GPU split**: the BF16 rows of ``NVIDIA_dgxc_benchmarking_H100_pairs`` (15 runs: GPT-3 175B,

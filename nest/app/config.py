@@ -66,6 +66,9 @@ class DeviceConfig:
     """Fixed microseconds of every kernel (from a published GEMM measurement table)."""
     attention_efficiency: list = field(default_factory=list)
     """[[key length, fraction of peak], ...] of the fused attention kernel (published)."""
+    attention_bwd_efficiency: list = field(default_factory=list)
+    """[[key length, fraction of peak], ...] of its backward kernel, FLOPs counted as 2.5 times
+    the forward's (published); empty: the forward's fractions."""
     fp8_peak_tflops: float | None = None
     """Peak dense FP8 matmul throughput, TFLOP/s (datasheet); null: no FP8 tensor cores."""
     fp8_gemm_ceiling: float | None = None
@@ -536,7 +539,12 @@ def build_device(cfg: Any) -> Device:
                 "must be >= 0",
             )
         ),
-        attention_efficiency=_attention_table(where, c.get("attention_efficiency") or []),
+        attention_efficiency=_attention_table(
+            where, "attention_efficiency", c.get("attention_efficiency") or []
+        ),
+        attention_bwd_efficiency=_attention_table(
+            where, "attention_bwd_efficiency", c.get("attention_bwd_efficiency") or []
+        ),
         host_link_bw_bytes_per_s=(
             None
             if c.get("host_link_gbps") is None
@@ -667,20 +675,20 @@ def _compute_model(c: dict, peak_tflops: float) -> tuple[str, tuple[str, ...]]:
         return model, ()
     return "flat", (
         f"device {c.get('name')}: peak_tflops={peak_tflops:g} is not the chip its kernel figures "
-        f"(gemm_ceiling, kernel_overhead_us, attention_efficiency) were published for "
+        f"(gemm_ceiling, kernel_overhead_us, attention tables) were published for "
         f"({figures_for:g} TFLOP/s): using compute_model=flat (every FLOP at peak x "
         "matmul_efficiency); give the chip's own figures and kernel_figures_peak_tflops to use "
         "compute_model=shape",
     )
 
 
-def _attention_table(where: str, rows) -> tuple[tuple[float, float], ...]:
+def _attention_table(where: str, name: str, rows) -> tuple[tuple[float, float], ...]:
     """``[[length, fraction], ...]`` from a preset as a tuple of float pairs."""
     try:
         return tuple((float(length), float(frac)) for length, frac in rows)
     except (TypeError, ValueError):
         raise UserError(
-            f"{where}: attention_efficiency={rows!r} must be [[sequence length, fraction], ...]"
+            f"{where}: {name}={rows!r} must be [[sequence length, fraction], ...]"
         ) from None
 
 

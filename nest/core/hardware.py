@@ -50,6 +50,10 @@ class Device:
     attention_efficiency: tuple[tuple[float, float], ...] = ()
     """``shape``: (key length, fraction of peak) of the fused attention kernel, increasing
     lengths; empty: attention at ``matmul_efficiency``."""
+    attention_bwd_efficiency: tuple[tuple[float, float], ...] = ()
+    """``shape``: (key length, fraction of peak) of the fused attention *backward* kernel
+    (its FLOPs counted as 2.5 times the forward's, :func:`nest.core.kernels.attention_bwd_time_s`),
+    increasing lengths; empty: the backward at the forward's fraction."""
     fp8_peak_flops_per_s: float = 0.0
     """Peak dense FP8 matmul throughput, FLOP/s; 0: the device has no FP8 tensor cores."""
     fp8_gemm_ceiling: float = 0.0
@@ -107,14 +111,16 @@ class Device:
                 raise UserError(
                     f"device {self.name}: kernel_overhead={self.kernel_overhead_s} must be >= 0"
                 )
-        lengths = [s for s, _ in self.attention_efficiency]
-        if lengths != sorted(set(lengths)) or any(
-            not 0 < e <= 1 or not s > 0 for s, e in self.attention_efficiency
-        ):
-            raise UserError(
-                f"device {self.name}: attention_efficiency={list(self.attention_efficiency)} must "
-                "be [sequence length, fraction in (0, 1]] pairs with increasing lengths"
-            )
+        for table_name in ("attention_efficiency", "attention_bwd_efficiency"):
+            table = getattr(self, table_name)
+            lengths = [s for s, _ in table]
+            if lengths != sorted(set(lengths)) or any(
+                not 0 < e <= 1 or not s > 0 for s, e in table
+            ):
+                raise UserError(
+                    f"device {self.name}: {table_name}={list(table)} must be [sequence length, "
+                    "fraction in (0, 1]] pairs with increasing lengths"
+                )
         if self.fp8_peak_flops_per_s < 0 or (
             self.fp8_peak_flops_per_s > 0 and not 0 < self.fp8_gemm_ceiling <= 1
         ):

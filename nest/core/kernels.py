@@ -33,7 +33,7 @@ Two models, chosen per device preset (``compute_model``):
   *calibrated*, each of its two constants on a declared split only (:mod:`nest.app.calibrate`):
 
   - GPUs: the BF16 half of NVIDIA's dgxc-benchmarking H100 pairs, stored as
-    :data:`CALIBRATED_MATMUL_EFFICIENCY` in the H100 and H200 presets; 0.768 of H100's ceiling
+    :data:`CALIBRATED_MATMUL_EFFICIENCY` in the H100 and H200 presets; 0.778 of H100's ceiling
     (:data:`IN_STEP_SHARE_OF_CEILING`, the share of an isolated GEMM's best rate a training step
     keeps: the same share the FP8 level and the attention kernels already use,
     :attr:`Device.sustained_fraction`). Every other GPU preset with a published ceiling runs at
@@ -43,7 +43,7 @@ Two models, chosen per device preset (``compute_model``):
   - TPUs: MaxText's v5e README runs on 1, 4 and 16 slices, stored as
     :data:`CALIBRATED_TPU_MATMUL_EFFICIENCY` in the v5e preset; 0.898 of v5e's ceiling
     (:data:`TPU_IN_STEP_SHARE_OF_CEILING`). The GPU share does not carry over: MaxText's
-    published whole-step MFUs are above 0.768 x the TPU ceilings, which no GEMM-bound step can
+    published whole-step MFUs are above 0.778 x the TPU ceilings, which no GEMM-bound step can
     be (a likely reason, not measured here: XLA runs the step as one compiled program, without
     the CUDA launch gaps and power-capped clocks the GPU share absorbs). The other
     TPU presets run at the TPU share of their ceilings: v6e (0.901, Google's tpu-recipes
@@ -65,7 +65,14 @@ Two models, chosen per device preset (``compute_model``):
   forward on GB200 for B200 and GB200), measured like the GEMM ceiling in isolation, so it is
   scaled by the same ``gemm_level / gemm_ceiling`` (:attr:`Device.sustained_fraction`); a causal
   kernel skips the masked half of the score matrix, so it does half of the counted FLOPs in the
-  same time per FLOP.
+  same time per FLOP. The *backward* kernel does 2.5 times the forward's FLOPs (five
+  matrix products to two: ``dS``, ``dQ``, ``dK``, ``dV`` and the recomputed ``S = QK^T``; Dao
+  2023 §3.1.2) at its own measured fraction of peak (``attention_bwd_efficiency``, published
+  by the same benchmark as the forward where it prints one: cuDNN's backward on GB200 for B200
+  and GB200, cuDNN's backward on H200 for the H100 and H200 presets), lower than the
+  forward's: 3.1-3.3 times the forward's time at 4k-32k keys where the FLOP ratio alone says
+  2.5 (:func:`attention_bwd_time_s`); 2.5 times where no backward is published (A100, the
+  AMD presets, ``flat``).
 
 Grouped expert GEMMs use :func:`gemm_time_s` with ``groups`` (each local expert's tokens are one
 GEMM of the group, all of them filling the same waves).
@@ -75,7 +82,7 @@ from math import ceil, log2
 
 from nest.core.hardware import Device
 
-CALIBRATED_MATMUL_EFFICIENCY = 0.617
+CALIBRATED_MATMUL_EFFICIENCY = 0.625
 """The in-step GEMM rate fitted by ``python -m nest.calibrate`` on its declared split (module
 docstring; :data:`nest.app.calibrate.CALIBRATION_SPLIT`); ``conf/device/h100_sxm.yaml`` and
 ``h200_sxm.yaml`` carry the same value and ``tests/test_calibrate.py`` checks both against a
@@ -88,7 +95,7 @@ was fitted on (``conf/device/h100_sxm.yaml``; ``tests/test_calibrate.py`` checks
 
 IN_STEP_SHARE_OF_CEILING = CALIBRATED_MATMUL_EFFICIENCY / H100_GEMM_CEILING
 """The share of its micro-benchmark ceiling a GEMM keeps inside a training step, as fitted on
-H100 (0.617 / 0.803 = 0.768): what sustained clocks, launch gaps and the unlisted kernels leave of
+H100 (0.625 / 0.803 = 0.778): what sustained clocks, launch gaps and the unlisted kernels leave of
 an isolated GEMM's best rate. Derived from the one calibrated constant, not fitted again."""
 
 
@@ -98,7 +105,7 @@ declared split (:data:`nest.app.validate.TPU_CALIBRATION_SPLIT`: MaxText's v5e R
 and 16 slices), by the same procedure as :data:`CALIBRATED_MATMUL_EFFICIENCY`;
 ``conf/device/tpu_v5e.yaml`` carries it and ``tests/test_calibrate.py`` checks it against a fresh
 fit. A second calibrated constant because the GPU share does not transfer to XLA's TPU programs:
-MaxText's published whole-step MFUs (v5p 32B 71.5 %, v5e 16B 61.1 %) are above 0.768 x the TPU
+MaxText's published whole-step MFUs (v5p 32B 71.5 %, v5e 16B 61.1 %) are above 0.778 x the TPU
 ceilings (v5e 0.709), impossible for GEMM-bound steps (module docstring)."""
 
 TPU_V5E_GEMM_CEILING = 0.923
@@ -162,9 +169,11 @@ def gemm_time_s(
     return max(best, operand_bytes / device.achieved_hbm_bw_bytes_per_s) + overhead_s
 
 
-def attention_efficiency(device: Device, key_length: float) -> float:
-    """The fused attention kernel's fraction of peak at this key length (module docstring)."""
-    table = device.attention_efficiency
+def attention_efficiency(device: Device, key_length: float, backward: bool = False) -> float:
+    """The fused attention kernel's fraction of peak at this key length (module docstring):
+    the forward's, or with ``backward`` the backward kernel's (``attention_bwd_efficiency``;
+    the forward's where the preset publishes no backward)."""
+    table = (backward and device.attention_bwd_efficiency) or device.attention_efficiency
     if key_length <= table[0][0]:
         return table[0][1]
     if key_length >= table[-1][0]:
@@ -195,3 +204,33 @@ def attention_time_s(
         * device.sustained_fraction
     )
     return done / rate + device.kernel_overhead_s
+
+
+ATTENTION_BWD_FLOPS_PER_FWD = 2.5
+"""The fused attention backward's matrix-product FLOPs over the forward's: five products
+(``S = QK^T`` again, ``dP = dO V^T``, ``dV = P^T dO``, ``dQ = dS K``, ``dK = dS^T Q``) to the
+forward's two (Dao 2023, FlashAttention-2 §3.1.2; cudnn-frontend's benchmark counts the same,
+``benchmark_single_sdpa.py`` ``flops``: ``3 d_qk + 2 d_vo`` to ``d_qk + d_vo``)."""
+
+
+def attention_bwd_time_s(
+    device: Device, flops: float, key_length: float, causal: bool, done_fraction: float = 0.5
+) -> float:
+    """Seconds of the fused attention *backward* of a forward of ``flops`` counted FLOPs (as
+    :func:`attention_time_s`), the recomputation of the scores included:
+    :data:`ATTENTION_BWD_FLOPS_PER_FWD` times the forward's work at the backward kernel's
+    published fraction of peak (``attention_bwd_efficiency``). Where a device publishes no
+    backward (or runs ``flat``) it is 2.5 times :func:`attention_time_s`, the FLOP ratio at
+    the forward's rate."""
+    if flops <= 0:
+        return 0.0
+    if device.compute_model == "flat" or not device.attention_bwd_efficiency:
+        fwd_s = attention_time_s(device, flops, key_length, causal, done_fraction)
+        return ATTENTION_BWD_FLOPS_PER_FWD * fwd_s
+    done = done_fraction * flops if causal else flops
+    rate = (
+        device.peak_flops_per_s
+        * attention_efficiency(device, key_length, backward=True)
+        * device.sustained_fraction
+    )
+    return ATTENTION_BWD_FLOPS_PER_FWD * done / rate + device.kernel_overhead_s

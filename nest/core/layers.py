@@ -61,7 +61,7 @@ from nest.core.blocks import (
     op_sac_inventory,
 )
 from nest.core.hardware import Device
-from nest.core.kernels import attention_time_s, gemm_time_s
+from nest.core.kernels import attention_bwd_time_s, attention_time_s, gemm_time_s
 from nest.core.model import LayerRef, ModelSpec, build_chain
 from nest.core.precision import Precision
 
@@ -1243,7 +1243,7 @@ class AnalyticModel:
         """(forward seconds of the attention core, its counted FLOPs on this device, seconds
         of its unfused memory-bound work in the forward and in the backward: the softmax's and
         its dropout's, :func:`unfused_core_bytes_per_score`; 0 with FlashAttention, whose kernel
-        time holds its softmax)."""
+        time holds its softmax). Its backward: :meth:`_attention_bwd_s`."""
         m = self.spec
         t, c, _, _, p, b, s, _, s_loc, _, _ = self._dims(shard)
         core = attention_core(m, ref.local)
@@ -1274,6 +1274,26 @@ class AnalyticModel:
             fwd_bytes * core_elems / t / hbm,
             bwd_bytes * core_elems / t / hbm,
         )
+
+    def _attention_bwd_s(self, ref: LayerRef, shard: Shard, device: Device, fwd_s: float) -> float:
+        """Backward seconds of the attention core beyond FlashAttention's recomputation of the
+        scores (which every recompute mode carries: half the forward's seconds, ``none_s`` in
+        :meth:`_block_cost`): the fused kernel's published backward
+        (:func:`nest.core.kernels.attention_bwd_time_s`) less that half; twice the forward
+        (the two gradient products of each of its two) when unfused."""
+        if not self.flash_attention:
+            return 2.0 * fwd_s
+        m = self.spec
+        t, c, _, _, _, b, s, *_ = self._dims(shard)
+        core = attention_core(m, ref.local)
+        whole_s = attention_bwd_time_s(
+            device,
+            b * s * core.flops_per_token() / (t * c),
+            min(core.keys, s / c),
+            causal=not m.encoder,
+            done_fraction=core.done_fraction,
+        )
+        return whole_s - 0.5 * fwd_s
 
     def _softmax_read(self, ref: LayerRef) -> float:
         """The share of each score row the unfused softmax loads: one half for global causal
@@ -1317,10 +1337,10 @@ class AnalyticModel:
         moe_fwd, moe_bwd = self._moe_kernels_s(ref, shard, device) if ref.moe else (0.0, 0.0)
         fwd_s = gemm_fwd + cast_fwd + attn_s + ew_s + moe_fwd
         # the unfused core's softmax and dropout backward move their own bytes, not 2x the forward's
-        bwd_s = gemm_bwd + cast_bwd + 2.0 * attn_s + 2.0 * block_ew_s + core_ew_bwd_s + moe_bwd
+        bwd_s = gemm_bwd + cast_bwd + 2.0 * block_ew_s + core_ew_bwd_s + moe_bwd
+        bwd_s += self._attention_bwd_s(ref, shard, device, attn_s)
         core_s = attn_s + core_ew_s
-        # FlashAttention's backward recomputes S = QK^T, half the core's forward FLOPs, in every
-        # mode (its backward is 2.5x its forward: Dao 2023, FlashAttention-2 §3.1.2)
+        # FlashAttention's backward recomputes S = QK^T (half the forward) in every mode
         none_s = 0.5 * core_s if self.flash_attention else 0.0
         none_flops = 0.5 * core_flops if self.flash_attention else 0.0
         fwd_coll, bwd_coll, mlp_coll, whole_coll = self._block_collectives(

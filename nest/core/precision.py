@@ -161,6 +161,10 @@ class Precision:
         return 1.0
 
     def weight_cast_bytes_per_param(self, any_layout: bool = False) -> float:
-        """Bytes the once-per-iteration weight cast moves per parameter (read BF16, write
-        :meth:`quantized_bytes_per_element`); 0 in BF16."""
-        return 2.0 + self.quantized_bytes_per_element(any_layout) if self.fp8 else 0.0
+        """Bytes the once-per-iteration weight cast moves per parameter: a cast like any other
+        (:meth:`cast_bytes_per_element`: read BF16, write :meth:`quantized_bytes_per_element`,
+        and under current scaling the amax read first: Transformer Engine's current-scaling
+        quantiser computes the amax before every quantisation,
+        github:NVIDIA/TransformerEngine@d0067d0da6cb01811b8072a7d304f0e00344ce2b
+        ``transformer_engine/pytorch/csrc/quantizer.cpp`` l. 1009-1028); 0 in BF16."""
+        return self.cast_bytes_per_element(any_layout)
