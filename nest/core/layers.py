@@ -1245,12 +1245,9 @@ class AnalyticModel:
         its dropout's, :func:`unfused_core_bytes_per_score`; 0 with FlashAttention, whose kernel
         time holds its softmax). Its backward: :meth:`_attention_bwd_s`."""
         m = self.spec
-        t, c, _, _, p, b, s, _, s_loc, _, _ = self._dims(shard)
-        core = attention_core(m, ref.local)
-        core_flops = b * s * core.flops_per_token() / (t * c)
+        t, _, _, _, p, b, s, _, s_loc, _, _ = self._dims(shard)
+        core, core_flops, key_length = self._fused_attention_work(ref, shard)
         if self.flash_attention:
-            # A context-parallel ring runs the kernel in blocks of s / c keys.
-            key_length = min(core.keys, s / c)
             attn_s = attention_time_s(
                 device,
                 core_flops,
@@ -1283,17 +1280,23 @@ class AnalyticModel:
         (the two gradient products of each of its two) when unfused."""
         if not self.flash_attention:
             return 2.0 * fwd_s
-        m = self.spec
-        t, c, _, _, _, b, s, *_ = self._dims(shard)
-        core = attention_core(m, ref.local)
+        core, core_flops, key_length = self._fused_attention_work(ref, shard)
         whole_s = attention_bwd_time_s(
             device,
-            b * s * core.flops_per_token() / (t * c),
-            min(core.keys, s / c),
-            causal=not m.encoder,
+            core_flops,
+            key_length,
+            causal=not self.spec.encoder,
             done_fraction=core.done_fraction,
         )
         return whole_s - 0.5 * fwd_s
+
+    def _fused_attention_work(self, ref: LayerRef, shard: Shard) -> tuple:
+        """(the block's attention core, its counted forward FLOPs on one device, the key length
+        its fused kernel runs on): a context-parallel ring runs the kernel in blocks of
+        ``s / c`` keys."""
+        t, c, _, _, _, b, s, *_ = self._dims(shard)
+        core = attention_core(self.spec, ref.local)
+        return core, b * s * core.flops_per_token() / (t * c), min(core.keys, s / c)
 
     def _softmax_read(self, ref: LayerRef) -> float:
         """The share of each score row the unfused softmax loads: one half for global causal
