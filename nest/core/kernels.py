@@ -70,7 +70,7 @@ Two models, chosen per device preset (``compute_model``):
   2023 §3.1.2) at its own measured fraction of peak (``attention_bwd_efficiency``, published
   by the same benchmark as the forward where it prints one: cuDNN's backward on GB200 for B200
   and GB200, cuDNN's backward on H200 for the H100 and H200 presets), lower than the
-  forward's: 3.1-3.3 times the forward's time at 4k-32k keys where the FLOP ratio alone says
+  forward's: 2.9-3.3 times the forward's time at 4k-32k keys where the FLOP ratio alone says
   2.5 (:func:`attention_bwd_time_s`); 2.5 times where no backward is published (A100, the
   AMD presets, ``flat``).
 
@@ -114,7 +114,7 @@ guide, ``conf/device/tpu_v5e.yaml``): the ceiling of the preset the TPU rate is 
 
 TPU_IN_STEP_SHARE_OF_CEILING = CALIBRATED_TPU_MATMUL_EFFICIENCY / TPU_V5E_GEMM_CEILING
 """The share of its micro-benchmark ceiling a GEMM keeps inside an XLA TPU training step, as
-fitted on v5e (0.829 / 0.923 = 0.898, against the GPUs' 0.768). The other TPU presets with a
+fitted on v5e (0.829 / 0.923 = 0.898, against the GPUs' 0.778). The other TPU presets with a
 ceiling run at this share of theirs (:func:`derived_matmul_efficiency` with ``tpu=True``: v5p,
 v6e)."""
 
@@ -211,6 +211,12 @@ ATTENTION_BWD_FLOPS_PER_FWD = 2.5
 (``S = QK^T`` again, ``dP = dO V^T``, ``dV = P^T dO``, ``dQ = dS K``, ``dK = dS^T Q``) to the
 forward's two (Dao 2023, FlashAttention-2 §3.1.2; cudnn-frontend's benchmark counts the same,
 ``benchmark_single_sdpa.py`` ``flops``: ``3 d_qk + 2 d_vo`` to ``d_qk + d_vo``)."""
+
+SCORE_RECOMPUTE_PER_FWD = 0.5
+"""The part of that backward that recomputes the scores ``S = QK^T``: one of the forward's two
+products, half its FLOPs and (at the forward's rate) half its seconds. The cost model books it
+as recomputation in every mode (:meth:`nest.core.layers.AnalyticModel._block_cost`) and the
+rest of the backward as the backward (``_attention_bwd_s``)."""
 
 
 def attention_bwd_time_s(

@@ -26,7 +26,8 @@ Sources:
 - Time: matmul FLOPs at the device's achieved rate plus the memory-bound elementwise work (norms,
   residual adds, activation function, dropout, RoPE, softmax, the loss) at HBM bandwidth, each
   operator streaming its inputs and outputs once (roofline; Williams et al., CACM 2009). The
-  backward pass takes twice the forward.
+  backward pass takes twice the forward, but for the fused attention core, whose backward runs
+  at its published backward rate (:func:`nest.core.kernels.attention_bwd_time_s`).
 - Tied embeddings on separate stages: Megatron keeps a copy of the word embedding on the last
   stage; it is counted as ``tied_copy_params``.
 - Pipeline boundary: each device sends its (sequence-parallel shard of the) output; without
@@ -61,7 +62,12 @@ from nest.core.blocks import (
     op_sac_inventory,
 )
 from nest.core.hardware import Device
-from nest.core.kernels import attention_bwd_time_s, attention_time_s, gemm_time_s
+from nest.core.kernels import (
+    SCORE_RECOMPUTE_PER_FWD,
+    attention_bwd_time_s,
+    attention_time_s,
+    gemm_time_s,
+)
 from nest.core.model import LayerRef, ModelSpec, build_chain
 from nest.core.precision import Precision
 
@@ -1288,7 +1294,7 @@ class AnalyticModel:
             causal=not self.spec.encoder,
             done_fraction=core.done_fraction,
         )
-        return whole_s - 0.5 * fwd_s
+        return whole_s - SCORE_RECOMPUTE_PER_FWD * fwd_s
 
     def _fused_attention_work(self, ref: LayerRef, shard: Shard) -> tuple:
         """(the block's attention core, its counted forward FLOPs on one device, the key length
@@ -1344,8 +1350,8 @@ class AnalyticModel:
         bwd_s += self._attention_bwd_s(ref, shard, device, attn_s)
         core_s = attn_s + core_ew_s
         # FlashAttention's backward recomputes S = QK^T (half the forward) in every mode
-        none_s = 0.5 * core_s if self.flash_attention else 0.0
-        none_flops = 0.5 * core_flops if self.flash_attention else 0.0
+        none_s = SCORE_RECOMPUTE_PER_FWD * core_s if self.flash_attention else 0.0
+        none_flops = SCORE_RECOMPUTE_PER_FWD * core_flops if self.flash_attention else 0.0
         fwd_coll, bwd_coll, mlp_coll, whole_coll = self._block_collectives(
             ref, shard, device, fwd_of, attn_s
         )
@@ -1448,9 +1454,10 @@ class AnalyticModel:
             kv_bytes = p * s * b * kv_width / t
             share = (c - 1) / c if ov.cp else 0.0
             cp_fwd.append(coll(CollectiveOp.ALL_GATHER, GroupKind.CP, kv_bytes, share * attn_s))
-            cp_bwd += [  # the backward's attention is twice the forward's
-                coll(CollectiveOp.ALL_GATHER, GroupKind.CP, kv_bytes, share * attn_s),
-                coll(CollectiveOp.REDUCE_SCATTER, GroupKind.CP, kv_bytes, share * attn_s),
+            half_bwd = self._attention_bwd_s(ref, shard, device, attn_s) / 2
+            cp_bwd += [  # each under half the backward's attention
+                coll(CollectiveOp.ALL_GATHER, GroupKind.CP, kv_bytes, share * half_bwd),
+                coll(CollectiveOp.REDUCE_SCATTER, GroupKind.CP, kv_bytes, share * half_bwd),
             ]
         ep_fwd: list[Collective] = []
         ep_bwd: list[Collective] = []
@@ -1459,7 +1466,8 @@ class AnalyticModel:
             a2a_bytes = p * (s_loc * b / sp_div) * m.top_k * m.hidden
             a2a_bytes *= self.moe_load_factor(ref, shard)
             attn_fwd = attn_in[0] + fwd_of["proj"][0] + attn_s
-            attn_bwd = attn_in[1] + fwd_of["proj"][1] + 2.0 * attn_s
+            attn_bwd = attn_in[1] + fwd_of["proj"][1]
+            attn_bwd += self._attention_bwd_s(ref, shard, device, attn_s)
             hide_f = attn_fwd / 2 if ov.ep else 0.0
             hide_b = attn_bwd / 2 if ov.ep else 0.0
             # DeepEP sends a token once per remote domain (nest.core.alphabeta)
