@@ -61,7 +61,8 @@ Two models, chosen per device preset (``compute_model``):
   *Attention* (fused FlashAttention kernels, Dao 2023; Shah et al. 2024): the kernel's achieved
   fraction of peak grows with the sequence length it runs on (``attention_efficiency``: a
   published table of (key length, fraction) per device, interpolated in log2 of the length and
-  held constant outside it: FlashAttention-3 on H100, FlashAttention-2 on A100, cuDNN's causal
+  held constant outside it: cuDNN's causal forward on H200 for the H100 and H200 presets, the
+  fused kernel Transformer Engine prefers on Hopper; FlashAttention-2 on A100; cuDNN's causal
   forward on GB200 for B200 and GB200), measured like the GEMM ceiling in isolation, so it is
   scaled by the same ``gemm_level / gemm_ceiling`` (:attr:`Device.sustained_fraction`); a causal
   kernel skips the masked half of the score matrix, so it does half of the counted FLOPs in the
