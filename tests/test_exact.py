@@ -110,6 +110,62 @@ def test_restricted_equals_nest_and_brute_where_interleaved_competes():
     assert won >= 5, won
 
 
+def test_reduced_interleaved_choices_keep_the_optimum(monkeypatch):
+    """Where a rank's per-chunk modes multiply past ``FULL_PRODUCT_LIMIT`` its choices are the
+    dominance-reduced options of :func:`nest.dp.interleaved.rank_options` (nest/exact/tables.py
+    docstring: a dropped assignment always has a kept one that fits and is no worse). Forced on
+    every rank (limit 1), the exact models still equal brute force and nest on the 40
+    interleaved problems, and on at least one the reduced choices are fewer."""
+    from nest.exact import tables
+
+    monkeypatch.setattr(tables, "FULL_PRODUCT_LIMIT", 1)
+    built = []
+    original = tables._reduced_rank
+    monkeypatch.setattr(tables, "_reduced_rank", lambda *a: built.append(1) or original(*a))
+    won = 0
+    for seed in range(1000, 1040):
+        problem, options = interleaved_case(seed)
+        try:
+            best = _agree(problem, options)
+        except AssertionError as exc:
+            raise AssertionError(f"seed {seed}: {exc}") from None
+        won += best is not None and best.schedule is Schedule.INTERLEAVED
+    assert built and won >= 5, (len(built), won)
+
+
+def test_many_chunks_per_rank_build_and_match_nest(monkeypatch):
+    """Llama-2 7B's 34 chain layers on 8 H100 (interleaved ranks of up to 17 chunks, 5 modes
+    each): the exact models build from the reduced choices and find nest's optimum (listing
+    every assignment, the tables did not finish in 10 minutes)."""
+    from nest.app.config import build_cluster, build_model_spec, load_preset
+    from nest.core.layers import AnalyticModel
+    from nest.core.problem import Problem, Training
+    from nest.exact import tables
+
+    widest = []
+    original = tables._reduced_rank
+    monkeypatch.setattr(
+        tables,
+        "_reduced_rank",
+        lambda sm, r, m: widest.append(sm.config.virtual_stages) or original(sm, r, m),
+    )
+
+    spec = build_model_spec(load_preset("model", "llama2_7b"))
+    cluster = build_cluster({**load_preset("cluster", "dgx_8x8"), "devices": 8})
+    training = Training(global_batch=128, microbatch_sizes=(1, 2))
+    problem = Problem(
+        model=AnalyticModel(spec, overlap=training.overlap, precision=training.numerics),
+        cluster=cluster,
+        training=training,
+    )
+    nest_plan = NestPlanner().solve(problem)
+    for backend in ("cpsat", "milp"):
+        plan = exact(backend, {}).solve(problem)
+        check_exact_plan(problem, plan)
+        assert plan.objective_s == pytest.approx(nest_plan.objective_s, rel=REL), backend
+    assert max(widest) >= 8  # ranks of 8 chunks and more took the reduced choices
+
+
 @pytest.mark.parametrize("backend", ["cpsat", "milp"])
 def test_whole_model_without_the_dp_equals_brute(backend):
     """With no DP bound and no hint the model is the whole space, built without ``nest``: it

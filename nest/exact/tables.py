@@ -17,7 +17,13 @@ rank depends on that rank's choice only:
 - 1F1B: a choice is ``(i, j, mode)``, the rank holds layers ``i..j`` with one recompute mode; the
   choices of consecutive ranks must chain (rank ``r + 1`` starts at ``j + 1``);
 - interleaved: the partition is fixed (the space's chunks, :func:`interleaved_chunks`), a choice
-  is a recompute mode per chunk of the rank.
+  is a recompute mode per chunk of the rank. Where a rank's modes multiply past
+  :data:`FULL_PRODUCT_LIMIT` assignments (5 modes over 16 chunks is 1.5e11), its choices are the
+  dominance-reduced options of :func:`nest.dp.interleaved.rank_options` instead: per mode of its
+  first chunk the fastest fitting assignment of the others, Pareto-best in ``(t_r, -f_r)``. The
+  objective is non-decreasing in ``t_r`` and non-increasing in ``f_r`` and memory is per rank, so
+  for every dropped assignment a kept one fits and is no worse: the optimum is unchanged (the
+  proof is that module's). Below the limit every fitting assignment is listed, as before.
 
 Memory depends on the rank's choice only too, so a choice that does not fit is left out.
 
@@ -31,6 +37,7 @@ optimum (``<= U``) is kept, with a relative slack for rounding.
 
 from dataclasses import dataclass, field
 from itertools import product
+from math import prod
 
 import numpy as np
 
@@ -39,12 +46,18 @@ from nest.core.plan import ParallelConfig, Plan, make_structured_plan
 from nest.core.problem import Problem
 from nest.cost.memory import rank_memory_bytes
 from nest.cost.pipeline import pipeline_coefficients
+from nest.dp.interleaved import RankChunks, rank_options
 from nest.dp.space import SpaceOptions, configurations, interleaved_chunks
 from nest.dp.stages import StageModel
 from nest.exact.placements import placement_classes
 
 SLACK = 1e-9
 """Relative slack of the pruning bound: the group sums the evaluator's terms in another order."""
+
+FULL_PRODUCT_LIMIT = 4096
+"""An interleaved rank whose per-chunk recompute modes combine to more assignments than this
+takes the dominance-reduced options (module docstring), not every assignment: listing 5 modes
+over 16 chunks (Llama-2 7B on 2 pipeline ranks at 16 chunks each) would not end."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +140,16 @@ def _one_f_one_b(sm: StageModel, modes) -> list[list[Choice]]:
     return ranks
 
 
+def _reduced_rank(sm: StageModel, r: int, modes) -> list[Choice]:
+    """Rank ``r``'s dominance-reduced choices (module docstring)."""
+    rc = RankChunks(sm, r, tuple(modes))
+    options, _ = rank_options(sm, rc)
+    return [
+        Choice(o.t_s, o.first_bwd_s, rc.sync_s, rc.opt_s, None, o.modes, rc.gathered_s)
+        for o in options
+    ]
+
+
 def _interleaved(sm: StageModel, modes) -> list[list[Choice]]:
     pp, chunks = sm.config.pp, sm.chunks
     ranks = []
@@ -136,6 +159,9 @@ def _interleaved(sm: StageModel, modes) -> list[list[Choice]]:
             {mode: sm.chunk_terms(k, mode) for mode in sm.modes_for(*chunks[k], modes)}
             for k in range(r, len(chunks), pp)
         ]
+        if prod(len(rows) for rows in per_chunk) > FULL_PRODUCT_LIMIT:
+            ranks.append(_reduced_rank(sm, r, modes))
+            continue
         out = []
         for combo in product(*(list(rows) for rows in per_chunk)):
             terms = [rows[mode] for rows, mode in zip(per_chunk, combo, strict=True)]
