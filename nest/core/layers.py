@@ -199,6 +199,12 @@ class Collective:
     slowdown: float = 0.0
     """How much longer the compute under it takes while they overlap (the communication kernels
     take SMs from it), as a fraction of the overlapped time."""
+    role: str = field(default="", compare=False)
+    """What it does in its block, for the recompute modes that rerun some of a block's
+    collectives: the tensor-parallel ones are ``attn_in`` / ``mlp_in`` (sequence parallelism's
+    all-gather before the attention or the MLP) and ``attn_out`` / ``mlp_out`` (the
+    reduce-scatter or all-reduce after it), set by :meth:`AnalyticModel._tp_collectives`; ``""``
+    otherwise. Not part of its identity (equality, hashing)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1130,8 +1136,8 @@ class AnalyticModel:
         tensor-parallel one after the output projection (not under ``qkv_out_proj``) and,
         with sequence parallelism, the all-gather before the MLP; a MoE layer's dispatch and
         combine. Not the context-parallel K/V gather: as under ``selective``, the backward's
-        gather serves the rerun core."""
-        t, _, sp, *_ = self._dims(shard)
+        gather serves the rerun core. The tensor-parallel ones are found by their ``role``
+        (:class:`Collective`)."""
         names = {"fc1", "sh_fc1"} | (EXPERT_LINEARS if ref.moe else set())
         if not out_proj:
             names.add("proj")
@@ -1141,14 +1147,11 @@ class AnalyticModel:
         seconds = sum(fwd_of[n][0] for n in rerun) + self._cast_s(rerun, device)[0]
         if ref.moe:
             seconds += self._moe_kernels_s(ref, shard, device)[0]
-        tp = [x for x in fwd_coll if x.axis is GroupKind.TP]
-        coll = []
-        if t > 1 and sp and not qkv:
-            coll.append(tp[0])  # the all-gather of the attention's input
-        if t > 1 and not out_proj:
-            coll.append(tp[1] if sp else tp[0])
-        if t > 1 and sp and len(tp) > 2:
-            coll.append(tp[2])
+        tp = {x.role: x for x in fwd_coll if x.axis is GroupKind.TP}
+        wanted = ("mlp_in",) + (() if qkv else ("attn_in",)) + (() if out_proj else ("attn_out",))
+        coll = [
+            tp[role] for role in ("attn_in", "attn_out", "mlp_in") if role in wanted and role in tp
+        ]
         coll += [x for x in fwd_coll if x.axis is GroupKind.EP]
         flops = sum(2.0 * mm * n * k * g for mm, n, k, g in rerun.values())
         return seconds, flops, tuple(coll)
@@ -1434,8 +1437,10 @@ class AnalyticModel:
             n_bytes: float,
             hidden_s: float = 0.0,
             least: float = 0.0,
+            role: str = "",
         ):
-            return Collective(op, axis, n_bytes, hidden_s, least, slow if hidden_s > 0 else 0.0)
+            slowdown = slow if hidden_s > 0 else 0.0
+            return Collective(op, axis, n_bytes, hidden_s, least, slowdown, role)
 
         def summed(names) -> tuple[float, float]:
             got = [fwd_of[n] for n in names if n in fwd_of]
@@ -1474,11 +1479,9 @@ class AnalyticModel:
             op = deepep_op(m.top_k) if self.moe_dispatcher == "deepep" else CollectiveOp.ALL_TO_ALL
             ep_fwd = [coll(op, GroupKind.EP, a2a_bytes, hide_f)] * 2  # dispatch, combine
             ep_bwd = [coll(op, GroupKind.EP, a2a_bytes, hide_b)] * 2
-        # _tp_collectives lists the attention's (two with sequence parallelism, else one),
-        # then the MLP's, if any
-        attn_count = (2 if sp else 1) if t > 1 else 0
-        mlp_fwd = () if ref.moe else tuple(tp_fwd[attn_count:])
-        whole_fwd = tuple(tp_fwd[attn_count:] + ep_fwd)
+        mlp_tp = [x for x in tp_fwd if x.role in ("mlp_in", "mlp_out")]
+        mlp_fwd = () if ref.moe else tuple(mlp_tp)
+        whole_fwd = tuple(mlp_tp + ep_fwd)
         return (
             tuple(tp_fwd + cp_fwd + ep_fwd),
             tuple(tp_bwd + cp_bwd + ep_bwd),
@@ -1507,23 +1510,26 @@ class AnalyticModel:
             if m.attention == "mla":
                 latent = (m.q_lora_rank or m.hidden) + m.kv_lora_rank + m.qk_rope_head_dim
                 attn_gather = p * s_loc * b * latent
-            pairs = [(*attention, True, attn_gather)]
+            pairs = [(*attention, True, attn_gather, "attn")]
             # a MoE block with whole experts (etp 1) all-gathers no tokens for them: each tensor
             # rank dispatches its own sequence shard; shared experts still split over tp
             if not ref.moe or shard.etp is None or m.shared_experts:
-                pairs.append((*mlp, not ref.moe, x_bytes))
-            for (f1, b1), (f2, b2), overlapped, gather in pairs:
+                pairs.append((*mlp, not ref.moe, x_bytes, "mlp"))
+            for (f1, b1), (f2, b2), overlapped, gather, part in pairs:
                 on = ov.tp and overlapped
                 hide = (lambda seconds: seconds) if on else (lambda seconds: 0.0)
                 # backward halves of each GEMM: data gradient first, then weight gradient
                 tp_fwd += [
-                    coll(CollectiveOp.ALL_GATHER, GroupKind.TP, gather, hide(f1)),
+                    coll(
+                        CollectiveOp.ALL_GATHER, GroupKind.TP, gather, hide(f1), role=f"{part}_in"
+                    ),
                     coll(
                         CollectiveOp.REDUCE_SCATTER,
                         GroupKind.TP,
                         x_bytes,
                         hide(f2),
                         last if on else 0.0,
+                        role=f"{part}_out",
                     ),
                 ]
                 tp_bwd += [
@@ -1531,8 +1537,9 @@ class AnalyticModel:
                     coll(CollectiveOp.REDUCE_SCATTER, GroupKind.TP, gather, hide(b1 / 2)),
                 ]
         elif t > 1:
-            tp_fwd += [
-                Collective(CollectiveOp.ALL_REDUCE, GroupKind.TP, x_bytes)
-            ] * 2  # attention and MLP
+            tp_fwd += [  # after the attention and after the MLP
+                Collective(CollectiveOp.ALL_REDUCE, GroupKind.TP, x_bytes, role=role)
+                for role in ("attn_out", "mlp_out")
+            ]
             tp_bwd += [Collective(CollectiveOp.ALL_REDUCE, GroupKind.TP, x_bytes)] * 2
         return tp_fwd, tp_bwd
