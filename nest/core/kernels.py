@@ -198,10 +198,24 @@ def attention_time_s(
         return 0.0
     if device.compute_model == "flat" or not device.attention_efficiency:
         return flops / device.achieved_flops_per_s
+    return _fused_kernel_s(device, flops, key_length, causal, done_fraction, backward=False)
+
+
+def _fused_kernel_s(
+    device: Device,
+    flops: float,
+    key_length: float,
+    causal: bool,
+    done_fraction: float,
+    backward: bool,
+) -> float:
+    """One fused attention kernel of ``flops`` counted FLOPs at its table's fraction of peak
+    (the forward's or the backward's), scaled to the in-step level, plus the fixed kernel
+    time; a causal kernel computes ``done_fraction`` of the counted FLOPs."""
     done = done_fraction * flops if causal else flops
     rate = (
         device.peak_flops_per_s
-        * attention_efficiency(device, key_length)
+        * attention_efficiency(device, key_length, backward=backward)
         * device.sustained_fraction
     )
     return done / rate + device.kernel_overhead_s
@@ -234,10 +248,5 @@ def attention_bwd_time_s(
     if device.compute_model == "flat" or not device.attention_bwd_efficiency:
         fwd_s = attention_time_s(device, flops, key_length, causal, done_fraction)
         return ATTENTION_BWD_FLOPS_PER_FWD * fwd_s
-    done = done_fraction * flops if causal else flops
-    rate = (
-        device.peak_flops_per_s
-        * attention_efficiency(device, key_length, backward=True)
-        * device.sustained_fraction
-    )
-    return ATTENTION_BWD_FLOPS_PER_FWD * done / rate + device.kernel_overhead_s
+    work = ATTENTION_BWD_FLOPS_PER_FWD * flops
+    return _fused_kernel_s(device, work, key_length, causal, done_fraction, backward=True)
